@@ -1,0 +1,17 @@
+// Host-side CUDA helpers that code without CUDA headers may include.
+#ifndef RECPS_KERNELS_CUDA_UTIL_H_
+#define RECPS_KERNELS_CUDA_UTIL_H_
+
+namespace recps::kernels {
+
+#if defined(RECPS_HAVE_CUDA)
+// True when the build has CUDA and a usable GPU is present (false, without an
+// error, where the driver or device is missing).
+bool CudaDeviceAvailable();
+#else
+inline bool CudaDeviceAvailable() { return false; }
+#endif
+
+}  // namespace recps::kernels
+
+#endif  // RECPS_KERNELS_CUDA_UTIL_H_

@@ -1,0 +1,32 @@
+// Where and how a kernel runs. CPU and CUDA entry points take the same
+// arguments struct and this context, so their signatures are identical.
+#ifndef RECPS_KERNELS_EXEC_CONTEXT_H_
+#define RECPS_KERNELS_EXEC_CONTEXT_H_
+
+#include "common/cpu_features.h"
+#include "common/thread_pool.h"
+
+namespace recps::kernels {
+
+struct ExecContext {
+  // CPU: pool to split work over; nullptr runs on the calling thread.
+  ThreadPool* pool = nullptr;
+  // CPU: vector path. kAuto (the default) picks the best this CPU supports;
+  // tests set each supported path in turn. All paths are bit-identical.
+  CpuIsa isa = CpuIsa::kAuto;
+  // CUDA: the cudaStream_t to launch on; nullptr is the default stream.
+  // Launches are asynchronous: results are ready after the stream syncs.
+  void* cuda_stream = nullptr;
+  // CUDA: the cublasHandle_t used by GemmCuda (required there).
+  void* cublas_handle = nullptr;
+};
+
+// Element type of stored embedding rows.
+enum class RowDType {
+  kFloat32 = 0,
+  kFloat16 = 1,  // IEEE half, stored as uint16_t bits; math in fp32
+};
+
+}  // namespace recps::kernels
+
+#endif  // RECPS_KERNELS_EXEC_CONTEXT_H_

@@ -1,0 +1,40 @@
+// Single-precision GEMM through a BLAS (CPU: OpenBLAS's cblas) or cuBLAS.
+// No hand-written GEMM: the libraries are faster and better tested.
+#ifndef RECPS_KERNELS_GEMM_H_
+#define RECPS_KERNELS_GEMM_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/exec_context.h"
+
+namespace recps::kernels {
+
+// C = alpha * op(A) * op(B) + beta * C, every matrix row-major.
+// op(A) is m x k (A is k x m when trans_a), op(B) is k x n (B is n x k when
+// trans_b), C is m x n. Leading dimensions are row strides in elements.
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  float alpha = 1.0f;
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float beta = 0.0f;
+  float* c = nullptr;
+  int64_t ldc = 0;
+};
+
+// INVALID_ARGUMENT for negative sizes, too-small leading dimensions or null
+// pointers. The CPU path ignores ctx.pool (the BLAS has its own threads);
+// the CUDA path needs ctx.cublas_handle.
+absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx);
+absl::Status GemmCuda(const GemmArgs& args, const ExecContext& ctx);
+
+}  // namespace recps::kernels
+
+#endif  // RECPS_KERNELS_GEMM_H_

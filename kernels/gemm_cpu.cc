@@ -1,0 +1,100 @@
+// CPU GEMM: argument checks, then OpenBLAS's cblas_sgemm (row-major).
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/gemm.h"
+
+namespace recps::kernels {
+namespace {
+
+// Checks one operand's leading dimension against its stored (row-major)
+// shape: the row stride must cover every column.
+absl::Status CheckLeadingDim(const char* name, const char* ld_name, int64_t ld,
+                             int64_t stored_rows, int64_t stored_cols,
+                             bool transposed) {
+  if (ld < stored_cols) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GemmCpu: ", ld_name, "=", ld, " is smaller than the ", stored_cols,
+        " columns of ", name, ", stored row-major as ", stored_rows, " x ",
+        stored_cols, transposed ? " (transposed)" : "",
+        "; the leading dimension is the row stride in elements"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGemm(const GemmArgs& g) {
+  if (g.m < 0 || g.n < 0 || g.k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemmCpu: negative size m=", g.m, " n=", g.n, " k=", g.k));
+  }
+  // Row-major storage: A is m x k (k x m when transposed), B is k x n
+  // (n x k when transposed), C is m x n.
+  const int64_t a_rows = g.trans_a ? g.k : g.m;
+  const int64_t a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k;
+  const int64_t b_cols = g.trans_b ? g.k : g.n;
+  RETURN_IF_ERROR(
+      CheckLeadingDim("A", "lda", g.lda, a_rows, a_cols, g.trans_a));
+  RETURN_IF_ERROR(
+      CheckLeadingDim("B", "ldb", g.ldb, b_rows, b_cols, g.trans_b));
+  RETURN_IF_ERROR(CheckLeadingDim("C", "ldc", g.ldc, g.m, g.n, false));
+  // cblas takes `blasint`, 32-bit in the usual OpenBLAS builds.
+  constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();
+  const int64_t largest = std::max({g.m, g.n, g.k, g.lda, g.ldb, g.ldc});
+  if (largest > kBlasMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GemmCpu: a size or leading dimension (m=", g.m, " n=", g.n, " k=", g.k,
+        " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
+        ") exceeds the BLAS integer limit ", kBlasMax, "; split the product"));
+  }
+  if (g.a == nullptr && g.m > 0 && g.k > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemmCpu: a is null but op(A) is ", g.m, " x ", g.k));
+  }
+  if (g.b == nullptr && g.k > 0 && g.n > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemmCpu: b is null but op(B) is ", g.k, " x ", g.n));
+  }
+  if (g.c == nullptr && g.m > 0 && g.n > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GemmCpu: c is null but C is ", g.m, " x ", g.n));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GemmCpu(const GemmArgs& args, const ExecContext& /*ctx*/) {
+  RETURN_IF_ERROR(ValidateGemm(args));
+  const GemmArgs& g = args;
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (g.k == 0) {
+    // Empty inner product: C = beta * C. Done here because BLASes disagree
+    // on k == 0 and on lda/ldb checks for empty operands. beta == 0 stores
+    // zeros without reading C, the BLAS convention (NaN in C is dropped).
+    if (g.beta == 1.0f) return absl::OkStatus();
+    for (int64_t i = 0; i < g.m; ++i) {
+      float* row = g.c + i * g.ldc;
+      if (g.beta == 0.0f) {
+        std::fill(row, row + g.n, 0.0f);
+      } else {
+        for (int64_t j = 0; j < g.n; ++j) row[j] *= g.beta;
+      }
+    }
+    return absl::OkStatus();
+  }
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+              g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),
+              static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha,
+              g.a, static_cast<blasint>(g.lda), g.b,
+              static_cast<blasint>(g.ldb), g.beta, g.c,
+              static_cast<blasint>(g.ldc));
+  return absl::OkStatus();
+}
+
+}  // namespace recps::kernels

@@ -1,0 +1,104 @@
+// Optimizer kinds, hyper-parameters and their update rules, written once and
+// used by the fused embedding-row update and the dense optimizer, on CPU and
+// CUDA. Each rule is one element (or one row's scalar part) of the update.
+//
+// Formulas (g: gradient, w: weight, t: 1-based step count of this row or
+// tensor, lr/eps/b1/b2/wd: OptimizerParams):
+//   SGD (torch.optim.SGD, no momentum):
+//     g += wd * w;  w -= lr * g
+//   Adagrad (torch.optim.Adagrad, lr_decay 0, initial accumulator 0):
+//     g += wd * w;  s += g * g;  w -= lr * g / (sqrt(s) + eps)
+//   Row-wise Adagrad (FBGEMM's EXACT_ROWWISE_ADAGRAD, L2 weight decay):
+//     g_j += wd * w_j;  s += mean_j(g_j * g_j);
+//     w_j -= (lr / (sqrt(s) + eps)) * g_j          -- one s per row
+//   Adam (torch.optim.Adam, L2 weight decay):
+//     g += wd * w;  m = b1 * m + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g;
+//     w -= (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+//   AdamW (torch.optim.AdamW, decoupled weight decay):
+//     w *= 1 - lr * wd;  then Adam's update with wd = 0.
+#ifndef RECPS_KERNELS_OPTIMIZER_H_
+#define RECPS_KERNELS_OPTIMIZER_H_
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "common/half.h"  // RECPS_HOST_DEVICE
+
+namespace recps::kernels {
+
+enum class OptimizerKind {
+  kSgd = 0,
+  kAdagrad = 1,
+  kRowWiseAdagrad = 2,
+  kAdam = 3,
+  kAdamW = 4,
+};
+
+const char* OptimizerName(OptimizerKind kind);
+
+struct OptimizerParams {
+  OptimizerKind kind = OptimizerKind::kSgd;
+  float learning_rate = 0.01f;
+  float eps = 1e-8f;  // torch's Adagrad default is 1e-10, Adam's 1e-8
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float weight_decay = 0.0f;
+};
+
+// OK, or INVALID_ARGUMENT naming the bad hyper-parameter: learning rate and
+// weight decay must be finite and >= 0, eps > 0, betas in [0, 1).
+absl::Status ValidateOptimizerParams(const OptimizerParams& p);
+
+// Bias-correction factors for Adam at 1-based step t, computed once per row.
+struct AdamScale {
+  float step_size;   // lr / (1 - b1^t)
+  float sqrt_bc2;    // sqrt(1 - b2^t)
+};
+
+RECPS_HOST_DEVICE inline AdamScale ComputeAdamScale(const OptimizerParams& p,
+                                                    uint32_t t) {
+  const double bc1 = 1.0 - pow(static_cast<double>(p.beta1), t);
+  const double bc2 = 1.0 - pow(static_cast<double>(p.beta2), t);
+  return {static_cast<float>(p.learning_rate / bc1),
+          static_cast<float>(sqrt(bc2))};
+}
+
+RECPS_HOST_DEVICE inline void SgdRule(float& w, float g,
+                                      const OptimizerParams& p) {
+  g += p.weight_decay * w;
+  w -= p.learning_rate * g;
+}
+
+RECPS_HOST_DEVICE inline void AdagradRule(float& w, float& s, float g,
+                                          const OptimizerParams& p) {
+  g += p.weight_decay * w;
+  s += g * g;
+  w -= p.learning_rate * g / (sqrtf(s) + p.eps);
+}
+
+// Row-wise Adagrad: `multiplier` = lr / (sqrt(s_new) + eps) for the row.
+RECPS_HOST_DEVICE inline void RowWiseAdagradRule(float& w, float g,
+                                                 float multiplier,
+                                                 const OptimizerParams& p) {
+  g += p.weight_decay * w;
+  w -= multiplier * g;
+}
+
+// Adam and AdamW (decoupled = true). `scale` from ComputeAdamScale.
+RECPS_HOST_DEVICE inline void AdamRule(float& w, float& m, float& v, float g,
+                                       const OptimizerParams& p,
+                                       AdamScale scale, bool decoupled) {
+  if (decoupled) {
+    w *= 1.0f - p.learning_rate * p.weight_decay;
+  } else {
+    g += p.weight_decay * w;
+  }
+  m = p.beta1 * m + (1.0f - p.beta1) * g;
+  v = p.beta2 * v + (1.0f - p.beta2) * g * g;
+  w -= scale.step_size * (m / (sqrtf(v) / scale.sqrt_bc2 + p.eps));
+}
+
+}  // namespace recps::kernels
+
+#endif  // RECPS_KERNELS_OPTIMIZER_H_

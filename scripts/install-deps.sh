@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages recps builds with (see docs/building.md).
+# Skips apt entirely when everything is already installed.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config curl
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  libabsl-dev librocksdb-dev prometheus-cpp-dev libgloo-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
+    missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) != 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+  --no-install-recommends "${missing[@]}"
