@@ -1,0 +1,188 @@
+// Shard server throughput on loopback against raw TCP on the same machine.
+//
+// Starts a real recps-shard process (standalone, sync, one worker), then
+// drives batched Lookups and PushGradients of 4k..64k unique ids of width 64
+// through the embedding client, and measures in the same run the bandwidth
+// of one TCP connection over loopback (the anchor). Prints ids/s, payload
+// GB/s, p50/p99 latency and payload GB/s as a ratio to raw TCP.
+//
+//   recps_shard_bench [--shard_binary=PATH] [--seconds_per_case=2]
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/embedding_client.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+constexpr int kDim = 64;
+constexpr int64_t kIdSpace = 1 << 20;  // rows created up front (256 MiB)
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Bytes per second through one loopback TCP connection, sender and receiver
+// in two threads, 4 MiB writes.
+double RawTcpBandwidth(size_t total_bytes) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen(listener, 1);
+  std::thread receiver([&] {
+    int conn = accept(listener, nullptr, nullptr);
+    std::vector<char> buf(4 << 20);
+    size_t got = 0;
+    while (got < total_bytes) {
+      const ssize_t n = read(conn, buf.data(), buf.size());
+      if (n <= 0) break;
+      got += n;
+    }
+    close(conn);
+  });
+  int sender = socket(AF_INET, SOCK_STREAM, 0);
+  connect(sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  std::vector<char> buf(4 << 20, 'x');
+  const double start = Now();
+  size_t sent = 0;
+  while (sent < total_bytes) {
+    const ssize_t n = write(sender, buf.data(), std::min(buf.size(), total_bytes - sent));
+    if (n <= 0) break;
+    sent += n;
+  }
+  close(sender);
+  receiver.join();
+  const double seconds = Now() - start;
+  close(listener);
+  return total_bytes / seconds;
+}
+
+struct Result {
+  double ids_per_second;
+  double payload_bytes_per_second;
+  double p50_ms;
+  double p99_ms;
+};
+
+Result Summarise(std::vector<double> latencies, int64_t ids_per_call) {
+  std::sort(latencies.begin(), latencies.end());
+  double total = 0;
+  for (double l : latencies) total += l;
+  const double calls = latencies.size();
+  auto pct = [&](double p) {
+    return latencies[std::min<size_t>(latencies.size() - 1,
+                                      static_cast<size_t>(p * calls))] * 1e3;
+  };
+  const double ids_per_s = ids_per_call * calls / total;
+  return {ids_per_s, ids_per_s * kDim * sizeof(float), pct(0.5), pct(0.99)};
+}
+
+int Main(int argc, char** argv) {
+  std::string binary = RECPS_SHARD_BINARY;
+  double seconds_per_case = 2.0;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--shard_binary=", 0) == 0) binary = a.substr(15);
+    if (a.rfind("--seconds_per_case=", 0) == 0) seconds_per_case = std::stod(a.substr(19));
+  }
+  testing::TempDir dir;
+  const std::string tables = dir.WriteFile("tables.textproto", R"(
+tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
+)");
+  auto shard = testing::LocalShard::Start(
+      binary, {"--tables=" + tables, "--standalone", "--world_size=1",
+               "--consistency=sync"});
+  if (!shard.ok()) {
+    std::fprintf(stderr, "%s\n", shard.status().ToString().c_str());
+    return 1;
+  }
+  client::EmbeddingClientOptions options;
+  auto client = client::EmbeddingClient::Create(
+      {{"t", kDim}}, client::MakeServerShardMapSource({(*shard)->address()}),
+      options);
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return 1;
+  }
+
+  // Create every row first so the timed lookups measure serving, not
+  // initialisation.
+  std::vector<int64_t> all(kIdSpace);
+  for (int64_t i = 0; i < kIdSpace; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
+  std::vector<float> rows(65536 * kDim);
+  for (int64_t lo = 0; lo < kIdSpace; lo += 65536) {
+    client::LookupSpec spec{0, absl::MakeConstSpan(all).subspan(lo, 65536), rows.data()};
+    if (absl::Status s = (*client)->Lookup(0, {&spec, 1}); !s.ok()) {
+      std::fprintf(stderr, "warm-up: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
+
+  const double tcp = RawTcpBandwidth(size_t{1} << 30);
+  std::printf("raw TCP loopback (1 connection): %.2f GB/s\n\n", tcp / 1e9);
+  std::printf("%-7s %6s %12s %9s %8s %8s %7s\n", "op", "ids", "ids/s",
+              "GB/s", "p50 ms", "p99 ms", "x_tcp");
+
+  std::mt19937_64 rng(1);
+  int64_t step = 0;  // pushes advance the step; lookups read at the next one
+  for (const char* op : {"lookup", "push"}) {
+    for (int64_t n : {4096, 16384, 65536}) {
+      std::vector<int64_t> ids(n);
+      std::vector<float> buf(n * kDim, 1e-4f);
+      std::vector<double> latencies;
+      const double case_start = Now();
+      while (Now() - case_start < seconds_per_case || latencies.size() < 5) {
+        // Distinct random ids: a random window of the shuffled id space.
+        const int64_t start = static_cast<int64_t>(rng() % (kIdSpace - n));
+        std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
+        const double t0 = Now();
+        absl::Status s;
+        if (op[0] == 'l') {
+          client::LookupSpec spec{0, ids, buf.data()};
+          s = (*client)->Lookup(step, {&spec, 1});
+        } else {
+          client::PushSpec spec{0, ids, buf.data()};
+          s = (*client)->PushGradients(step++, {&spec, 1});
+        }
+        latencies.push_back(Now() - t0);
+        if (!s.ok()) {
+          std::fprintf(stderr, "%s: %s\n", op, s.ToString().c_str());
+          return 1;
+        }
+      }
+      const Result r = Summarise(latencies, n);
+      std::printf("%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f\n", op,
+                  static_cast<long>(n), r.ids_per_second,
+                  r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms,
+                  r.payload_bytes_per_second / tcp);
+    }
+  }
+  std::printf("\n(payload = ids x %d floats; target: lookup >= 0.4 x raw TCP "
+              "for 16k ids and more)\n", kDim);
+  return 0;
+}
+
+}  // namespace
+}  // namespace recps
+
+int main(int argc, char** argv) { return recps::Main(argc, argv); }

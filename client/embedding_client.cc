@@ -1,0 +1,347 @@
+#include "client/embedding_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "client/routed_batch.h"
+#include "client/shard_fanout.h"
+#include "common/hashing.h"
+#include "common/status_macros.h"
+#include "common/wire_format.h"
+
+namespace recps::client {
+namespace {
+
+using internal::RoutedBatch;
+
+// Most ids one call may carry: Dedup's inverse indices are int32.
+constexpr size_t kMaxIdsPerCall = size_t{1} << 30;
+
+// The two RPCs as the round loop sees them.
+struct LookupRpc {
+  using Request = v1::LookupRequest;
+  using Response = v1::LookupResponse;
+  static constexpr char kName[] = "Lookup";
+  // Only servers that own some id get a lookup.
+  static constexpr bool kEveryServer = false;
+
+  static void Start(v1::EmbeddingShard::Stub* stub, grpc::ClientContext* ctx,
+                    const Request* request, Response* response,
+                    std::function<void(grpc::Status)> done) {
+    stub->async()->Lookup(ctx, request, response, std::move(done));
+  }
+  static void Build(RoutedBatch& batch, int server, v1::RowEncoding encoding,
+                    Request* request) {
+    request->set_row_encoding(encoding);
+    batch.BuildLookup(server, request);
+  }
+  static absl::Status Consume(const RoutedBatch& batch, int server,
+                              v1::RowEncoding encoding,
+                              const Response& response) {
+    return batch.ConsumeLookup(server, encoding, response);
+  }
+};
+
+struct PushRpc {
+  using Request = v1::PushGradientsRequest;
+  using Response = v1::PushGradientsResponse;
+  static constexpr char kName[] = "PushGradients";
+  // Sync servers count a step done once every rank pushed, ids or not.
+  static constexpr bool kEveryServer = true;
+
+  static void Start(v1::EmbeddingShard::Stub* stub, grpc::ClientContext* ctx,
+                    const Request* request, Response* response,
+                    std::function<void(grpc::Status)> done) {
+    stub->async()->PushGradients(ctx, request, response, std::move(done));
+  }
+  static void Build(RoutedBatch& batch, int server, v1::RowEncoding encoding,
+                    Request* request) {
+    batch.BuildPush(server, encoding, request);
+  }
+  static absl::Status Consume(const RoutedBatch&, int, v1::RowEncoding,
+                              const Response&) {
+    return absl::OkStatus();
+  }
+};
+
+absl::Status CheckMap(const ShardMap& map) {
+  if (map.num_slots() == 0 || map.num_servers() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard map of epoch ", map.epoch(), " has no slots or no servers"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckOptions(const EmbeddingClientOptions& o) {
+  if (o.worker_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_rank ", o.worker_rank, " is negative"));
+  }
+  if (BytesPerElement(o.encoding) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown row encoding ", static_cast<int>(o.encoding)));
+  }
+  if (o.rpc_timeout <= absl::ZeroDuration() ||
+      o.rpc_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        "rpc_timeout must be positive and finite");
+  }
+  if (o.max_attempts < 1) {
+    return absl::InvalidArgumentError("max_attempts must be at least 1");
+  }
+  if (o.initial_backoff < absl::ZeroDuration() ||
+      o.max_backoff < o.initial_backoff) {
+    return absl::InvalidArgumentError(
+        "need 0 <= initial_backoff <= max_backoff");
+  }
+  return absl::OkStatus();
+}
+
+// Checks what Lookup and PushGradients share: step, table index, sizes.
+template <typename Spec>
+absl::Status CheckBatch(int64_t step, absl::Span<const Spec> batch,
+                        size_t num_tables) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " < 0"));
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i].table < 0 ||
+        static_cast<size_t>(batch[i].table) >= num_tables) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec ", i, ": table index ", batch[i].table,
+                       " not in [0, ", num_tables, ")"));
+    }
+    total += batch[i].ids.size();
+  }
+  if (total >= kMaxIdsPerCall) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(total, " ids in one call; the limit is ", kMaxIdsPerCall));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
+    std::vector<TableSchema> tables, std::unique_ptr<ShardMapSource> source,
+    EmbeddingClientOptions options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  if (options.encoding == v1::ROW_ENCODING_UNSPECIFIED) {
+    options.encoding = v1::ROW_ENCODING_FLOAT32;
+  }
+  if (source == nullptr) {
+    return absl::InvalidArgumentError("no shard map source");
+  }
+  absl::flat_hash_set<std::string> names;
+  for (const TableSchema& t : tables) {
+    if (t.name.empty() || t.dim <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t.name, "' of dim ", t.dim, ": need a name and dim > 0"));
+    }
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", t.name, "' listed twice"));
+    }
+  }
+  // Servers may still be starting: retry UNAVAILABLE like a data call.
+  absl::StatusOr<ShardMap> map = source->Fetch();
+  absl::Duration backoff = options.initial_backoff;
+  for (int attempt = 1; !map.ok() && absl::IsUnavailable(map.status()) &&
+                        attempt < options.max_attempts;
+       ++attempt) {
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, options.max_backoff);
+    map = source->Fetch();
+  }
+  if (!map.ok()) {
+    return absl::Status(
+        map.status().code(),
+        absl::StrCat("fetching the first shard map: ", map.status().message()));
+  }
+  RETURN_IF_ERROR(CheckMap(*map));
+  return std::unique_ptr<EmbeddingClient>(
+      new EmbeddingClient(std::move(tables), std::move(source),
+                          std::move(options), *std::move(map)));
+}
+
+EmbeddingClient::EmbeddingClient(std::vector<TableSchema> tables,
+                                 std::unique_ptr<ShardMapSource> source,
+                                 EmbeddingClientOptions options, ShardMap map)
+    : tables_(std::move(tables)),
+      options_(std::move(options)),
+      source_(std::move(source)),
+      map_(std::make_shared<const ShardMap>(std::move(map))),
+      stubs_(std::make_unique<internal::StubCache>(options_.credentials)) {
+  for (size_t i = 0; i < tables_.size(); ++i) {
+    table_index_[tables_[i].name] = static_cast<int>(i);
+    table_keys_.push_back(StableNameKey(tables_[i].name));
+  }
+}
+
+EmbeddingClient::~EmbeddingClient() = default;
+
+int EmbeddingClient::FindTable(std::string_view name) const {
+  const auto it = table_index_.find(std::string(name));
+  return it == table_index_.end() ? -1 : it->second;
+}
+
+uint64_t EmbeddingClient::shard_map_epoch() const {
+  return CurrentMap()->epoch();
+}
+
+std::shared_ptr<const ShardMap> EmbeddingClient::CurrentMap() const {
+  absl::MutexLock lock(&map_mu_);
+  return map_;
+}
+
+absl::StatusOr<uint64_t> EmbeddingClient::RefreshMap(uint64_t wanted_epoch) {
+  absl::MutexLock refresh_lock(&refresh_mu_);
+  // Another call may have refreshed while this one waited for the lock.
+  const uint64_t current = shard_map_epoch();
+  if (current >= wanted_epoch) return current;
+  ASSIGN_OR_RETURN(ShardMap fetched, source_->Fetch());
+  RETURN_IF_ERROR(CheckMap(fetched));
+  if (fetched.epoch() <= current) return current;
+  const uint64_t epoch = fetched.epoch();
+  auto next = std::make_shared<const ShardMap>(std::move(fetched));
+  absl::MutexLock lock(&map_mu_);
+  map_ = std::move(next);
+  return epoch;
+}
+
+std::unique_ptr<RoutedBatch> EmbeddingClient::AcquireBatch() {
+  absl::MutexLock lock(&pool_mu_);
+  if (free_batches_.empty()) return std::make_unique<RoutedBatch>();
+  std::unique_ptr<RoutedBatch> batch = std::move(free_batches_.back());
+  free_batches_.pop_back();
+  return batch;
+}
+
+void EmbeddingClient::ReleaseBatch(std::unique_ptr<RoutedBatch> batch) {
+  absl::MutexLock lock(&pool_mu_);
+  free_batches_.push_back(std::move(batch));
+}
+
+absl::Status EmbeddingClient::Lookup(int64_t step,
+                                     absl::Span<const LookupSpec> batch) {
+  RETURN_IF_ERROR(CheckBatch(step, batch, tables_.size()));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].ids.empty() && batch[i].out == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lookup spec ", i, ": no output buffer"));
+    }
+  }
+  std::unique_ptr<RoutedBatch> routed = AcquireBatch();
+  routed->PrepareLookup(batch, tables_, table_keys_);
+  absl::Status status = Run<LookupRpc>(step, *routed);
+  ReleaseBatch(std::move(routed));
+  return status;
+}
+
+absl::Status EmbeddingClient::PushGradients(int64_t step,
+                                            absl::Span<const PushSpec> batch) {
+  RETURN_IF_ERROR(CheckBatch(step, batch, tables_.size()));
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].ids.empty() && batch[i].grads == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("push spec ", i, ": no gradients"));
+    }
+  }
+  std::unique_ptr<RoutedBatch> routed = AcquireBatch();
+  routed->PreparePush(batch, tables_, table_keys_);
+  absl::Status status = Run<PushRpc>(step, *routed);
+  ReleaseBatch(std::move(routed));
+  return status;
+}
+
+// Rounds: route the pending ids by the current map, send one request per
+// server concurrently, handle replies as they arrive. Ids of servers that
+// answered UNAVAILABLE or "stale map" stay pending for the next round, after
+// a backoff or one map refresh; any other error ends the call.
+template <typename Rpc>
+absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
+  struct Call {
+    int server = -1;
+    const std::string* address = nullptr;
+    grpc::ClientContext ctx;
+    typename Rpc::Request request;
+    typename Rpc::Response response;
+    grpc::Status status;
+  };
+  internal::RetryState retry(options_, Rpc::kName);
+  // Push: servers that accepted this step's push; the others get one (empty
+  // if need be) in the next round, also servers new in a refreshed map.
+  absl::flat_hash_set<std::string> accepted;
+  std::vector<std::unique_ptr<Call>> calls;
+  for (;;) {
+    const std::shared_ptr<const ShardMap> map = CurrentMap();
+    batch.Route(*map);
+    calls.clear();
+    for (int s = 0; s < map->num_servers(); ++s) {
+      const std::string& address = map->servers()[s];
+      if (!batch.HasIds(s) &&
+          !(Rpc::kEveryServer && !accepted.contains(address))) {
+        continue;
+      }
+      auto call = std::make_unique<Call>();
+      call->server = s;
+      call->address = &address;
+      v1::RequestHeader* header = call->request.mutable_header();
+      header->set_shard_map_epoch(map->epoch());
+      header->set_step(step);
+      header->set_worker_rank(options_.worker_rank);
+      Rpc::Build(batch, s, options_.encoding, &call->request);
+      calls.push_back(std::move(call));
+    }
+    if (calls.empty()) return absl::OkStatus();
+
+    internal::DoneQueue done(static_cast<int>(calls.size()));
+    for (size_t i = 0; i < calls.size(); ++i) {
+      Call& c = *calls[i];
+      internal::SetDeadline(options_.rpc_timeout, &c.ctx);
+      Rpc::Start(stubs_->Get(*c.address), &c.ctx, &c.request, &c.response,
+                 done.Callback(static_cast<int>(i), &c.status));
+    }
+    bool failed = false;
+    bool again = false;
+    // Drain every call, even after a failure: they own their buffers.
+    for (int i = done.Next(); i >= 0; i = done.Next()) {
+      Call& c = *calls[i];
+      if (failed) continue;
+      switch (retry.Judge(*c.address, c.status, c.ctx)) {
+        case internal::CallVerdict::kOk: {
+          const absl::Status consumed =
+              Rpc::Consume(batch, c.server, options_.encoding, c.response);
+          if (!consumed.ok()) {
+            retry.FailResponse(*c.address, consumed);
+            failed = true;
+          } else if (Rpc::kEveryServer) {
+            accepted.insert(*c.address);
+          }
+          break;
+        }
+        case internal::CallVerdict::kRetry:
+          batch.Requeue(c.server);
+          again = true;
+          break;
+        case internal::CallVerdict::kFail:
+          failed = true;
+          break;
+      }
+      // No point waiting for the rest; cancelling a finished call is a no-op.
+      if (failed) {
+        for (const std::unique_ptr<Call>& other : calls) other->ctx.TryCancel();
+      }
+    }
+    if (failed) return retry.error();
+    if (!again) return absl::OkStatus();
+    RETURN_IF_ERROR(retry.BeforeNextRound(
+        [this](uint64_t wanted) { return RefreshMap(wanted); }));
+    batch.NextRound();
+  }
+}
+
+}  // namespace recps::client

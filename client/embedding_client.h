@@ -1,0 +1,165 @@
+// The embedding client: what a worker uses to read and update embedding rows
+// on many shard servers at once.
+//
+// A call deduplicates each table's ids, routes every distinct id to the
+// server that owns its slot (ShardMap::OwnerOf), sends one request per server
+// carrying all tables, concurrently, and scatters the returned rows into the
+// caller's buffers. Stale shard maps are refreshed and only the refused ids
+// re-sent; servers that are starting or behind are retried with backoff.
+#ifndef RECPS_CLIENT_EMBEDDING_CLIENT_H_
+#define RECPS_CLIENT_EMBEDDING_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/shard_map.h"
+#include "grpcpp/security/credentials.h"
+#include "recps/v1/shard.pb.h"
+
+namespace recps::client {
+
+namespace internal {
+class StubCache;
+struct RoutedBatch;
+}  // namespace internal
+
+struct TableSchema {
+  std::string name;
+  int dim = 0;  // floats per row, > 0
+};
+
+struct EmbeddingClientOptions {
+  // This worker's rank, sent in every request header.
+  int worker_rank = 0;
+  // Encoding of rows and gradients on the wire. FLOAT16 / BFLOAT16 halve the
+  // bytes at the cost of precision (about 3 and 2 significant digits).
+  v1::RowEncoding encoding = v1::ROW_ENCODING_FLOAT32;
+  // Deadline of every RPC attempt. A sync-mode lookup waits for the slowest
+  // worker's push, so keep this well above a step time.
+  absl::Duration rpc_timeout = absl::Seconds(60);
+  // Rounds of requests per call, the first included, before a server that
+  // stays UNAVAILABLE (or keeps refusing the map) fails the call.
+  int max_attempts = 8;
+  // Wait before a retry round; doubles each round up to max_backoff (with
+  // +-20% jitter so that many workers do not retry in lockstep).
+  absl::Duration initial_backoff = absl::Milliseconds(20);
+  absl::Duration max_backoff = absl::Seconds(2);
+  // Channel credentials for every server; null means insecure.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+// Where the client gets the current shard map: at start and whenever a
+// server reports a newer epoch. Fetch may be called from several threads,
+// but never concurrently by one EmbeddingClient.
+class ShardMapSource {
+ public:
+  virtual ~ShardMapSource() = default;
+  virtual absl::StatusOr<ShardMap> Fetch() = 0;
+};
+
+// Asks every server in `servers` for its map (ShardAdmin.GetShardMap) and
+// returns the newest valid one; fails (UNAVAILABLE) only when none answers
+// with one. Null `creds` means insecure.
+std::unique_ptr<ShardMapSource> MakeServerShardMapSource(
+    std::vector<std::string> servers,
+    std::shared_ptr<grpc::ChannelCredentials> creds = nullptr);
+
+// Rows of `ids` (which may repeat) of table index `table` go to `out`,
+// ids.size() x dim floats, row i for ids[i].
+struct LookupSpec {
+  int table = -1;
+  absl::Span<const int64_t> ids;
+  float* out = nullptr;
+};
+
+// One gradient row per id, ids.size() x dim floats. Ids should be distinct;
+// rows of a repeated id (also across specs of one table) are summed.
+struct PushSpec {
+  int table = -1;
+  absl::Span<const int64_t> ids;
+  const float* grads = nullptr;
+};
+
+// Thread-safe: Lookup and PushGradients may run concurrently (for example a
+// lookup of step t+1 while step t's push is in flight).
+class EmbeddingClient {
+ public:
+  // Checks the schemas (distinct non-empty names, dim > 0) and options, and
+  // fetches the first shard map from `source`.
+  static absl::StatusOr<std::unique_ptr<EmbeddingClient>> Create(
+      std::vector<TableSchema> tables, std::unique_ptr<ShardMapSource> source,
+      EmbeddingClientOptions options);
+  ~EmbeddingClient();
+
+  EmbeddingClient(const EmbeddingClient&) = delete;
+  EmbeddingClient& operator=(const EmbeddingClient&) = delete;
+
+  // Index of the table called `name` in the schema list, or -1.
+  int FindTable(std::string_view name) const;
+  const std::vector<TableSchema>& tables() const { return tables_; }
+
+  // Fills every spec's `out`. Specs may name the same table; each distinct
+  // (table, id) is fetched once. On error, `out` may be partly written; the
+  // message names the server that failed. INVALID_ARGUMENT for a bad spec
+  // (nothing sent), UNAVAILABLE / ABORTED once retries are used up,
+  // otherwise the server's own code.
+  absl::Status Lookup(int64_t step, absl::Span<const LookupSpec> batch);
+
+  // Sends each distinct (table, id)'s gradient to its owner, and an empty
+  // push to every other server of the map, so that servers in sync mode know
+  // this rank is done with `step`. OK means every server accepted the push.
+  absl::Status PushGradients(int64_t step, absl::Span<const PushSpec> batch);
+
+  // Epoch of the shard map the client routes by now.
+  uint64_t shard_map_epoch() const;
+
+ private:
+  EmbeddingClient(std::vector<TableSchema> tables,
+                  std::unique_ptr<ShardMapSource> source,
+                  EmbeddingClientOptions options, ShardMap map);
+
+  std::shared_ptr<const ShardMap> CurrentMap() const;
+  // Fetches a map from the source unless the current one already has
+  // `wanted_epoch`; installs it when newer. One fetch at a time. Returns the
+  // epoch routed by afterwards.
+  absl::StatusOr<uint64_t> RefreshMap(uint64_t wanted_epoch);
+
+  // Sends `batch` in rounds until every part is accepted (see the .cc).
+  template <typename Rpc>
+  absl::Status Run(int64_t step, internal::RoutedBatch& batch);
+
+  // Reuses routing buffers across calls, so a steady training loop does
+  // not allocate them per step.
+  std::unique_ptr<internal::RoutedBatch> AcquireBatch();
+  void ReleaseBatch(std::unique_ptr<internal::RoutedBatch> batch);
+
+  const std::vector<TableSchema> tables_;
+  const EmbeddingClientOptions options_;
+  absl::flat_hash_map<std::string, int> table_index_;
+  std::vector<uint64_t> table_keys_;  // StableNameKey of each table
+
+  std::unique_ptr<ShardMapSource> source_ ABSL_PT_GUARDED_BY(refresh_mu_);
+  absl::Mutex refresh_mu_;  // held while fetching from source_
+  mutable absl::Mutex map_mu_;
+  std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(map_mu_);
+
+  std::unique_ptr<internal::StubCache> stubs_;
+
+  absl::Mutex pool_mu_;
+  std::vector<std::unique_ptr<internal::RoutedBatch>> free_batches_
+      ABSL_GUARDED_BY(pool_mu_);
+};
+
+}  // namespace recps::client
+
+#endif  // RECPS_CLIENT_EMBEDDING_CLIENT_H_

@@ -1,0 +1,102 @@
+// The per-call routing state of the embedding client: each table's distinct
+// ids, where their rows go (lookup) or come from (push), and which server
+// owns each in the current round.
+//
+// All buffers are kept across calls (the client pools RoutedBatch objects),
+// so a steady training loop routes without allocating per id or per step.
+#ifndef RECPS_CLIENT_ROUTED_BATCH_H_
+#define RECPS_CLIENT_ROUTED_BATCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "client/dedup.h"
+#include "client/embedding_client.h"
+#include "common/shard_map.h"
+#include "recps/v1/shard.pb.h"
+
+namespace recps::client::internal {
+
+// One table of a call. Unique ids are named by their index u in dedup.unique.
+struct TablePlan {
+  const std::string* name = nullptr;
+  uint64_t key = 0;  // StableNameKey(name)
+  int dim = 0;
+  Dedup dedup;  // over the ids of every spec of this table, in batch order
+
+  // Lookup: the output rows of unique id u are dst[dst_begin[u] ..
+  // dst_begin[u + 1]).
+  std::vector<int32_t> dst_begin;
+  std::vector<float*> dst;
+  // Push: the gradient row of unique id u, in the caller's buffer or, when
+  // ids repeat, in `summed`.
+  std::vector<const float*> grad_row;
+  std::vector<float> summed;
+
+  // Unique ids to send this round, and those to send again next round.
+  std::vector<int32_t> pending;
+  std::vector<int32_t> requeued;
+  // This round: `pending` grouped by owning server; server s has
+  // routed[server_begin[s] .. server_begin[s + 1]), routed_ids their ids.
+  std::vector<int32_t> routed;
+  std::vector<int64_t> routed_ids;
+  std::vector<int32_t> server_begin;
+  std::vector<int32_t> scratch;  // owners, CSR cursors
+
+  int32_t count(int server) const {
+    return server_begin[server + 1] - server_begin[server];
+  }
+};
+
+struct RoutedBatch {
+  // Dedups every table of `batch` and records where rows go. REQUIRES: the
+  // specs were checked against `tables`.
+  void PrepareLookup(absl::Span<const LookupSpec> batch,
+                     const std::vector<TableSchema>& tables,
+                     const std::vector<uint64_t>& keys);
+  // Dedups every table of `batch`, summing the rows of repeated ids.
+  void PreparePush(absl::Span<const PushSpec> batch,
+                   const std::vector<TableSchema>& tables,
+                   const std::vector<uint64_t>& keys);
+
+  // Groups the pending ids of every table by their owner in `map`.
+  void Route(const ShardMap& map);
+  // Whether `server` (an index in the routed map) owns any pending id.
+  bool HasIds(int server) const;
+  // Sends `server`'s ids of this round again in the next one.
+  void Requeue(int server);
+  // Makes the requeued ids the pending ones.
+  void NextRound();
+
+  // Adds `server`'s tables to a request whose header is already set.
+  void BuildLookup(int server, v1::LookupRequest* request) const;
+  void BuildPush(int server, v1::RowEncoding encoding,
+                 v1::PushGradientsRequest* request);
+  // Writes the rows of `server`'s ids from `response` to the caller's
+  // buffers. INTERNAL when the response does not match the request.
+  absl::Status ConsumeLookup(int server, v1::RowEncoding encoding,
+                             const v1::LookupResponse& response) const;
+
+  std::vector<TablePlan> plans;  // only the first num_plans are in use
+  int num_plans = 0;
+
+ private:
+  // Starts a plan per distinct table of the batch (first-seen order) and
+  // dedups the ids; plan_of_spec_ names each spec's plan.
+  template <typename Spec>
+  void Dedupe(absl::Span<const Spec> batch,
+              const std::vector<TableSchema>& tables,
+              const std::vector<uint64_t>& keys);
+
+  std::vector<int> plan_of_table_;
+  std::vector<int> plan_of_spec_;
+  std::vector<int64_t> spec_pos_;  // per plan: next position while scattering
+  std::vector<float> gather_;      // push: one server's rows of one table
+};
+
+}  // namespace recps::client::internal
+
+#endif  // RECPS_CLIENT_ROUTED_BATCH_H_

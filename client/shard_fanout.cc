@@ -1,0 +1,159 @@
+#include "client/shard_fanout.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace recps::client::internal {
+namespace {
+
+absl::Status ServerError(const std::string& address, const char* rpc,
+                         const grpc::Status& status) {
+  // gRPC and absl share the canonical code numbers.
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat("shard server ", address, ": ", rpc, ": ",
+                                   status.error_message()));
+}
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return grpc::CreateCustomChannel(
+      address, creds ? creds : grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(absl::Duration timeout, grpc::ClientContext* ctx) {
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  const auto it = trailers.find(kShardMapEpochKey);
+  if (it == trailers.end()) return std::nullopt;
+  uint64_t epoch = 0;
+  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &epoch)) {
+    return std::nullopt;
+  }
+  return epoch;
+}
+
+StubCache::StubCache(std::shared_ptr<grpc::ChannelCredentials> creds)
+    : creds_(std::move(creds)) {}
+
+v1::EmbeddingShard::Stub* StubCache::Get(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<v1::EmbeddingShard::Stub>& stub = stubs_[address];
+  if (stub == nullptr) {
+    stub = v1::EmbeddingShard::NewStub(MakeChannel(address, creds_));
+  }
+  return stub.get();
+}
+
+std::function<void(grpc::Status)> DoneQueue::Callback(int index,
+                                                      grpc::Status* status) {
+  return [this, index, status](grpc::Status s) {
+    *status = std::move(s);
+    absl::MutexLock lock(&mu_);
+    done_.push_back(index);
+  };
+}
+
+int DoneQueue::Next(absl::Time deadline) {
+  if (returned_ == n_) return kAllReturned;
+  if (!mu_.LockWhenWithDeadline(
+          absl::Condition(
+              +[](std::deque<int>* done) { return !done->empty(); }, &done_),
+          deadline)) {
+    mu_.Unlock();
+    return kTimedOut;
+  }
+  const int index = done_.front();
+  done_.pop_front();
+  mu_.Unlock();
+  ++returned_;
+  return index;
+}
+
+RetryState::RetryState(const EmbeddingClientOptions& options, const char* rpc)
+    : options_(options), rpc_(rpc), backoff_(options.initial_backoff) {}
+
+void RetryState::Remember(const std::string& address,
+                          const grpc::Status& status) {
+  last_retryable_ = ServerError(address, rpc_, status);
+}
+
+CallVerdict RetryState::Judge(const std::string& address,
+                              const grpc::Status& status,
+                              const grpc::ClientContext& ctx) {
+  if (status.ok()) return CallVerdict::kOk;
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    // Starting, behind our map, or unreachable: the same request may work
+    // a little later.
+    Remember(address, status);
+    want_backoff_ = true;
+    return CallVerdict::kRetry;
+  }
+  if (status.error_code() == grpc::StatusCode::ABORTED) {
+    if (std::optional<uint64_t> epoch = ShardMapEpochOf(ctx)) {
+      // Our map is stale: refresh once for the round, then re-route.
+      wanted_epoch_ = std::max(wanted_epoch_.value_or(0), *epoch);
+      Remember(address, status);
+      return CallVerdict::kRetry;
+    }
+  }
+  error_ = ServerError(address, rpc_, status);
+  return CallVerdict::kFail;
+}
+
+void RetryState::FailResponse(const std::string& address,
+                              const absl::Status& status) {
+  error_ =
+      absl::Status(status.code(), absl::StrCat("shard server ", address, ": ",
+                                               rpc_, ": ", status.message()));
+}
+
+absl::Status RetryState::BeforeNextRound(
+    absl::FunctionRef<absl::StatusOr<uint64_t>(uint64_t)> refresh) {
+  if (attempts_ >= options_.max_attempts) {
+    return absl::Status(
+        last_retryable_.code(),
+        absl::StrCat(last_retryable_.message(), " (gave up after ", attempts_,
+                     " attempts)"));
+  }
+  ++attempts_;
+  if (wanted_epoch_.has_value()) {
+    const uint64_t wanted = *wanted_epoch_;
+    wanted_epoch_.reset();
+    absl::StatusOr<uint64_t> epoch = refresh(wanted);
+    if (!epoch.ok()) {
+      last_retryable_ =
+          absl::Status(epoch.status().code(),
+                       absl::StrCat("refreshing the shard map for epoch ",
+                                    wanted, ": ", epoch.status().message()));
+      want_backoff_ = true;
+    } else if (*epoch < wanted) {
+      // The source has not caught up with the servers yet.
+      want_backoff_ = true;
+    }
+  }
+  if (want_backoff_) {
+    want_backoff_ = false;
+    absl::SleepFor(backoff_ * absl::Uniform(rng_, 0.8, 1.2));
+    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace recps::client::internal

@@ -1,0 +1,120 @@
+// The RPC plumbing of the embedding client: channels, waiting for a round of
+// concurrent callback calls, and the retry policy between rounds.
+#ifndef RECPS_CLIENT_SHARD_FANOUT_H_
+#define RECPS_CLIENT_SHARD_FANOUT_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/embedding_client.h"
+#include "common/wire_format.h"  // kShardMapEpochKey
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "recps/v1/shard.grpc.pb.h"
+
+namespace recps::client::internal {
+
+// A channel with no message size limits (batches of rows are large).
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& creds);
+
+// Sets `ctx`'s deadline to now + timeout.
+void SetDeadline(absl::Duration timeout, grpc::ClientContext* ctx);
+
+// The epoch in an ABORTED reply's trailing metadata, if there is one.
+std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& ctx);
+
+// One EmbeddingShard stub per server address, made on first use and kept for
+// the client's life, across shard-map changes. Thread-safe.
+class StubCache {
+ public:
+  explicit StubCache(std::shared_ptr<grpc::ChannelCredentials> creds);
+  // The returned stub lives as long as the cache.
+  v1::EmbeddingShard::Stub* Get(const std::string& address);
+
+ private:
+  const std::shared_ptr<grpc::ChannelCredentials> creds_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<v1::EmbeddingShard::Stub>>
+      stubs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Collects the completions of a round of `n` callback calls, so the calling
+// thread handles them one by one as they arrive while the rest are in
+// flight. gRPC's threads only record the status.
+class DoneQueue {
+ public:
+  explicit DoneQueue(int n) : n_(n) {}
+  // The completion callback of call `index`: stores its status in `*status`
+  // (which must outlive the call) and queues the index.
+  std::function<void(grpc::Status)> Callback(int index, grpc::Status* status);
+  static constexpr int kAllReturned = -1;
+  static constexpr int kTimedOut = -2;
+
+  // Blocks until some call not yet returned is done and returns its index;
+  // kAllReturned once all n were returned (after which no callback touches
+  // this object), kTimedOut when `deadline` passes first.
+  int Next(absl::Time deadline = absl::InfiniteFuture());
+
+ private:
+  const int n_;
+  int returned_ = 0;  // only touched by the Next() caller
+  absl::Mutex mu_;
+  std::deque<int> done_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the round loop does with one call's result.
+enum class CallVerdict { kOk, kRetry, kFail };
+
+// Attempts, backoff and map refreshes of one Lookup / PushGradients.
+class RetryState {
+ public:
+  RetryState(const EmbeddingClientOptions& options, const char* rpc);
+
+  // Classifies a finished call to `address`. UNAVAILABLE asks for a backoff,
+  // ABORTED with an epoch for a map refresh; both are retried. Any other
+  // error is returned by error(), prefixed with the address.
+  CallVerdict Judge(const std::string& address, const grpc::Status& status,
+                    const grpc::ClientContext& ctx);
+  // The error of the last kFail verdict (or a response the caller rejected).
+  absl::Status error() const { return error_; }
+  // Marks the call to `address` as failed with a malformed response.
+  void FailResponse(const std::string& address, const absl::Status& status);
+
+  // Between rounds: counts the attempt, refreshes the map once if a server
+  // asked for it (through `refresh`, which returns the epoch routed by
+  // afterwards or an error), and sleeps when servers were unavailable or the
+  // source had no newer map yet. Returns the last failure, with the attempt
+  // count, when max_attempts rounds are used up.
+  absl::Status BeforeNextRound(
+      absl::FunctionRef<absl::StatusOr<uint64_t>(uint64_t)> refresh);
+
+ private:
+  void Remember(const std::string& address, const grpc::Status& status);
+
+  const EmbeddingClientOptions& options_;
+  const char* const rpc_;
+  int attempts_ = 1;
+  absl::Duration backoff_;
+  bool want_backoff_ = false;
+  std::optional<uint64_t> wanted_epoch_;  // newest epoch a server reported
+  absl::Status last_retryable_;           // for the "gave up" message
+  absl::Status error_;
+  absl::BitGen rng_;
+};
+
+}  // namespace recps::client::internal
+
+#endif  // RECPS_CLIENT_SHARD_FANOUT_H_

@@ -1,0 +1,535 @@
+// The host-memory EmbeddingStore (see embedding_store.h for the contract).
+//
+// Per table: one arena of fused rows handed out by a bump counter (no
+// allocation per row, no row is ever freed, so a row number stays valid once
+// resolved), and one id -> row hash map per slot. Slots are grouped into
+// kStripes lock stripes; a batch is bucketed by stripe so each call takes
+// every stripe lock at most once, and stripes run in parallel on the pool.
+// A row is only read or written under its stripe lock.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/aligned_buffer.h"
+#include "common/hashing.h"
+#include "common/status_macros.h"
+#include "kernels/embedding_optimizer.h"
+#include "server/embedding_store.h"
+
+namespace recps::server {
+namespace {
+
+constexpr int kStripes = 64;
+constexpr int kMaxDim = 4096;
+constexpr size_t kMaxNameLength = 64;
+// Below this many ids a batch runs on the calling thread: waking the pool
+// costs more than it saves.
+constexpr int64_t kParallelMinIds = 4096;
+// Rows resolved ahead of the copy in Lookup, so their loads overlap.
+constexpr int kPrefetchAhead = 8;
+// mmap cannot give more than the 47-bit user address space anyway.
+constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 47;
+
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (unsigned char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status ValidateSpec(const TableSpec& s, int index) {
+  if (!ValidName(s.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", index, ": name '", s.name,
+        "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
+  }
+  const std::string t = absl::StrCat("table '", s.name, "': ");
+  if (s.dim < 1 || s.dim > kMaxDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(t, "dim is ", s.dim, "; it must be in 1..", kMaxDim));
+  }
+  if (s.num_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        t, "num_rows is ", s.num_rows, "; it must be >= 0 (0: dynamic)"));
+  }
+  if (absl::Status st = kernels::ValidateOptimizerParams(s.optimizer);
+      !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(t, "optimizer: ", st.message()));
+  }
+  const RowInit& in = s.init;
+  const bool finite = std::isfinite(in.a) && std::isfinite(in.b);
+  switch (in.distribution) {
+    case RowInit::Distribution::kUniform:
+      if (!finite || !(in.a < in.b)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            t, "init: uniform bounds [", in.a, ", ", in.b,
+            ") must be finite with low < high"));
+      }
+      break;
+    case RowInit::Distribution::kNormal:
+      if (!finite || !(in.b > 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            t, "init: normal mean ", in.a, " and stddev ", in.b,
+            " must be finite with stddev > 0"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          t, "init: unknown distribution ",
+          static_cast<int>(in.distribution)));
+  }
+  return absl::OkStatus();
+}
+
+struct Table {
+  TableSpec spec;
+  uint64_t key = 0;   // StableNameKey(spec.name)
+  uint64_t seed = 0;  // StoreOptions::seed
+  uint32_t num_slots = 0;
+  int64_t stride = 0;    // floats per fused row
+  int64_t capacity = 0;  // rows the arena can hold
+  AlignedBuffer arena;
+  std::atomic<int64_t> next_row{0};  // rows handed out == rows stored
+  std::atomic<int64_t> lookup_ids{0};
+  std::atomic<int64_t> update_ids{0};
+  // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].
+  mutable std::array<absl::Mutex, kStripes> stripes;
+  std::vector<absl::flat_hash_map<int64_t, int64_t>> index;
+  std::vector<int64_t> slot_rows;
+
+  float* Row(int64_t r) const { return arena.as<float>() + r * stride; }
+
+  bool InRange(int64_t id) const {
+    return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
+  }
+
+  // Row of `id`, or -1 when it has none. REQUIRES: slot's stripe held.
+  int64_t Find(uint32_t slot, int64_t id) const {
+    const auto& map = index[slot];
+    auto it = map.find(id);
+    return it == map.end() ? -1 : it->second;
+  }
+
+  // Row of `id`, created with its initial value when missing; -1 when the
+  // arena is full. REQUIRES: slot's stripe held, so the row is complete
+  // before anyone else can find it.
+  int64_t FindOrCreate(uint32_t slot, int64_t id) {
+    auto [it, inserted] = index[slot].try_emplace(id, -1);
+    if (!inserted) return it->second;
+    int64_t r = next_row.load(std::memory_order_relaxed);
+    do {
+      if (r >= capacity) {
+        index[slot].erase(it);
+        return -1;
+      }
+    } while (!next_row.compare_exchange_weak(r, r + 1,
+                                             std::memory_order_relaxed));
+    float* row = Row(r);
+    InitRow(spec.init, seed, key, id, spec.dim, row);
+    kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
+    it->second = r;
+    ++slot_rows[slot];
+    return r;
+  }
+
+  absl::Status CheckRange(absl::Span<const int64_t> ids) const {
+    if (spec.num_rows == 0) return absl::OkStatus();
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (!InRange(ids[p])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", spec.name, "': id ", ids[p], " (position ", p,
+            ") is outside [0, ", spec.num_rows, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FullError() const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", spec.name, "' is full: it holds ", capacity, " rows (",
+        spec.num_rows > 0 ? "its num_rows"
+                          : "StoreOptions.max_rows_per_table",
+        ")"));
+  }
+};
+
+// A batch's positions grouped by lock stripe with a counting sort: O(n),
+// stable (positions ascend within a stripe).
+struct StripeBuckets {
+  std::vector<uint32_t> slot;   // slot of ids[p]
+  std::vector<int64_t> order;   // positions, stripe after stripe
+  std::array<int64_t, kStripes + 1> begin{};
+
+  StripeBuckets(const Table& t, absl::Span<const int64_t> ids)
+      : slot(ids.size()), order(ids.size()) {
+    std::array<int64_t, kStripes> fill{};
+    for (size_t p = 0; p < ids.size(); ++p) {
+      slot[p] = SlotOf(t.key, ids[p], t.num_slots);
+      ++fill[slot[p] % kStripes];
+    }
+    for (int s = 0; s < kStripes; ++s) {
+      begin[s + 1] = begin[s] + fill[s];
+      fill[s] = begin[s];
+    }
+    for (size_t p = 0; p < ids.size(); ++p) {
+      order[fill[slot[p] % kStripes]++] = static_cast<int64_t>(p);
+    }
+  }
+};
+
+// Calls fn(begin, end) for the order range of each non-empty stripe with its
+// lock held, in parallel on `pool` for large batches.
+template <typename Fn>
+void ForEachStripe(const Table& t, const StripeBuckets& b, ThreadPool* pool,
+                   Fn&& fn) {
+  if (static_cast<int64_t>(b.order.size()) < kParallelMinIds) pool = nullptr;
+  ParallelFor(pool, kStripes, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t s = lo; s < hi; ++s) {
+      if (b.begin[s] == b.begin[s + 1]) continue;
+      absl::MutexLock lock(&t.stripes[s]);
+      fn(b.begin[s], b.begin[s + 1]);
+    }
+  });
+}
+
+// The first error reported by parallel tasks.
+class FirstError {
+ public:
+  void Set(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = std::move(s);
+  }
+  absl::Status Get() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+inline void PrefetchRow(const float* row, int dim) {
+  // The first lines; the hardware prefetcher follows the rest of the row.
+  const int64_t bytes = std::min<int64_t>(int64_t{dim} * 4, 256);
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
+
+class HostEmbeddingStore final : public EmbeddingStore {
+ public:
+  HostEmbeddingStore(const StoreOptions& options,
+                     std::vector<std::unique_ptr<Table>> tables)
+      : options_(options), tables_(std::move(tables)) {
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      by_name_.emplace(tables_[i]->spec.name, static_cast<int>(i));
+    }
+  }
+
+  int num_tables() const override { return static_cast<int>(tables_.size()); }
+
+  const TableSpec& spec(int table) const override {
+    static const TableSpec* const kNone = new TableSpec();
+    return Valid(table) ? tables_[table]->spec : *kNone;
+  }
+
+  absl::StatusOr<int> FindTable(absl::string_view name) const override {
+    auto it = by_name_.find(name);
+    if (it != by_name_.end()) return it->second;
+    std::vector<absl::string_view> names;
+    for (const auto& t : tables_) names.push_back(t->spec.name);
+    return absl::NotFoundError(
+        absl::StrCat("unknown table '", name, "'; this store has ",
+                     names.empty() ? "no tables" : absl::StrJoin(names, ", ")));
+  }
+
+  absl::Status Lookup(int table, absl::Span<const int64_t> ids,
+                      float* out) override {
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    // Range first: a refused batch creates no row.
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    if (ids.empty()) return absl::OkStatus();
+    if (out == nullptr) return absl::InvalidArgumentError("Lookup: out is null");
+    const StripeBuckets b(*t, ids);
+    const int dim = t->spec.dim;
+    std::atomic<bool> full{false};
+    ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
+      // A small ring of resolved rows: row k is copied once row
+      // k + kPrefetchAhead has been resolved and prefetched.
+      const float* src[kPrefetchAhead];
+      int64_t dst[kPrefetchAhead];
+      int64_t n = 0;
+      auto copy = [&](int64_t i) {
+        std::memcpy(out + dst[i % kPrefetchAhead] * dim,
+                    src[i % kPrefetchAhead], sizeof(float) * dim);
+      };
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t p = b.order[k];
+        const int64_t r = t->FindOrCreate(b.slot[p], ids[p]);
+        if (r < 0) {
+          full.store(true, std::memory_order_relaxed);
+          return;
+        }
+        const float* row = t->Row(r);
+        PrefetchRow(row, dim);
+        if (n >= kPrefetchAhead) copy(n - kPrefetchAhead);
+        src[n % kPrefetchAhead] = row;
+        dst[n % kPrefetchAhead] = p;
+        ++n;
+      }
+      for (int64_t i = std::max<int64_t>(0, n - kPrefetchAhead); i < n; ++i) {
+        copy(i);
+      }
+    });
+    if (full.load()) return t->FullError();
+    t->lookup_ids.fetch_add(static_cast<int64_t>(ids.size()),
+                            std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  absl::Status ValidateGradients(int table, absl::Span<const int64_t> ids,
+                                 const float* grads) const override {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    const int dim = t->spec.dim;
+    if (!ids.empty() && grads == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': no gradients for ", ids.size(), " ids"));
+    }
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const float* g = grads + p * dim;
+      // Branch-free exponent test per row (vectorises); find the column only
+      // when the row is bad.
+      uint32_t bad = 0;
+      for (int j = 0; j < dim; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, &g[j], sizeof(bits));
+        bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      }
+      if (bad == 0) continue;
+      for (int j = 0; j < dim; ++j) {
+        if (!std::isfinite(g[j])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "table '", t->spec.name, "': gradient of id ", ids[p],
+              " (position ", p, ") is ", g[j], " at column ", j));
+        }
+      }
+    }
+    if (ids.size() > 1) {
+      absl::flat_hash_map<int64_t, size_t> seen;
+      seen.reserve(ids.size());
+      for (size_t p = 0; p < ids.size(); ++p) {
+        auto [it, inserted] = seen.try_emplace(ids[p], p);
+        if (!inserted) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "table '", t->spec.name, "': id ", ids[p],
+              " appears twice in one gradient push (positions ", it->second,
+              " and ", p, ")"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
+                              const float* grads) override {
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    // Cheap, and keeps a caller's bug from creating rows outside the table.
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    if (ids.empty()) return absl::OkStatus();
+    if (grads == nullptr) {
+      return absl::InvalidArgumentError("ApplyGradients: grads is null");
+    }
+    const auto n = static_cast<int64_t>(ids.size());
+    // Near capacity, create every missing row first so that a full table
+    // refuses the push before any gradient is applied.
+    if (t->capacity - t->next_row.load(std::memory_order_relaxed) < n) {
+      RETURN_IF_ERROR(CreateRows(*t, ids));
+    }
+    const StripeBuckets b(*t, ids);
+    std::vector<int64_t> rows(n);
+    FirstError error;
+    ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t p = b.order[k];
+        rows[k] = t->FindOrCreate(b.slot[p], ids[p]);
+        // Only when another caller filled the table since CreateRows.
+        if (rows[k] < 0) {
+          error.Set(t->FullError());
+          return;
+        }
+      }
+      kernels::FusedUpdateArgs args;
+      args.rows = t->arena.as<float>();
+      args.num_rows = t->capacity;
+      args.row_stride = t->stride;
+      args.dim = t->spec.dim;
+      args.row_indices = rows.data() + begin;
+      args.num_updates = end - begin;
+      args.grads = grads;
+      args.grad_indices = b.order.data() + begin;
+      args.optimizer = t->spec.optimizer;
+      // Already inside a parallel task: the update runs on this thread.
+      kernels::ExecContext ctx;
+      ctx.pool = nullptr;
+      if (absl::Status st = kernels::FusedOptimizerUpdateCpu(args, ctx);
+          !st.ok()) {
+        error.Set(std::move(st));
+      }
+    });
+    RETURN_IF_ERROR(error.Get());
+    t->update_ids.fetch_add(n, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadRows(int table, absl::Span<const int64_t> ids,
+                        float* out) const override {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    if (!ids.empty() && out == nullptr) {
+      return absl::InvalidArgumentError("ReadRows: out is null");
+    }
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const uint32_t slot = SlotOf(t->key, ids[p], t->num_slots);
+      absl::MutexLock lock(&t->stripes[slot % kStripes]);
+      const int64_t r = t->Find(slot, ids[p]);
+      if (r < 0) {
+        return absl::NotFoundError(absl::StrCat(
+            "table '", t->spec.name, "' has no row for id ", ids[p]));
+      }
+      std::memcpy(out + p * t->stride, t->Row(r), sizeof(float) * t->stride);
+    }
+    return absl::OkStatus();
+  }
+
+  TableInfo Info(int table) const override {
+    TableInfo info;
+    if (!Valid(table)) return info;
+    const Table& t = *tables_[table];
+    info.name = t.spec.name;
+    info.dim = t.spec.dim;
+    info.rows = t.next_row.load(std::memory_order_relaxed);
+    info.row_bytes = t.stride * static_cast<int64_t>(sizeof(float));
+    info.lookup_ids = t.lookup_ids.load(std::memory_order_relaxed);
+    info.update_ids = t.update_ids.load(std::memory_order_relaxed);
+    return info;
+  }
+
+  std::vector<int64_t> RowsPerSlot() const override {
+    std::vector<int64_t> out(options_.num_slots, 0);
+    for (const auto& t : tables_) {
+      for (int s = 0; s < kStripes; ++s) {
+        absl::MutexLock lock(&t->stripes[s]);
+        for (uint32_t slot = s; slot < options_.num_slots; slot += kStripes) {
+          out[slot] += t->slot_rows[slot];
+        }
+      }
+    }
+    return out;
+  }
+
+ private:
+  bool Valid(int table) const {
+    return table >= 0 && table < static_cast<int>(tables_.size());
+  }
+
+  absl::StatusOr<Table*> Get(int table) const {
+    if (!Valid(table)) {
+      return absl::NotFoundError(absl::StrCat(
+          "no table with index ", table, " (the store has ", tables_.size(),
+          " tables)"));
+    }
+    return tables_[table].get();
+  }
+
+  // Creates the missing rows of `ids` without touching existing ones.
+  absl::Status CreateRows(Table& t, absl::Span<const int64_t> ids) {
+    const StripeBuckets b(t, ids);
+    std::atomic<bool> full{false};
+    ForEachStripe(t, b, options_.pool, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t p = b.order[k];
+        if (t.FindOrCreate(b.slot[p], ids[p]) < 0) {
+          full.store(true, std::memory_order_relaxed);
+          return;
+        }
+      }
+    });
+    return full.load() ? t.FullError() : absl::OkStatus();
+  }
+
+  const StoreOptions options_;
+  const std::vector<std::unique_ptr<Table>> tables_;
+  absl::flat_hash_map<std::string, int> by_name_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
+    std::vector<TableSpec> tables, const StoreOptions& options) {
+  if (options.num_slots == 0) {
+    return absl::InvalidArgumentError("store: num_slots must be > 0");
+  }
+  if (options.max_rows_per_table < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store: max_rows_per_table is ", options.max_rows_per_table,
+        "; it must be >= 1"));
+  }
+  absl::flat_hash_map<std::string, int> names;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    RETURN_IF_ERROR(ValidateSpec(tables[i], static_cast<int>(i)));
+    auto [it, inserted] = names.try_emplace(tables[i].name, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table name '", tables[i].name, "' is used by tables ", it->second,
+          " and ", i));
+    }
+  }
+  std::vector<std::unique_ptr<Table>> built;
+  built.reserve(tables.size());
+  for (TableSpec& spec : tables) {
+    auto t = std::make_unique<Table>();
+    t->key = StableNameKey(spec.name);
+    t->seed = options.seed;
+    t->num_slots = options.num_slots;
+    t->stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+    t->capacity =
+        spec.num_rows > 0 ? spec.num_rows : options.max_rows_per_table;
+    const uint64_t row_bytes = static_cast<uint64_t>(t->stride) * sizeof(float);
+    if (static_cast<uint64_t>(t->capacity) > kMaxArenaBytes / row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", spec.name, "': ", t->capacity, " rows of ", row_bytes,
+          " bytes exceed the address space; lower ",
+          spec.num_rows > 0 ? "num_rows" : "max_rows_per_table"));
+    }
+    auto arena = AlignedBuffer::Allocate(t->capacity * row_bytes);
+    if (!arena.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", spec.name, "': reserving ", t->capacity, " rows: ",
+          arena.status().message()));
+    }
+    t->arena = *std::move(arena);
+    t->index.resize(options.num_slots);
+    t->slot_rows.assign(options.num_slots, 0);
+    t->spec = std::move(spec);
+    built.push_back(std::move(t));
+  }
+  return std::unique_ptr<EmbeddingStore>(
+      new HostEmbeddingStore(options, std::move(built)));
+}
+
+}  // namespace recps::server

@@ -1,0 +1,244 @@
+// recps-shard: a shard server. Serves the EmbeddingShard data plane and the
+// ShardAdmin operations service over gRPC, and Prometheus metrics over HTTP.
+//
+//   recps-shard --tables=tables.textproto --world_size=2 --standalone
+//
+// Stops gracefully on SIGTERM or SIGINT: no new calls are accepted, calls in
+// flight finish (up to --grace_period).
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "server/shard_service.h"
+#include "server/table_config.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC address to listen on, host:port; port 0 lets the OS pick");
+ABSL_FLAG(std::string, advertise, "",
+          "this server's address in shard maps (default: the listen host with "
+          "the bound port)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics HTTP address, host:port (port 0: OS picks); "
+          "empty disables metrics");
+ABSL_FLAG(std::string, tables, "",
+          "path of the tables config (text-format recps.v1.TablesConfig); "
+          "required");
+ABSL_FLAG(std::string, consistency, "sync",
+          "sync (BSP: wait for every worker each step), bounded (lookups run "
+          "up to --staleness steps ahead) or async (apply on arrival)");
+ABSL_FLAG(int, staleness, 1, "steps a lookup may run ahead in bounded mode");
+ABSL_FLAG(int, world_size, 1, "number of workers in the job");
+ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
+          "how long a lookup waits for its step before failing with the "
+          "missing workers named");
+ABSL_FLAG(uint64_t, seed, 0, "seed of the deterministic row initialisation");
+ABSL_FLAG(uint32_t, num_slots, 4096, "slots of the cluster (fixed for its life)");
+ABSL_FLAG(bool, standalone, false,
+          "serve every slot alone (shard map epoch 1 with this server only); "
+          "otherwise wait for ShardAdmin.SetShardMap");
+ABSL_FLAG(int64_t, max_rows_per_table, int64_t{1} << 26,
+          "most rows a dynamic table may hold on this server");
+ABSL_FLAG(int64_t, max_ids_per_request, int64_t{1} << 22,
+          "most ids one Lookup or PushGradients may carry");
+ABSL_FLAG(int, max_message_mb, 1024, "largest request accepted, in MiB");
+ABSL_FLAG(int, threads, 0, "threads for request work (0: one per core)");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
+          "on SIGTERM, how long calls in flight may take to finish");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, write '<grpc port> <metrics port>' here once serving (for "
+          "launchers and tests)");
+
+namespace recps::server {
+namespace {
+
+absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags() {
+  ConsistencyOptions c;
+  const std::string mode = absl::GetFlag(FLAGS_consistency);
+  if (mode == "sync") {
+    c.mode = ConsistencyMode::kSync;
+  } else if (mode == "bounded") {
+    c.mode = ConsistencyMode::kBounded;
+  } else if (mode == "async") {
+    c.mode = ConsistencyMode::kAsync;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--consistency=", mode, ": expected sync, bounded or async"));
+  }
+  c.staleness = absl::GetFlag(FLAGS_staleness);
+  c.world_size = absl::GetFlag(FLAGS_world_size);
+  c.step_timeout = absl::GetFlag(FLAGS_step_timeout);
+  if (c.staleness < 0) return absl::InvalidArgumentError("--staleness must be >= 0");
+  if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
+  return c;
+}
+
+absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << grpc_port << " " << metrics_port << "\n";
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+int Run() {
+  // Signals are taken by sigwait below; block them before any thread starts
+  // so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::string tables_path = absl::GetFlag(FLAGS_tables);
+  if (tables_path.empty()) {
+    LogError("--tables is required (a text-format recps.v1.TablesConfig)");
+    return 2;
+  }
+  absl::StatusOr<v1::TablesConfig> config = ReadTablesConfig(tables_path);
+  if (!config.ok()) {
+    LogError(config.status().message());
+    return 2;
+  }
+  absl::StatusOr<std::vector<TableSpec>> specs = TableSpecsFromConfig(*config);
+  absl::StatusOr<ConsistencyOptions> consistency = ConsistencyFromFlags();
+  for (const absl::Status& s : {specs.status(), consistency.status()}) {
+    if (!s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+  }
+
+  ThreadPool compute_pool(0);
+  StoreOptions store_options;
+  store_options.seed = absl::GetFlag(FLAGS_seed);
+  store_options.num_slots = absl::GetFlag(FLAGS_num_slots);
+  store_options.max_rows_per_table = absl::GetFlag(FLAGS_max_rows_per_table);
+  store_options.pool = &compute_pool;
+  absl::StatusOr<std::unique_ptr<EmbeddingStore>> store =
+      CreateHostEmbeddingStore(*specs, store_options);
+  if (!store.ok()) {
+    LogError(store.status().message());
+    return 2;
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  ShardMetrics metrics(*registry);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = 0;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    exposer = std::make_unique<prometheus::Exposer>(addr);
+    exposer->RegisterCollectable(registry);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    metrics_port = ports.empty() ? 0 : ports[0];
+  }
+
+  ShardServerOptions options;
+  options.num_slots = store_options.num_slots;
+  options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
+  options.consistency = *consistency;
+  options.work_threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<ShardServer>> shard =
+      ShardServer::Create(*std::move(store), ShardMap(), options, &metrics);
+  if (!shard.ok()) {
+    LogError(shard.status().message());
+    return 2;
+  }
+
+  EmbeddingShardService data_service(shard->get(), &metrics);
+  ShardAdminService admin_service(shard->get(), &metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  // TLS arrives with the security issue; the credentials are the only change.
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.RegisterService(&data_service);
+  builder.RegisterService(&admin_service);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_mb) << 20);
+  builder.SetMaxSendMessageSize(-1);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    LogError("cannot listen on ", listen);
+    return 1;
+  }
+
+  std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (advertise.empty()) {
+    const std::vector<std::string> host_port = absl::StrSplit(listen, ':');
+    advertise = absl::StrCat(host_port.empty() ? "127.0.0.1" : host_port[0], ":",
+                             grpc_port);
+  }
+  if (absl::GetFlag(FLAGS_standalone)) {
+    v1::SetShardMapRequest set;
+    *set.mutable_shard_map() =
+        ShardMap::Uniform(1, store_options.num_slots, {advertise}).ToProto();
+    set.set_self(advertise);
+    if (absl::Status s = (*shard)->SetShardMap(set); !s.ok()) {
+      LogError(s.message());
+      return 1;
+    }
+  } else {
+    (*shard)->SetSelfAddress(advertise);  // for maps that do not name `self`
+  }
+  LogInfo("serving ", specs->size(), " table(s) on ", advertise, " (",
+          ConsistencyModeName(consistency->mode), ", world size ",
+          consistency->world_size, "), metrics on port ", metrics_port,
+          absl::GetFlag(FLAGS_standalone) ? ", standalone" : ", waiting for a shard map");
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {
+      LogError(s.message());
+      return 1;
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  LogInfo("received signal ", signal_number, "; finishing calls in flight");
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
+  server->Wait();
+  shard->reset();
+  LogInfo("stopped");
+  // Everything that holds data is closed. Skip the metrics exposer's
+  // destructor: civetweb polls its threads down for about a second, which
+  // would only delay a restart or a rolling update.
+  std::fflush(nullptr);
+  _exit(0);
+}
+
+}  // namespace
+}  // namespace recps::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "recps shard server: owns the rows of its slots and serves batched "
+      "lookups and fused gradient updates.\n"
+      "  recps-shard --tables=FILE [--world_size=N] [--consistency=sync] "
+      "[--standalone]");
+  absl::ParseCommandLine(argc, argv);
+  recps::SetLogTag("recps-shard");
+  return recps::server::Run();
+}

@@ -1,0 +1,59 @@
+// gRPC adapters of the shard server: read the request, call ShardServer,
+// convert the status in one place (status_conversion), record metrics.
+#ifndef RECPS_SERVER_SHARD_SERVICE_H_
+#define RECPS_SERVER_SHARD_SERVICE_H_
+
+#include "grpcpp/grpcpp.h"
+#include "recps/v1/shard.grpc.pb.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "server/shard_metrics.h"
+#include "server/shard_server.h"
+
+namespace recps::server {
+
+// absl::Status -> grpc::Status (the codes are the same numbers).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+class EmbeddingShardService final : public v1::EmbeddingShard::CallbackService {
+ public:
+  // Neither pointer is owned; metrics may be null.
+  EmbeddingShardService(ShardServer* server, ShardMetrics* metrics)
+      : server_(server), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* PushGradients(
+      grpc::CallbackServerContext* context,
+      const v1::PushGradientsRequest* request,
+      v1::PushGradientsResponse* response) override;
+
+ private:
+  ShardServer* server_;
+  ShardMetrics* metrics_;
+};
+
+class ShardAdminService final : public v1::ShardAdmin::CallbackService {
+ public:
+  ShardAdminService(ShardServer* server, ShardMetrics* metrics)
+      : server_(server), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
+                                  const v1::StatsRequest* request,
+                                  v1::StatsResponse* response) override;
+  grpc::ServerUnaryReactor* GetShardMap(grpc::CallbackServerContext* context,
+                                        const v1::GetShardMapRequest* request,
+                                        v1::ShardMap* response) override;
+  grpc::ServerUnaryReactor* SetShardMap(
+      grpc::CallbackServerContext* context,
+      const v1::SetShardMapRequest* request,
+      v1::SetShardMapResponse* response) override;
+
+ private:
+  ShardServer* server_;
+  ShardMetrics* metrics_;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_SERVICE_H_

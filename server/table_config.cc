@@ -1,0 +1,132 @@
+#include "server/table_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace recps::server {
+namespace {
+
+absl::Status Bad(const v1::TableConfig& c, absl::string_view field,
+                 absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "table '", c.name(), "': ", field, " ", what));
+}
+
+// Collects text-format parse errors with their positions.
+class ErrorCollector : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    errors.push_back(absl::StrCat("line ", line + 1, " column ", column + 1,
+                                  ": ", message));
+  }
+  std::vector<std::string> errors;
+};
+
+}  // namespace
+
+absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
+  TableSpec spec;
+  spec.name = c.name();
+  if (c.name().empty()) return Bad(c, "name", "is empty");
+  if (c.dim() < 1 || c.dim() > 4096) {
+    return Bad(c, "dim", absl::StrCat("is ", c.dim(), "; it must be in 1..4096"));
+  }
+  spec.dim = c.dim();
+  if (c.num_rows() < 0) {
+    return Bad(c, "num_rows", absl::StrCat("is ", c.num_rows(),
+                                           "; use 0 for a dynamic table"));
+  }
+  spec.num_rows = c.num_rows();
+  const v1::OptimizerConfig& o = c.optimizer();
+  kernels::OptimizerParams& p = spec.optimizer;
+  switch (o.kind()) {
+    case v1::OptimizerConfig::SGD:
+      p.kind = kernels::OptimizerKind::kSgd;
+      break;
+    case v1::OptimizerConfig::ADAGRAD:
+      p.kind = kernels::OptimizerKind::kAdagrad;
+      break;
+    case v1::OptimizerConfig::ROWWISE_ADAGRAD:
+      p.kind = kernels::OptimizerKind::kRowWiseAdagrad;
+      break;
+    case v1::OptimizerConfig::ADAM:
+      p.kind = kernels::OptimizerKind::kAdam;
+      break;
+    case v1::OptimizerConfig::ADAMW:
+      p.kind = kernels::OptimizerKind::kAdamW;
+      break;
+    default:
+      return Bad(c, "optimizer.kind",
+                 "is not set; choose SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM or ADAMW");
+  }
+  if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
+    return Bad(c, "optimizer.learning_rate",
+               absl::StrCat("is ", o.learning_rate(), "; it must be > 0"));
+  }
+  p.learning_rate = o.learning_rate();
+  p.eps = o.eps() == 0 ? 1e-8f : o.eps();
+  p.beta1 = o.beta1() == 0 ? 0.9f : o.beta1();
+  p.beta2 = o.beta2() == 0 ? 0.999f : o.beta2();
+  p.weight_decay = o.weight_decay();
+  if (absl::Status s = kernels::ValidateOptimizerParams(p); !s.ok()) {
+    return Bad(c, "optimizer", s.message());
+  }
+  const float bound = 1.0f / std::sqrt(static_cast<float>(c.dim()));
+  spec.init = RowInit{RowInit::Distribution::kUniform, -bound, bound};
+  if (c.init().has_uniform()) {
+    const auto& u = c.init().uniform();
+    if (!(u.low() < u.high())) {
+      return Bad(c, "init.uniform", absl::StrCat("needs low < high, got [", u.low(),
+                                                 ", ", u.high(), ")"));
+    }
+    spec.init = RowInit{RowInit::Distribution::kUniform, u.low(), u.high()};
+  } else if (c.init().has_normal()) {
+    const auto& n = c.init().normal();
+    if (!(n.stddev() > 0)) {
+      return Bad(c, "init.normal.stddev", absl::StrCat("is ", n.stddev(), "; it must be > 0"));
+    }
+    spec.init = RowInit{RowInit::Distribution::kNormal, n.mean(), n.stddev()};
+  }
+  return spec;
+}
+
+absl::StatusOr<std::vector<TableSpec>> TableSpecsFromConfig(
+    const v1::TablesConfig& config) {
+  if (config.tables_size() == 0) {
+    return absl::InvalidArgumentError("the tables config declares no tables");
+  }
+  std::vector<TableSpec> specs;
+  for (const v1::TableConfig& t : config.tables()) {
+    absl::StatusOr<TableSpec> spec = TableSpecFromConfig(t);
+    if (!spec.ok()) return spec.status();
+    specs.push_back(*std::move(spec));
+  }
+  return specs;
+}
+
+absl::StatusOr<v1::TablesConfig> ReadTablesConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot open tables config ", path));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  v1::TablesConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text.str(), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", absl::StrJoin(errors.errors, "; ")));
+  }
+  return config;
+}
+
+}  // namespace recps::server

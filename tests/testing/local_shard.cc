@@ -1,0 +1,99 @@
+#include "tests/testing/local_shard.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+extern char** environ;
+
+namespace recps::testing {
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "recps-XXXXXX").string();
+  char* made = mkdtemp(tmpl.data());
+  path_ = made != nullptr ? made : "/tmp";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::WriteFile(const std::string& name,
+                               const std::string& contents) const {
+  const std::string full = path_ + "/" + name;
+  std::ofstream(full) << contents;
+  return full;
+}
+
+absl::StatusOr<std::unique_ptr<LocalShard>> LocalShard::Start(
+    const std::string& binary, std::vector<std::string> args,
+    absl::Duration timeout) {
+  std::unique_ptr<LocalShard> shard(new LocalShard());
+  const std::string port_file = shard->dir_.path() + "/ports";
+  args.insert(args.begin(), binary);
+  args.push_back("--listen=127.0.0.1:0");
+  args.push_back("--metrics_listen=127.0.0.1:0");
+  args.push_back("--port_file=" + port_file);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  if (posix_spawn(&shard->pid_, binary.c_str(), nullptr, nullptr, argv.data(),
+                  environ) != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", binary));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status;
+    if (waitpid(shard->pid_, &status, WNOHANG) == shard->pid_) {
+      shard->pid_ = -1;
+      return absl::InternalError(absl::StrCat(
+          binary, " exited during start-up with status ", status));
+    }
+    std::ifstream in(port_file);
+    int grpc_port = 0, metrics_port = 0;
+    if (in >> grpc_port >> metrics_port && grpc_port > 0) {
+      shard->address_ = absl::StrCat("127.0.0.1:", grpc_port);
+      shard->metrics_port_ = metrics_port;
+      return shard;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(binary, " did not start in time"));
+}
+
+absl::StatusOr<int> LocalShard::Terminate(absl::Duration timeout) {
+  if (pid_ < 0) return absl::FailedPreconditionError("not running");
+  kill(pid_, SIGTERM);
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return absl::DeadlineExceededError("shard did not stop after SIGTERM");
+}
+
+void LocalShard::Kill() {
+  if (pid_ < 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+LocalShard::~LocalShard() {
+  if (pid_ >= 0 && !Terminate(absl::Seconds(5)).ok()) Kill();
+}
+
+}  // namespace recps::testing

@@ -1,0 +1,59 @@
+// Starts a real recps-shard process on 127.0.0.1 with an OS-picked port, for
+// multi-process tests; stops it (SIGTERM, then SIGKILL) when destroyed.
+#ifndef RECPS_TESTS_TESTING_LOCAL_SHARD_H_
+#define RECPS_TESTS_TESTING_LOCAL_SHARD_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace recps::testing {
+
+// A temporary directory, removed with its files when destroyed.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  // Writes `contents` to path()/name and returns the full path.
+  std::string WriteFile(const std::string& name, const std::string& contents) const;
+
+ private:
+  std::string path_;
+};
+
+class LocalShard {
+ public:
+  // Runs `binary` with `args` plus --listen, --metrics_listen and
+  // --port_file, and waits until it serves (or exits, or `timeout` passes).
+  static absl::StatusOr<std::unique_ptr<LocalShard>> Start(
+      const std::string& binary, std::vector<std::string> args,
+      absl::Duration timeout = absl::Seconds(30));
+  ~LocalShard();
+
+  const std::string& address() const { return address_; }  // 127.0.0.1:port
+  int metrics_port() const { return metrics_port_; }
+  pid_t pid() const { return pid_; }
+
+  // Sends SIGTERM and waits for the exit; returns the exit code (or
+  // DEADLINE_EXCEEDED when it does not stop within `timeout`).
+  absl::StatusOr<int> Terminate(absl::Duration timeout = absl::Seconds(20));
+  // SIGKILL without waiting for anything to finish (a crash).
+  void Kill();
+
+ private:
+  LocalShard() = default;
+  TempDir dir_;
+  pid_t pid_ = -1;
+  std::string address_;
+  int metrics_port_ = 0;
+};
+
+}  // namespace recps::testing
+
+#endif  // RECPS_TESTS_TESTING_LOCAL_SHARD_H_
