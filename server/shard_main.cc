@@ -20,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "common/text_proto.h"
 #include "common/thread_pool.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -27,6 +28,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/shard_service.h"
+#include "recps/v1/job.pb.h"
 #include "server/table_config.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
@@ -39,7 +41,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "empty disables metrics");
 ABSL_FLAG(std::string, tables, "",
           "path of the tables config (text-format recps.v1.TablesConfig); "
-          "required");
+          "this or --job is required");
+ABSL_FLAG(std::string, job, "",
+          "path of a job config (text-format recps.v1.JobConfig): serve its "
+          "tables, seeded by its training.seed");
 ABSL_FLAG(std::string, consistency, "sync",
           "sync (BSP: wait for every worker each step), bounded (lookups run "
           "up to --staleness steps ahead) or async (apply on arrival)");
@@ -48,7 +53,9 @@ ABSL_FLAG(int, world_size, 1, "number of workers in the job");
 ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
           "how long a lookup waits for its step before failing with the "
           "missing workers named");
-ABSL_FLAG(uint64_t, seed, 0, "seed of the deterministic row initialisation");
+ABSL_FLAG(uint64_t, seed, 0,
+          "seed of the deterministic row initialisation (with --job: the "
+          "job's training.seed)");
 ABSL_FLAG(uint32_t, num_slots, 4096, "slots of the cluster (fixed for its life)");
 ABSL_FLAG(bool, standalone, false,
           "serve every slot alone (shard map epoch 1 with this server only); "
@@ -112,11 +119,26 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   const std::string tables_path = absl::GetFlag(FLAGS_tables);
-  if (tables_path.empty()) {
-    LogError("--tables is required (a text-format recps.v1.TablesConfig)");
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (tables_path.empty() == job_path.empty()) {
+    LogError("give exactly one of --tables (a text-format recps.v1.TablesConfig) "
+             "or --job (a recps.v1.JobConfig)");
     return 2;
   }
-  absl::StatusOr<v1::TablesConfig> config = ReadTablesConfig(tables_path);
+  uint64_t seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<v1::TablesConfig> config;
+  if (!job_path.empty()) {
+    v1::JobConfig job;
+    if (absl::Status s = ReadTextProto(job_path, &job); !s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+    config = v1::TablesConfig();
+    *config->mutable_tables() = job.tables();
+    seed = job.training().seed();
+  } else {
+    config = ReadTablesConfig(tables_path);
+  }
   if (!config.ok()) {
     LogError(config.status().message());
     return 2;
@@ -132,7 +154,7 @@ int Run() {
 
   ThreadPool compute_pool(0);
   StoreOptions store_options;
-  store_options.seed = absl::GetFlag(FLAGS_seed);
+  store_options.seed = seed;
   store_options.num_slots = absl::GetFlag(FLAGS_num_slots);
   store_options.max_rows_per_table = absl::GetFlag(FLAGS_max_rows_per_table);
   store_options.pool = &compute_pool;

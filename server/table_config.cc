@@ -1,13 +1,9 @@
 #include "server/table_config.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "google/protobuf/io/tokenizer.h"
-#include "google/protobuf/text_format.h"
+#include "common/text_proto.h"
 
 namespace recps::server {
 namespace {
@@ -17,17 +13,6 @@ absl::Status Bad(const v1::TableConfig& c, absl::string_view field,
   return absl::InvalidArgumentError(absl::StrCat(
       "table '", c.name(), "': ", field, " ", what));
 }
-
-// Collects text-format parse errors with their positions.
-class ErrorCollector : public google::protobuf::io::ErrorCollector {
- public:
-  void AddError(int line, google::protobuf::io::ColumnNumber column,
-                const std::string& message) override {
-    errors.push_back(absl::StrCat("line ", line + 1, " column ", column + 1,
-                                  ": ", message));
-  }
-  std::vector<std::string> errors;
-};
 
 }  // namespace
 
@@ -112,20 +97,8 @@ absl::StatusOr<std::vector<TableSpec>> TableSpecsFromConfig(
 }
 
 absl::StatusOr<v1::TablesConfig> ReadTablesConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat("cannot open tables config ", path));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
   v1::TablesConfig config;
-  google::protobuf::TextFormat::Parser parser;
-  ErrorCollector errors;
-  parser.RecordErrorsTo(&errors);
-  if (!parser.ParseFromString(text.str(), &config)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", absl::StrJoin(errors.errors, "; ")));
-  }
+  if (absl::Status s = ReadTextProto(path, &config); !s.ok()) return s;
   return config;
 }
 

@@ -34,6 +34,31 @@ std::string TempDir::WriteFile(const std::string& name,
   return full;
 }
 
+absl::StatusOr<int> RunProcess(const std::string& binary,
+                               std::vector<std::string> args,
+                               absl::Duration timeout) {
+  args.insert(args.begin(), binary);
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid;
+  if (posix_spawn(&pid, binary.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    return absl::InternalError(absl::StrCat("cannot start ", binary));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return absl::DeadlineExceededError(absl::StrCat(binary, " ran past ",
+                                                  absl::FormatDuration(timeout)));
+}
+
 absl::StatusOr<std::unique_ptr<LocalShard>> LocalShard::Start(
     const std::string& binary, std::vector<std::string> args,
     absl::Duration timeout) {

@@ -27,6 +27,12 @@ class TempDir {
   std::string path_;
 };
 
+// Runs `binary` with `args` to completion; returns its exit code, or
+// DEADLINE_EXCEEDED (after killing it) when it runs past `timeout`.
+absl::StatusOr<int> RunProcess(const std::string& binary,
+                               std::vector<std::string> args,
+                               absl::Duration timeout);
+
 class LocalShard {
  public:
   // Runs `binary` with `args` plus --listen, --metrics_listen and

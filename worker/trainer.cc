@@ -1,0 +1,295 @@
+#include "worker/trainer.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "kernels/loss.h"
+#include "worker/job_config.h"
+
+namespace recps::worker {
+namespace {
+
+kernels::OptimizerParams DenseOptimizerParams(const v1::OptimizerConfig& o) {
+  kernels::OptimizerParams p;
+  switch (o.kind()) {
+    case v1::OptimizerConfig::ADAGRAD:
+      p.kind = kernels::OptimizerKind::kAdagrad;
+      break;
+    case v1::OptimizerConfig::ADAM:
+      p.kind = kernels::OptimizerKind::kAdam;
+      break;
+    case v1::OptimizerConfig::ADAMW:
+      p.kind = kernels::OptimizerKind::kAdamW;
+      break;
+    default:
+      p.kind = kernels::OptimizerKind::kSgd;
+  }
+  p.learning_rate = o.learning_rate();
+  p.eps = o.eps() == 0 ? 1e-8f : o.eps();
+  p.beta1 = o.beta1() == 0 ? 0.9f : o.beta1();
+  p.beta2 = o.beta2() == 0 ? 0.999f : o.beta2();
+  p.weight_decay = o.weight_decay();
+  return p;
+}
+
+// Seconds since `start`, added to `*into`.
+void Charge(absl::Time start, double* into) {
+  *into += absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const v1::JobConfig& job, std::unique_ptr<client::EmbeddingClient> client,
+    std::unique_ptr<BatchSource> train,
+    std::function<absl::StatusOr<std::unique_ptr<BatchSource>>()> make_eval_source,
+    TrainerOptions options) {
+  RETURN_IF_ERROR(ValidateJobConfig(job));
+  if (client == nullptr || train == nullptr) {
+    return absl::InvalidArgumentError("Trainer needs a client and a train source");
+  }
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->job_ = job;
+  t->options_ = std::move(options);
+  t->client_ = std::move(client);
+  t->train_ = std::move(train);
+  t->make_eval_source_ = std::move(make_eval_source);
+  t->dim_ = EmbeddingDim(job);
+
+  t->tables_.resize(t->client_->tables().size());
+  for (const v1::FeatureConfig& f : job.features()) {
+    FeatureState fs;
+    fs.table = t->client_->FindTable(f.table());
+    if (fs.table < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "feature '", f.name(), "': the client has no table '", f.table(), "'"));
+    }
+    fs.pooling = f.pooling() == v1::FeatureConfig::MEAN ? kernels::PoolingMode::kMean
+                                                        : kernels::PoolingMode::kSum;
+    t->features_.push_back(std::move(fs));
+  }
+
+  DlrmConfig model;
+  model.num_sparse = job.features_size();
+  model.embedding_dim = t->dim_;
+  model.bottom_mlp.assign(job.model().bottom_mlp().begin(), job.model().bottom_mlp().end());
+  model.top_mlp.assign(job.model().top_mlp().begin(), job.model().top_mlp().end());
+  model.seed = job.training().seed();
+  model.num_dense = job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
+  ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model));
+  ASSIGN_OR_RETURN(t->optimizer_,
+                   DenseOptimizer::Create(DenseOptimizerParams(job.training().dense_optimizer()),
+                                          t->model_->num_parameters()));
+  return t;
+}
+
+absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
+                                    StepTimes* times) {
+  const int num_features = static_cast<int>(features_.size());
+  if (batch.num_sparse() != num_features) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch has ", batch.num_sparse(), " sparse features; the job has ",
+        num_features));
+  }
+  // Dedup per table over every feature that uses it; each feature keeps
+  // indices into its table's unique rows.
+  std::vector<bool> seen(tables_.size(), false);
+  for (int f = 0; f < num_features; ++f) {
+    FeatureState& fs = features_[f];
+    TableState& ts = tables_[fs.table];
+    const size_t before = seen[fs.table] ? ts.dedup.inverse.size() : 0;
+    if (seen[fs.table]) {
+      client::DeduplicateAppend(batch.ids[f], &ts.dedup);
+    } else {
+      client::Deduplicate(batch.ids[f], &ts.dedup);
+      seen[fs.table] = true;
+    }
+    fs.indices.assign(ts.dedup.inverse.begin() + before, ts.dedup.inverse.end());
+  }
+  // One Lookup for every table: the client fans out to the shard servers.
+  std::vector<client::LookupSpec> specs;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    if (!seen[t]) continue;
+    TableState& ts = tables_[t];
+    ts.rows.resize(ts.dedup.unique.size() * dim_);
+    specs.push_back({static_cast<int>(t), ts.dedup.unique, ts.rows.data()});
+  }
+  absl::Time start = absl::Now();
+  RETURN_IF_ERROR(client_->Lookup(step, specs));
+  Charge(start, &times->lookup);
+
+  start = absl::Now();
+  const int64_t b = batch.size;
+  pooled_.resize(b * num_features * dim_);
+  feature_buf_.resize(b * dim_);
+  for (int f = 0; f < num_features; ++f) {
+    const FeatureState& fs = features_[f];
+    const TableState& ts = tables_[fs.table];
+    kernels::EmbeddingBagForwardArgs a;
+    a.rows = ts.rows.data();
+    a.num_rows = static_cast<int64_t>(ts.dedup.unique.size());
+    a.row_stride = dim_;
+    a.dim = dim_;
+    a.indices = fs.indices.data();
+    a.num_indices = static_cast<int64_t>(fs.indices.size());
+    a.offsets = batch.offsets[f].data();
+    a.num_bags = b;
+    a.pooling = fs.pooling;
+    a.output = feature_buf_.data();
+    RETURN_IF_ERROR(kernels::EmbeddingBagForwardCpu(a, options_.ctx));
+    // Interleave into sample-major B x F x D for the interaction.
+    for (int64_t i = 0; i < b; ++i) {
+      std::memcpy(&pooled_[(i * num_features + f) * dim_], &feature_buf_[i * dim_],
+                  sizeof(float) * dim_);
+    }
+  }
+  Charge(start, &times->forward);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> Trainer::TrainStep(const Batch& batch, int64_t step,
+                                         StepTimes* times) {
+  RETURN_IF_ERROR(LookupAndPool(batch, step, times));
+  const int64_t b = batch.size;
+  const int num_features = static_cast<int>(features_.size());
+
+  absl::Time start = absl::Now();
+  logits_.resize(b);
+  grad_logits_.resize(b);
+  RETURN_IF_ERROR(model_->Forward(b, batch.dense.data(), pooled_.data(),
+                                  logits_.data(), options_.ctx));
+  float loss = 0;
+  kernels::SigmoidBceArgs bce;
+  bce.n = b;
+  bce.logits = logits_.data();
+  bce.labels = batch.labels.data();
+  bce.loss = &loss;
+  bce.grad_logits = grad_logits_.data();
+  RETURN_IF_ERROR(kernels::SigmoidBceCpu(bce, options_.ctx));
+  Charge(start, &times->forward);
+
+  // Each worker's loss is the mean over its batch; scaling by 1/W makes the
+  // sum over workers (shard servers add pushes, the allreduce adds dense
+  // gradients) the gradient of the mean over the global batch.
+  start = absl::Now();
+  const float scale = 1.0f / options_.world_size;
+  if (options_.world_size > 1) {
+    for (float& g : grad_logits_) g *= scale;
+  }
+  grad_pooled_.resize(pooled_.size());
+  RETURN_IF_ERROR(model_->Backward(grad_logits_.data(), grad_pooled_.data(),
+                                   options_.ctx));
+  for (TableState& ts : tables_) {
+    ts.grad_rows.assign(ts.dedup.unique.size() * dim_, 0.0f);
+  }
+  feature_grad_.resize(b * dim_);
+  for (int f = 0; f < num_features; ++f) {
+    const FeatureState& fs = features_[f];
+    TableState& ts = tables_[fs.table];
+    for (int64_t i = 0; i < b; ++i) {
+      std::memcpy(&feature_grad_[i * dim_], &grad_pooled_[(i * num_features + f) * dim_],
+                  sizeof(float) * dim_);
+    }
+    const int64_t num_rows = static_cast<int64_t>(ts.dedup.unique.size());
+    feature_buf_.resize(std::max<int64_t>(b, num_rows) * dim_);
+    kernels::EmbeddingBagBackwardArgs a;
+    a.grad_output = feature_grad_.data();
+    a.dim = dim_;
+    a.indices = fs.indices.data();
+    a.num_indices = static_cast<int64_t>(fs.indices.size());
+    a.offsets = batch.offsets[f].data();
+    a.num_bags = b;
+    a.pooling = fs.pooling;
+    a.num_rows = num_rows;
+    a.grad_rows = feature_buf_.data();
+    RETURN_IF_ERROR(kernels::EmbeddingBagBackwardCpu(a, options_.ctx));
+    // Features sharing a table add up, in feature order (deterministic).
+    for (int64_t k = 0; k < num_rows * dim_; ++k) ts.grad_rows[k] += feature_buf_[k];
+  }
+  Charge(start, &times->backward);
+
+  start = absl::Now();
+  std::vector<client::PushSpec> pushes;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const TableState& ts = tables_[t];
+    if (ts.dedup.unique.empty()) continue;
+    pushes.push_back({static_cast<int>(t), ts.dedup.unique, ts.grad_rows.data()});
+  }
+  RETURN_IF_ERROR(client_->PushGradients(step, pushes));
+  Charge(start, &times->push);
+
+  start = absl::Now();
+  if (options_.allreduce) RETURN_IF_ERROR(options_.allreduce(model_->gradients()));
+  Charge(start, &times->allreduce);
+  start = absl::Now();
+  RETURN_IF_ERROR(optimizer_->Step(model_->parameters(), model_->gradients(),
+                                   options_.ctx));
+  Charge(start, &times->optimizer);
+  return loss;
+}
+
+absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
+  if (!make_eval_source_) return absl::FailedPreconditionError("no eval data");
+  ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, make_eval_source_());
+  std::vector<float> probabilities, labels;
+  StepTimes ignored;
+  Batch batch;
+  for (int64_t i = 0; i < job_.training().eval_batches(); ++i) {
+    ASSIGN_OR_RETURN(const bool more, source->Next(&batch));
+    if (!more) break;
+    RETURN_IF_ERROR(LookupAndPool(batch, step, &ignored));
+    logits_.resize(batch.size);
+    RETURN_IF_ERROR(model_->Forward(batch.size, batch.dense.data(), pooled_.data(),
+                                    logits_.data(), options_.ctx));
+    probabilities_.resize(batch.size);
+    kernels::SigmoidBceArgs bce;
+    bce.n = batch.size;
+    bce.logits = logits_.data();
+    bce.labels = batch.labels.data();
+    bce.probabilities = probabilities_.data();
+    RETURN_IF_ERROR(kernels::SigmoidBceCpu(bce, options_.ctx));
+    probabilities.insert(probabilities.end(), probabilities_.begin(), probabilities_.end());
+    labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
+  }
+  if (probabilities.empty()) return absl::FailedPreconditionError("eval data is empty");
+  return ComputeEvalMetrics(probabilities, labels);
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  TrainResult result;
+  const v1::TrainingConfig& training = job_.training();
+  const absl::Time run_start = absl::Now();
+  auto evaluate = [&](int64_t step) -> absl::Status {
+    ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(step));
+    result.evals.push_back({step, m});
+    if (options_.on_eval) options_.on_eval(result.evals.back());
+    return absl::OkStatus();
+  };
+  // A first evaluation of the untrained model: the baseline to beat.
+  RETURN_IF_ERROR(evaluate(0));
+  Batch batch;
+  for (int64_t step = 0; step < training.steps(); ++step) {
+    absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(const bool more, train_->Next(&batch));
+    Charge(start, &result.times.data);
+    if (!more) break;
+    ASSIGN_OR_RETURN(const float loss, TrainStep(batch, step, &result.times));
+    result.steps = step + 1;
+    result.samples += batch.size;
+    result.last_loss = loss;
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+    if (options_.on_step) options_.on_step(step, loss, result);
+    if (training.eval_interval() > 0 && (step + 1) % training.eval_interval() == 0 &&
+        step + 1 < training.steps()) {
+      RETURN_IF_ERROR(evaluate(step + 1));
+    }
+  }
+  RETURN_IF_ERROR(evaluate(result.steps));
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+  return result;
+}
+
+}  // namespace recps::worker

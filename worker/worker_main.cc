@@ -1,0 +1,265 @@
+// recps-worker: trains a job's DLRM against the shard servers.
+//
+//   recps-worker --config=job.textproto --shards=127.0.0.1:7000
+//
+// Rank and world size come from --rank/--world_size or, as torchrun sets
+// them, from RANK, WORLD_SIZE and LOCAL_RANK.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <unistd.h>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/embedding_client.h"
+#include "common/log.h"
+#include "common/thread_pool.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+#include "worker/data/criteo.h"
+#include "worker/data/prefetch.h"
+#include "worker/data/synthetic.h"
+#include "worker/job_config.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, config, "", "job config (text-format recps.v1.JobConfig); required");
+ABSL_FLAG(std::string, shards, "",
+          "comma-separated shard server addresses (host:port); the client asks "
+          "them for the shard map");
+ABSL_FLAG(int, rank, -1, "this worker's rank (default: $RANK, else 0)");
+ABSL_FLAG(int, world_size, -1, "workers in the job (default: $WORLD_SIZE, else 1)");
+ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(int64_t, steps, 0, "override the job's training.steps (0: keep)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "Prometheus /metrics address, host:port (empty: off)");
+ABSL_FLAG(std::string, result_json, "",
+          "write the run's result (evaluations, samples/s, step times) here");
+ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
+          "how often to print progress");
+
+namespace recps::worker {
+namespace {
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s, uint64_t salt) {
+  SyntheticConfig c;
+  c.seed = s.seed() ^ salt;
+  c.num_dense = s.num_dense();
+  for (const v1::SyntheticFeatureConfig& f : s.features()) {
+    SyntheticFeature sf;
+    sf.id_space = f.id_space();
+    sf.zipf_exponent = f.zipf_exponent();
+    sf.min_ids_per_bag = f.min_ids_per_bag();
+    sf.max_ids_per_bag = f.max_ids_per_bag();
+    c.features.push_back(sf);
+  }
+  c.label_noise = s.label_noise();
+  c.informative_features = s.informative_features();
+  return c;
+}
+
+// Held-out synthetic samples come from the same hidden model but other
+// sample numbers: the generator is keyed by (seed, sample), and the label
+// model by the seed alone, so only the sample stream is offset.
+constexpr int64_t kEvalSampleOffset = int64_t{1} << 40;
+
+std::string ResultJson(const TrainResult& r) {
+  std::string evals;
+  for (const EvalRecord& e : r.evals) {
+    absl::StrAppend(&evals, evals.empty() ? "" : ",",
+                    absl::StrFormat("{\"step\":%d,\"auc\":%.6f,\"log_loss\":%.6f,\"ne\":%.6f,"
+                                    "\"samples\":%d}",
+                                    e.step, e.metrics.auc, e.metrics.log_loss,
+                                    e.metrics.ne, e.metrics.samples));
+  }
+  const StepTimes& t = r.times;
+  return absl::StrFormat(
+      "{\"steps\":%d,\"samples\":%d,\"seconds\":%.3f,\"samples_per_second\":%.1f,"
+      "\"last_loss\":%.6f,\"times\":{\"data\":%.4f,\"lookup\":%.4f,\"forward\":%.4f,"
+      "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f},"
+      "\"evals\":[%s]}\n",
+      r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9), r.last_loss,
+      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer, evals);
+}
+
+int Run() {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  if (config_path.empty()) {
+    LogError("--config is required (a text-format recps.v1.JobConfig)");
+    return 2;
+  }
+  absl::StatusOr<v1::JobConfig> job = ReadJobConfig(config_path);
+  if (!job.ok()) {
+    LogError(job.status().message());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
+  }
+  const int rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank)
+                                                  : EnvInt("RANK", 0);
+  const int world = absl::GetFlag(FLAGS_world_size) >= 1
+                        ? absl::GetFlag(FLAGS_world_size)
+                        : EnvInt("WORLD_SIZE", 1);
+  if (rank < 0 || rank >= world) {
+    LogError("rank ", rank, " is outside [0, ", world, ")");
+    return 2;
+  }
+  SetLogTag(absl::StrCat("recps-worker ", rank));
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  if (shards.empty()) {
+    LogError("--shards is required (the shard servers' addresses)");
+    return 2;
+  }
+
+  std::vector<client::TableSchema> tables;
+  for (const v1::TableConfig& t : job->tables()) tables.push_back({t.name(), t.dim()});
+  client::EmbeddingClientOptions client_options;
+  client_options.worker_rank = rank;
+  absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> client =
+      client::EmbeddingClient::Create(tables, client::MakeServerShardMapSource(shards),
+                                      client_options);
+  if (!client.ok()) {
+    LogError(client.status().message());
+    return 1;
+  }
+
+  const int64_t batch_size = job->training().batch_size();
+  std::unique_ptr<BatchSource> train;
+  std::function<absl::StatusOr<std::unique_ptr<BatchSource>>()> make_eval;
+  if (job->data().has_synthetic()) {
+    const SyntheticConfig cfg = ToSyntheticConfig(job->data().synthetic(), 0);
+    train = MakeSyntheticSource(cfg, rank, world, batch_size, job->training().steps());
+    const int64_t eval_batches = job->training().eval_batches();
+    make_eval = [cfg, rank, world, batch_size, eval_batches]()
+        -> absl::StatusOr<std::unique_ptr<BatchSource>> {
+      SyntheticConfig eval_cfg = cfg;
+      eval_cfg.first_sample = kEvalSampleOffset;
+      return MakeSyntheticSource(eval_cfg, rank, world, batch_size, eval_batches);
+    };
+  } else {
+    CriteoConfig cfg;
+    const v1::CriteoDataConfig& c = job->data().criteo();
+    cfg.paths.assign(c.train_paths().begin(), c.train_paths().end());
+    cfg.hash_buckets.assign(c.hash_buckets().begin(), c.hash_buckets().end());
+    absl::StatusOr<std::unique_ptr<BatchSource>> source =
+        MakeCriteoSource(cfg, rank, world, batch_size);
+    if (!source.ok()) {
+      LogError(source.status().message());
+      return 2;
+    }
+    train = *std::move(source);
+    CriteoConfig eval_cfg = cfg;
+    eval_cfg.paths.assign(c.eval_paths().begin(), c.eval_paths().end());
+    if (!eval_cfg.paths.empty()) {
+      make_eval = [eval_cfg, rank, world, batch_size] {
+        return MakeCriteoSource(eval_cfg, rank, world, batch_size);
+      };
+    }
+  }
+  train = MakePrefetchingSource(std::move(train), 4);
+
+  // Metrics: a few gauges a dashboard wants.
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& gauges = prometheus::BuildGauge()
+                     .Name("recps_worker")
+                     .Help("Training progress of this worker, by quantity")
+                     .Register(*registry);
+  prometheus::Gauge& step_gauge = gauges.Add({{"quantity", "step"}});
+  prometheus::Gauge& loss_gauge = gauges.Add({{"quantity", "loss"}});
+  prometheus::Gauge& auc_gauge = gauges.Add({{"quantity", "eval_auc"}});
+  prometheus::Gauge& ne_gauge = gauges.Add({{"quantity", "eval_ne"}});
+  prometheus::Gauge& rate_gauge = gauges.Add({{"quantity", "samples_per_second"}});
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    exposer = std::make_unique<prometheus::Exposer>(addr);
+    exposer->RegisterCollectable(registry);
+  }
+
+  ThreadPool pool(absl::GetFlag(FLAGS_threads));
+  TrainerOptions options;
+  options.rank = rank;
+  options.world_size = world;
+  options.ctx.pool = &pool;
+  const int64_t total_steps = job->training().steps();
+  absl::Time last_print = absl::InfinitePast();
+  double last_auc = -1;
+  const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
+  options.on_step = [&](int64_t step, float loss, const TrainResult& r) {
+    const double rate = r.samples / std::max(r.seconds, 1e-9);
+    step_gauge.Set(step + 1);
+    loss_gauge.Set(loss);
+    rate_gauge.Set(rate);
+    if (absl::Now() - last_print < every && step + 1 != total_steps) return;
+    last_print = absl::Now();
+    const double eta = (total_steps - step - 1) * r.seconds / (step + 1);
+    LogInfo(absl::StrFormat("step %d/%d  loss %.4f  %s%.0f samples/s  eta %.0fs",
+                            step + 1, total_steps, loss,
+                            last_auc >= 0 ? absl::StrFormat("auc %.4f  ", last_auc) : "",
+                            rate, eta));
+  };
+  options.on_eval = [&](const EvalRecord& e) {
+    last_auc = e.metrics.auc;
+    auc_gauge.Set(e.metrics.auc);
+    ne_gauge.Set(e.metrics.ne);
+    LogInfo(absl::StrFormat("eval after step %d: auc %.4f  log loss %.4f  ne %.4f  (%d samples)",
+                            e.step, e.metrics.auc, e.metrics.log_loss, e.metrics.ne,
+                            e.metrics.samples));
+  };
+
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
+      *job, *std::move(client), std::move(train), make_eval, std::move(options));
+  if (!trainer.ok()) {
+    LogError(trainer.status().message());
+    return 2;
+  }
+  LogInfo("training ", job->name().empty() ? config_path : job->name(), ": ",
+          total_steps, " steps of ", batch_size, " samples, rank ", rank, " of ", world,
+          ", ", shards.size(), " shard server(s)");
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  if (!result.ok()) {
+    LogError("training failed: ", result.status().ToString());
+    return 1;
+  }
+  const StepTimes& t = result->times;
+  LogInfo(absl::StrFormat(
+      "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
+      "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
+      "optimizer %.2f ms",
+      result->steps, result->samples / std::max(result->seconds, 1e-9),
+      1e3 * t.data / result->steps, 1e3 * t.lookup / result->steps,
+      1e3 * t.forward / result->steps, 1e3 * t.backward / result->steps,
+      1e3 * t.push / result->steps, 1e3 * t.allreduce / result->steps,
+      1e3 * t.optimizer / result->steps));
+  if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
+    std::ofstream(path) << ResultJson(*result);
+  }
+  std::fflush(nullptr);
+  _exit(0);  // skip the metrics exposer's slow stop (see recps-shard)
+}
+
+}  // namespace
+}  // namespace recps::worker
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "recps worker: trains a job's DLRM against the shard servers.\n"
+      "  recps-worker --config=JOB --shards=HOST:PORT[,HOST:PORT...] "
+      "[--rank=R --world_size=W]");
+  absl::ParseCommandLine(argc, argv);
+  recps::SetLogTag("recps-worker");
+  return recps::worker::Run();
+}
