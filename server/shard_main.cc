@@ -45,10 +45,13 @@ ABSL_FLAG(std::string, tables, "",
 ABSL_FLAG(std::string, job, "",
           "path of a job config (text-format recps.v1.JobConfig): serve its "
           "tables, seeded by its training.seed");
-ABSL_FLAG(std::string, consistency, "sync",
+ABSL_FLAG(std::string, consistency, "",
           "sync (BSP: wait for every worker each step), bounded (lookups run "
-          "up to --staleness steps ahead) or async (apply on arrival)");
-ABSL_FLAG(int, staleness, 1, "steps a lookup may run ahead in bounded mode");
+          "up to --staleness steps ahead) or async (apply on arrival); "
+          "default: the job's training.consistency with --job, else sync");
+ABSL_FLAG(int, staleness, -1,
+          "steps a lookup may run ahead in bounded mode (default: the job's, "
+          "else 1)");
 ABSL_FLAG(int, world_size, 1, "number of workers in the job");
 ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
           "how long a lookup waits for its step before failing with the "
@@ -75,9 +78,20 @@ ABSL_FLAG(std::string, port_file, "",
 namespace recps::server {
 namespace {
 
-absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags() {
+// Flags win; unset ones come from the job (when there is one).
+absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
+    const v1::ConsistencyConfig* job) {
   ConsistencyOptions c;
-  const std::string mode = absl::GetFlag(FLAGS_consistency);
+  std::string mode = absl::GetFlag(FLAGS_consistency);
+  int staleness = absl::GetFlag(FLAGS_staleness);
+  if (mode.empty()) {
+    mode = "sync";
+    if (job != nullptr && job->mode() == v1::ConsistencyConfig::BOUNDED) mode = "bounded";
+    if (job != nullptr && job->mode() == v1::ConsistencyConfig::ASYNC) mode = "async";
+  }
+  if (staleness < 0) {
+    staleness = job != nullptr && job->staleness() > 0 ? job->staleness() : 1;
+  }
   if (mode == "sync") {
     c.mode = ConsistencyMode::kSync;
   } else if (mode == "bounded") {
@@ -88,7 +102,7 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags() {
     return absl::InvalidArgumentError(absl::StrCat(
         "--consistency=", mode, ": expected sync, bounded or async"));
   }
-  c.staleness = absl::GetFlag(FLAGS_staleness);
+  c.staleness = staleness;
   c.world_size = absl::GetFlag(FLAGS_world_size);
   c.step_timeout = absl::GetFlag(FLAGS_step_timeout);
   if (c.staleness < 0) return absl::InvalidArgumentError("--staleness must be >= 0");
@@ -127,8 +141,8 @@ int Run() {
   }
   uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<v1::TablesConfig> config;
+  v1::JobConfig job;
   if (!job_path.empty()) {
-    v1::JobConfig job;
     if (absl::Status s = ReadTextProto(job_path, &job); !s.ok()) {
       LogError(s.message());
       return 2;
@@ -144,7 +158,8 @@ int Run() {
     return 2;
   }
   absl::StatusOr<std::vector<TableSpec>> specs = TableSpecsFromConfig(*config);
-  absl::StatusOr<ConsistencyOptions> consistency = ConsistencyFromFlags();
+  absl::StatusOr<ConsistencyOptions> consistency = ConsistencyFromFlags(
+      job_path.empty() ? nullptr : &job.training().consistency());
   for (const absl::Status& s : {specs.status(), consistency.status()}) {
     if (!s.ok()) {
       LogError(s.message());

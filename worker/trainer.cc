@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <cstring>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   t->make_eval_source_ = std::move(make_eval_source);
   t->dim_ = EmbeddingDim(job);
 
-  t->tables_.resize(t->client_->tables().size());
+  std::vector<FeatureState> features;
   for (const v1::FeatureConfig& f : job.features()) {
     FeatureState fs;
     fs.table = t->client_->FindTable(f.table());
@@ -69,7 +70,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     }
     fs.pooling = f.pooling() == v1::FeatureConfig::MEAN ? kernels::PoolingMode::kMean
                                                         : kernels::PoolingMode::kSum;
-    t->features_.push_back(std::move(fs));
+    features.push_back(std::move(fs));
+  }
+  for (LookupBuffers* buf : {&t->buffers_[0], &t->buffers_[1], &t->eval_buffers_}) {
+    buf->tables.resize(t->client_->tables().size());
+    buf->features = features;
   }
 
   DlrmConfig model;
@@ -87,7 +92,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 }
 
 absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
-                                    StepTimes* times) {
+                                    StepTimes* times, LookupBuffers* buf) {
+  std::vector<TableState>& tables_ = buf->tables;
+  std::vector<FeatureState>& features_ = buf->features;
+  std::vector<float>& pooled_ = buf->pooled;
+  std::vector<float>& feature_buf_ = buf->feature_buf;
   const int num_features = static_cast<int>(features_.size());
   if (batch.num_sparse() != num_features) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -152,7 +161,21 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
 
 absl::StatusOr<float> Trainer::TrainStep(const Batch& batch, int64_t step,
                                          StepTimes* times) {
-  RETURN_IF_ERROR(LookupAndPool(batch, step, times));
+  RETURN_IF_ERROR(LookupAndPool(batch, step, times, &buffers_[0]));
+  return Compute(batch, step, times, &buffers_[0]);
+}
+
+bool Trainer::OverlapLookups() const {
+  return job_.training().consistency().mode() == v1::ConsistencyConfig::BOUNDED ||
+         job_.training().consistency().mode() == v1::ConsistencyConfig::ASYNC;
+}
+
+absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
+                                       StepTimes* times, LookupBuffers* buf) {
+  std::vector<TableState>& tables_ = buf->tables;
+  std::vector<FeatureState>& features_ = buf->features;
+  std::vector<float>& pooled_ = buf->pooled;
+  std::vector<float>& feature_buf_ = backward_buf_;
   const int64_t b = batch.size;
   const int num_features = static_cast<int>(features_.size());
 
@@ -240,9 +263,10 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
   for (int64_t i = 0; i < job_.training().eval_batches(); ++i) {
     ASSIGN_OR_RETURN(const bool more, source->Next(&batch));
     if (!more) break;
-    RETURN_IF_ERROR(LookupAndPool(batch, step, &ignored));
+    RETURN_IF_ERROR(LookupAndPool(batch, step, &ignored, &eval_buffers_));
     logits_.resize(batch.size);
-    RETURN_IF_ERROR(model_->Forward(batch.size, batch.dense.data(), pooled_.data(),
+    RETURN_IF_ERROR(model_->Forward(batch.size, batch.dense.data(),
+                                    eval_buffers_.pooled.data(),
                                     logits_.data(), options_.ctx));
     probabilities_.resize(batch.size);
     kernels::SigmoidBceArgs bce;
@@ -270,22 +294,55 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   };
   // A first evaluation of the untrained model: the baseline to beat.
   RETURN_IF_ERROR(evaluate(0));
-  Batch batch;
-  for (int64_t step = 0; step < training.steps(); ++step) {
-    absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(const bool more, train_->Next(&batch));
+  // Batch and lookup buffers of the current step and, when lookups overlap
+  // compute, of the next one (looked up on a helper thread meanwhile).
+  Batch batches[2];
+  int cur = 0;
+  auto read = [&](Batch* batch) -> absl::StatusOr<bool> {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<bool> more = train_->Next(batch);
     Charge(start, &result.times.data);
-    if (!more) break;
-    ASSIGN_OR_RETURN(const float loss, TrainStep(batch, step, &result.times));
+    return more;
+  };
+  ASSIGN_OR_RETURN(bool more, read(&batches[cur]));
+  if (more) RETURN_IF_ERROR(LookupAndPool(batches[cur], 0, &result.times, &buffers_[cur]));
+  for (int64_t step = 0; more && step < training.steps(); ++step) {
+    const int next = 1 - cur;
+    bool next_more = false;
+    std::thread prefetch;
+    absl::Status prefetch_status;
+    StepTimes prefetch_times;
+    if (step + 1 < training.steps()) {
+      ASSIGN_OR_RETURN(next_more, read(&batches[next]));
+      if (next_more && OverlapLookups()) {
+        // The server holds this lookup until step+1 is inside its staleness
+        // window; meanwhile this thread computes step `step`.
+        prefetch = std::thread([&, step] {
+          prefetch_status = LookupAndPool(batches[next], step + 1, &prefetch_times,
+                                          &buffers_[next]);
+        });
+      }
+    }
+    absl::StatusOr<float> loss = Compute(batches[cur], step, &result.times, &buffers_[cur]);
+    if (prefetch.joinable()) prefetch.join();
+    RETURN_IF_ERROR(loss.status());
+    RETURN_IF_ERROR(prefetch_status);
+    result.times.lookup += prefetch_times.lookup;
+    result.times.forward += prefetch_times.forward;
     result.steps = step + 1;
-    result.samples += batch.size;
-    result.last_loss = loss;
+    result.samples += batches[cur].size;
+    result.last_loss = *loss;
     result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
-    if (options_.on_step) options_.on_step(step, loss, result);
+    if (options_.on_step) options_.on_step(step, *loss, result);
     if (training.eval_interval() > 0 && (step + 1) % training.eval_interval() == 0 &&
         step + 1 < training.steps()) {
       RETURN_IF_ERROR(evaluate(step + 1));
     }
+    more = next_more;
+    if (more && !OverlapLookups()) {
+      RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times, &buffers_[next]));
+    }
+    cur = next;
   }
   RETURN_IF_ERROR(evaluate(result.steps));
   result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);

@@ -85,8 +85,35 @@ class Trainer {
  private:
   Trainer() = default;
 
-  // Looks up and pools `batch`'s embeddings into pooled_ (B x F x D).
-  absl::Status LookupAndPool(const Batch& batch, int64_t step, StepTimes* times);
+  // Per table (index in the client's tables): ids of every feature using it.
+  struct TableState {
+    client::Dedup dedup;
+    std::vector<float> rows;       // unique x dim
+    std::vector<float> grad_rows;  // unique x dim
+  };
+  // Per feature: its table, pooling and indices into the table's rows.
+  struct FeatureState {
+    int table = 0;
+    kernels::PoolingMode pooling = kernels::PoolingMode::kSum;
+    std::vector<int64_t> indices;
+  };
+  // Everything one batch's lookup produces. Two of them let the lookup of
+  // step t+1 run while step t computes (bounded and async modes).
+  struct LookupBuffers {
+    std::vector<TableState> tables;
+    std::vector<FeatureState> features;
+    std::vector<float> pooled;       // B x F x D, sample-major
+    std::vector<float> feature_buf;  // B x D scratch
+  };
+
+  // Looks up and pools `batch`'s embeddings into buf->pooled.
+  absl::Status LookupAndPool(const Batch& batch, int64_t step, StepTimes* times,
+                             LookupBuffers* buf);
+  // Forward, backward, push and optimizer for a looked-up batch.
+  absl::StatusOr<float> Compute(const Batch& batch, int64_t step,
+                                StepTimes* times, LookupBuffers* buf);
+  // Whether the consistency mode lets lookups run a step ahead.
+  bool OverlapLookups() const;
 
   v1::JobConfig job_;
   TrainerOptions options_;
@@ -97,21 +124,9 @@ class Trainer {
   std::unique_ptr<DenseOptimizer> optimizer_;
   int dim_ = 0;
 
-  // Per table (index in the client's tables): ids of every feature using it.
-  struct TableState {
-    client::Dedup dedup;
-    std::vector<float> rows;       // unique x dim
-    std::vector<float> grad_rows;  // unique x dim
-  };
-  // Per feature: its table, pooling and the segment of the table's inverse.
-  struct FeatureState {
-    int table = 0;
-    kernels::PoolingMode pooling = kernels::PoolingMode::kSum;
-    std::vector<int64_t> indices;  // into the table's unique rows
-  };
-  std::vector<TableState> tables_;
-  std::vector<FeatureState> features_;
-  std::vector<float> pooled_, grad_pooled_, feature_buf_, feature_grad_;
+  LookupBuffers buffers_[2];
+  LookupBuffers eval_buffers_;
+  std::vector<float> grad_pooled_, feature_grad_, backward_buf_;
   std::vector<float> logits_, probabilities_, grad_logits_;
 };
 
