@@ -7,6 +7,9 @@ find_package(Threads REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
+# Gloo (Debian, 0.5): the plain `gloo` target; no TCP store, see DEPENDENCIES.md.
+find_package(Gloo CONFIG REQUIRED)
+find_package(RocksDB CONFIG REQUIRED)
 
 # OpenBLAS ships a config that sets variables, not targets.
 find_package(OpenBLAS CONFIG REQUIRED)

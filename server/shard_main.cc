@@ -8,16 +8,19 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/text_proto.h"
@@ -27,6 +30,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
+#include "recps/v1/coordinator.grpc.pb.h"
 #include "server/shard_service.h"
 #include "recps/v1/job.pb.h"
 #include "server/table_config.h"
@@ -71,6 +75,9 @@ ABSL_FLAG(int, max_message_mb, 1024, "largest request accepted, in MiB");
 ABSL_FLAG(int, threads, 0, "threads for request work (0: one per core)");
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
           "on SIGTERM, how long calls in flight may take to finish");
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address, host:port: register there as a shard server, "
+          "keep the lease by heartbeat and take the shard map it pushes");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -122,6 +129,66 @@ absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_p
   }
   return absl::OkStatus();
 }
+
+// Registers with the coordinator and keeps the lease by heartbeat on a
+// background thread until destroyed; registers again when the coordinator
+// expired or forgot this server. The map arrives via ShardAdmin.SetShardMap.
+class CoordinatorLease {
+ public:
+  CoordinatorLease(const std::string& coordinator, const std::string& advertise)
+      : thread_([this, coordinator, advertise] { Loop(coordinator, advertise); }) {}
+  ~CoordinatorLease() {
+    stop_.Notify();
+    thread_.join();
+  }
+
+ private:
+  void Loop(const std::string& coordinator, const std::string& advertise) {
+    auto stub = v1::Coordinator::NewStub(
+        grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
+    std::string member_id;
+    absl::Duration interval = absl::Seconds(1);
+    bool warned = false;  // one warning per outage, not one per attempt
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      grpc::Status s;
+      if (member_id.empty()) {
+        v1::RegisterRequest request;
+        request.set_role(v1::SHARD_SERVER);
+        request.set_address(advertise);
+        request.set_rank(-1);
+        v1::RegisterResponse response;
+        s = stub->Register(&context, request, &response);
+        if (s.ok()) {
+          member_id = response.member_id();
+          interval = std::clamp(absl::Milliseconds(response.lease_ms()) / 3,
+                                absl::Milliseconds(50), absl::Seconds(5));
+          LogInfo("registered with coordinator ", coordinator, " as ", member_id);
+        }
+      } else {
+        v1::HeartbeatRequest request;
+        request.set_member_id(member_id);
+        v1::HeartbeatResponse response;
+        s = stub->Heartbeat(&context, request, &response);
+        if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+            s.error_code() == grpc::StatusCode::NOT_FOUND) {
+          LogWarning("coordinator: ", s.error_message(), "; registering again");
+          member_id.clear();
+          continue;
+        }
+      }
+      if (!s.ok() && !warned) {
+        LogWarning("coordinator ", coordinator, ": ", s.error_message(), "; retrying");
+      }
+      warned = !s.ok();
+    } while (!stop_.WaitForNotificationWithTimeout(
+        member_id.empty() ? absl::Seconds(1) : interval));
+  }
+
+  absl::Notification stop_;
+  std::thread thread_;
+};
 
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
@@ -244,6 +311,10 @@ int Run() {
           ConsistencyModeName(consistency->mode), ", world size ",
           consistency->world_size, "), metrics on port ", metrics_port,
           absl::GetFlag(FLAGS_standalone) ? ", standalone" : ", waiting for a shard map");
+  std::unique_ptr<CoordinatorLease> lease;
+  if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
+    lease = std::make_unique<CoordinatorLease>(c, advertise);
+  }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {
       LogError(s.message());
@@ -254,6 +325,7 @@ int Run() {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   LogInfo("received signal ", signal_number, "; finishing calls in flight");
+  lease.reset();
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
   server->Wait();

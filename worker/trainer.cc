@@ -332,6 +332,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.steps = step + 1;
     result.samples += batches[cur].size;
     result.last_loss = *loss;
+    result.losses.push_back(*loss);
     result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
     if (options_.on_step) options_.on_step(step, *loss, result);
     if (training.eval_interval() > 0 && (step + 1) % training.eval_interval() == 0 &&

@@ -44,6 +44,7 @@ struct TrainResult {
   int64_t samples = 0;  // this worker's
   double seconds = 0;
   double last_loss = 0;
+  std::vector<float> losses;  // this worker's mean loss of every step
   StepTimes times;
   std::vector<EvalRecord> evals;
 };

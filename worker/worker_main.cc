@@ -24,6 +24,9 @@
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
+#include "worker/collectives/collectives.h"
+#include "worker/collectives/gloo_collectives.h"
+#include "worker/collectives/kv_store.h"
 #include "worker/data/criteo.h"
 #include "worker/data/prefetch.h"
 #include "worker/data/synthetic.h"
@@ -44,6 +47,20 @@ ABSL_FLAG(std::string, result_json, "",
           "write the run's result (evaluations, samples/s, step times) here");
 ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
           "how often to print progress");
+ABSL_FLAG(std::string, dense_out, "",
+          "write the trained dense parameters here (raw little-endian floats)");
+ABSL_FLAG(std::string, rendezvous_dir, "",
+          "with --world_size > 1: a directory all workers on this machine "
+          "share, where they meet to set up the Gloo allreduce (the "
+          "coordinator's key-value store replaces it across machines)");
+ABSL_FLAG(std::string, rendezvous_prefix, "",
+          "names this run in the rendezvous store (default: the job name), so "
+          "runs sharing a directory do not meet each other");
+ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
+          "address the Gloo TCP transport binds to and peers connect to");
+ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
+          "how long a worker waits for its peers at set-up and in each "
+          "allreduce before failing");
 
 namespace recps::worker {
 namespace {
@@ -84,14 +101,17 @@ std::string ResultJson(const TrainResult& r) {
                                     e.step, e.metrics.auc, e.metrics.log_loss,
                                     e.metrics.ne, e.metrics.samples));
   }
+  std::string losses;
+  for (float l : r.losses) absl::StrAppend(&losses, losses.empty() ? "" : ",", absl::StrFormat("%.9g", l));
   const StepTimes& t = r.times;
   return absl::StrFormat(
       "{\"steps\":%d,\"samples\":%d,\"seconds\":%.3f,\"samples_per_second\":%.1f,"
       "\"last_loss\":%.6f,\"times\":{\"data\":%.4f,\"lookup\":%.4f,\"forward\":%.4f,"
       "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f},"
-      "\"evals\":[%s]}\n",
+      "\"evals\":[%s],\"losses\":[%s]}\n",
       r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9), r.last_loss,
-      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer, evals);
+      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer, evals,
+      losses);
 }
 
 int Run() {
@@ -189,8 +209,36 @@ int Run() {
     exposer->RegisterCollectable(registry);
   }
 
+  // Data parallelism: a Gloo allreduce over the dense gradients.
+  std::unique_ptr<KeyValueStore> rendezvous;
+  std::unique_ptr<Collectives> collectives;
+  if (world > 1) {
+    const std::string dir = absl::GetFlag(FLAGS_rendezvous_dir);
+    if (dir.empty()) {
+      LogError("--world_size ", world, " needs --rendezvous_dir (a directory the "
+               "workers share) to set up the allreduce");
+      return 2;
+    }
+    rendezvous = std::make_unique<FileKeyValueStore>(dir);
+    std::string prefix = absl::GetFlag(FLAGS_rendezvous_prefix);
+    if (prefix.empty()) prefix = job->name().empty() ? "recps" : job->name();
+    absl::StatusOr<std::unique_ptr<Collectives>> gloo = CreateGlooCollectives(
+        *rendezvous, prefix, rank, world, absl::GetFlag(FLAGS_gloo_hostname),
+        absl::GetFlag(FLAGS_collective_timeout));
+    if (!gloo.ok()) {
+      LogError("allreduce set-up failed: ", gloo.status().ToString());
+      return 1;
+    }
+    collectives = *std::move(gloo);
+  }
+
   ThreadPool pool(absl::GetFlag(FLAGS_threads));
   TrainerOptions options;
+  if (collectives != nullptr) {
+    options.allreduce = [&collectives](absl::Span<float> grads) {
+      return AllReduceInBuckets(*collectives, grads, int64_t{1} << 20);
+    };
+  }
   options.rank = rank;
   options.world_size = world;
   options.ctx.pool = &pool;
@@ -226,6 +274,14 @@ int Run() {
     LogError(trainer.status().message());
     return 2;
   }
+  if (collectives != nullptr) {
+    // Every replica starts from rank 0's parameters.
+    if (absl::Status s = collectives->Broadcast((*trainer)->model().parameters(), 0);
+        !s.ok()) {
+      LogError("broadcasting the initial parameters failed: ", s.ToString());
+      return 1;
+    }
+  }
   LogInfo("training ", job->name().empty() ? config_path : job->name(), ": ",
           total_steps, " steps of ", batch_size, " samples, rank ", rank, " of ", world,
           ", ", shards.size(), " shard server(s)");
@@ -244,6 +300,11 @@ int Run() {
       1e3 * t.forward / result->steps, 1e3 * t.backward / result->steps,
       1e3 * t.push / result->steps, 1e3 * t.allreduce / result->steps,
       1e3 * t.optimizer / result->steps));
+  if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
+    const absl::Span<const float> p = (*trainer)->model().parameters();
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
+  }
   if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
     std::ofstream(path) << ResultJson(*result);
   }

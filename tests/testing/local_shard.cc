@@ -11,6 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/shard_map.h"
+#include "grpcpp/grpcpp.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
 
 extern char** environ;
 
@@ -119,6 +122,44 @@ void LocalShard::Kill() {
 
 LocalShard::~LocalShard() {
   if (pid_ >= 0 && !Terminate(absl::Seconds(5)).ok()) Kill();
+}
+
+absl::Status InstallShardMap(const std::vector<std::string>& servers,
+                             uint64_t epoch, uint32_t num_slots) {
+  const ShardMap map = ShardMap::Uniform(epoch, num_slots, servers);
+  for (const std::string& server : servers) {
+    auto stub = v1::ShardAdmin::NewStub(
+        grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::SetShardMapRequest req;
+    *req.mutable_shard_map() = map.ToProto();
+    req.set_self(server);
+    v1::SetShardMapResponse resp;
+    const grpc::Status s = stub->SetShardMap(&ctx, req, &resp);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat(server, ": ", s.error_message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<LocalShard>>> StartShardCluster(
+    const std::string& binary, const std::vector<std::string>& args, int count,
+    uint32_t num_slots) {
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::string> a = args;
+    a.push_back(absl::StrCat("--num_slots=", num_slots));
+    absl::StatusOr<std::unique_ptr<LocalShard>> shard = LocalShard::Start(binary, a);
+    if (!shard.ok()) return shard.status();
+    addresses.push_back((*shard)->address());
+    shards.push_back(*std::move(shard));
+  }
+  if (absl::Status s = InstallShardMap(addresses, 1, num_slots); !s.ok()) return s;
+  return shards;
 }
 
 }  // namespace recps::testing

@@ -60,6 +60,17 @@ class LocalShard {
   int metrics_port_ = 0;
 };
 
+// Starts `count` shard servers with `args` (not --standalone: they wait for a
+// map) and installs one shard map over all of them (epoch 1, `num_slots`).
+absl::StatusOr<std::vector<std::unique_ptr<LocalShard>>> StartShardCluster(
+    const std::string& binary, const std::vector<std::string>& args, int count,
+    uint32_t num_slots);
+
+// Installs `map` (epoch, num_slots, servers) on every server it lists,
+// through ShardAdmin.SetShardMap.
+absl::Status InstallShardMap(const std::vector<std::string>& servers,
+                             uint64_t epoch, uint32_t num_slots);
+
 }  // namespace recps::testing
 
 #endif  // RECPS_TESTS_TESTING_LOCAL_SHARD_H_

@@ -1,0 +1,181 @@
+// Data-parallel equivalence with real processes: shard servers, and workers
+// that allreduce their dense gradients with Gloo (meeting in a shared
+// directory). Sync mode makes W workers with batch B train like one worker
+// with batch W x B, and the shard count must not change a single bit.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "client/embedding_client.h"
+#include "gtest/gtest.h"
+#include "tests/testing/local_shard.h"
+
+extern char** environ;
+
+namespace recps {
+namespace {
+
+constexpr int kSteps = 40;
+constexpr uint32_t kSlots = 256;
+
+std::string ReadFile(const std::string& path) {
+  std::stringstream s;
+  s << std::ifstream(path, std::ios::binary).rdbuf();
+  return s.str();
+}
+
+std::vector<double> Losses(const std::string& json) {
+  std::vector<double> out;
+  size_t pos = json.find("\"losses\":[");
+  if (pos == std::string::npos) return out;
+  std::stringstream s(json.substr(pos + 10));
+  double v;
+  char sep;
+  while (s >> v) {
+    out.push_back(v);
+    if (!(s >> sep) || sep != ',') break;
+  }
+  return out;
+}
+
+struct RunResult {
+  std::vector<std::vector<double>> losses;  // per worker
+  std::string dense;                        // rank 0's parameters, raw bytes
+  std::vector<float> rows;                  // rows of ids 0..99 of every table
+};
+
+// Trains the small example for kSteps steps with `workers` workers of
+// `batch` samples each over `shards` shard servers.
+RunResult Train(int workers, int shards, int batch) {
+  testing::TempDir dir;
+  std::string job = ReadFile(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
+  job = absl::StrReplaceAll(job, {{"batch_size: 512", absl::StrCat("batch_size: ", batch)}});
+  const std::string job_path = dir.WriteFile("job.textproto", job);
+  RunResult result;
+  auto cluster = testing::StartShardCluster(
+      RECPS_SHARD_BINARY, {"--job=" + job_path, absl::StrCat("--world_size=", workers)},
+      shards, kSlots);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return result;
+  std::string addresses;
+  for (const auto& s : *cluster) absl::StrAppend(&addresses, addresses.empty() ? "" : ",", s->address());
+
+  std::vector<std::thread> threads;
+  std::vector<absl::StatusOr<int>> codes(workers, absl::UnknownError("not run"));
+  for (int r = 0; r < workers; ++r) {
+    threads.emplace_back([&, r] {
+      codes[r] = testing::RunProcess(
+          RECPS_WORKER_BINARY,
+          {"--config=" + job_path, "--shards=" + addresses, absl::StrCat("--rank=", r),
+           absl::StrCat("--world_size=", workers), absl::StrCat("--steps=", kSteps),
+           "--threads=1", "--rendezvous_dir=" + dir.path() + "/rendezvous",
+           absl::StrCat("--result_json=", dir.path(), "/result", r, ".json"),
+           absl::StrCat("--dense_out=", dir.path(), "/dense", r, ".bin")},
+          absl::Minutes(3));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < workers; ++r) {
+    EXPECT_TRUE(codes[r].ok() && *codes[r] == 0) << "worker " << r << ": " << codes[r].status();
+    result.losses.push_back(Losses(ReadFile(absl::StrCat(dir.path(), "/result", r, ".json"))));
+  }
+  result.dense = ReadFile(dir.path() + "/dense0.bin");
+
+  // The rows of the hottest ids (Zipf ranks are ids) after the last step.
+  std::vector<client::TableSchema> tables;
+  for (int t = 0; t < 8; ++t) tables.push_back({absl::StrCat("t", t), 16});
+  client::EmbeddingClientOptions options;
+  auto reader = client::EmbeddingClient::Create(
+      tables, client::MakeServerShardMapSource({(*cluster)[0]->address()}), options);
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  std::vector<int64_t> ids(100);
+  for (int i = 0; i < 100; ++i) ids[i] = i;
+  result.rows.resize(8 * 100 * 16);
+  std::vector<client::LookupSpec> specs;
+  for (int t = 0; t < 8; ++t) specs.push_back({t, ids, result.rows.data() + t * 100 * 16});
+  const absl::Status s = (*reader)->Lookup(kSteps, specs);
+  EXPECT_TRUE(s.ok()) << s;
+  return result;
+}
+
+TEST(DataParallel, TwoWorkersTwoShardsMatchOneWorkerWithTheGlobalBatch) {
+  const RunResult one = Train(1, 1, 256);
+  const RunResult two = Train(2, 2, 128);
+  ASSERT_EQ(one.losses.size(), 1u);
+  ASSERT_EQ(two.losses.size(), 2u);
+  ASSERT_EQ(one.losses[0].size(), static_cast<size_t>(kSteps));
+  for (int step = 0; step < kSteps; ++step) {
+    // The global loss is the mean of the workers' losses (equal batches).
+    const double global = (two.losses[0][step] + two.losses[1][step]) / 2;
+    EXPECT_NEAR(global, one.losses[0][step], 1e-4 * std::abs(one.losses[0][step]))
+        << "step " << step;
+  }
+  ASSERT_EQ(one.rows.size(), two.rows.size());
+  for (size_t i = 0; i < one.rows.size(); ++i) {
+    ASSERT_NEAR(one.rows[i], two.rows[i], 1e-5) << "row value " << i;
+  }
+}
+
+TEST(DataParallel, OneAndThreeShardsGiveBitIdenticalRowsAndDenseParameters) {
+  const RunResult one = Train(2, 1, 128);
+  const RunResult three = Train(2, 3, 128);
+  ASSERT_FALSE(one.dense.empty());
+  EXPECT_EQ(one.dense, three.dense);
+  ASSERT_EQ(one.rows.size(), three.rows.size());
+  EXPECT_EQ(0, std::memcmp(one.rows.data(), three.rows.data(), one.rows.size() * 4));
+  EXPECT_EQ(one.losses, three.losses);
+}
+
+// A worker that dies mid-training makes its peer fail with a clear error
+// (the allreduce loses its peer, or the sync step times out naming the
+// missing rank) instead of hanging.
+TEST(DataParallel, KilledWorkerMakesThePeerFailInsteadOfHanging) {
+  testing::TempDir dir;
+  const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
+  auto cluster = testing::StartShardCluster(
+      RECPS_SHARD_BINARY, {"--job=" + job, "--world_size=2", "--step_timeout=5s"}, 1,
+      kSlots);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string shards = (*cluster)[0]->address();
+  auto start = [&](int rank) {
+    std::vector<std::string> args = {
+        RECPS_WORKER_BINARY, "--config=" + job, "--shards=" + shards,
+        absl::StrCat("--rank=", rank), "--world_size=2", "--steps=100000", "--threads=1",
+        "--collective_timeout=10s", "--rendezvous_dir=" + dir.path() + "/rendezvous"};
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = -1;
+    posix_spawn(&pid, args[0].c_str(), nullptr, nullptr, argv.data(), environ);
+    return pid;
+  };
+  const pid_t survivor = start(0);
+  const pid_t victim = start(1);
+  absl::SleepFor(absl::Seconds(3));
+  kill(victim, SIGKILL);
+  waitpid(victim, nullptr, 0);
+  int status = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (waitpid(survivor, &status, WNOHANG) != survivor) {
+    if (absl::Now() > deadline) {
+      kill(survivor, SIGKILL);
+      waitpid(survivor, nullptr, 0);
+      FAIL() << "the surviving worker hung after its peer died";
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+}
+
+}  // namespace
+}  // namespace recps
