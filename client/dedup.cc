@@ -16,22 +16,16 @@ size_t TableSizeFor(size_t n) {
   return size;
 }
 
-// Slot index of `id` in `table` (power-of-two size): either the slot that
-// holds it or the empty slot where it belongs.
-size_t Probe(const std::vector<int32_t>& table,
-             const std::vector<int64_t>& unique, int64_t id) {
-  const size_t mask = table.size() - 1;
-  size_t i = Mix64(static_cast<uint64_t>(id)) & mask;
-  while (table[i] != 0 && unique[table[i] - 1] != id) i = (i + 1) & mask;
-  return i;
-}
-
 // Rebuilds the table from out->unique with room for `capacity` ids.
 void Rehash(size_t capacity, Dedup* out) {
   out->table.assign(TableSizeFor(capacity), 0);
+  const size_t mask = out->table.size() - 1;
+  int32_t* const table = out->table.data();
   for (size_t u = 0; u < out->unique.size(); ++u) {
-    out->table[Probe(out->table, out->unique, out->unique[u])] =
-        static_cast<int32_t>(u + 1);
+    // The ids in `unique` are distinct: find the first empty slot.
+    size_t i = Mix64(static_cast<uint64_t>(out->unique[u])) & mask;
+    while (table[i] != 0) i = (i + 1) & mask;
+    table[i] = static_cast<int32_t>(u + 1);
   }
 }
 
@@ -47,15 +41,29 @@ void Deduplicate(absl::Span<const int64_t> ids, Dedup* out) {
 }
 
 void DeduplicateAppend(absl::Span<const int64_t> ids, Dedup* out) {
-  const size_t most = out->unique.size() + ids.size();
-  if (out->table.size() < 2 * most) Rehash(most, out);
-  out->unique.reserve(most);
+  if (out->table.empty()) Rehash(ids.size(), out);
   out->inverse.reserve(out->inverse.size() + ids.size());
+  // The table grows with the distinct ids (at most half full), not with the
+  // input: several lists of one table tend to repeat each other's ids.
+  size_t mask = out->table.size() - 1;
+  int32_t* table = out->table.data();
   for (const int64_t id : ids) {
-    int32_t& slot = out->table[Probe(out->table, out->unique, id)];
+    size_t i = Mix64(static_cast<uint64_t>(id)) & mask;
+    int32_t slot;
+    while ((slot = table[i]) != 0 && out->unique[slot - 1] != id) {
+      i = (i + 1) & mask;
+    }
     if (slot == 0) {
+      if (2 * (out->unique.size() + 1) > out->table.size()) {
+        Rehash(2 * (out->unique.size() + 1), out);  // doubles the table
+        mask = out->table.size() - 1;
+        table = out->table.data();
+        i = Mix64(static_cast<uint64_t>(id)) & mask;
+        while (table[i] != 0) i = (i + 1) & mask;
+      }
       out->unique.push_back(id);
       slot = static_cast<int32_t>(out->unique.size());
+      table[i] = slot;
     }
     out->inverse.push_back(slot - 1);
   }

@@ -19,28 +19,35 @@ using internal::RoutedBatch;
 // Most ids one call may carry: Dedup's inverse indices are int32.
 constexpr size_t kMaxIdsPerCall = size_t{1} << 30;
 
-// The two RPCs as the round loop sees them.
+// The two RPCs as the round loop sees them. A "part" is positions
+// [begin, end) of one server's ids of the round (RoutedBatch).
 struct LookupRpc {
   using Request = v1::LookupRequest;
-  using Response = v1::LookupResponse;
+  using Response = grpc::ByteBuffer;  // parsed by RoutedBatch::ConsumeLookup
   static constexpr char kName[] = "Lookup";
   // Only servers that own some id get a lookup.
   static constexpr bool kEveryServer = false;
+  // A large part is split into requests of at most
+  // max_ids_per_lookup_request ids.
+  static constexpr bool kChunked = true;
 
-  static void Start(v1::EmbeddingShard::Stub* stub, grpc::ClientContext* ctx,
-                    const Request* request, Response* response,
+  static void Start(const internal::ServerStubs& stubs,
+                    grpc::ClientContext* ctx, const Request* request,
+                    Response* response,
                     std::function<void(grpc::Status)> done) {
-    stub->async()->Lookup(ctx, request, response, std::move(done));
+    stubs.raw_lookup->UnaryCall(ctx, internal::LookupMethodName(),
+                                grpc::StubOptions(), request, response,
+                                std::move(done));
   }
-  static void Build(RoutedBatch& batch, int server, v1::RowEncoding encoding,
-                    Request* request) {
+  static void Build(RoutedBatch& batch, int server, int32_t begin,
+                    int32_t end, v1::RowEncoding encoding, Request* request) {
     request->set_row_encoding(encoding);
-    batch.BuildLookup(server, request);
+    batch.BuildLookup(server, begin, end, request);
   }
-  static absl::Status Consume(const RoutedBatch& batch, int server,
-                              v1::RowEncoding encoding,
-                              const Response& response) {
-    return batch.ConsumeLookup(server, encoding, response);
+  static absl::Status Consume(RoutedBatch& batch, int server, int32_t begin,
+                              int32_t end, v1::RowEncoding encoding,
+                              Response* response) {
+    return batch.ConsumeLookup(server, begin, end, encoding, response);
   }
 };
 
@@ -50,18 +57,23 @@ struct PushRpc {
   static constexpr char kName[] = "PushGradients";
   // Sync servers count a step done once every rank pushed, ids or not.
   static constexpr bool kEveryServer = true;
+  // Never split: a server takes a second push of the same (rank, step) for a
+  // retry of the first and drops it.
+  static constexpr bool kChunked = false;
 
-  static void Start(v1::EmbeddingShard::Stub* stub, grpc::ClientContext* ctx,
-                    const Request* request, Response* response,
+  static void Start(const internal::ServerStubs& stubs,
+                    grpc::ClientContext* ctx, const Request* request,
+                    Response* response,
                     std::function<void(grpc::Status)> done) {
-    stub->async()->PushGradients(ctx, request, response, std::move(done));
+    stubs.shard->async()->PushGradients(ctx, request, response,
+                                        std::move(done));
   }
-  static void Build(RoutedBatch& batch, int server, v1::RowEncoding encoding,
-                    Request* request) {
+  static void Build(RoutedBatch& batch, int server, int32_t, int32_t,
+                    v1::RowEncoding encoding, Request* request) {
     batch.BuildPush(server, encoding, request);
   }
-  static absl::Status Consume(const RoutedBatch&, int, v1::RowEncoding,
-                              const Response&) {
+  static absl::Status Consume(RoutedBatch&, int, int32_t, int32_t,
+                              v1::RowEncoding, Response*) {
     return absl::OkStatus();
   }
 };
@@ -90,6 +102,10 @@ absl::Status CheckOptions(const EmbeddingClientOptions& o) {
   }
   if (o.max_attempts < 1) {
     return absl::InvalidArgumentError("max_attempts must be at least 1");
+  }
+  if (o.max_ids_per_lookup_request < 1) {
+    return absl::InvalidArgumentError(
+        "max_ids_per_lookup_request must be at least 1");
   }
   if (o.initial_backoff < absl::ZeroDuration() ||
       o.max_backoff < o.initial_backoff) {
@@ -257,46 +273,82 @@ absl::Status EmbeddingClient::PushGradients(int64_t step,
   return status;
 }
 
-// Rounds: route the pending ids by the current map, send one request per
-// server concurrently, handle replies as they arrive. Ids of servers that
-// answered UNAVAILABLE or "stale map" stay pending for the next round, after
-// a backoff or one map refresh; any other error ends the call.
+// Rounds: route the pending ids by the current map, send each server's ids
+// concurrently (one request per server, or for a large lookup one per chunk
+// of at most max_ids_per_lookup_request ids, all at once), and handle
+// replies as they arrive. Ids of requests that were answered UNAVAILABLE or
+// "stale map" stay pending for the next round, after a backoff or one map
+// refresh, where they are routed again; any other error ends the call.
 template <typename Rpc>
 absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
   struct Call {
     int server = -1;
+    int32_t begin = 0;  // the part of the server's ids this call carries
+    int32_t end = 0;
     const std::string* address = nullptr;
     grpc::ClientContext ctx;
     typename Rpc::Request request;
     typename Rpc::Response response;
     grpc::Status status;
   };
+  // A server's requests of the round: `parts` near-equal parts of its
+  // `count` ids.
+  struct Server {
+    int index;
+    int32_t count;
+    int32_t parts;
+  };
   internal::RetryState retry(options_, Rpc::kName);
   // Push: servers that accepted this step's push; the others get one (empty
   // if need be) in the next round, also servers new in a refreshed map.
   absl::flat_hash_set<std::string> accepted;
   std::vector<std::unique_ptr<Call>> calls;
+  std::vector<Server> servers;
   for (;;) {
     const std::shared_ptr<const ShardMap> map = CurrentMap();
     batch.Route(*map);
     calls.clear();
+    servers.clear();
+    int32_t most_parts = 0;
     for (int s = 0; s < map->num_servers(); ++s) {
-      const std::string& address = map->servers()[s];
-      if (!batch.HasIds(s) &&
-          !(Rpc::kEveryServer && !accepted.contains(address))) {
+      const int32_t count = batch.CountFor(s);
+      if (count == 0 &&
+          !(Rpc::kEveryServer && !accepted.contains(map->servers()[s]))) {
         continue;
       }
-      auto call = std::make_unique<Call>();
-      call->server = s;
-      call->address = &address;
-      v1::RequestHeader* header = call->request.mutable_header();
-      header->set_shard_map_epoch(map->epoch());
-      header->set_step(step);
-      header->set_worker_rank(options_.worker_rank);
-      Rpc::Build(batch, s, options_.encoding, &call->request);
-      calls.push_back(std::move(call));
+      int32_t parts = 1;
+      if (Rpc::kChunked) {
+        const int64_t chunk = options_.max_ids_per_lookup_request;
+        parts = static_cast<int32_t>(std::max<int64_t>(
+            1, (int64_t{count} + chunk - 1) / chunk));
+      }
+      servers.push_back({s, count, parts});
+      most_parts = std::max(most_parts, parts);
     }
-    if (calls.empty()) return absl::OkStatus();
+    if (servers.empty()) return absl::OkStatus();
+
+    // Chunk k of every server before chunk k + 1 of any, so that every
+    // server starts working at once. All chunks are sent together: a server
+    // looks up chunk k + 1 while chunk k is on the wire or being copied out
+    // here.
+    for (int32_t k = 0; k < most_parts; ++k) {
+      for (const Server& sv : servers) {
+        if (k >= sv.parts) continue;
+        auto call = std::make_unique<Call>();
+        call->server = sv.index;
+        call->begin = static_cast<int32_t>(int64_t{sv.count} * k / sv.parts);
+        call->end =
+            static_cast<int32_t>(int64_t{sv.count} * (k + 1) / sv.parts);
+        call->address = &map->servers()[sv.index];
+        v1::RequestHeader* header = call->request.mutable_header();
+        header->set_shard_map_epoch(map->epoch());
+        header->set_step(step);
+        header->set_worker_rank(options_.worker_rank);
+        Rpc::Build(batch, sv.index, call->begin, call->end, options_.encoding,
+                   &call->request);
+        calls.push_back(std::move(call));
+      }
+    }
 
     internal::DoneQueue done(static_cast<int>(calls.size()));
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -314,7 +366,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
       switch (retry.Judge(*c.address, c.status, c.ctx)) {
         case internal::CallVerdict::kOk: {
           const absl::Status consumed =
-              Rpc::Consume(batch, c.server, options_.encoding, c.response);
+              Rpc::Consume(batch, c.server, c.begin, c.end, options_.encoding,
+                           &c.response);
           if (!consumed.ok()) {
             retry.FailResponse(*c.address, consumed);
             failed = true;
@@ -324,7 +377,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
           break;
         }
         case internal::CallVerdict::kRetry:
-          batch.Requeue(c.server);
+          // Only this request's ids; the next map may send them elsewhere.
+          batch.Requeue(c.server, c.begin, c.end);
           again = true;
           break;
         case internal::CallVerdict::kFail:

@@ -3,8 +3,9 @@
 //
 // A call deduplicates each table's ids, routes every distinct id to the
 // server that owns its slot (ShardMap::OwnerOf), sends one request per server
-// carrying all tables, concurrently, and scatters the returned rows into the
-// caller's buffers. Stale shard maps are refreshed and only the refused ids
+// carrying all tables (a large lookup: several, see
+// max_ids_per_lookup_request), concurrently, and scatters the returned rows
+// into the caller's buffers. Stale shard maps are refreshed and only the refused ids
 // re-sent; servers that are starting or behind are retried with backoff.
 #ifndef RECPS_CLIENT_EMBEDDING_CLIENT_H_
 #define RECPS_CLIENT_EMBEDDING_CLIENT_H_
@@ -56,6 +57,12 @@ struct EmbeddingClientOptions {
   absl::Duration max_backoff = absl::Seconds(2);
   // Channel credentials for every server; null means insecure.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Most ids (over all tables) in one Lookup request. A server's part of a
+  // larger lookup is split into that many near-equal chunks, all sent at
+  // once, so the server looks up one chunk while the previous one is on the
+  // wire or being copied out by the client; each chunk is retried (and
+  // re-routed) on its own. Pushes are never split: one per server and call.
+  int max_ids_per_lookup_request = 4096;
 };
 
 // Where the client gets the current shard map: at start and whenever a

@@ -1,9 +1,13 @@
 #include "client/routed_batch.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "common/half.h"
 #include "common/wire_format.h"
 
@@ -128,8 +132,19 @@ void RoutedBatch::Route(const ShardMap& map) {
     TablePlan& plan = plans[p];
     const size_t n = plan.pending.size();
     const int64_t* unique = plan.dedup.unique.data();
-    // Counting sort of the pending ids by owner; owners go to scratch.
     plan.server_begin.assign(num_servers + 1, 0);
+    plan.routed.resize(n);
+    plan.routed_ids.resize(n);
+    if (num_servers == 1) {
+      // One owner: no hashing, no sort.
+      plan.server_begin[1] = static_cast<int32_t>(n);
+      for (size_t k = 0; k < n; ++k) {
+        plan.routed[k] = plan.pending[k];
+        plan.routed_ids[k] = unique[plan.pending[k]];
+      }
+      continue;
+    }
+    // Counting sort of the pending ids by owner; owners go to scratch.
     plan.scratch.resize(n + num_servers);
     int32_t* owner = plan.scratch.data();
     for (size_t k = 0; k < n; ++k) {
@@ -140,8 +155,6 @@ void RoutedBatch::Route(const ShardMap& map) {
                      plan.server_begin.begin());
     int32_t* cursor = owner + n;
     std::copy(plan.server_begin.begin(), plan.server_begin.end() - 1, cursor);
-    plan.routed.resize(n);
-    plan.routed_ids.resize(n);
     for (size_t k = 0; k < n; ++k) {
       const int32_t at = cursor[owner[k]]++;
       plan.routed[at] = plan.pending[k];
@@ -150,20 +163,32 @@ void RoutedBatch::Route(const ShardMap& map) {
   }
 }
 
-bool RoutedBatch::HasIds(int server) const {
-  for (int p = 0; p < num_plans; ++p) {
-    if (plans[p].count(server) > 0) return true;
-  }
-  return false;
+int32_t RoutedBatch::CountFor(int server) const {
+  int32_t n = 0;
+  for (int p = 0; p < num_plans; ++p) n += plans[p].count(server);
+  return n;
 }
 
-void RoutedBatch::Requeue(int server) {
-  for (int p = 0; p < num_plans; ++p) {
-    TablePlan& plan = plans[p];
-    plan.requeued.insert(plan.requeued.end(),
-                         plan.routed.begin() + plan.server_begin[server],
-                         plan.routed.begin() + plan.server_begin[server + 1]);
+template <typename Fn>
+void RoutedBatch::ForEachTableOf(int server, int32_t begin, int32_t end,
+                                 Fn&& fn) const {
+  int32_t offset = 0;  // of plan p's ids among the server's
+  for (int p = 0; p < num_plans && offset < end; ++p) {
+    const TablePlan& plan = plans[p];
+    const int32_t count = plan.count(server);
+    const int32_t lo = std::max(begin, offset);
+    const int32_t hi = std::min(end, offset + count);
+    if (lo < hi) fn(p, plan.server_begin[server] + (lo - offset), hi - lo);
+    offset += count;
   }
+}
+
+void RoutedBatch::Requeue(int server, int32_t begin, int32_t end) {
+  ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
+    TablePlan& plan = plans[p];
+    plan.requeued.insert(plan.requeued.end(), plan.routed.begin() + first,
+                         plan.routed.begin() + first + n);
+  });
 }
 
 void RoutedBatch::NextRound() {
@@ -173,17 +198,15 @@ void RoutedBatch::NextRound() {
   }
 }
 
-void RoutedBatch::BuildLookup(int server, v1::LookupRequest* request) const {
-  for (int p = 0; p < num_plans; ++p) {
+void RoutedBatch::BuildLookup(int server, int32_t begin, int32_t end,
+                              v1::LookupRequest* request) const {
+  ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
     const TablePlan& plan = plans[p];
-    const int32_t n = plan.count(server);
-    if (n == 0) continue;
     v1::TableIds* table = request->add_tables();
     table->set_table(*plan.name);
-    EncodeIds(absl::MakeConstSpan(
-                  plan.routed_ids.data() + plan.server_begin[server], n),
+    EncodeIds(absl::MakeConstSpan(plan.routed_ids.data() + first, n),
               table->mutable_ids());
-  }
+  });
 }
 
 void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
@@ -209,49 +232,144 @@ void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
   }
 }
 
-absl::Status RoutedBatch::ConsumeLookup(
-    int server, v1::RowEncoding encoding,
-    const v1::LookupResponse& response) const {
+// The response is parsed by hand rather than into a v1::LookupResponse: the
+// generated parser would copy every `rows` field out of gRPC's slices into a
+// fresh string, one more pass over the largest buffer of the call. Here each
+// row goes from the slices to its first place in the caller's buffer.
+//
+//   LookupResponse { repeated TableRows tables = 1; }
+//   TableRows { string table = 1; int32 dim = 2; bytes rows = 3; }
+//
+// Unknown fields are skipped, as the generated parser would.
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+
+constexpr uint32_t kTablesTag =
+    WireFormatLite::MakeTag(1, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr uint32_t kTableTag =
+    WireFormatLite::MakeTag(1, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr uint32_t kDimTag =
+    WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_VARINT);
+constexpr uint32_t kRowsTag =
+    WireFormatLite::MakeTag(3, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+
+absl::Status Malformed(const char* what) {
+  return absl::InternalError(
+      absl::StrCat("malformed lookup response: ", what));
+}
+
+}  // namespace
+
+absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
+                                        v1::RowEncoding encoding,
+                                        grpc::ByteBuffer* response) {
+  grpc::ProtoBufferReader reader(response);
+  if (!reader.status().ok()) return Malformed("unreadable buffer");
+  google::protobuf::io::CodedInputStream in(&reader);
+  const size_t width = BytesPerElement(encoding);
+
+  // The part's tables, in request order.
+  shares_.clear();
+  ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
+    shares_.push_back({p, first, n});
+  });
+  const int expected = static_cast<int>(shares_.size());
+
   int j = 0;  // response table, in request order
-  for (int p = 0; p < num_plans; ++p) {
-    const TablePlan& plan = plans[p];
-    const int32_t n = plan.count(server);
-    if (n == 0) continue;
-    if (j == response.tables_size()) {
-      return absl::InternalError(absl::StrCat("response has ",
-                                              response.tables_size(),
-                                              " tables, fewer than "
-                                              "the request"));
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (tag != kTablesTag) {
+      if (!WireFormatLite::SkipField(&in, tag)) return Malformed("bad field");
+      continue;
     }
-    const v1::TableRows& rows = response.tables(j++);
-    if (rows.table() != *plan.name || rows.dim() != plan.dim) {
+    if (j == expected) {
       return absl::InternalError(absl::StrCat(
-          "response table ", j - 1, " is '", rows.table(), "' of dim ",
-          rows.dim(), ", expected '", *plan.name, "' of dim ", plan.dim));
+          "response has more tables than the request's ", expected));
     }
-    const size_t row_bytes =
-        static_cast<size_t>(plan.dim) * BytesPerElement(encoding);
-    if (rows.rows().size() != row_bytes * n) {
+    const TablePlan& plan = plans[shares_[j].plan];
+    const int32_t n = shares_[j].n;
+    const int32_t* routed = plan.routed.data() + shares_[j].first;
+    ++j;
+    uint32_t length;
+    if (!in.ReadVarint32(&length)) return Malformed("bad table length");
+    const auto limit = in.PushLimit(static_cast<int>(length));
+    name_scratch_.clear();
+    int32_t dim = 0;  // proto3 defaults
+    bool have_name = false;
+    bool have_dim = false;
+    uint64_t rows_bytes = 0;
+    const size_t row_bytes = static_cast<size_t>(plan.dim) * width;
+    auto wrong_table = [&] {
       return absl::InternalError(absl::StrCat(
-          "table '", *plan.name, "': ", rows.rows().size(),
-          " bytes of rows for ", n, " ids of ", row_bytes, " bytes"));
-    }
-    const int32_t* routed = plan.routed.data() + plan.server_begin[server];
-    for (int32_t k = 0; k < n; ++k) {
-      const char* src = rows.rows().data() + k * row_bytes;
-      const int32_t u = routed[k];
-      // Every unique id has at least one position; repeats copy the first.
-      float* first = plan.dst[plan.dst_begin[u]];
-      DecodeRow(src, plan.dim, encoding, first);
-      for (int32_t d = plan.dst_begin[u] + 1; d < plan.dst_begin[u + 1]; ++d) {
-        std::memcpy(plan.dst[d], first, sizeof(float) * plan.dim);
+          "response table ", j - 1, " is '", name_scratch_, "' of dim ", dim,
+          ", expected '", *plan.name, "' of dim ", plan.dim));
+    };
+    for (uint32_t t = in.ReadTag(); t != 0; t = in.ReadTag()) {
+      if (t == kTableTag) {
+        if (!WireFormatLite::ReadString(&in, &name_scratch_)) {
+          return Malformed("bad table name");
+        }
+        have_name = true;
+      } else if (t == kDimTag) {
+        uint32_t v;
+        if (!in.ReadVarint32(&v)) return Malformed("bad dim");
+        dim = static_cast<int32_t>(v);
+        have_dim = true;
+      } else if (t == kRowsTag) {
+        // Name and dim come first from a real server (fields in number
+        // order): refuse a wrong table before writing any of its rows.
+        if ((have_name && name_scratch_ != *plan.name) ||
+            (have_dim && dim != plan.dim)) {
+          return wrong_table();
+        }
+        uint32_t size;
+        if (!in.ReadVarint32(&size)) return Malformed("bad rows length");
+        rows_bytes = size;
+        if (rows_bytes != row_bytes * n) {
+          return absl::InternalError(absl::StrCat(
+              "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ",
+              n, " ids of ", row_bytes, " bytes"));
+        }
+        if (width != sizeof(float)) row_scratch_.resize(row_bytes);
+        for (int32_t k = 0; k < n; ++k) {
+          const int32_t u = routed[k];
+          // Every unique id has at least one position; repeats copy the
+          // first.
+          float* first = plan.dst[plan.dst_begin[u]];
+          if (width == sizeof(float)) {
+            if (!in.ReadRaw(first, static_cast<int>(row_bytes))) {
+              return Malformed("truncated rows");
+            }
+          } else {
+            if (!in.ReadRaw(row_scratch_.data(), static_cast<int>(row_bytes))) {
+              return Malformed("truncated rows");
+            }
+            DecodeRow(row_scratch_.data(), plan.dim, encoding, first);
+          }
+          for (int32_t d = plan.dst_begin[u] + 1; d < plan.dst_begin[u + 1];
+               ++d) {
+            std::memcpy(plan.dst[d], first, sizeof(float) * plan.dim);
+          }
+        }
+      } else if (!WireFormatLite::SkipField(&in, t)) {
+        return Malformed("bad field in a table");
       }
     }
+    if (!in.ConsumedEntireMessage()) return Malformed("bad table");
+    in.PopLimit(limit);
+    if (name_scratch_ != *plan.name || dim != plan.dim) return wrong_table();
+    if (rows_bytes != row_bytes * n) {  // no rows field at all
+      return absl::InternalError(absl::StrCat(
+          "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ", n,
+          " ids of ", row_bytes, " bytes"));
+    }
   }
-  if (j != response.tables_size()) {
-    return absl::InternalError(absl::StrCat("response has ",
-                                            response.tables_size(),
-                                            " tables, more than the request"));
+  if (!in.ConsumedEntireMessage()) return Malformed("bad message");
+  if (j != expected) {
+    return absl::InternalError(absl::StrCat("response has ", j,
+                                            " tables, fewer than the "
+                                            "request's ",
+                                            expected));
   }
   return absl::OkStatus();
 }

@@ -16,6 +16,7 @@
 #include "client/dedup.h"
 #include "client/embedding_client.h"
 #include "common/shard_map.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "recps/v1/shard.pb.h"
 
 namespace recps::client::internal {
@@ -64,21 +65,33 @@ struct RoutedBatch {
 
   // Groups the pending ids of every table by their owner in `map`.
   void Route(const ShardMap& map);
-  // Whether `server` (an index in the routed map) owns any pending id.
-  bool HasIds(int server) const;
-  // Sends `server`'s ids of this round again in the next one.
-  void Requeue(int server);
+  // How many pending ids `server` (an index in the routed map) owns, over
+  // all tables.
+  int32_t CountFor(int server) const;
+
+  // A part of a server's ids names positions [begin, end) of its ids of this
+  // round, taken table after table in plan order (0 .. CountFor(server)); a
+  // lookup part is one request.
+
+  // Sends the ids of a part again in the next round.
+  void Requeue(int server, int32_t begin, int32_t end);
   // Makes the requeued ids the pending ones.
   void NextRound();
 
-  // Adds `server`'s tables to a request whose header is already set.
-  void BuildLookup(int server, v1::LookupRequest* request) const;
+  // Adds the tables of a part to a request whose header is already set.
+  void BuildLookup(int server, int32_t begin, int32_t end,
+                   v1::LookupRequest* request) const;
+  // Adds all of `server`'s tables (pushes are never split).
   void BuildPush(int server, v1::RowEncoding encoding,
                  v1::PushGradientsRequest* request);
-  // Writes the rows of `server`'s ids from `response` to the caller's
-  // buffers. INTERNAL when the response does not match the request.
-  absl::Status ConsumeLookup(int server, v1::RowEncoding encoding,
-                             const v1::LookupResponse& response) const;
+  // Writes the rows of a part's ids from `response` (a serialized
+  // LookupResponse, parsed here so that rows go from gRPC's buffers straight
+  // to the caller's) to the caller's buffers. INTERNAL when the response is
+  // malformed or does not match the request; the caller's rows may then be
+  // partly written.
+  absl::Status ConsumeLookup(int server, int32_t begin, int32_t end,
+                             v1::RowEncoding encoding,
+                             grpc::ByteBuffer* response);
 
   std::vector<TablePlan> plans;  // only the first num_plans are in use
   int num_plans = 0;
@@ -93,8 +106,23 @@ struct RoutedBatch {
 
   std::vector<int> plan_of_table_;
   std::vector<int> plan_of_spec_;
+  // Calls fn(plan, first, n) for each table's share of a part: the ids
+  // plans[plan].routed[first .. first + n), n > 0, in plan order.
+  template <typename Fn>
+  void ForEachTableOf(int server, int32_t begin, int32_t end, Fn&& fn) const;
+
+  // One table's share of a part: plans[plan].routed[first .. first + n).
+  struct TableShare {
+    int plan;
+    int32_t first;
+    int32_t n;
+  };
+
   std::vector<int64_t> spec_pos_;  // per plan: next position while scattering
   std::vector<float> gather_;      // push: one server's rows of one table
+  std::vector<char> row_scratch_;  // lookup: a row split across gRPC slices
+  std::string name_scratch_;       // lookup: a response's table name
+  std::vector<TableShare> shares_;  // lookup: the tables of one response
 };
 
 }  // namespace recps::client::internal

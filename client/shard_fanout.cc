@@ -52,13 +52,22 @@ std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& ctx) {
 StubCache::StubCache(std::shared_ptr<grpc::ChannelCredentials> creds)
     : creds_(std::move(creds)) {}
 
-v1::EmbeddingShard::Stub* StubCache::Get(const std::string& address) {
+const std::string& LookupMethodName() {
+  static const std::string* const kName = new std::string(
+      absl::StrCat("/", v1::EmbeddingShard::service_full_name(), "/Lookup"));
+  return *kName;
+}
+
+const ServerStubs& StubCache::Get(const std::string& address) {
   absl::MutexLock lock(&mu_);
-  std::unique_ptr<v1::EmbeddingShard::Stub>& stub = stubs_[address];
-  if (stub == nullptr) {
-    stub = v1::EmbeddingShard::NewStub(MakeChannel(address, creds_));
+  std::unique_ptr<ServerStubs>& stubs = stubs_[address];
+  if (stubs == nullptr) {
+    std::shared_ptr<grpc::Channel> channel = MakeChannel(address, creds_);
+    stubs = std::make_unique<ServerStubs>();
+    stubs->shard = v1::EmbeddingShard::NewStub(channel);
+    stubs->raw_lookup = std::make_unique<RawLookupStub>(std::move(channel));
   }
-  return stub.get();
+  return *stubs;
 }
 
 std::function<void(grpc::Status)> DoneQueue::Callback(int index,

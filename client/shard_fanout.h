@@ -21,6 +21,8 @@
 #include "common/wire_format.h"  // kShardMapEpochKey
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "recps/v1/shard.grpc.pb.h"
 
 namespace recps::client::internal {
@@ -36,19 +38,33 @@ void SetDeadline(absl::Duration timeout, grpc::ClientContext* ctx);
 // The epoch in an ABORTED reply's trailing metadata, if there is one.
 std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& ctx);
 
-// One EmbeddingShard stub per server address, made on first use and kept for
-// the client's life, across shard-map changes. Thread-safe.
+// A stub for EmbeddingShard.Lookup that hands back the serialized response,
+// which the client parses itself (RoutedBatch::ConsumeLookup) so that rows are
+// copied once, from gRPC's buffers to the caller's.
+using RawLookupStub =
+    grpc::TemplatedGenericStub<v1::LookupRequest, grpc::ByteBuffer>;
+// The full method name RawLookupStub calls.
+const std::string& LookupMethodName();
+
+// The stubs of one server, sharing one channel.
+struct ServerStubs {
+  std::unique_ptr<v1::EmbeddingShard::Stub> shard;
+  std::unique_ptr<RawLookupStub> raw_lookup;
+};
+
+// Stubs per server address, made on first use and kept for the client's
+// life, across shard-map changes. Thread-safe.
 class StubCache {
  public:
   explicit StubCache(std::shared_ptr<grpc::ChannelCredentials> creds);
-  // The returned stub lives as long as the cache.
-  v1::EmbeddingShard::Stub* Get(const std::string& address);
+  // The returned stubs live as long as the cache.
+  const ServerStubs& Get(const std::string& address);
 
  private:
   const std::shared_ptr<grpc::ChannelCredentials> creds_;
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<v1::EmbeddingShard::Stub>>
-      stubs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<ServerStubs>> stubs_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // Collects the completions of a round of `n` callback calls, so the calling

@@ -104,6 +104,29 @@ TEST(DeduplicateAppend, ContinuesAcrossLists) {
   EXPECT_EQ(d.inverse, inverse);
 }
 
+TEST(DeduplicateAppend, TableGrowsWithDistinctIdsNotWithInput) {
+  // Many lists of one table that repeat each other (a feature per list):
+  // the table is sized by the 1000 distinct ids, not the 101000 inputs.
+  std::mt19937_64 rng(3);
+  std::vector<int64_t> base(1000);
+  for (int64_t& id : base) id = static_cast<int64_t>(rng());
+  Dedup d;
+  Deduplicate(base, &d);
+  std::vector<int64_t> all = base;
+  for (int list = 0; list < 100; ++list) {
+    std::vector<int64_t> ids(1000);
+    for (int64_t& id : ids) id = base[rng() % base.size()];
+    DeduplicateAppend(ids, &d);
+    all.insert(all.end(), ids.begin(), ids.end());
+  }
+  EXPECT_LE(d.table.size(), 4096u);
+  std::vector<int64_t> unique;
+  std::vector<int32_t> inverse;
+  Reference(all, &unique, &inverse);
+  EXPECT_EQ(d.unique, unique);
+  EXPECT_EQ(d.inverse, inverse);
+}
+
 TEST(DeduplicateAppend, OnEmptyDedupActsLikeDeduplicate) {
   Dedup d;
   const std::vector<int64_t> ids = {1, 1, 2};

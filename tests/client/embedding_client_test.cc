@@ -1,5 +1,6 @@
 #include "client/embedding_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -10,8 +11,15 @@
 #include <thread>
 #include <vector>
 
+#include "client/routed_batch.h"
 #include "common/hashing.h"
+#include "common/wire_format.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
 #include "tests/client/fake_shard_server.h"
 
@@ -346,12 +354,233 @@ TEST_F(EmbeddingClientTest, EveryCallCarriesTheDeadline) {
   }
 }
 
+// out (ids.size() x dim) holds the fake's rows, within rel_tol.
+void ExpectFakeRows(const std::string& table, const std::vector<int64_t>& ids,
+                    const std::vector<float>& out, int dim,
+                    float rel_tol = 0) {
+  ASSERT_EQ(out.size(), ids.size() * dim);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    for (int c = 0; c < dim; ++c) {
+      const float want = FakeRowValue(table, ids[i], c);
+      ASSERT_NEAR(out[i * dim + c], want, rel_tol * std::fabs(want))
+          << table << " id " << ids[i] << " col " << c;
+    }
+  }
+}
+
+// Distinct (table, id) pairs of a batch, as each server owns them in `map`.
+int OwnedCount(const ShardMap& map, int server,
+               const std::map<std::string, std::set<int64_t>>& ids) {
+  int n = 0;
+  for (const auto& [table, set] : ids) {
+    for (int64_t id : set) {
+      if (map.OwnerOf(StableNameKey(table), id) == server) ++n;
+    }
+  }
+  return n;
+}
+
+int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// Ids of a request over all its tables.
+size_t IdsIn(const FakeShardServer::Received& r) {
+  size_t n = 0;
+  for (const auto& [table, ids] : r.ids) n += ids.size();
+  return n;
+}
+
+TEST_F(EmbeddingClientTest, LargeLookupIsSplitIntoChunksPerServer) {
+  EmbeddingClientOptions o = Options();
+  o.max_ids_per_lookup_request = 1000;
+  auto client = NewClient(o);
+  ASSERT_NE(client, nullptr);
+  // 10k ids over two tables, so chunks cross from one table to the next;
+  // the second user spec repeats ids of the first.
+  std::mt19937_64 rng(11);
+  const std::vector<int64_t> users = Iota(6000);
+  std::vector<int64_t> again(500);
+  for (int64_t& id : again) id = static_cast<int64_t>(rng() % 6000);
+  std::vector<int64_t> items = Iota(4000);
+  std::shuffle(items.begin(), items.end(), rng);
+  std::vector<float> out_u(users.size() * 8), out_a(again.size() * 8),
+      out_i(items.size() * 4);
+  ASSERT_TRUE(client
+                  ->Lookup(4, {{kUser, users, out_u.data()},
+                               {kItem, items, out_i.data()},
+                               {kUser, again, out_a.data()}})
+                  .ok());
+  ExpectRows("user", users, out_u);
+  ExpectRows("user", again, out_a);
+  ExpectRows("item", items, out_i);
+
+  const std::map<std::string, std::set<int64_t>> distinct = {
+      {"user", {users.begin(), users.end()}},
+      {"item", {items.begin(), items.end()}}};
+  for (int s = 0; s < 3; ++s) {
+    const int owned = OwnedCount(map_, s, distinct);
+    ASSERT_GT(owned, 1000) << s;
+    const auto received = servers_[s]->received();
+    ASSERT_EQ(received.size(), static_cast<size_t>(CeilDiv(owned, 1000))) << s;
+    std::map<std::string, std::multiset<int64_t>> sent;
+    size_t smallest = owned, largest = 0;
+    for (const auto& r : received) {
+      EXPECT_TRUE(r.lookup);
+      EXPECT_EQ(r.answer, grpc::StatusCode::OK);
+      EXPECT_EQ(r.header.step(), 4);
+      EXPECT_EQ(r.header.shard_map_epoch(), 1u);
+      smallest = std::min(smallest, IdsIn(r));
+      largest = std::max(largest, IdsIn(r));
+      for (const auto& [table, ids] : r.ids) {
+        EXPECT_FALSE(ids.empty());  // no empty table entries
+        sent[table].insert(ids.begin(), ids.end());
+      }
+    }
+    EXPECT_LE(largest, 1000u) << s;
+    EXPECT_LE(largest - smallest, 1u) << s;  // near-equal chunks
+    // Every owned id exactly once over the chunks.
+    for (const auto& [table, set] : distinct) {
+      std::multiset<int64_t> want;
+      for (int64_t id : set) {
+        if (map_.OwnerOf(StableNameKey(table), id) == s) want.insert(id);
+      }
+      EXPECT_EQ(sent[table], want) << s << " " << table;
+    }
+  }
+  EXPECT_EQ(fetches_, 1);
+}
+
+TEST_F(EmbeddingClientTest, SmallPartsStayOneRequestPerServer) {
+  EmbeddingClientOptions o = Options();
+  o.max_ids_per_lookup_request = 1000;
+  auto client = NewClient(o);
+  ASSERT_NE(client, nullptr);
+  // About 900 ids per server: under the chunk size.
+  const std::vector<int64_t> ids = Iota(2700);
+  std::vector<float> out(ids.size() * 8);
+  ASSERT_TRUE(client->Lookup(0, {{{kUser, ids, out.data()}}}).ok());
+  ExpectRows("user", ids, out);
+  for (int s = 0; s < 3; ++s) {
+    const int owned = OwnedCount(map_, s, {{"user", {ids.begin(), ids.end()}}});
+    ASSERT_LE(owned, 1000) << s;
+    ASSERT_EQ(servers_[s]->received().size(), 1u) << s;
+    EXPECT_EQ(IdsIn(servers_[s]->received()[0]), static_cast<size_t>(owned));
+  }
+}
+
+TEST_F(EmbeddingClientTest, UnavailableChunkIsResentAlone) {
+  EmbeddingClientOptions o = Options();
+  o.max_ids_per_lookup_request = 1000;
+  auto client = NewClient(o);
+  ASSERT_NE(client, nullptr);
+  servers_[1]->Inject(
+      {grpc::Status(grpc::StatusCode::UNAVAILABLE, "overloaded")});
+  const std::vector<int64_t> ids = Iota(10000);
+  std::vector<float> out(ids.size() * 8);
+  ASSERT_TRUE(client->Lookup(0, {{{kUser, ids, out.data()}}}).ok());
+  ExpectRows("user", ids, out);
+
+  const std::map<std::string, std::set<int64_t>> distinct = {
+      {"user", {ids.begin(), ids.end()}}};
+  for (int s : {0, 2}) {
+    EXPECT_EQ(servers_[s]->received().size(),
+              static_cast<size_t>(CeilDiv(OwnedCount(map_, s, distinct), 1000)))
+        << s;
+  }
+  const auto r1 = servers_[1]->received();
+  const size_t chunks1 = CeilDiv(OwnedCount(map_, 1, distinct), 1000);
+  ASSERT_GT(chunks1, 1u);
+  ASSERT_EQ(r1.size(), chunks1 + 1);  // the refused chunk once more
+  std::vector<int64_t> refused;
+  int refusals = 0;
+  for (size_t i = 0; i < chunks1; ++i) {
+    if (r1[i].answer == grpc::StatusCode::UNAVAILABLE) {
+      ++refusals;
+      refused = r1[i].ids.at("user");
+    }
+  }
+  ASSERT_EQ(refusals, 1);
+  EXPECT_EQ(r1.back().answer, grpc::StatusCode::OK);
+  EXPECT_EQ(r1.back().ids.at("user"), refused);
+  EXPECT_EQ(fetches_, 1);
+}
+
+TEST_F(EmbeddingClientTest, StaleEpochOnSomeChunksReroutesOnlyThose) {
+  EmbeddingClientOptions o = Options();
+  o.max_ids_per_lookup_request = 1000;
+  auto client = NewClient(o);
+  ASSERT_NE(client, nullptr);
+  const std::vector<int64_t> ids = Iota(10000);
+  const std::map<std::string, std::set<int64_t>> distinct = {
+      {"user", {ids.begin(), ids.end()}}};
+  std::vector<size_t> chunks;
+  for (int s = 0; s < 3; ++s) {
+    chunks.push_back(CeilDiv(OwnedCount(map_, s, distinct), 1000));
+  }
+  ASSERT_GT(chunks[0], 2u);
+  // Server 0's slots move to server 1 after server 0 served two chunks;
+  // servers 1 and 2 take the new map once they served all of theirs.
+  const ShardMap next = Rebalanced();
+  servers_[0]->SetMapAfter(2, next);
+  servers_[1]->SetMapAfter(static_cast<int>(chunks[1]), next);
+  servers_[2]->SetMapAfter(static_cast<int>(chunks[2]), next);
+  std::vector<float> out(ids.size() * 8);
+  ASSERT_TRUE(client->Lookup(1, {{{kUser, ids, out.data()}}}).ok());
+  ExpectRows("user", ids, out);
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  EXPECT_EQ(fetches_, 2);  // Create, then one refresh for all refusals
+
+  const auto r0 = servers_[0]->received();
+  ASSERT_EQ(r0.size(), chunks[0]);
+  std::multiset<int64_t> refused;
+  int ok = 0;
+  for (const auto& r : r0) {
+    if (r.answer == grpc::StatusCode::OK) {
+      ++ok;
+    } else {
+      EXPECT_EQ(r.answer, grpc::StatusCode::ABORTED);
+      refused.insert(r.ids.at("user").begin(), r.ids.at("user").end());
+    }
+  }
+  EXPECT_EQ(ok, 2);
+  // The refused ids, and only they, went to their new owner at epoch 2.
+  const auto r1 = servers_[1]->received();
+  ASSERT_EQ(r1.size(), chunks[1] + CeilDiv(refused.size(), 1000));
+  std::multiset<int64_t> resent;
+  for (size_t i = 0; i < r1.size(); ++i) {
+    EXPECT_EQ(r1[i].answer, grpc::StatusCode::OK);
+    EXPECT_EQ(r1[i].header.shard_map_epoch(), i < chunks[1] ? 1u : 2u);
+    if (i >= chunks[1]) {
+      resent.insert(r1[i].ids.at("user").begin(), r1[i].ids.at("user").end());
+    }
+  }
+  EXPECT_EQ(resent, refused);
+  EXPECT_EQ(servers_[2]->received().size(), chunks[2]);
+}
+
+TEST_F(EmbeddingClientTest, PushIsNeverChunked) {
+  EmbeddingClientOptions o = Options();
+  o.max_ids_per_lookup_request = 100;
+  auto client = NewClient(o);
+  ASSERT_NE(client, nullptr);
+  const std::vector<int64_t> ids = Iota(3000);
+  std::vector<float> g(ids.size() * 8, 0.5f);
+  ASSERT_TRUE(client->PushGradients(3, {{{kUser, ids, g.data()}}}).ok());
+  size_t total = 0;
+  for (auto& s : servers_) {
+    const auto received = s->received();
+    ASSERT_EQ(received.size(), 1u) << s->address();
+    total += IdsIn(received[0]);
+  }
+  EXPECT_EQ(total, ids.size());
+}
+
 class EncodingTest : public EmbeddingClientTest,
                      public ::testing::WithParamInterface<v1::RowEncoding> {};
 
 TEST_P(EncodingTest, RowsAndGradientsRoundTripWithinPrecision) {
   EmbeddingClientOptions o = Options();
   o.encoding = GetParam();
+  o.max_ids_per_lookup_request = 16;  // several chunks per server
   // Relative rounding error: 2^-11 for fp16, 2^-8 for bf16.
   const float tol =
       GetParam() == v1::ROW_ENCODING_FLOAT16 ? 1.0f / 2048 : 1.0f / 256;
@@ -394,6 +623,9 @@ TEST_F(EmbeddingClientTest, CreateAndCallsValidateInput) {
   EXPECT_TRUE(absl::IsInvalidArgument(make({{"a", 0}}, Options())));
   EmbeddingClientOptions bad = Options();
   bad.max_attempts = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(make({{"a", 4}}, bad)));
+  bad = Options();
+  bad.max_ids_per_lookup_request = 0;
   EXPECT_TRUE(absl::IsInvalidArgument(make({{"a", 4}}, bad)));
   EXPECT_TRUE(absl::IsInvalidArgument(
       EmbeddingClient::Create({{"a", 4}}, nullptr, Options()).status()));
@@ -467,6 +699,184 @@ TEST_F(EmbeddingClientTest, ConcurrentCallsShareOneClient) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(failures, 0);
+}
+
+// RoutedBatch::ConsumeLookup parses responses itself; these feed it
+// hand-made wire bytes, cut into small gRPC slices so that varints and rows
+// straddle slice boundaries.
+class ConsumeLookupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    map_ = ShardMap::Uniform(1, 16, {"only:1"});
+    batch_.PrepareLookup(
+        std::vector<LookupSpec>{{0, users_, out_u_.data()},
+                                {1, items_, out_i_.data()}},
+        tables_, keys_);
+    batch_.Route(map_);
+    ASSERT_EQ(batch_.CountFor(0), 5);  // users 10 11 12, then items 20 21
+  }
+
+  // Wire bytes of a TableRows.
+  static std::string TableRows(const std::string& table, int dim,
+                               const std::string& rows, bool reorder = false,
+                               bool unknown = false) {
+    std::string out;
+    {
+      google::protobuf::io::StringOutputStream stream(&out);
+      google::protobuf::io::CodedOutputStream o(&stream);
+      auto name = [&] {
+        o.WriteTag(WFL::MakeTag(1, WFL::WIRETYPE_LENGTH_DELIMITED));
+        o.WriteVarint32(table.size());
+        o.WriteString(table);
+      };
+      auto dims = [&] {
+        o.WriteTag(WFL::MakeTag(2, WFL::WIRETYPE_VARINT));
+        o.WriteVarint32(dim);
+      };
+      auto data = [&] {
+        o.WriteTag(WFL::MakeTag(3, WFL::WIRETYPE_LENGTH_DELIMITED));
+        o.WriteVarint32(rows.size());
+        o.WriteString(rows);
+      };
+      if (unknown) {
+        o.WriteTag(WFL::MakeTag(9, WFL::WIRETYPE_FIXED32));
+        o.WriteLittleEndian32(77);
+      }
+      if (reorder) {
+        data();
+        dims();
+        name();
+      } else {
+        name();
+        dims();
+        data();
+      }
+    }
+    return out;
+  }
+
+  // Wire bytes of a LookupResponse with these TableRows.
+  static std::string Response(const std::vector<std::string>& tables,
+                              bool unknown = false) {
+    std::string out;
+    {
+      google::protobuf::io::StringOutputStream stream(&out);
+      google::protobuf::io::CodedOutputStream o(&stream);
+      if (unknown) {
+        o.WriteTag(WFL::MakeTag(7, WFL::WIRETYPE_VARINT));
+        o.WriteVarint64(123456789);
+      }
+      for (const std::string& t : tables) {
+        o.WriteTag(WFL::MakeTag(1, WFL::WIRETYPE_LENGTH_DELIMITED));
+        o.WriteVarint32(t.size());
+        o.WriteString(t);
+      }
+    }
+    return out;
+  }
+
+  // The fake's rows of `ids`, encoded.
+  static std::string Rows(const std::string& table, int dim,
+                          const std::vector<int64_t>& ids,
+                          v1::RowEncoding encoding) {
+    std::vector<float> values;
+    for (int64_t id : ids) {
+      for (int c = 0; c < dim; ++c) values.push_back(FakeRowValue(table, id, c));
+    }
+    std::string out;
+    EncodeRows(values.data(), values.size(), encoding, &out);
+    return out;
+  }
+
+  absl::Status Consume(int32_t begin, int32_t end, const std::string& wire,
+                       v1::RowEncoding encoding = v1::ROW_ENCODING_FLOAT32,
+                       size_t slice = 7) {
+    std::vector<grpc::Slice> slices;
+    for (size_t at = 0; at < wire.size(); at += slice) {
+      slices.emplace_back(wire.data() + at, std::min(slice, wire.size() - at));
+    }
+    grpc::ByteBuffer buffer(slices.data(), slices.size());
+    return batch_.ConsumeLookup(0, begin, end, encoding, &buffer);
+  }
+
+  using WFL = google::protobuf::internal::WireFormatLite;
+  const std::vector<TableSchema> tables_ = {{"user", 8}, {"item", 4}};
+  const std::vector<uint64_t> keys_ = {StableNameKey("user"),
+                                       StableNameKey("item")};
+  const std::vector<int64_t> users_ = {10, 11, 12, 10};
+  const std::vector<int64_t> items_ = {20, 21};
+  std::vector<float> out_u_ = std::vector<float>(4 * 8, -1.0f);
+  std::vector<float> out_i_ = std::vector<float>(2 * 4, -1.0f);
+  ShardMap map_;
+  internal::RoutedBatch batch_;
+};
+
+TEST_F(ConsumeLookupTest, WholeServerAcrossSlices) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  ASSERT_TRUE(
+      Consume(0, 5,
+              Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32)),
+                        TableRows("item", 4, Rows("item", 4, {20, 21}, f32))}))
+          .ok());
+  ExpectFakeRows("user", users_, out_u_, 8);
+  ExpectFakeRows("item", items_, out_i_, 4);
+}
+
+TEST_F(ConsumeLookupTest, PartSpanningTwoTablesWithUnknownFieldsAndOddOrder) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  // Part [2, 4): user 12, then item 20.
+  ASSERT_TRUE(Consume(2, 4,
+                      Response({TableRows("user", 8, Rows("user", 8, {12}, f32),
+                                          /*reorder=*/true, /*unknown=*/true),
+                                TableRows("item", 4, Rows("item", 4, {20}, f32),
+                                          false, true)},
+                               /*unknown=*/true),
+                      f32, /*slice=*/3)
+                  .ok());
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_EQ(out_u_[2 * 8 + c], FakeRowValue("user", 12, c));
+    EXPECT_EQ(out_u_[0 * 8 + c], -1.0f);  // not in the part
+  }
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_EQ(out_i_[c], FakeRowValue("item", 20, c));
+    EXPECT_EQ(out_i_[4 + c], -1.0f);
+  }
+}
+
+TEST_F(ConsumeLookupTest, HalfPrecisionRowsAcrossSlices) {
+  const auto f16 = v1::ROW_ENCODING_FLOAT16;
+  ASSERT_TRUE(
+      Consume(0, 5,
+              Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f16)),
+                        TableRows("item", 4, Rows("item", 4, {20, 21}, f16))}),
+              f16, /*slice=*/5)
+          .ok());
+  ExpectFakeRows("user", users_, out_u_, 8, 1.0f / 2048);
+  ExpectFakeRows("item", items_, out_i_, 4, 1.0f / 2048);
+}
+
+TEST_F(ConsumeLookupTest, MismatchesAndMalformedBytesAreInternal) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  const std::string user = TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32));
+  const std::string item = TableRows("item", 4, Rows("item", 4, {20, 21}, f32));
+  auto expect_internal = [&](absl::Status s, const std::string& what) {
+    EXPECT_TRUE(absl::IsInternal(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr(what)) << s;
+  };
+  expect_internal(Consume(0, 5, Response({user})), "fewer");
+  expect_internal(Consume(0, 5, Response({user, item, item})), "more tables");
+  expect_internal(Consume(0, 5, Response({item, user})), "expected 'user'");
+  expect_internal(
+      Consume(0, 5, Response({TableRows("user", 9, Rows("user", 8, {10, 11, 12}, f32)), item})),
+      "of dim 9");
+  expect_internal(
+      Consume(0, 5, Response({TableRows("user", 8, Rows("user", 8, {10, 11}, f32)), item})),
+      "bytes of rows for 3 ids");
+  expect_internal(Consume(0, 5, Response({TableRows("user", 8, ""), item})),
+                  "0 bytes of rows");
+  std::string whole = Response({user, item});
+  expect_internal(Consume(0, 5, whole.substr(0, whole.size() - 9)),
+                  "malformed");
 }
 
 }  // namespace

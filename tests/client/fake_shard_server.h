@@ -86,6 +86,13 @@ class FakeShardServer {
     absl::MutexLock lock(&mu_);
     inject_.insert(inject_.end(), errors.begin(), errors.end());
   }
+  // Installs `next` once `n` more data requests were answered OK (a map
+  // change that lands between two requests of one call).
+  void SetMapAfter(int n, const ShardMap& next) {
+    absl::MutexLock lock(&mu_);
+    map_after_ = n;
+    next_map_ = next;
+  }
   void FailAlways(grpc::Status error) {
     absl::MutexLock lock(&mu_);
     always_ = std::move(error);
@@ -200,6 +207,10 @@ class FakeShardServer {
             : Judge(ctx, header, tables, *ids);
     r.answer = status.error_code();
     received_.push_back(std::move(r));
+    if (status.ok() && next_map_.has_value() && --map_after_ <= 0) {
+      map_ = *std::move(next_map_);
+      next_map_.reset();
+    }
     return status;
   }
 
@@ -313,6 +324,8 @@ class FakeShardServer {
   int64_t step_ ABSL_GUARDED_BY(mu_) = -1;
   std::deque<grpc::Status> inject_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> always_ ABSL_GUARDED_BY(mu_);
+  int map_after_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<ShardMap> next_map_ ABSL_GUARDED_BY(mu_);
   absl::Duration delay_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   std::vector<Received> received_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> violations_ ABSL_GUARDED_BY(mu_);
