@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "common/port_file.h"
 #include "common/text_proto.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
@@ -64,19 +65,6 @@ ABSL_FLAG(std::string, port_file, "",
 
 namespace recps::server {
 namespace {
-
-absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << grpc_port << " " << metrics_port << "\n";
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
 
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts

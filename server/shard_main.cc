@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "common/port_file.h"
 #include "common/text_proto.h"
 #include "common/thread_pool.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -115,19 +116,6 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
   if (c.staleness < 0) return absl::InvalidArgumentError("--staleness must be >= 0");
   if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
   return c;
-}
-
-absl::Status WritePortFile(const std::string& path, int grpc_port, int metrics_port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << grpc_port << " " << metrics_port << "\n";
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
 }
 
 // Registers with the coordinator and keeps the lease by heartbeat on a

@@ -16,21 +16,9 @@ absl::Status Bad(const v1::TableConfig& c, absl::string_view field,
 
 }  // namespace
 
-absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
-  TableSpec spec;
-  spec.name = c.name();
-  if (c.name().empty()) return Bad(c, "name", "is empty");
-  if (c.dim() < 1 || c.dim() > 4096) {
-    return Bad(c, "dim", absl::StrCat("is ", c.dim(), "; it must be in 1..4096"));
-  }
-  spec.dim = c.dim();
-  if (c.num_rows() < 0) {
-    return Bad(c, "num_rows", absl::StrCat("is ", c.num_rows(),
-                                           "; use 0 for a dynamic table"));
-  }
-  spec.num_rows = c.num_rows();
-  const v1::OptimizerConfig& o = c.optimizer();
-  kernels::OptimizerParams& p = spec.optimizer;
+absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
+    const v1::OptimizerConfig& o) {
+  kernels::OptimizerParams p;
   switch (o.kind()) {
     case v1::OptimizerConfig::SGD:
       p.kind = kernels::OptimizerKind::kSgd;
@@ -48,12 +36,12 @@ absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
       p.kind = kernels::OptimizerKind::kAdamW;
       break;
     default:
-      return Bad(c, "optimizer.kind",
-                 "is not set; choose SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM or ADAMW");
+      return absl::InvalidArgumentError(
+          "kind is not set; choose SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM or ADAMW");
   }
   if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
-    return Bad(c, "optimizer.learning_rate",
-               absl::StrCat("is ", o.learning_rate(), "; it must be > 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate is ", o.learning_rate(), "; it must be > 0"));
   }
   p.learning_rate = o.learning_rate();
   p.eps = o.eps() == 0 ? 1e-8f : o.eps();
@@ -61,8 +49,28 @@ absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
   p.beta2 = o.beta2() == 0 ? 0.999f : o.beta2();
   p.weight_decay = o.weight_decay();
   if (absl::Status s = kernels::ValidateOptimizerParams(p); !s.ok()) {
-    return Bad(c, "optimizer", s.message());
+    return absl::InvalidArgumentError(s.message());
   }
+  return p;
+}
+
+absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
+  TableSpec spec;
+  spec.name = c.name();
+  if (c.name().empty()) return Bad(c, "name", "is empty");
+  if (c.dim() < 1 || c.dim() > 4096) {
+    return Bad(c, "dim", absl::StrCat("is ", c.dim(), "; it must be in 1..4096"));
+  }
+  spec.dim = c.dim();
+  if (c.num_rows() < 0) {
+    return Bad(c, "num_rows", absl::StrCat("is ", c.num_rows(),
+                                           "; use 0 for a dynamic table"));
+  }
+  spec.num_rows = c.num_rows();
+  absl::StatusOr<kernels::OptimizerParams> optimizer =
+      OptimizerParamsFromConfig(c.optimizer());
+  if (!optimizer.ok()) return Bad(c, "optimizer:", optimizer.status().message());
+  spec.optimizer = *optimizer;
   const float bound = 1.0f / std::sqrt(static_cast<float>(c.dim()));
   spec.init = RowInit{RowInit::Distribution::kUniform, -bound, bound};
   if (c.init().has_uniform()) {

@@ -12,6 +12,12 @@
 
 namespace recps::server {
 
+// An optimizer config with defaults applied (eps 1e-8, betas 0.9/0.999).
+// INVALID_ARGUMENT, starting with the field ("kind ...", "learning_rate
+// ..."), for an unset kind or bad hyper-parameters.
+absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
+    const v1::OptimizerConfig& config);
+
 // Applies defaults (eps 1e-8, betas 0.9/0.999, init uniform +-1/sqrt(dim))
 // and checks every field; INVALID_ARGUMENT says which table and field.
 absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& config);

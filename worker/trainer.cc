@@ -8,33 +8,11 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "kernels/loss.h"
+#include "server/table_config.h"
 #include "worker/job_config.h"
 
 namespace recps::worker {
 namespace {
-
-kernels::OptimizerParams DenseOptimizerParams(const v1::OptimizerConfig& o) {
-  kernels::OptimizerParams p;
-  switch (o.kind()) {
-    case v1::OptimizerConfig::ADAGRAD:
-      p.kind = kernels::OptimizerKind::kAdagrad;
-      break;
-    case v1::OptimizerConfig::ADAM:
-      p.kind = kernels::OptimizerKind::kAdam;
-      break;
-    case v1::OptimizerConfig::ADAMW:
-      p.kind = kernels::OptimizerKind::kAdamW;
-      break;
-    default:
-      p.kind = kernels::OptimizerKind::kSgd;
-  }
-  p.learning_rate = o.learning_rate();
-  p.eps = o.eps() == 0 ? 1e-8f : o.eps();
-  p.beta1 = o.beta1() == 0 ? 0.9f : o.beta1();
-  p.beta2 = o.beta2() == 0 ? 0.999f : o.beta2();
-  p.weight_decay = o.weight_decay();
-  return p;
-}
 
 // Seconds since `start`, added to `*into`.
 void Charge(absl::Time start, double* into) {
@@ -85,9 +63,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   model.seed = job.training().seed();
   model.num_dense = job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
   ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model));
+  ASSIGN_OR_RETURN(const kernels::OptimizerParams dense_optimizer,
+                   server::OptimizerParamsFromConfig(job.training().dense_optimizer()));
   ASSIGN_OR_RETURN(t->optimizer_,
-                   DenseOptimizer::Create(DenseOptimizerParams(job.training().dense_optimizer()),
-                                          t->model_->num_parameters()));
+                   DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters()));
   return t;
 }
 
