@@ -248,6 +248,7 @@ Proposal ProposeGreedy(const Model& m, GreedyOrder order, uint32_t types,
       passes.push_back(1u << v1::TABLE_WISE);
     }
     passes.push_back(types);
+    size_t pass_used = 0;
     for (uint32_t pass : passes) {
       for (Placement& p : EnumeratePlacements(m, t, partition, pass)) {
         if (!partition.Fits(p)) continue;
@@ -267,6 +268,7 @@ Proposal ProposeGreedy(const Model& m, GreedyOrder order, uint32_t types,
         }
       }
       if (found) break;
+      ++pass_used;
     }
     if (!found) {
       out.failed_table = t;
@@ -279,6 +281,8 @@ Proposal ProposeGreedy(const Model& m, GreedyOrder order, uint32_t types,
     } else if ((fitting_types & (fitting_types - 1)) == 0 &&
                (types & (types - 1)) != 0 && passes.size() == 1) {
       best.reason = absl::StrCat("only ", ShardingTypeName(best.type), " fits");
+    } else if (passes.size() == 2 && pass_used == 0) {
+      best.reason = "kept whole: table-wise balances best";
     } else {
       best.reason = "lowest predicted step time";
     }
