@@ -54,6 +54,17 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
     for (int s : tm.allowed_servers) names.push_back(m.servers[s].address);
     absl::StrAppend(&msg, " on ", absl::StrJoin(names, ", "));
   }
+  if (short_bytes <= 0 && !partition.RowsFit(best)) {
+    // Memory would do; the servers' row cap for dynamic tables does not.
+    int64_t cap = 0;
+    for (const ServerModel& s : m.servers) cap = std::max(cap, s.max_rows_per_table);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        msg, "; its best placement (", ShardingTypeName(best.type),
+        ") puts more rows on a server than its max_rows_per_table (", cap,
+        ") allows. To fit: raise recps-shard --max_rows_per_table (and the "
+        "topology's max_rows_per_table), spread it row-wise over more servers, or "
+        "drop its pinned type or servers"));
+  }
   const ServerModel& sm = m.servers[server];
   absl::StrAppend(&msg, "; its best placement (", ShardingTypeName(best.type),
                   ") leaves server ", sm.address, " short by ", Bytes(short_bytes),

@@ -94,7 +94,17 @@ Partition::Partition(const Model& model) : model_(model), loads_(model.servers.s
   }
 }
 
-bool Partition::Fits(const Placement& p) const { return Shortfall(p).first <= 0; }
+bool Partition::Fits(const Placement& p) const {
+  return Shortfall(p).first <= 0 && RowsFit(p);
+}
+
+bool Partition::RowsFit(const Placement& p) const {
+  if (p.table < 0 || !model_.tables[p.table].dynamic) return true;
+  for (const auto& [s, l] : p.parts) {
+    if (l.rows > static_cast<double>(model_.servers[s].max_rows_per_table)) return false;
+  }
+  return true;
+}
 
 std::pair<double, int> Partition::Shortfall(const Placement& p) const {
   double worst = -1e300;

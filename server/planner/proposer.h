@@ -43,8 +43,12 @@ class Partition {
   // Starts with the bytes every server spends on every table of `model`.
   explicit Partition(const Model& model);
 
-  // Whether every server `p` touches stays within its usable memory.
+  // Whether every server `p` touches stays within its usable memory and,
+  // for a dynamic table, within its max_rows_per_table.
   bool Fits(const Placement& p) const;
+  // Whether the rows `p` puts on each server stay within its
+  // max_rows_per_table (always true for fixed tables).
+  bool RowsFit(const Placement& p) const;
   // Bytes over the usable memory on the server `p` overfills most (<= 0
   // when it fits), and that server.
   std::pair<double, int> Shortfall(const Placement& p) const;

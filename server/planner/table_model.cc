@@ -18,6 +18,8 @@ constexpr double kDefaultCpuRowSeconds = 1e-7;
 constexpr double kDefaultGpuRowSeconds = 1e-8;
 constexpr double kDefaultTableRequestSeconds = 5e-6;
 constexpr uint32_t kDefaultNumSlots = 4096;
+// recps-shard's --max_rows_per_table default.
+constexpr int64_t kDefaultMaxRowsPerTable = int64_t{1} << 26;
 // Fixed tables up to this many rows are hashed id by id, so row-wise
 // placement of a small table sees its real (uneven) spread over slots.
 constexpr int64_t kExactSlotCountRows = int64_t{1} << 20;
@@ -100,6 +102,11 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     sm.row_seconds = s.row_seconds() > 0 ? s.row_seconds()
                      : s.device() == v1::GPU ? kDefaultGpuRowSeconds
                                              : kDefaultCpuRowSeconds;
+    if (s.max_rows_per_table() < 0) {
+      return BadServer(i, s, "max_rows_per_table must be >= 0 (0: 2^26)");
+    }
+    sm.max_rows_per_table = s.max_rows_per_table() > 0 ? s.max_rows_per_table()
+                                                       : kDefaultMaxRowsPerTable;
     sm.table_request_seconds = s.table_request_seconds() > 0
                                    ? s.table_request_seconds()
                                    : kDefaultTableRequestSeconds;
@@ -121,6 +128,7 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     tm.dim = spec->dim;
     tm.optimizer = spec->optimizer.kind;
     tm.rows = spec->num_rows;
+    tm.dynamic = spec->num_rows == 0;
     tm.num_workers = m.num_workers;
     for (int i = 0; i < static_cast<int>(m.servers.size()); ++i) {
       tm.allowed_servers.push_back(i);

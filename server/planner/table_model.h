@@ -21,6 +21,7 @@ struct ServerModel {
   double network_bytes_per_s = 0;
   double row_seconds = 0;
   double table_request_seconds = 0;
+  int64_t max_rows_per_table = 0;  // of a dynamic table
 };
 
 struct TableModel {
@@ -31,6 +32,8 @@ struct TableModel {
   v1::StoragePrecision precision = v1::FP32;  // FP32 or FP16
   // Rows the table will hold (over all servers).
   int64_t rows = 0;
+  // num_rows 0: the server caps its rows at max_rows_per_table.
+  bool dynamic = false;
   int num_workers = 0;
   // Distinct ids looked up per step, summed over workers.
   double ids_per_step = 0;

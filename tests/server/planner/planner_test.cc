@@ -124,6 +124,21 @@ TEST(Planner, HugeTableIsSpreadWhileSmallOnesStayWholeAndBalanced) {
   EXPECT_LT(all_rw->predicted_step_seconds(), 3.80e-3) << FormatPlan(*all_rw);
 }
 
+TEST(Planner, TheServersRowCapForDynamicTablesIsAConstraint) {
+  PlannerInput in;
+  in.tables.push_back(Table("dyn", 8, 0));
+  Hint(in, "dyn").set_expected_distinct_ids(3000);
+  in.topology = Servers(4, 1024 * kMiB);
+  for (v1::ServerSpec& s : *in.topology.mutable_servers()) s.set_max_rows_per_table(1000);
+  absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(TableIn(*plan, "dyn").type(), v1::ROW_WISE);  // 750 rows each
+  in.hints[0].set_expected_distinct_ids(5000);  // 1250 rows each
+  plan = PlanSharding(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.status().message(), HasSubstr("max_rows_per_table (1000)"));
+}
+
 TEST(Planner, FewWideRowsGoColumnWise) {
   PlannerInput in;
   // 7 rows hash unevenly over 4 servers (one holds 2 or more), while 4
