@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/str_format.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/embedding_store.h"
 
@@ -124,6 +125,16 @@ v1::Estimate ToEstimate(const Load& l) {
   e.set_lookup_bytes_per_step(l.lookup_bytes);
   e.set_update_bytes_per_step(l.update_bytes);
   return e;
+}
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.2f %s", b, units[u]);
 }
 
 }  // namespace recps::planner

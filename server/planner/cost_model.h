@@ -5,6 +5,7 @@
 #define RECPS_SERVER_PLANNER_COST_MODEL_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/optimizer.h"
@@ -57,6 +58,9 @@ struct StepTime {
 StepTime StepTimeOf(const Load& load, const ServerModel& server);
 
 v1::Estimate ToEstimate(const Load& load);
+
+// "512 B", "1.50 GiB": bytes for messages and plan tables.
+std::string HumanBytes(double bytes);
 
 }  // namespace recps::planner
 

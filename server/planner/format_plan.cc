@@ -4,21 +4,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "server/planner/cost_model.h"
 #include "server/planner/planner.h"
 #include "server/planner/proposer.h"
 
 namespace recps::planner {
 namespace {
-
-std::string Human(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0fB", b) : absl::StrFormat("%.1f%s", b, units[u]);
-}
 
 std::string ServerName(const v1::ShardingPlan& plan, uint32_t index) {
   return index < static_cast<uint32_t>(plan.servers_size()) ? plan.servers(index)
@@ -33,7 +24,7 @@ std::string FormatPlan(const v1::ShardingPlan& plan) {
       "predicted step %.3f ms\n",
       plan.plan_id(), plan.format_version(), plan.proposer(), plan.tables_size(),
       plan.servers_size(), plan.num_slots(), plan.predicted_step_seconds() * 1e3);
-  absl::StrAppendFormat(&out, "%-24s %-12s %6s %12s %10s %12s  %s\n", "TABLE", "TYPE", "DIM",
+  absl::StrAppendFormat(&out, "%-24s %-12s %6s %12s %11s %12s  %s\n", "TABLE", "TYPE", "DIM",
                         "ROWS", "STORED", "IDS/STEP", "PLACEMENT (reason)");
   for (const v1::TablePlan& t : plan.tables()) {
     std::string where;
@@ -56,20 +47,20 @@ std::string FormatPlan(const v1::ShardingPlan& plan) {
       default:
         where = "?";
     }
-    absl::StrAppendFormat(&out, "%-24s %-12s %6d %12d %10s %12.0f  %s (%s)\n", t.table(),
+    absl::StrAppendFormat(&out, "%-24s %-12s %6d %12d %11s %12.0f  %s (%s)\n", t.table(),
                           ShardingTypeName(t.type()), t.dim(), t.estimate().rows(),
-                          Human(static_cast<double>(t.estimate().bytes_stored())),
+                          HumanBytes(static_cast<double>(t.estimate().bytes_stored())),
                           t.estimate().lookup_ids_per_step(), where, t.reason());
   }
-  absl::StrAppendFormat(&out, "%-24s %10s %10s %6s %12s %12s %10s\n", "SERVER", "STORED",
+  absl::StrAppendFormat(&out, "%-24s %11s %11s %6s %12s %12s %10s\n", "SERVER", "STORED",
                         "USABLE", "USE", "NET/STEP", "ROWS/STEP", "STEP ms");
   for (const v1::ServerEstimate& s : plan.server_estimates()) {
     const double stored = static_cast<double>(s.load().bytes_stored());
     absl::StrAppendFormat(
-        &out, "%-24s %10s %10s %5.1f%% %12s %12.0f %10.3f\n", s.address(), Human(stored),
-        Human(static_cast<double>(s.usable_bytes())),
+        &out, "%-24s %11s %11s %5.1f%% %12s %12.0f %10.3f\n", s.address(), HumanBytes(stored),
+        HumanBytes(static_cast<double>(s.usable_bytes())),
         s.usable_bytes() > 0 ? 100 * stored / static_cast<double>(s.usable_bytes()) : 0,
-        Human(s.load().lookup_bytes_per_step() + s.load().update_bytes_per_step()),
+        HumanBytes(s.load().lookup_bytes_per_step() + s.load().update_bytes_per_step()),
         s.rows_touched_per_step(), s.step_seconds() * 1e3);
   }
   return out;

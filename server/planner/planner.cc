@@ -18,16 +18,6 @@
 namespace recps::planner {
 namespace {
 
-std::string Bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.2f %s", b, units[u]);
-}
-
 // The error when table `t` fits nowhere after the tables of `failed` were
 // placed: how much is missing where, and what would make it fit.
 absl::Status NothingFits(const Model& m, const Proposal& failed) {
@@ -43,8 +33,8 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   const int64_t row_bytes = StoredRowBytes(tm.optimizer, tm.dim, tm.precision);
 
   std::string msg = absl::StrCat(
-      "table '", tm.name, "' does not fit: it needs ", Bytes(whole.bytes_stored()),
-      " (", tm.rows, " rows of ", row_bytes, " B, ", Bytes(whole.index_bytes),
+      "table '", tm.name, "' does not fit: it needs ", HumanBytes(whole.bytes_stored()),
+      " (", tm.rows, " rows of ", row_bytes, " B, ", HumanBytes(whole.index_bytes),
       " of index)");
   if (tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED) {
     absl::StrAppend(&msg, ", pinned ", ShardingTypeName(tm.pinned_type));
@@ -67,9 +57,9 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   }
   const ServerModel& sm = m.servers[server];
   absl::StrAppend(&msg, "; its best placement (", ShardingTypeName(best.type),
-                  ") leaves server ", sm.address, " short by ", Bytes(short_bytes),
-                  " (", Bytes(static_cast<double>(sm.usable_bytes)), " usable, ",
-                  Bytes(partition.loads()[server].bytes_stored()),
+                  ") leaves server ", sm.address, " short by ", HumanBytes(short_bytes),
+                  " (", HumanBytes(static_cast<double>(sm.usable_bytes)), " usable, ",
+                  HumanBytes(partition.loads()[server].bytes_stored()),
                   " taken by other tables)");
 
   // Everything the job needs against everything the servers have.
@@ -85,9 +75,9 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   std::vector<std::string> fixes;
   const int more = std::max(1, static_cast<int>(std::ceil((need - have) / largest)));
   fixes.push_back(absl::StrCat("add ", need > have ? "at least " : "", more,
-                               " more server(s) of ", Bytes(largest),
-                               " usable (the job needs ", Bytes(need), ", the ",
-                               m.servers.size(), " servers have ", Bytes(have), ")"));
+                               " more server(s) of ", HumanBytes(largest),
+                               " usable (the job needs ", HumanBytes(need), ", the ",
+                               m.servers.size(), " servers have ", HumanBytes(have), ")"));
   if ((tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED &&
        tm.pinned_type != v1::ROW_WISE) ||
       tm.servers_pinned) {
@@ -98,7 +88,7 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   if (tm.precision != v1::FP16) {
     const double saved = static_cast<double>(tm.rows) *
                          (row_bytes - StoredRowBytes(tm.optimizer, tm.dim, v1::FP16));
-    fixes.push_back(absl::StrCat("store it as FP16 (saves ", Bytes(saved), ")"));
+    fixes.push_back(absl::StrCat("store it as FP16 (saves ", HumanBytes(saved), ")"));
   }
   if (m.memory_reserve_fraction > 0) {
     fixes.push_back(absl::StrCat("lower memory_reserve_fraction (",
