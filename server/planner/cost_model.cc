@@ -83,7 +83,7 @@ Load UnitLoad(const TableModel& t, int column_begin, int column_end,
   if (!t.rows_per_slot.empty()) {
     for (uint32_t s : slots) {
       rows += static_cast<double>(t.rows_per_slot[s]);
-      index += static_cast<double>(server::HostIndexBytesForRows(t.rows_per_slot[s]));
+      index += t.index_bytes_of_slot[s];
     }
   } else {
     rows = static_cast<double>(t.rows) * slots.size() / num_slots;
@@ -92,17 +92,9 @@ Load UnitLoad(const TableModel& t, int column_begin, int column_end,
   return LoadOfRows(t, column_begin, column_end, rows, index);
 }
 
-Load WholeUnitLoad(const TableModel& t, int column_begin, int column_end,
-                   uint32_t num_slots) {
-  double index = 0;
-  if (!t.rows_per_slot.empty()) {
-    for (int64_t r : t.rows_per_slot) {
-      index += static_cast<double>(server::HostIndexBytesForRows(r));
-    }
-  } else {
-    index = t.index_bytes_per_slot * num_slots;
-  }
-  return LoadOfRows(t, column_begin, column_end, static_cast<double>(t.rows), index);
+Load WholeUnitLoad(const TableModel& t, int column_begin, int column_end) {
+  return LoadOfRows(t, column_begin, column_end, static_cast<double>(t.rows),
+                    t.index_bytes);
 }
 
 StepTime StepTimeOf(const Load& load, const ServerModel& server) {

@@ -43,8 +43,7 @@ struct Load {
 Load UnitLoad(const TableModel& table, int column_begin, int column_end,
               const std::vector<uint32_t>& slots, uint32_t num_slots);
 // The same for a server owning every slot (table-wise, a column group).
-Load WholeUnitLoad(const TableModel& table, int column_begin, int column_end,
-                   uint32_t num_slots);
+Load WholeUnitLoad(const TableModel& table, int column_begin, int column_end);
 
 // Index bytes every server spends on a table whatever the placement: the
 // store keeps a map object and a row counter per slot for each table.

@@ -29,7 +29,7 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   }
   const Placement best = LeastShortPlacement(m, t, partition, kAllTypes);
   const auto [short_bytes, server] = partition.Shortfall(best);
-  const Load whole = WholeUnitLoad(tm, 0, tm.dim, m.num_slots);
+  const Load whole = WholeUnitLoad(tm, 0, tm.dim);
   const int64_t row_bytes = StoredRowBytes(tm.optimizer, tm.dim, tm.precision);
 
   std::string msg = absl::StrCat(
@@ -65,7 +65,7 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   // Everything the job needs against everything the servers have.
   double need = 0, have = 0, largest = 0;
   for (const TableModel& other : m.tables) {
-    need += WholeUnitLoad(other, 0, other.dim, m.num_slots).bytes_stored();
+    need += WholeUnitLoad(other, 0, other.dim).bytes_stored();
   }
   need += FixedTableBytes(m.num_slots) * m.tables.size() * m.servers.size();
   for (const ServerModel& s : m.servers) {

@@ -30,7 +30,7 @@ Placement TableWise(const Model& m, int t, int server) {
   p.table = t;
   p.type = v1::TABLE_WISE;
   p.server = server;
-  AddPart(p, server, WholeUnitLoad(m.tables[t], 0, m.tables[t].dim, m.num_slots));
+  AddPart(p, server, WholeUnitLoad(m.tables[t], 0, m.tables[t].dim));
   return p;
 }
 
@@ -65,7 +65,7 @@ Placement ColumnWise(const Model& m, int t, int groups, const std::vector<int>& 
     group.column_begin = g * tm.dim / groups;
     group.column_end = (g + 1) * tm.dim / groups;
     group.server = servers[g];
-    group.load = WholeUnitLoad(tm, group.column_begin, group.column_end, m.num_slots);
+    group.load = WholeUnitLoad(tm, group.column_begin, group.column_end);
     // A group is its own table on that server: its fixed index bytes too.
     Load fixed;
     fixed.index_bytes = FixedTableBytes(m.num_slots);
@@ -88,9 +88,14 @@ const char* ShardingTypeName(v1::ShardingType type) {
   }
 }
 
-Partition::Partition(const Model& model) : model_(model), loads_(model.servers.size()) {
-  for (Load& l : loads_) {
-    l.index_bytes = FixedTableBytes(model.num_slots) * model.tables.size();
+Partition::Partition(const Model& model)
+    : model_(model),
+      loads_(model.servers.size()),
+      steps_(model.servers.size()),
+      memory_use_(model.servers.size()) {
+  for (size_t s = 0; s < loads_.size(); ++s) {
+    loads_[s].index_bytes = FixedTableBytes(model.num_slots) * model.tables.size();
+    Refresh(static_cast<int>(s));
   }
 }
 
@@ -121,49 +126,54 @@ std::pair<double, int> Partition::Shortfall(const Placement& p) const {
 }
 
 std::pair<double, double> Partition::StepAfter(const Placement& p) const {
-  double all = 0, touched = 0;
-  for (size_t s = 0; s < loads_.size(); ++s) {
-    Load l = loads_[s];
-    bool hit = false;
-    for (const auto& [ps, pl] : p.parts) {
-      if (ps == static_cast<int>(s)) {
-        l += pl;
-        hit = true;
-      }
-    }
-    const double step = StepTimeOf(l, model_.servers[s]).step_seconds;
-    all = std::max(all, step);
-    if (hit) touched = std::max(touched, step);
+  std::vector<char> touched(loads_.size(), 0);
+  double touched_max = 0;
+  for (const auto& [s, l] : p.parts) {
+    touched[s] = 1;
+    Load after = loads_[s];
+    after += l;
+    touched_max = std::max(touched_max, StepTimeOf(after, model_.servers[s]).step_seconds);
   }
-  return {all, touched};
+  double all = touched_max;
+  for (size_t s = 0; s < loads_.size(); ++s) {
+    if (!touched[s]) all = std::max(all, steps_[s]);
+  }
+  return {all, touched_max};
 }
 
 double Partition::MaxMemoryUseAfter(const Placement& p) const {
+  std::vector<char> touched(loads_.size(), 0);
   double worst = 0;
+  for (const auto& [s, l] : p.parts) {
+    touched[s] = 1;
+    worst = std::max(worst, (loads_[s].bytes_stored() + l.bytes_stored()) /
+                                static_cast<double>(model_.servers[s].usable_bytes));
+  }
   for (size_t s = 0; s < loads_.size(); ++s) {
-    double bytes = loads_[s].bytes_stored();
-    for (const auto& [ps, pl] : p.parts) {
-      if (ps == static_cast<int>(s)) bytes += pl.bytes_stored();
-    }
-    worst = std::max(worst, bytes / static_cast<double>(model_.servers[s].usable_bytes));
+    if (!touched[s]) worst = std::max(worst, memory_use_[s]);
   }
   return worst;
 }
 
 void Partition::Apply(const Placement& p) {
-  for (const auto& [s, l] : p.parts) loads_[s] += l;
+  for (const auto& [s, l] : p.parts) {
+    loads_[s] += l;
+    Refresh(s);
+  }
+}
+
+void Partition::Refresh(int s) {
+  steps_[s] = StepTimeOf(loads_[s], model_.servers[s]).step_seconds;
+  memory_use_[s] =
+      loads_[s].bytes_stored() / static_cast<double>(model_.servers[s].usable_bytes);
 }
 
 double Partition::MaxStep() const {
-  double worst = 0;
-  for (size_t s = 0; s < loads_.size(); ++s) {
-    worst = std::max(worst, StepTimeOf(loads_[s], model_.servers[s]).step_seconds);
-  }
-  return worst;
+  return steps_.empty() ? 0 : *std::max_element(steps_.begin(), steps_.end());
 }
 
 double Partition::MaxMemoryUse() const {
-  return MaxMemoryUseAfter(Placement{});
+  return memory_use_.empty() ? 0 : *std::max_element(memory_use_.begin(), memory_use_.end());
 }
 
 std::vector<uint32_t> GlobalSlotOwner(const Model& m) {
@@ -236,7 +246,7 @@ Proposal ProposeGreedy(const Model& m, GreedyOrder order, uint32_t types,
   std::iota(tables.begin(), tables.end(), 0);
   std::vector<double> weight(m.tables.size());
   for (size_t t = 0; t < m.tables.size(); ++t) {
-    const Load whole = WholeUnitLoad(m.tables[t], 0, m.tables[t].dim, m.num_slots);
+    const Load whole = WholeUnitLoad(m.tables[t], 0, m.tables[t].dim);
     weight[t] = order == GreedyOrder::kBytes ? whole.bytes_stored()
                                              : whole.lookup_bytes + whole.update_bytes;
   }

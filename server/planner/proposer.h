@@ -63,8 +63,13 @@ class Partition {
   double MaxMemoryUse() const;
 
  private:
+  void Refresh(int server);
+
   const Model& model_;
   std::vector<Load> loads_;
+  // Per server: step seconds and memory use of loads_ (kept with Apply).
+  std::vector<double> steps_;
+  std::vector<double> memory_use_;
 };
 
 // The plan's global slot layout: slot s belongs to server s * N / S.

@@ -21,8 +21,10 @@ constexpr uint32_t kDefaultNumSlots = 4096;
 // recps-shard's --max_rows_per_table default.
 constexpr int64_t kDefaultMaxRowsPerTable = int64_t{1} << 26;
 // Fixed tables up to this many rows are hashed id by id, so row-wise
-// placement of a small table sees its real (uneven) spread over slots.
-constexpr int64_t kExactSlotCountRows = int64_t{1} << 20;
+// placement of a small table sees its real (uneven) spread over slots;
+// larger ones spread evenly to well under 1%, and hashing every id of many
+// large tables would make planning slow.
+constexpr int64_t kExactSlotCountRows = int64_t{1} << 16;
 
 absl::Status BadServer(int i, const v1::ServerSpec& s, absl::string_view what) {
   return absl::InvalidArgumentError(
@@ -250,6 +252,16 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     }
     tm.index_bytes_per_slot = ExpectedIndexBytesPerSlot(
         static_cast<double>(tm.rows) / m.num_slots);
+    tm.index_bytes = tm.index_bytes_per_slot * m.num_slots;
+    if (!tm.rows_per_slot.empty()) {
+      tm.index_bytes = 0;
+      tm.index_bytes_of_slot.resize(m.num_slots);
+      for (uint32_t s = 0; s < m.num_slots; ++s) {
+        tm.index_bytes_of_slot[s] =
+            static_cast<double>(server::HostIndexBytesForRows(tm.rows_per_slot[s]));
+        tm.index_bytes += tm.index_bytes_of_slot[s];
+      }
+    }
   }
   return m;
 }

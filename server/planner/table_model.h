@@ -40,8 +40,12 @@ struct TableModel {
   // Small fixed tables: rows in each slot, exactly (num_slots entries);
   // otherwise empty and rows spread evenly over slots.
   std::vector<int64_t> rows_per_slot;
+  // With rows_per_slot: the index bytes of each slot's map, exactly.
+  std::vector<double> index_bytes_of_slot;
   // Expected index bytes one slot's map allocates (rows spread evenly).
   double index_bytes_per_slot = 0;
+  // Index bytes of the whole table (all slots).
+  double index_bytes = 0;
   v1::ShardingType pinned_type = v1::SHARDING_TYPE_UNSPECIFIED;
   // Servers the table may use (indices; all unless pinned).
   std::vector<int> allowed_servers;

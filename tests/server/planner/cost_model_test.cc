@@ -70,12 +70,13 @@ TableModel Table(int64_t rows, int dim, double ids_per_step) {
   t.ids_per_step = ids_per_step;
   t.num_workers = 2;
   t.index_bytes_per_slot = ExpectedIndexBytesPerSlot(static_cast<double>(rows) / 16);
+  t.index_bytes = t.index_bytes_per_slot * 16;
   return t;
 }
 
 TEST(CostModel, UnitLoadSplitsRowsAndTrafficBySlots) {
   const TableModel t = Table(1600, 8, 1000);
-  const Load whole = WholeUnitLoad(t, 0, 8, 16);
+  const Load whole = WholeUnitLoad(t, 0, 8);
   EXPECT_DOUBLE_EQ(whole.rows, 1600);
   EXPECT_DOUBLE_EQ(whole.weight_bytes, 1600 * 32);
   EXPECT_DOUBLE_EQ(whole.optimizer_bytes, 0);
@@ -89,7 +90,7 @@ TEST(CostModel, UnitLoadSplitsRowsAndTrafficBySlots) {
   EXPECT_DOUBLE_EQ(quarter.lookup_ids, 250);
   EXPECT_NEAR(quarter.index_bytes, whole.index_bytes / 4, 1e-6);
   // A column group moves its own columns and every id.
-  const Load half_cols = WholeUnitLoad(t, 0, 4, 16);
+  const Load half_cols = WholeUnitLoad(t, 0, 4);
   EXPECT_DOUBLE_EQ(half_cols.weight_bytes, 1600 * 16);
   EXPECT_DOUBLE_EQ(half_cols.lookup_bytes, 1000 * (8 + 16));
 }

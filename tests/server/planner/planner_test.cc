@@ -328,6 +328,24 @@ TEST(Planner, InputFromJobTakesPoolingAndIdSpaceFromItsData) {
   EXPECT_EQ(TableIn(*plan, "item").estimate().rows(), 500);
 }
 
+TEST(Planner, ManyTablesOnManyServersFitAndUseEveryServer) {
+  PlannerInput in;
+  for (int i = 0; i < 300; ++i) {
+    in.tables.push_back(Table(absl::StrCat("t", i), 16 << (i % 3), i % 2 ? 50000 : 0,
+                              i % 4 ? v1::OptimizerConfig::ROWWISE_ADAGRAD
+                                    : v1::OptimizerConfig::ADAM));
+    if (i % 2 == 0) Hint(in, absl::StrCat("t", i)).set_expected_distinct_ids(100000 * (i % 7 + 1));
+  }
+  in.topology = Servers(32, 1024 * kMiB);
+  in.topology.set_num_slots(4096);
+  absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ExpectFits(*plan);
+  for (const v1::ServerEstimate& s : plan->server_estimates()) {
+    EXPECT_GT(s.load().rows(), 0) << s.address();
+  }
+}
+
 TEST(Planner, TheExampleSpecPlansTheSmallJob) {
   v1::JobConfig job;
   v1::PlanSpec spec;
