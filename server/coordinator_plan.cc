@@ -16,9 +16,9 @@ constexpr char kPlanKey[] = "plan";
 
 // The topology for `servers`: each address's ServerSpec from the spec, or
 // the spec's entry without an address (the default for every server).
-absl::StatusOr<v1::Topology> TopologyFor(const v1::PlanSpec& spec,
-                                         const std::vector<std::string>& servers,
-                                         const v1::JobConfig& job, uint32_t num_slots) {
+absl::StatusOr<v1::Topology> TopologyFor(
+    const v1::PlanSpec& spec, const std::vector<std::string>& servers,
+    const v1::JobConfig& job, uint32_t num_slots) {
   const v1::Topology& given = spec.topology();
   const v1::ServerSpec* fallback = nullptr;
   for (const v1::ServerSpec& s : given.servers()) {
@@ -32,9 +32,9 @@ absl::StatusOr<v1::Topology> TopologyFor(const v1::PlanSpec& spec,
       if (s.address() == address) found = &s;
     }
     if (found == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "plan spec: no servers entry for ", address,
-          " and no default (an entry without address)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan spec: no servers entry for ", address,
+                       " and no default (an entry without address)"));
     }
     v1::ServerSpec* s = topo.add_servers();
     *s = *found;
@@ -52,20 +52,23 @@ absl::StatusOr<v1::ShardMap> Coordinator::BuildPlannedMap(
     const std::vector<std::string>& servers) {
   if (!has_job_) {
     return absl::FailedPreconditionError(
-        "planning needs the job's tables: start the coordinator with --job=FILE");
+        "planning needs the job's tables: start the coordinator with "
+        "--job=FILE");
   }
   v1::PlanSpec spec = *options_.plan_spec;
   ASSIGN_OR_RETURN(*spec.mutable_topology(),
                    TopologyFor(spec, servers, job_, options_.num_slots));
-  ASSIGN_OR_RETURN(v1::ShardingPlan plan,
-                   planner::PlanSharding(planner::PlannerInputFromJob(job_, spec)));
+  ASSIGN_OR_RETURN(
+      v1::ShardingPlan plan,
+      planner::PlanSharding(planner::PlannerInputFromJob(job_, spec)));
   plan.set_plan_id(plan_.plan_id() + 1);
   ASSIGN_OR_RETURN(v1::ShardMap map, planner::PlanToShardMap(plan, 1));
   RETURN_IF_ERROR(store_->Put(kPlanKey, plan.SerializeAsString()));
   plan_ = std::move(plan);
   plan_error_.clear();
-  LogInfo("planned the shard map (plan ", plan_.plan_id(), ", ", plan_.proposer(),
-          "): predicted step ", plan_.predicted_step_seconds() * 1e3, " ms\n",
+  LogInfo("planned the shard map (plan ", plan_.plan_id(), ", ",
+          plan_.proposer(), "): predicted step ",
+          plan_.predicted_step_seconds() * 1e3, " ms\n",
           planner::FormatPlan(plan_));
   return map;
 }
@@ -75,7 +78,8 @@ absl::Status Coordinator::LoadPlan() {
   if (absl::IsNotFound(stored.status())) return absl::OkStatus();
   RETURN_IF_ERROR(stored.status());
   if (!plan_.ParseFromString(*stored)) {
-    return absl::DataLossError(absl::StrCat("coordinator state in ", store_->path(),
+    return absl::DataLossError(absl::StrCat("coordinator state in ",
+                                            store_->path(),
                                             ": the stored plan is malformed"));
   }
   return absl::OkStatus();
@@ -86,14 +90,17 @@ absl::StatusOr<v1::ShardingPlan> Coordinator::GetPlan() const {
   if (plan_.plan_id() != 0) return plan_;
   if (!options_.plan_spec.has_value()) {
     return absl::NotFoundError(
-        "no sharding plan: the coordinator builds a uniform row-wise map (start it "
+        "no sharding plan: the coordinator builds a uniform row-wise map "
+        "(start it "
         "with --plan_spec=FILE to plan)");
   }
   if (!plan_error_.empty()) {
-    return absl::UnavailableError(absl::StrCat("the sharding planner failed: ", plan_error_));
+    return absl::UnavailableError(
+        absl::StrCat("the sharding planner failed: ", plan_error_));
   }
   return absl::UnavailableError(
-      "no plan yet: the coordinator plans once enough shard servers registered");
+      "no plan yet: the coordinator plans once enough shard servers "
+      "registered");
 }
 
 }  // namespace recps::server

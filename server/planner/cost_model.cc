@@ -25,8 +25,8 @@ int64_t StoredRowBytes(kernels::OptimizerKind optimizer, int width,
   // The store pads fused rows to 4 floats (kernels::FusedRowStride).
   const int64_t fp32 = kernels::FusedRowStride(optimizer, width) * 4;
   if (precision != v1::FP16) return fp32;
-  const int64_t used = WeightRowBytes(width, precision) +
-                       (fp32 - int64_t{width} * 4);
+  const int64_t used =
+      WeightRowBytes(width, precision) + (fp32 - int64_t{width} * 4);
   return (used + 15) / 16 * 16;
 }
 
@@ -99,7 +99,8 @@ Load WholeUnitLoad(const TableModel& t, int column_begin, int column_end) {
 
 StepTime StepTimeOf(const Load& load, const ServerModel& server) {
   StepTime s;
-  s.network_seconds = (load.lookup_bytes + load.update_bytes) / server.network_bytes_per_s;
+  s.network_seconds =
+      (load.lookup_bytes + load.update_bytes) / server.network_bytes_per_s;
   s.compute_seconds = load.rows_touched * server.row_seconds +
                       load.table_parts * server.table_request_seconds;
   s.step_seconds = std::max(s.network_seconds, s.compute_seconds);
@@ -126,7 +127,8 @@ std::string HumanBytes(double b) {
     b /= 1024;
     ++u;
   }
-  return u == 0 ? absl::StrFormat("%.0f B", b) : absl::StrFormat("%.2f %s", b, units[u]);
+  return u == 0 ? absl::StrFormat("%.0f B", b)
+                : absl::StrFormat("%.2f %s", b, units[u]);
 }
 
 }  // namespace recps::planner

@@ -27,13 +27,15 @@ struct Load {
   double weight_bytes = 0;
   double optimizer_bytes = 0;
   double index_bytes = 0;
-  double lookup_ids = 0;     // per step, all workers
-  double lookup_bytes = 0;   // per step
-  double update_bytes = 0;   // per step
-  double rows_touched = 0;   // per step: lookups + updates
-  double table_parts = 0;    // per step: table parts of requests served
+  double lookup_ids = 0;    // per step, all workers
+  double lookup_bytes = 0;  // per step
+  double update_bytes = 0;  // per step
+  double rows_touched = 0;  // per step: lookups + updates
+  double table_parts = 0;   // per step: table parts of requests served
 
-  double bytes_stored() const { return weight_bytes + optimizer_bytes + index_bytes; }
+  double bytes_stored() const {
+    return weight_bytes + optimizer_bytes + index_bytes;
+  }
   Load& operator+=(const Load& o);
 };
 

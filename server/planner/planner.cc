@@ -33,9 +33,9 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   const int64_t row_bytes = StoredRowBytes(tm.optimizer, tm.dim, tm.precision);
 
   std::string msg = absl::StrCat(
-      "table '", tm.name, "' does not fit: it needs ", HumanBytes(whole.bytes_stored()),
-      " (", tm.rows, " rows of ", row_bytes, " B, ", HumanBytes(whole.index_bytes),
-      " of index)");
+      "table '", tm.name, "' does not fit: it needs ",
+      HumanBytes(whole.bytes_stored()), " (", tm.rows, " rows of ", row_bytes,
+      " B, ", HumanBytes(whole.index_bytes), " of index)");
   if (tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED) {
     absl::StrAppend(&msg, ", pinned ", ShardingTypeName(tm.pinned_type));
   }
@@ -47,18 +47,21 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   if (short_bytes <= 0 && !partition.RowsFit(best)) {
     // Memory would do; the servers' row cap for dynamic tables does not.
     int64_t cap = 0;
-    for (const ServerModel& s : m.servers) cap = std::max(cap, s.max_rows_per_table);
+    for (const ServerModel& s : m.servers)
+      cap = std::max(cap, s.max_rows_per_table);
     return absl::ResourceExhaustedError(absl::StrCat(
         msg, "; its best placement (", ShardingTypeName(best.type),
         ") puts more rows on a server than its max_rows_per_table (", cap,
         ") allows. To fit: raise recps-shard --max_rows_per_table (and the "
-        "topology's max_rows_per_table), spread it row-wise over more servers, or "
+        "topology's max_rows_per_table), spread it row-wise over more servers, "
+        "or "
         "drop its pinned type or servers"));
   }
   const ServerModel& sm = m.servers[server];
   absl::StrAppend(&msg, "; its best placement (", ShardingTypeName(best.type),
-                  ") leaves server ", sm.address, " short by ", HumanBytes(short_bytes),
-                  " (", HumanBytes(static_cast<double>(sm.usable_bytes)), " usable, ",
+                  ") leaves server ", sm.address, " short by ",
+                  HumanBytes(short_bytes), " (",
+                  HumanBytes(static_cast<double>(sm.usable_bytes)), " usable, ",
                   HumanBytes(partition.loads()[server].bytes_stored()),
                   " taken by other tables)");
 
@@ -73,22 +76,25 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
     largest = std::max(largest, static_cast<double>(s.usable_bytes));
   }
   std::vector<std::string> fixes;
-  const int more = std::max(1, static_cast<int>(std::ceil((need - have) / largest)));
-  fixes.push_back(absl::StrCat("add ", need > have ? "at least " : "", more,
-                               " more server(s) of ", HumanBytes(largest),
-                               " usable (the job needs ", HumanBytes(need), ", the ",
-                               m.servers.size(), " servers have ", HumanBytes(have), ")"));
+  const int more =
+      std::max(1, static_cast<int>(std::ceil((need - have) / largest)));
+  fixes.push_back(absl::StrCat(
+      "add ", need > have ? "at least " : "", more, " more server(s) of ",
+      HumanBytes(largest), " usable (the job needs ", HumanBytes(need),
+      ", the ", m.servers.size(), " servers have ", HumanBytes(have), ")"));
   if ((tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED &&
        tm.pinned_type != v1::ROW_WISE) ||
       tm.servers_pinned) {
-    fixes.push_back(absl::StrCat(
-        "let it go row-wise over all servers (drop its pinned ",
-        tm.servers_pinned ? "servers" : "type", ")"));
+    fixes.push_back(
+        absl::StrCat("let it go row-wise over all servers (drop its pinned ",
+                     tm.servers_pinned ? "servers" : "type", ")"));
   }
   if (tm.precision != v1::FP16) {
-    const double saved = static_cast<double>(tm.rows) *
-                         (row_bytes - StoredRowBytes(tm.optimizer, tm.dim, v1::FP16));
-    fixes.push_back(absl::StrCat("store it as FP16 (saves ", HumanBytes(saved), ")"));
+    const double saved =
+        static_cast<double>(tm.rows) *
+        (row_bytes - StoredRowBytes(tm.optimizer, tm.dim, v1::FP16));
+    fixes.push_back(
+        absl::StrCat("store it as FP16 (saves ", HumanBytes(saved), ")"));
   }
   if (m.memory_reserve_fraction > 0) {
     fixes.push_back(absl::StrCat("lower memory_reserve_fraction (",
@@ -106,7 +112,8 @@ v1::ShardingPlan ToPlan(const Model& m, const Proposal& best) {
   const std::vector<uint32_t> global = GlobalSlotOwner(m);
   plan.mutable_slot_owner()->Add(global.begin(), global.end());
   std::vector<Load> loads(m.servers.size());
-  for (Load& l : loads) l.index_bytes = FixedTableBytes(m.num_slots) * m.tables.size();
+  for (Load& l : loads)
+    l.index_bytes = FixedTableBytes(m.num_slots) * m.tables.size();
   int64_t total_rows = 0;
   for (const Placement& p : best.placements) {
     const TableModel& tm = m.tables[p.table];
@@ -115,7 +122,8 @@ v1::ShardingPlan ToPlan(const Model& m, const Proposal& best) {
     tp->set_dim(tm.dim);
     tp->set_type(p.type);
     tp->set_precision(tm.precision);
-    if (p.type == v1::TABLE_WISE) tp->set_server(static_cast<uint32_t>(p.server));
+    if (p.type == v1::TABLE_WISE)
+      tp->set_server(static_cast<uint32_t>(p.server));
     tp->mutable_slot_owner()->Add(p.slot_owner.begin(), p.slot_owner.end());
     for (const Placement::Group& g : p.groups) {
       v1::ColumnGroupPlan* gp = tp->add_column_groups();
@@ -168,18 +176,20 @@ absl::StatusOr<v1::ShardingPlan> PlanSharding(const PlannerInput& input) {
                                     "greedy-by-bytes"));
   proposals.push_back(ProposeGreedy(model, GreedyOrder::kTraffic, kAllTypes, n,
                                     "greedy-by-traffic"));
-  proposals.push_back(ProposeGreedy(model, GreedyOrder::kBytes, 1u << v1::ROW_WISE, n,
+  proposals.push_back(ProposeGreedy(model, GreedyOrder::kBytes,
+                                    1u << v1::ROW_WISE, n,
                                     "row-wise-everywhere"));
   // The k busiest tables choose freely, the rest stay whole where they fit.
   for (int k = 0; k < n; k = k == 0 ? 1 : k * 2) {
-    proposals.push_back(ProposeGreedy(model, GreedyOrder::kTraffic, kAllTypes, k,
-                                      absl::StrCat("table-wise-after-", k)));
+    proposals.push_back(ProposeGreedy(model, GreedyOrder::kTraffic, kAllTypes,
+                                      k, absl::StrCat("table-wise-after-", k)));
   }
   const Proposal* best = nullptr;
   for (const Proposal& p : proposals) {
     if (p.failed_table >= 0) continue;
     if (best == nullptr || p.max_step < best->max_step ||
-        (p.max_step == best->max_step && p.max_memory_use < best->max_memory_use)) {
+        (p.max_step == best->max_step &&
+         p.max_memory_use < best->max_memory_use)) {
       best = &p;
     }
   }
@@ -187,7 +197,8 @@ absl::StatusOr<v1::ShardingPlan> PlanSharding(const PlannerInput& input) {
   return ToPlan(model, *best);
 }
 
-PlannerInput PlannerInputFromJob(const v1::JobConfig& job, const v1::PlanSpec& spec) {
+PlannerInput PlannerInputFromJob(const v1::JobConfig& job,
+                                 const v1::PlanSpec& spec) {
   PlannerInput in;
   in.tables.assign(job.tables().begin(), job.tables().end());
   in.hints.assign(spec.hints().begin(), spec.hints().end());
@@ -207,8 +218,10 @@ PlannerInput PlannerInputFromJob(const v1::JobConfig& job, const v1::PlanSpec& s
       bag = std::max(1.0, (sf.min_ids_per_bag() + sf.max_ids_per_bag()) / 2.0);
       distinct[table] = std::max(distinct[table], sf.id_space());
     }
-    if (job.data().has_criteo() && f < job.data().criteo().hash_buckets_size()) {
-      distinct[table] = std::max(distinct[table], job.data().criteo().hash_buckets(f));
+    if (job.data().has_criteo() &&
+        f < job.data().criteo().hash_buckets_size()) {
+      distinct[table] =
+          std::max(distinct[table], job.data().criteo().hash_buckets(f));
     }
     pooling[table] += bag;
   }
@@ -216,7 +229,8 @@ PlannerInput PlannerInputFromJob(const v1::JobConfig& job, const v1::PlanSpec& s
     if (auto it = pooling.find(t.name()); it != pooling.end()) {
       in.default_pooling.emplace_back(t.name(), it->second);
     }
-    if (auto it = distinct.find(t.name()); it != distinct.end() && it->second > 0) {
+    if (auto it = distinct.find(t.name());
+        it != distinct.end() && it->second > 0) {
       in.default_distinct_ids.emplace_back(t.name(), it->second);
     }
   }
@@ -226,9 +240,11 @@ PlannerInput PlannerInputFromJob(const v1::JobConfig& job, const v1::PlanSpec& s
 absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
                                             uint64_t epoch) {
   if (plan.format_version() > kPlanFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "plan format_version ", plan.format_version(), " is newer than this "
-        "binary understands (", kPlanFormatVersion, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("plan format_version ",
+                                                   plan.format_version(),
+                                                   " is newer than this "
+                                                   "binary understands (",
+                                                   kPlanFormatVersion, ")"));
   }
   v1::ShardMap map;
   map.set_epoch(epoch);
@@ -238,7 +254,8 @@ absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
   for (const v1::TablePlan& t : plan.tables()) {
     if (t.precision() == v1::FP16) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "table '", t.table(), "' is planned with FP16 storage: shard servers "
+          "table '", t.table(),
+          "' is planned with FP16 storage: shard servers "
           "store float32 only, so FP16 plans are planned-only for now; plan it "
           "as FP32"));
     }
@@ -258,12 +275,13 @@ absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
         break;
       case v1::COLUMN_WISE:
         return absl::FailedPreconditionError(absl::StrCat(
-            "table '", t.table(), "' is planned column-wise: column-wise plans "
+            "table '", t.table(),
+            "' is planned column-wise: column-wise plans "
             "are planned-only for now (the data plane does not split rows); "
             "pin it to ROW_WISE or TABLE_WISE to apply the plan"));
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "plan: table '", t.table(), "' has no sharding type"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("plan: table '", t.table(), "' has no sharding type"));
     }
   }
   if (absl::Status s = ShardMap::FromProto(map).status(); !s.ok()) {

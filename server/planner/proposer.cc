@@ -55,7 +55,8 @@ Placement RowWise(const Model& m, int t) {
   return p;
 }
 
-Placement ColumnWise(const Model& m, int t, int groups, const std::vector<int>& servers) {
+Placement ColumnWise(const Model& m, int t, int groups,
+                     const std::vector<int>& servers) {
   const TableModel& tm = m.tables[t];
   Placement p;
   p.table = t;
@@ -81,10 +82,14 @@ Placement ColumnWise(const Model& m, int t, int groups, const std::vector<int>& 
 
 const char* ShardingTypeName(v1::ShardingType type) {
   switch (type) {
-    case v1::TABLE_WISE: return "table-wise";
-    case v1::ROW_WISE: return "row-wise";
-    case v1::COLUMN_WISE: return "column-wise";
-    default: return "unspecified";
+    case v1::TABLE_WISE:
+      return "table-wise";
+    case v1::ROW_WISE:
+      return "row-wise";
+    case v1::COLUMN_WISE:
+      return "column-wise";
+    default:
+      return "unspecified";
   }
 }
 
@@ -94,7 +99,8 @@ Partition::Partition(const Model& model)
       steps_(model.servers.size()),
       memory_use_(model.servers.size()) {
   for (size_t s = 0; s < loads_.size(); ++s) {
-    loads_[s].index_bytes = FixedTableBytes(model.num_slots) * model.tables.size();
+    loads_[s].index_bytes =
+        FixedTableBytes(model.num_slots) * model.tables.size();
     Refresh(static_cast<int>(s));
   }
 }
@@ -106,7 +112,8 @@ bool Partition::Fits(const Placement& p) const {
 bool Partition::RowsFit(const Placement& p) const {
   if (p.table < 0 || !model_.tables[p.table].dynamic) return true;
   for (const auto& [s, l] : p.parts) {
-    if (l.rows > static_cast<double>(model_.servers[s].max_rows_per_table)) return false;
+    if (l.rows > static_cast<double>(model_.servers[s].max_rows_per_table))
+      return false;
   }
   return true;
 }
@@ -132,7 +139,8 @@ std::pair<double, double> Partition::StepAfter(const Placement& p) const {
     touched[s] = 1;
     Load after = loads_[s];
     after += l;
-    touched_max = std::max(touched_max, StepTimeOf(after, model_.servers[s]).step_seconds);
+    touched_max = std::max(touched_max,
+                           StepTimeOf(after, model_.servers[s]).step_seconds);
   }
   double all = touched_max;
   for (size_t s = 0; s < loads_.size(); ++s) {
@@ -146,8 +154,9 @@ double Partition::MaxMemoryUseAfter(const Placement& p) const {
   double worst = 0;
   for (const auto& [s, l] : p.parts) {
     touched[s] = 1;
-    worst = std::max(worst, (loads_[s].bytes_stored() + l.bytes_stored()) /
-                                static_cast<double>(model_.servers[s].usable_bytes));
+    worst = std::max(worst,
+                     (loads_[s].bytes_stored() + l.bytes_stored()) /
+                         static_cast<double>(model_.servers[s].usable_bytes));
   }
   for (size_t s = 0; s < loads_.size(); ++s) {
     if (!touched[s]) worst = std::max(worst, memory_use_[s]);
@@ -164,8 +173,8 @@ void Partition::Apply(const Placement& p) {
 
 void Partition::Refresh(int s) {
   steps_[s] = StepTimeOf(loads_[s], model_.servers[s]).step_seconds;
-  memory_use_[s] =
-      loads_[s].bytes_stored() / static_cast<double>(model_.servers[s].usable_bytes);
+  memory_use_[s] = loads_[s].bytes_stored() /
+                   static_cast<double>(model_.servers[s].usable_bytes);
 }
 
 double Partition::MaxStep() const {
@@ -173,7 +182,9 @@ double Partition::MaxStep() const {
 }
 
 double Partition::MaxMemoryUse() const {
-  return memory_use_.empty() ? 0 : *std::max_element(memory_use_.begin(), memory_use_.end());
+  return memory_use_.empty()
+             ? 0
+             : *std::max_element(memory_use_.begin(), memory_use_.end());
 }
 
 std::vector<uint32_t> GlobalSlotOwner(const Model& m) {
@@ -189,7 +200,8 @@ std::vector<Placement> EnumeratePlacements(const Model& m, int t,
                                            const Partition& partition,
                                            uint32_t types) {
   const TableModel& tm = m.tables[t];
-  if (tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED) types = 1u << tm.pinned_type;
+  if (tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED)
+    types = 1u << tm.pinned_type;
   std::vector<Placement> out;
   if (types & (1u << v1::TABLE_WISE)) {
     for (int s : tm.allowed_servers) out.push_back(TableWise(m, t, s));
@@ -247,8 +259,9 @@ Proposal ProposeGreedy(const Model& m, GreedyOrder order, uint32_t types,
   std::vector<double> weight(m.tables.size());
   for (size_t t = 0; t < m.tables.size(); ++t) {
     const Load whole = WholeUnitLoad(m.tables[t], 0, m.tables[t].dim);
-    weight[t] = order == GreedyOrder::kBytes ? whole.bytes_stored()
-                                             : whole.lookup_bytes + whole.update_bytes;
+    weight[t] = order == GreedyOrder::kBytes
+                    ? whole.bytes_stored()
+                    : whole.lookup_bytes + whole.update_bytes;
   }
   std::stable_sort(tables.begin(), tables.end(),
                    [&](int a, int b) { return weight[a] > weight[b]; });
@@ -264,7 +277,8 @@ Proposal ProposeGreedy(const Model& m, GreedyOrder order, uint32_t types,
     // Table-wise first for the tables past free_tables; all types else, or
     // when no table-wise placement fits.
     std::vector<uint32_t> passes;
-    if (static_cast<int>(rank) >= free_tables && (types & (1u << v1::TABLE_WISE))) {
+    if (static_cast<int>(rank) >= free_tables &&
+        (types & (1u << v1::TABLE_WISE))) {
       passes.push_back(1u << v1::TABLE_WISE);
     }
     passes.push_back(types);

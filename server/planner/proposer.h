@@ -111,8 +111,8 @@ Proposal ProposeGreedy(const Model& model, GreedyOrder order, uint32_t types,
 
 // Best placements of one table if it were placed into `partition`: used to
 // explain a failure.
-Placement LeastShortPlacement(const Model& model, int t, const Partition& partition,
-                              uint32_t types);
+Placement LeastShortPlacement(const Model& model, int t,
+                              const Partition& partition, uint32_t types);
 
 const char* ShardingTypeName(v1::ShardingType type);
 

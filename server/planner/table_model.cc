@@ -50,8 +50,10 @@ double ExpectedIndexBytesPerSlot(double mean_rows) {
   const auto hi = static_cast<int64_t>(mean_rows + spread);
   double bytes = 0;
   for (int64_t k = lo; k <= hi; ++k) {
-    const double log_p = k * std::log(mean_rows) - mean_rows - std::lgamma(k + 1.0);
-    bytes += std::exp(log_p) * static_cast<double>(server::HostIndexBytesForRows(k));
+    const double log_p =
+        k * std::log(mean_rows) - mean_rows - std::lgamma(k + 1.0);
+    bytes +=
+        std::exp(log_p) * static_cast<double>(server::HostIndexBytesForRows(k));
   }
   return bytes;
 }
@@ -70,10 +72,11 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     return absl::InvalidArgumentError(absl::StrCat(
         "topology: batch_size is ", topo.batch_size(), "; it must be >= 1"));
   }
-  if (!(input.memory_reserve_fraction >= 0 && input.memory_reserve_fraction < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory_reserve_fraction is ", input.memory_reserve_fraction,
-        "; it must be in [0, 1)"));
+  if (!(input.memory_reserve_fraction >= 0 &&
+        input.memory_reserve_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_reserve_fraction is ",
+                     input.memory_reserve_fraction, "; it must be in [0, 1)"));
   }
   m.num_slots = topo.num_slots() == 0 ? kDefaultNumSlots : topo.num_slots();
   m.num_workers = topo.num_workers();
@@ -87,38 +90,45 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
       return BadServer(i, s, "address listed twice");
     }
     if (s.memory_bytes() <= 0) {
-      return BadServer(i, s, absl::StrCat("memory_bytes is ", s.memory_bytes(),
-                                          "; it must be > 0"));
+      return BadServer(i, s,
+                       absl::StrCat("memory_bytes is ", s.memory_bytes(),
+                                    "; it must be > 0"));
     }
     if (s.network_bytes_per_s() < 0 || s.row_seconds() < 0 ||
         s.table_request_seconds() < 0) {
-      return BadServer(i, s, "network_bytes_per_s, row_seconds and "
-                             "table_request_seconds must be >= 0 (0: default)");
+      return BadServer(i, s,
+                       "network_bytes_per_s, row_seconds and "
+                       "table_request_seconds must be >= 0 (0: default)");
     }
     ServerModel sm;
     sm.address = s.address();
-    sm.usable_bytes = static_cast<int64_t>(static_cast<double>(s.memory_bytes()) *
-                                           (1 - input.memory_reserve_fraction));
-    sm.network_bytes_per_s = s.network_bytes_per_s() > 0 ? s.network_bytes_per_s()
-                                                         : kDefaultNetworkBytesPerS;
-    sm.row_seconds = s.row_seconds() > 0 ? s.row_seconds()
+    sm.usable_bytes =
+        static_cast<int64_t>(static_cast<double>(s.memory_bytes()) *
+                             (1 - input.memory_reserve_fraction));
+    sm.network_bytes_per_s = s.network_bytes_per_s() > 0
+                                 ? s.network_bytes_per_s()
+                                 : kDefaultNetworkBytesPerS;
+    sm.row_seconds = s.row_seconds() > 0     ? s.row_seconds()
                      : s.device() == v1::GPU ? kDefaultGpuRowSeconds
                                              : kDefaultCpuRowSeconds;
     if (s.max_rows_per_table() < 0) {
       return BadServer(i, s, "max_rows_per_table must be >= 0 (0: 2^26)");
     }
-    sm.max_rows_per_table = s.max_rows_per_table() > 0 ? s.max_rows_per_table()
-                                                       : kDefaultMaxRowsPerTable;
+    sm.max_rows_per_table = s.max_rows_per_table() > 0
+                                ? s.max_rows_per_table()
+                                : kDefaultMaxRowsPerTable;
     sm.table_request_seconds = s.table_request_seconds() > 0
                                    ? s.table_request_seconds()
                                    : kDefaultTableRequestSeconds;
     m.servers.push_back(std::move(sm));
   }
 
-  if (input.tables.empty()) return absl::InvalidArgumentError("no tables to plan");
+  if (input.tables.empty())
+    return absl::InvalidArgumentError("no tables to plan");
   absl::flat_hash_map<std::string, int> table_index;
   for (size_t t = 0; t < input.tables.size(); ++t) {
-    absl::StatusOr<server::TableSpec> spec = server::TableSpecFromConfig(input.tables[t]);
+    absl::StatusOr<server::TableSpec> spec =
+        server::TableSpecFromConfig(input.tables[t]);
     if (!spec.ok()) return spec.status();
     if (!table_index.emplace(spec->name, static_cast<int>(t)).second) {
       return absl::InvalidArgumentError(
@@ -145,7 +155,8 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     if (hint_of[it->second] != nullptr) return BadHint(h, "given twice");
     hint_of[it->second] = &h;
   }
-  auto lookup_default = [](const auto& pairs, const std::string& name, auto fallback) {
+  auto lookup_default = [](const auto& pairs, const std::string& name,
+                           auto fallback) {
     for (const auto& [n, v] : pairs) {
       if (n == name) return v;
     }
@@ -160,9 +171,10 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     if (h != nullptr && h->pooling_factor() < 0) {
       return BadHint(*h, "pooling_factor must be >= 0 (0: default)");
     }
-    pooling[t] = h != nullptr && h->pooling_factor() > 0
-                     ? h->pooling_factor()
-                     : lookup_default(input.default_pooling, m.tables[t].name, 1.0);
+    pooling[t] =
+        h != nullptr && h->pooling_factor() > 0
+            ? h->pooling_factor()
+            : lookup_default(input.default_pooling, m.tables[t].name, 1.0);
     total_pooling += pooling[t];
   }
 
@@ -176,18 +188,21 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     }
     const int64_t fixed_rows = tm.rows;
     if (h->expected_distinct_ids() > 0) {
-      tm.rows = fixed_rows > 0 ? std::min(fixed_rows, h->expected_distinct_ids())
-                               : h->expected_distinct_ids();
+      tm.rows = fixed_rows > 0
+                    ? std::min(fixed_rows, h->expected_distinct_ids())
+                    : h->expected_distinct_ids();
     } else if (fixed_rows == 0) {
       tm.rows = lookup_default(input.default_distinct_ids, tm.name, int64_t{0});
       if (tm.rows <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", tm.name, "' is dynamic (num_rows 0): give a hint with "
-            "expected_distinct_ids, the rows it will hold"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("table '", tm.name,
+                         "' is dynamic (num_rows 0): give a hint with "
+                         "expected_distinct_ids, the rows it will hold"));
       }
     }
     if (!(h->lookup_share() >= 0 && h->lookup_share() <= 1)) {
-      return BadHint(*h, "lookup_share must be in [0, 1] (0: from the pooling factor)");
+      return BadHint(
+          *h, "lookup_share must be in [0, 1] (0: from the pooling factor)");
     }
     const double per_sample =
         h->lookup_share() > 0 ? h->lookup_share() * total_pooling : pooling[t];
@@ -209,15 +224,18 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     tm.pinned_type = h->pinned_type();
     if (tm.pinned_type < v1::SHARDING_TYPE_UNSPECIFIED ||
         tm.pinned_type > v1::COLUMN_WISE) {
-      return BadHint(*h, absl::StrCat("unknown pinned_type ", h->pinned_type()));
+      return BadHint(*h,
+                     absl::StrCat("unknown pinned_type ", h->pinned_type()));
     }
     if (h->column_groups() < 0 || h->column_groups() == 1) {
-      return BadHint(*h, "column_groups must be 0 (the planner chooses) or >= 2");
+      return BadHint(*h,
+                     "column_groups must be 0 (the planner chooses) or >= 2");
     }
     if (h->column_groups() > 0) {
       if (tm.pinned_type != v1::SHARDING_TYPE_UNSPECIFIED &&
           tm.pinned_type != v1::COLUMN_WISE) {
-        return BadHint(*h, "column_groups is set but the table is pinned to another type");
+        return BadHint(
+            *h, "column_groups is set but the table is pinned to another type");
       }
       if (h->column_groups() > tm.dim) {
         return BadHint(*h, absl::StrCat("column_groups ", h->column_groups(),
@@ -235,30 +253,34 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
           return BadHint(*h, absl::StrCat("pinned server '", address,
                                           "' is not in the topology"));
         }
-        if (seen.insert(it->second).second) tm.allowed_servers.push_back(it->second);
+        if (seen.insert(it->second).second)
+          tm.allowed_servers.push_back(it->second);
       }
       std::sort(tm.allowed_servers.begin(), tm.allowed_servers.end());
       tm.servers_pinned = true;
     }
     if (tm.column_groups > static_cast<int>(tm.allowed_servers.size())) {
-      return BadHint(*h, absl::StrCat("column_groups ", tm.column_groups, " needs as many servers; ",
-                                      tm.allowed_servers.size(), " are allowed"));
+      return BadHint(*h,
+                     absl::StrCat("column_groups ", tm.column_groups,
+                                  " needs as many servers; ",
+                                  tm.allowed_servers.size(), " are allowed"));
     }
-    if (fixed_rows > 0 && tm.rows == fixed_rows && fixed_rows <= kExactSlotCountRows) {
+    if (fixed_rows > 0 && tm.rows == fixed_rows &&
+        fixed_rows <= kExactSlotCountRows) {
       tm.rows_per_slot.assign(m.num_slots, 0);
       for (int64_t id = 0; id < fixed_rows; ++id) {
         ++tm.rows_per_slot[SlotOf(tm.key, id, m.num_slots)];
       }
     }
-    tm.index_bytes_per_slot = ExpectedIndexBytesPerSlot(
-        static_cast<double>(tm.rows) / m.num_slots);
+    tm.index_bytes_per_slot =
+        ExpectedIndexBytesPerSlot(static_cast<double>(tm.rows) / m.num_slots);
     tm.index_bytes = tm.index_bytes_per_slot * m.num_slots;
     if (!tm.rows_per_slot.empty()) {
       tm.index_bytes = 0;
       tm.index_bytes_of_slot.resize(m.num_slots);
       for (uint32_t s = 0; s < m.num_slots; ++s) {
-        tm.index_bytes_of_slot[s] =
-            static_cast<double>(server::HostIndexBytesForRows(tm.rows_per_slot[s]));
+        tm.index_bytes_of_slot[s] = static_cast<double>(
+            server::HostIndexBytesForRows(tm.rows_per_slot[s]));
         tm.index_bytes += tm.index_bytes_of_slot[s];
       }
     }

@@ -35,7 +35,8 @@ hints { table: "item" pinned_type: TABLE_WISE }
 )";
 
 void SetDeadline(grpc::ClientContext* context) {
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(10));
 }
 
 template <typename F>
@@ -52,10 +53,11 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
   TempDir dir;
   const std::string job = dir.WriteFile("job.textproto", kJob);
   const std::string spec = dir.WriteFile("plan.textproto", kSpec);
-  auto coordinator = LocalShard::Start(
-      RECPS_COORDINATOR_BINARY,
-      {"--state_dir=" + dir.path() + "/state", "--num_shards=2", "--num_slots=256",
-       "--job=" + job, "--plan_spec=" + spec, "--tick=20ms"});
+  auto coordinator =
+      LocalShard::Start(RECPS_COORDINATOR_BINARY,
+                        {"--state_dir=" + dir.path() + "/state",
+                         "--num_shards=2", "--num_slots=256", "--job=" + job,
+                         "--plan_spec=" + spec, "--tick=20ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
       (*coordinator)->address(), grpc::InsecureChannelCredentials()));
@@ -94,21 +96,23 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
       grpc::ClientContext context;
       SetDeadline(&context);
       v1::ShardMap map;
-      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map).ok() &&
+      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
+                 .ok() &&
              map.epoch() == 1 && map.tables_size() == 1;
     })) << address;
   }
 
   client::EmbeddingClientOptions options;
   options.rpc_timeout = absl::Seconds(20);
-  auto c = client::EmbeddingClient::Create({{"user", 8}, {"item", 8}},
-                                           client::MakeServerShardMapSource(addresses),
-                                           options);
+  auto c = client::EmbeddingClient::Create(
+      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses),
+      options);
   ASSERT_TRUE(c.ok()) << c.status();
   std::vector<int64_t> ids(1000);
   for (int i = 0; i < 1000; ++i) ids[i] = i;
   std::vector<float> rows(ids.size() * 8);
-  absl::Status s = (*c)->Lookup(0, {{{1, ids, rows.data()}, {0, ids, rows.data()}}});
+  absl::Status s =
+      (*c)->Lookup(0, {{{1, ids, rows.data()}, {0, ids, rows.data()}}});
   ASSERT_TRUE(s.ok()) << s;
 
   for (const std::string& address : addresses) {
@@ -119,7 +123,8 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
     v1::StatsResponse stats;
     ASSERT_TRUE(admin->Stats(&context, v1::StatsRequest(), &stats).ok());
     for (const v1::TableStats& t : stats.tables()) {
-      if (t.name() == "item") EXPECT_EQ(t.rows(), address == owner ? 1000 : 0) << address;
+      if (t.name() == "item")
+        EXPECT_EQ(t.rows(), address == owner ? 1000 : 0) << address;
       if (t.name() == "user") EXPECT_GT(t.rows(), 300) << address;
     }
   }

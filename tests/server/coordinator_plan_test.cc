@@ -121,7 +121,8 @@ TEST_F(CoordinatorPlanTest, ServersMissingFromTheSpecAreNamed) {
   ASSERT_TRUE(c->SetJob(Job()).ok());
   ASSERT_TRUE(c->Register(Shard("a:1")).ok());
   ASSERT_TRUE(c->Register(Shard("b:2")).ok());
-  EXPECT_THAT(c->GetShardMap().status().message(), HasSubstr("no servers entry for b:2"));
+  EXPECT_THAT(c->GetShardMap().status().message(),
+              HasSubstr("no servers entry for b:2"));
 }
 
 }  // namespace

@@ -56,7 +56,8 @@ v1::StatsResponse Stats(const std::string& address) {
   return resp;
 }
 
-const v1::TableStats* TableStatsOf(const v1::StatsResponse& stats, const std::string& name) {
+const v1::TableStats* TableStatsOf(const v1::StatsResponse& stats,
+                                   const std::string& name) {
   for (const v1::TableStats& t : stats.tables()) {
     if (t.name() == name) return &t;
   }
@@ -70,12 +71,13 @@ struct Cluster {
   std::vector<std::string> addresses;
 
   Cluster(const std::string& tables_text, int count, uint32_t num_slots) {
-    EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(tables_text, &tables));
+    EXPECT_TRUE(
+        google::protobuf::TextFormat::ParseFromString(tables_text, &tables));
     const std::string path = dir.WriteFile("tables.textproto", tables_text);
     auto started = testing::StartShardCluster(
         RECPS_SHARD_BINARY,
-        {"--tables=" + path, "--world_size=1", "--consistency=async", "--seed=3",
-         "--threads=2"},
+        {"--tables=" + path, "--world_size=1", "--consistency=async",
+         "--seed=3", "--threads=2"},
         count, num_slots);
     EXPECT_TRUE(started.ok()) << started.status();
     if (!started.ok()) return;
@@ -85,7 +87,8 @@ struct Cluster {
 
   std::unique_ptr<client::EmbeddingClient> NewClient() {
     std::vector<client::TableSchema> schemas;
-    for (const v1::TableConfig& t : tables.tables()) schemas.push_back({t.name(), t.dim()});
+    for (const v1::TableConfig& t : tables.tables())
+      schemas.push_back({t.name(), t.dim()});
     auto c = client::EmbeddingClient::Create(
         schemas, client::MakeServerShardMapSource(addresses), {});
     EXPECT_TRUE(c.ok()) << c.status();
@@ -102,7 +105,8 @@ absl::Status LookupAll(client::EmbeddingClient& c, int table, int dim,
 std::vector<int64_t> DynamicIds(int64_t n, uint64_t salt) {
   std::vector<int64_t> ids;
   ids.reserve(n);
-  for (int64_t i = 0; i < n; ++i) ids.push_back(static_cast<int64_t>(Mix64(i * 977 + salt)));
+  for (int64_t i = 0; i < n; ++i)
+    ids.push_back(static_cast<int64_t>(Mix64(i * 977 + salt)));
   return ids;
 }
 
@@ -122,7 +126,8 @@ TEST(PlannerCluster, TableWiseTableIsServedByItsOneServer) {
   Cluster cluster(kRoutingTables, 3, kSlots);
   ASSERT_EQ(cluster.shards.size(), 3u);
   planner::PlannerInput in;
-  in.tables.assign(cluster.tables.tables().begin(), cluster.tables.tables().end());
+  in.tables.assign(cluster.tables.tables().begin(),
+                   cluster.tables.tables().end());
   for (const std::string& a : cluster.addresses) {
     v1::ServerSpec* s = in.topology.add_servers();
     s->set_address(a);
@@ -181,13 +186,15 @@ TEST(PlannerCluster, BytesStoredEstimateIsWithinTenPercentOfTheServersStats) {
   ASSERT_NE(c, nullptr);
   for (int t = 0; t < cluster.tables.tables_size(); ++t) {
     const v1::TableConfig& tc = cluster.tables.tables(t);
-    const std::vector<int64_t> ids = tc.num_rows() > 0 ? FixedIds(kIds) : DynamicIds(kIds, t);
+    const std::vector<int64_t> ids =
+        tc.num_rows() > 0 ? FixedIds(kIds) : DynamicIds(kIds, t);
     ASSERT_TRUE(LookupAll(*c, t, tc.dim(), ids).ok()) << tc.name();
   }
   const v1::StatsResponse stats = Stats(cluster.addresses[0]);
 
   planner::PlannerInput in;
-  in.tables.assign(cluster.tables.tables().begin(), cluster.tables.tables().end());
+  in.tables.assign(cluster.tables.tables().begin(),
+                   cluster.tables.tables().end());
   v1::ServerSpec* s = in.topology.add_servers();
   s->set_address(cluster.addresses[0]);
   s->set_memory_bytes(int64_t{1} << 32);
@@ -208,24 +215,28 @@ TEST(PlannerCluster, BytesStoredEstimateIsWithinTenPercentOfTheServersStats) {
     const v1::TableStats* ts = TableStatsOf(stats, tp.table());
     ASSERT_NE(ts, nullptr) << tp.table();
     EXPECT_EQ(ts->rows(), kIds);
-    const double reported = static_cast<double>(ts->bytes() + ts->index_bytes());
+    const double reported =
+        static_cast<double>(ts->bytes() + ts->index_bytes());
     // The table's estimate plus the per-slot bookkeeping every table has.
     const double estimated = static_cast<double>(tp.estimate().bytes_stored()) +
                              planner::FixedTableBytes(kSlots);
     EXPECT_NEAR(estimated, reported, 0.10 * reported)
-        << tp.table() << ": rows+state " << ts->bytes() << " index " << ts->index_bytes()
-        << "; estimate " << tp.estimate().ShortDebugString();
+        << tp.table() << ": rows+state " << ts->bytes() << " index "
+        << ts->index_bytes() << "; estimate "
+        << tp.estimate().ShortDebugString();
     // Rows and state alone are exact.
-    EXPECT_EQ(tp.estimate().weight_bytes() + tp.estimate().optimizer_bytes(), ts->bytes())
+    EXPECT_EQ(tp.estimate().weight_bytes() + tp.estimate().optimizer_bytes(),
+              ts->bytes())
         << tp.table();
     reported_total += reported;
   }
   const double server_estimate =
       static_cast<double>(plan->server_estimates(0).load().bytes_stored());
   EXPECT_NEAR(server_estimate, reported_total, 0.10 * reported_total);
-  std::printf("bytes stored: server reports %.0f, planner estimates %.0f (%+.2f%%)\n",
-              reported_total, server_estimate,
-              100 * (server_estimate - reported_total) / reported_total);
+  std::printf(
+      "bytes stored: server reports %.0f, planner estimates %.0f (%+.2f%%)\n",
+      reported_total, server_estimate,
+      100 * (server_estimate - reported_total) / reported_total);
 }
 
 }  // namespace

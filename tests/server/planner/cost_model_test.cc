@@ -20,12 +20,15 @@ TEST(CostModel, StoredRowBytesIsTheStoresFusedRow) {
                           OptimizerKind::kRowWiseAdagrad, OptimizerKind::kAdam,
                           OptimizerKind::kAdamW}) {
     for (int dim : {1, 3, 16, 64, 129}) {
-      EXPECT_EQ(StoredRowBytes(k, dim, v1::FP32), kernels::FusedRowStride(k, dim) * 4)
+      EXPECT_EQ(StoredRowBytes(k, dim, v1::FP32),
+                kernels::FusedRowStride(k, dim) * 4)
           << kernels::OptimizerName(k) << " dim " << dim;
       // Rows pad to 16 bytes, so narrow rows may not shrink.
-      EXPECT_LE(StoredRowBytes(k, dim, v1::FP16), StoredRowBytes(k, dim, v1::FP32));
+      EXPECT_LE(StoredRowBytes(k, dim, v1::FP16),
+                StoredRowBytes(k, dim, v1::FP32));
       if (dim >= 16) {
-        EXPECT_LT(StoredRowBytes(k, dim, v1::FP16), StoredRowBytes(k, dim, v1::FP32));
+        EXPECT_LT(StoredRowBytes(k, dim, v1::FP16),
+                  StoredRowBytes(k, dim, v1::FP32));
       }
     }
   }
@@ -69,7 +72,8 @@ TableModel Table(int64_t rows, int dim, double ids_per_step) {
   t.rows = rows;
   t.ids_per_step = ids_per_step;
   t.num_workers = 2;
-  t.index_bytes_per_slot = ExpectedIndexBytesPerSlot(static_cast<double>(rows) / 16);
+  t.index_bytes_per_slot =
+      ExpectedIndexBytesPerSlot(static_cast<double>(rows) / 16);
   t.index_bytes = t.index_bytes_per_slot * 16;
   return t;
 }
@@ -102,7 +106,7 @@ TEST(CostModel, StepTimeIsTheSlowerOfNetworkAndRows) {
   s.table_request_seconds = 1e-5;
   Load l;
   l.lookup_bytes = 3e6;
-  l.update_bytes = 1e6;  // 4 ms of network
+  l.update_bytes = 1e6;    // 4 ms of network
   l.rows_touched = 10000;  // 1 ms of rows
   l.table_parts = 10;      // 0.1 ms of request overhead
   StepTime t = StepTimeOf(l, s);

@@ -20,8 +20,9 @@ using ::testing::HasSubstr;
 constexpr uint32_t kSlots = 256;
 constexpr int64_t kMiB = 1 << 20;
 
-v1::TableConfig Table(const std::string& name, int dim, int64_t num_rows,
-                      v1::OptimizerConfig::Kind kind = v1::OptimizerConfig::SGD) {
+v1::TableConfig Table(
+    const std::string& name, int dim, int64_t num_rows,
+    v1::OptimizerConfig::Kind kind = v1::OptimizerConfig::SGD) {
   v1::TableConfig t;
   t.set_name(name);
   t.set_dim(dim);
@@ -31,7 +32,8 @@ v1::TableConfig Table(const std::string& name, int dim, int64_t num_rows,
   return t;
 }
 
-v1::Topology Servers(int n, int64_t memory_bytes, int workers = 8, int64_t batch = 4096) {
+v1::Topology Servers(int n, int64_t memory_bytes, int workers = 8,
+                     int64_t batch = 4096) {
   v1::Topology topo;
   for (int i = 0; i < n; ++i) {
     v1::ServerSpec* s = topo.add_servers();
@@ -50,7 +52,8 @@ v1::TableHint& Hint(PlannerInput& in, const std::string& table) {
   return in.hints.back();
 }
 
-const v1::TablePlan& TableIn(const v1::ShardingPlan& plan, const std::string& name) {
+const v1::TablePlan& TableIn(const v1::ShardingPlan& plan,
+                             const std::string& name) {
   for (const v1::TablePlan& t : plan.tables()) {
     if (t.table() == name) return t;
   }
@@ -89,7 +92,8 @@ TEST(Planner, HugeTableIsSpreadWhileSmallOnesStayWholeAndBalanced) {
   PlannerInput in;
   in.tables.push_back(Table("huge", 64, 0, v1::OptimizerConfig::ADAGRAD));
   Hint(in, "huge").set_expected_distinct_ids(2000000);
-  for (int i = 0; i < 16; ++i) in.tables.push_back(Table(absl::StrCat("small", i), 16, 100));
+  for (int i = 0; i < 16; ++i)
+    in.tables.push_back(Table(absl::StrCat("small", i), 16, 100));
   in.topology = Servers(4, 2048 * kMiB);
   // 100 Gbit/s: rows touched, not the network, bound the step (a
   // network-bound step would not care where the small tables go).
@@ -113,12 +117,14 @@ TEST(Planner, HugeTableIsSpreadWhileSmallOnesStayWholeAndBalanced) {
   ExpectFits(*plan);
   // And that beats spreading everything.
   PlannerInput rw = in;
-  for (int i = 0; i < 16; ++i) Hint(rw, absl::StrCat("small", i)).set_pinned_type(v1::ROW_WISE);
+  for (int i = 0; i < 16; ++i)
+    Hint(rw, absl::StrCat("small", i)).set_pinned_type(v1::ROW_WISE);
   absl::StatusOr<v1::ShardingPlan> all_rw = PlanSharding(rw);
   ASSERT_TRUE(all_rw.ok()) << all_rw.status();
   // 1.72 ms for huge + 4 x 0.24 ms of small tables per server, against
   // 1.72 ms + 16 x 0.12 ms (docs/planner.md, Example).
-  EXPECT_NEAR(plan->predicted_step_seconds(), 2.68e-3, 0.02e-3) << FormatPlan(*plan);
+  EXPECT_NEAR(plan->predicted_step_seconds(), 2.68e-3, 0.02e-3)
+      << FormatPlan(*plan);
   // (A little more: 100 rows hash unevenly over the servers' slots.)
   EXPECT_GE(all_rw->predicted_step_seconds(), 3.64e-3) << FormatPlan(*all_rw);
   EXPECT_LT(all_rw->predicted_step_seconds(), 3.80e-3) << FormatPlan(*all_rw);
@@ -129,11 +135,12 @@ TEST(Planner, TheServersRowCapForDynamicTablesIsAConstraint) {
   in.tables.push_back(Table("dyn", 8, 0));
   Hint(in, "dyn").set_expected_distinct_ids(3000);
   in.topology = Servers(4, 1024 * kMiB);
-  for (v1::ServerSpec& s : *in.topology.mutable_servers()) s.set_max_rows_per_table(1000);
+  for (v1::ServerSpec& s : *in.topology.mutable_servers())
+    s.set_max_rows_per_table(1000);
   absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(TableIn(*plan, "dyn").type(), v1::ROW_WISE);  // 750 rows each
-  in.hints[0].set_expected_distinct_ids(5000);  // 1250 rows each
+  in.hints[0].set_expected_distinct_ids(5000);            // 1250 rows each
   plan = PlanSharding(in);
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.status().message(), HasSubstr("max_rows_per_table (1000)"));
@@ -264,10 +271,12 @@ TEST(Planner, BadInputsNameWhatIsWrong) {
   PlannerInput in;
   in.tables.push_back(Table("dyn", 8, 0));
   in.topology = Servers(2, kMiB);
-  EXPECT_THAT(PlanSharding(in).status().message(), HasSubstr("expected_distinct_ids"));
+  EXPECT_THAT(PlanSharding(in).status().message(),
+              HasSubstr("expected_distinct_ids"));
   Hint(in, "dyn").set_expected_distinct_ids(10);
   Hint(in, "nope");
-  EXPECT_THAT(PlanSharding(in).status().message(), HasSubstr("'nope': no such table"));
+  EXPECT_THAT(PlanSharding(in).status().message(),
+              HasSubstr("'nope': no such table"));
   in.hints.pop_back();
   in.hints[0].add_pinned_servers("elsewhere:1");
   EXPECT_THAT(PlanSharding(in).status().message(), HasSubstr("'elsewhere:1'"));
@@ -295,7 +304,8 @@ TEST(Planner, PlanIsVersionedAndSummarisesItsInputs) {
   EXPECT_THAT(FormatPlan(*plan), HasSubstr("t "));
   v1::ShardingPlan newer = *plan;
   newer.set_format_version(kPlanFormatVersion + 1);
-  EXPECT_EQ(PlanToShardMap(newer, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanToShardMap(newer, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(Planner, InputFromJobTakesPoolingAndIdSpaceFromItsData) {
@@ -306,7 +316,8 @@ TEST(Planner, InputFromJobTakesPoolingAndIdSpaceFromItsData) {
     v1::FeatureConfig* fc = job.add_features();
     fc->set_name(f);
     fc->set_table(f[0] == 'u' ? "user" : "item");
-    v1::SyntheticFeatureConfig* sf = job.mutable_data()->mutable_synthetic()->add_features();
+    v1::SyntheticFeatureConfig* sf =
+        job.mutable_data()->mutable_synthetic()->add_features();
     sf->set_id_space(f[1] == '1' ? 1000 : 3000);
     sf->set_min_ids_per_bag(1);
     sf->set_max_ids_per_bag(3);
@@ -318,8 +329,10 @@ TEST(Planner, InputFromJobTakesPoolingAndIdSpaceFromItsData) {
   EXPECT_EQ(in.tables.size(), 2u);
   EXPECT_DOUBLE_EQ(in.memory_reserve_fraction, 0.2);
   ASSERT_EQ(in.default_pooling.size(), 2u);
-  EXPECT_EQ(in.default_pooling[0], (std::pair<std::string, double>{"user", 4.0}));
-  EXPECT_EQ(in.default_pooling[1], (std::pair<std::string, double>{"item", 2.0}));
+  EXPECT_EQ(in.default_pooling[0],
+            (std::pair<std::string, double>{"user", 4.0}));
+  EXPECT_EQ(in.default_pooling[1],
+            (std::pair<std::string, double>{"item", 2.0}));
   ASSERT_EQ(in.default_distinct_ids.size(), 2u);
   EXPECT_EQ(in.default_distinct_ids[0].second, 3000);
   absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
@@ -331,10 +344,13 @@ TEST(Planner, InputFromJobTakesPoolingAndIdSpaceFromItsData) {
 TEST(Planner, ManyTablesOnManyServersFitAndUseEveryServer) {
   PlannerInput in;
   for (int i = 0; i < 300; ++i) {
-    in.tables.push_back(Table(absl::StrCat("t", i), 16 << (i % 3), i % 2 ? 50000 : 0,
+    in.tables.push_back(Table(absl::StrCat("t", i), 16 << (i % 3),
+                              i % 2 ? 50000 : 0,
                               i % 4 ? v1::OptimizerConfig::ROWWISE_ADAGRAD
                                     : v1::OptimizerConfig::ADAM));
-    if (i % 2 == 0) Hint(in, absl::StrCat("t", i)).set_expected_distinct_ids(100000 * (i % 7 + 1));
+    if (i % 2 == 0)
+      Hint(in, absl::StrCat("t", i))
+          .set_expected_distinct_ids(100000 * (i % 7 + 1));
   }
   in.topology = Servers(32, 1024 * kMiB);
   in.topology.set_num_slots(4096);
@@ -349,8 +365,11 @@ TEST(Planner, ManyTablesOnManyServersFitAndUseEveryServer) {
 TEST(Planner, TheExampleSpecPlansTheSmallJob) {
   v1::JobConfig job;
   v1::PlanSpec spec;
-  ASSERT_TRUE(ReadTextProto(RECPS_SOURCE_DIR "/examples/small.textproto", &job).ok());
-  ASSERT_TRUE(ReadTextProto(RECPS_SOURCE_DIR "/examples/plan_spec.textproto", &spec).ok());
+  ASSERT_TRUE(
+      ReadTextProto(RECPS_SOURCE_DIR "/examples/small.textproto", &job).ok());
+  ASSERT_TRUE(
+      ReadTextProto(RECPS_SOURCE_DIR "/examples/plan_spec.textproto", &spec)
+          .ok());
   // The coordinator fills in the addresses and the job's batch size.
   v1::ServerSpec server = spec.topology().servers(0);
   spec.mutable_topology()->clear_servers();
@@ -359,7 +378,8 @@ TEST(Planner, TheExampleSpecPlansTheSmallJob) {
     spec.mutable_topology()->mutable_servers()->rbegin()->set_address(a);
   }
   spec.mutable_topology()->set_batch_size(job.training().batch_size());
-  absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(PlannerInputFromJob(job, spec));
+  absl::StatusOr<v1::ShardingPlan> plan =
+      PlanSharding(PlannerInputFromJob(job, spec));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(TableIn(*plan, "t7").type(), v1::TABLE_WISE);
   EXPECT_EQ(TableIn(*plan, "t0").estimate().rows(), 100000);
