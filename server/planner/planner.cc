@@ -28,6 +28,14 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
     if (p.table >= 0) partition.Apply(p);
   }
   const Placement best = LeastShortPlacement(m, t, partition, kAllTypes);
+  if (best.parts.empty()) {
+    // Only a pinned column-wise table can have no placement at all.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", tm.name, "' is pinned column-wise but cannot be split: dim ",
+        tm.dim, " over ", tm.allowed_servers.size(),
+        " allowed server(s) gives no 2 or more groups of at least 4 columns; "
+        "pin it table-wise or row-wise"));
+  }
   const auto [short_bytes, server] = partition.Shortfall(best);
   const Load whole = WholeUnitLoad(tm, 0, tm.dim);
   const int64_t row_bytes = StoredRowBytes(tm.optimizer, tm.dim, tm.precision);

@@ -48,12 +48,15 @@ double ExpectedIndexBytesPerSlot(double mean_rows) {
   const double spread = 8 * std::sqrt(mean_rows) + 10;
   const auto lo = static_cast<int64_t>(std::max(0.0, mean_rows - spread));
   const auto hi = static_cast<int64_t>(mean_rows + spread);
+  // At most ~4000 terms: for huge means, sample every stride-th count (the
+  // bytes are a step function with steps far apart there).
+  const int64_t stride = std::max<int64_t>(1, (hi - lo) / 4000);
   double bytes = 0;
-  for (int64_t k = lo; k <= hi; ++k) {
+  for (int64_t k = lo; k <= hi; k += stride) {
     const double log_p =
         k * std::log(mean_rows) - mean_rows - std::lgamma(k + 1.0);
-    bytes +=
-        std::exp(log_p) * static_cast<double>(server::HostIndexBytesForRows(k));
+    bytes += stride * std::exp(log_p) *
+             static_cast<double>(server::HostIndexBytesForRows(k));
   }
   return bytes;
 }

@@ -55,6 +55,10 @@ TEST(CostModel, ExpectedIndexBytesAveragesOverPoissonSlots) {
   // is that step's size.
   const double at_80 = ExpectedIndexBytesPerSlot(80);
   EXPECT_NEAR(at_80, server::HostIndexBytesForRows(80), 0.01 * at_80);
+  // Huge means are sampled, still within a percent of the step they sit on
+  // (capacity 2^30 - 1 holds 469,762,049..939,524,096 rows).
+  const double huge = ExpectedIndexBytesPerSlot(7e8);
+  EXPECT_NEAR(huge, server::HostIndexBytesForRows(700000000), 0.01 * huge);
   // It grows with the rows.
   EXPECT_LT(ExpectedIndexBytesPerSlot(10), ExpectedIndexBytesPerSlot(40));
 }

@@ -267,6 +267,21 @@ TEST(Planner, Fp16StorageIsPlannedButNotApplied) {
   EXPECT_THAT(map.status().message(), HasSubstr("FP16"));
 }
 
+TEST(Planner, AColumnWisePinThatCannotSplitSaysSo) {
+  PlannerInput in;
+  in.tables.push_back(Table("narrow", 6, 100));
+  Hint(in, "narrow").set_pinned_type(v1::COLUMN_WISE);
+  in.topology = Servers(4, 64 * kMiB);
+  absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("cannot be split"));
+  // An explicit group count is honoured even below 4 columns.
+  in.hints[0].set_column_groups(3);
+  plan = PlanSharding(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(TableIn(*plan, "narrow").column_groups_size(), 3);
+}
+
 TEST(Planner, BadInputsNameWhatIsWrong) {
   PlannerInput in;
   in.tables.push_back(Table("dyn", 8, 0));
