@@ -7,7 +7,10 @@ cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 cuda_flags=()
-if [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc >/dev/null; then
+# -DRECPS_CUDA=OFF among the arguments asks for a CPU-only tree.
+cpu_only=0
+for arg in "$@"; do [[ "$arg" == -DRECPS_CUDA=OFF ]] && cpu_only=1; done
+if [[ $cpu_only == 0 ]] && { [[ -x /usr/local/cuda/bin/nvcc ]] || command -v nvcc >/dev/null; }; then
   cuda_flags=(-DRECPS_REQUIRE_CUDA=ON)
 fi
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release "${cuda_flags[@]}" "$@"
