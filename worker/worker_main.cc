@@ -1,9 +1,13 @@
 // recps-worker: trains a job's DLRM against the shard servers.
 //
-//   recps-worker --config=job.textproto --shards=127.0.0.1:7000
+//   recps-worker --coordinator=host:7000            (a cluster)
+//   recps-worker --config=job.textproto --shards=127.0.0.1:7000   (no coordinator)
 //
-// Rank and world size come from --rank/--world_size or, as torchrun sets
-// them, from RANK, WORLD_SIZE and LOCAL_RANK.
+// Rank and world size come from --rank/--world_size or, as torchrun and
+// `recps launch` set them, from RANK and WORLD_SIZE. With --coordinator the
+// worker registers (keeping its lease by heartbeat), takes the job and the
+// shard map from the coordinator and meets its peers through the
+// coordinator's key-value store.
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/coordinator_client.h"
 #include "client/embedding_client.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
@@ -25,6 +30,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "worker/collectives/collectives.h"
+#include "worker/collectives/coordinator_kv_store.h"
 #include "worker/collectives/gloo_collectives.h"
 #include "worker/collectives/kv_store.h"
 #include "worker/data/criteo.h"
@@ -33,10 +39,16 @@
 #include "worker/job_config.h"
 #include "worker/trainer.h"
 
-ABSL_FLAG(std::string, config, "", "job config (text-format recps.v1.JobConfig); required");
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address, host:port: register there, take the job, the "
+          "shard map and the rendezvous from it (replaces --config, --shards "
+          "and --rendezvous_dir)");
+ABSL_FLAG(std::string, config, "",
+          "job config (text-format recps.v1.JobConfig); required without "
+          "--coordinator, and overrides the coordinator's job with it");
 ABSL_FLAG(std::string, shards, "",
-          "comma-separated shard server addresses (host:port); the client asks "
-          "them for the shard map");
+          "without --coordinator: comma-separated shard server addresses "
+          "(host:port); the client asks them for the shard map");
 ABSL_FLAG(int, rank, -1, "this worker's rank (default: $RANK, else 0)");
 ABSL_FLAG(int, world_size, -1, "workers in the job (default: $WORLD_SIZE, else 1)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
@@ -50,12 +62,12 @@ ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
 ABSL_FLAG(std::string, dense_out, "",
           "write the trained dense parameters here (raw little-endian floats)");
 ABSL_FLAG(std::string, rendezvous_dir, "",
-          "with --world_size > 1: a directory all workers on this machine "
-          "share, where they meet to set up the Gloo allreduce (the "
-          "coordinator's key-value store replaces it across machines)");
+          "with --world_size > 1 and no --coordinator: a directory all "
+          "workers on this machine share, where they meet to set up the Gloo "
+          "allreduce");
 ABSL_FLAG(std::string, rendezvous_prefix, "",
           "names this run in the rendezvous store (default: the job name), so "
-          "runs sharing a directory do not meet each other");
+          "runs sharing a directory or coordinator do not meet each other");
 ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
           "address the Gloo TCP transport binds to and peers connect to");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
@@ -116,17 +128,11 @@ std::string ResultJson(const TrainResult& r) {
 
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
-  if (config_path.empty()) {
-    LogError("--config is required (a text-format recps.v1.JobConfig)");
+  const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  if (config_path.empty() && coordinator_address.empty()) {
+    LogError("give --coordinator=host:port, or --config (a text-format "
+             "recps.v1.JobConfig) with --shards");
     return 2;
-  }
-  absl::StatusOr<v1::JobConfig> job = ReadJobConfig(config_path);
-  if (!job.ok()) {
-    LogError(job.status().message());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_steps) > 0) {
-    job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
   }
   const int rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank)
                                                   : EnvInt("RANK", 0);
@@ -138,10 +144,48 @@ int Run() {
     return 2;
   }
   SetLogTag(absl::StrCat("recps-worker ", rank));
+
+  // With a coordinator: register (retrying while it starts), then keep the
+  // lease in the background for the whole run.
+  std::unique_ptr<client::CoordinatorClient> coordinator;
+  std::unique_ptr<client::CoordinatorLease> lease;
+  v1::RegisterResponse registered;
+  if (!coordinator_address.empty()) {
+    coordinator = std::make_unique<client::CoordinatorClient>(coordinator_address);
+    v1::RegisterRequest request;
+    request.set_role(v1::WORKER);
+    request.set_rank(rank);
+    absl::StatusOr<v1::RegisterResponse> r = coordinator->Register(request);
+    if (!r.ok()) {
+      LogError(r.status().message());
+      return 1;
+    }
+    registered = *std::move(r);
+    LogInfo("registered with coordinator ", coordinator_address, " as ",
+            registered.member_id());
+    lease = std::make_unique<client::CoordinatorLease>(coordinator.get(), request,
+                                                       &registered);
+  }
+
+  absl::StatusOr<v1::JobConfig> job;
+  if (!config_path.empty()) {
+    job = ReadJobConfig(config_path);
+  } else if (registered.has_job()) {
+    job = registered.job();
+  } else {
+    job = coordinator->GetJob();
+  }
+  if (!job.ok()) {
+    LogError(job.status().message());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
+  }
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  if (shards.empty()) {
-    LogError("--shards is required (the shard servers' addresses)");
+  if (coordinator == nullptr && shards.empty()) {
+    LogError("--shards is required without --coordinator (the shard servers' addresses)");
     return 2;
   }
 
@@ -149,9 +193,14 @@ int Run() {
   for (const v1::TableConfig& t : job->tables()) tables.push_back({t.name(), t.dim()});
   client::EmbeddingClientOptions client_options;
   client_options.worker_rank = rank;
+  // The coordinator's map wins when both are given: it is the one that
+  // changes with a rebalance.
   absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> client =
-      client::EmbeddingClient::Create(tables, client::MakeServerShardMapSource(shards),
-                                      client_options);
+      client::EmbeddingClient::Create(
+          tables,
+          coordinator != nullptr ? client::MakeCoordinatorShardMapSource(coordinator.get())
+                                 : client::MakeServerShardMapSource(shards),
+          client_options);
   if (!client.ok()) {
     LogError(client.status().message());
     return 1;
@@ -214,14 +263,25 @@ int Run() {
   std::unique_ptr<Collectives> collectives;
   if (world > 1) {
     const std::string dir = absl::GetFlag(FLAGS_rendezvous_dir);
-    if (dir.empty()) {
-      LogError("--world_size ", world, " needs --rendezvous_dir (a directory the "
-               "workers share) to set up the allreduce");
-      return 2;
-    }
-    rendezvous = std::make_unique<FileKeyValueStore>(dir);
     std::string prefix = absl::GetFlag(FLAGS_rendezvous_prefix);
     if (prefix.empty()) prefix = job->name().empty() ? "recps" : job->name();
+    if (!dir.empty()) {
+      rendezvous = std::make_unique<FileKeyValueStore>(dir);
+    } else if (coordinator != nullptr) {
+      rendezvous = std::make_unique<CoordinatorKeyValueStore>(coordinator.get());
+      absl::StatusOr<std::string> fresh =
+          FreshRendezvousPrefix(*coordinator, absl::StrCat("rendezvous/", prefix), rank,
+                                world, absl::GetFlag(FLAGS_collective_timeout));
+      if (!fresh.ok()) {
+        LogError("rendezvous through the coordinator failed: ", fresh.status().ToString());
+        return 1;
+      }
+      prefix = *std::move(fresh);
+    } else {
+      LogError("--world_size ", world, " needs --coordinator or --rendezvous_dir (a "
+               "directory the workers share) to set up the allreduce");
+      return 2;
+    }
     absl::StatusOr<std::unique_ptr<Collectives>> gloo = CreateGlooCollectives(
         *rendezvous, prefix, rank, world, absl::GetFlag(FLAGS_gloo_hostname),
         absl::GetFlag(FLAGS_collective_timeout));
@@ -284,10 +344,25 @@ int Run() {
   }
   LogInfo("training ", job->name().empty() ? config_path : job->name(), ": ",
           total_steps, " steps of ", batch_size, " samples, rank ", rank, " of ", world,
-          ", ", shards.size(), " shard server(s)");
+          ", shard map from ",
+          coordinator != nullptr ? "coordinator " + coordinator_address
+                                 : absl::StrCat(shards.size(), " shard server(s)"));
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   if (!result.ok()) {
     LogError("training failed: ", result.status().ToString());
+    if (coordinator != nullptr) {
+      // A peer that died stops heartbeating (and its lease runs out): give
+      // it two heartbeat intervals, then name whoever stayed silent,
+      // whatever the error above says. This worker keeps heartbeating.
+      const absl::Time failed = absl::Now();
+      absl::SleepFor(std::min(absl::Milliseconds(registered.lease_ms()) * 2 / 3 +
+                                  absl::Milliseconds(300),
+                              absl::Seconds(8)));
+      if (const std::string silent = coordinator->DescribeSilentWorkers(failed);
+          !silent.empty()) {
+        LogError("workers silent at the coordinator since the failure: ", silent);
+      }
+    }
     return 1;
   }
   const StepTimes& t = result->times;
@@ -318,8 +393,9 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "recps worker: trains a job's DLRM against the shard servers.\n"
+      "  recps-worker --coordinator=HOST:PORT [--rank=R --world_size=W]\n"
       "  recps-worker --config=JOB --shards=HOST:PORT[,HOST:PORT...] "
-      "[--rank=R --world_size=W]");
+      "[--rank=R --world_size=W --rendezvous_dir=DIR]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
   return recps::worker::Run();
