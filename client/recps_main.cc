@@ -1,6 +1,7 @@
 // recps: the launcher.
 //
 //   recps local [--job=FILE] [--shards=2] [--workers=2] [--consistency=sync]
+//               [-- WORKER FLAGS]
 //
 //   recps launch --coordinator=HOST:PORT --nproc_per_node=N [--nnodes=M
 //                --node_rank=R] [CONFIG] [-- WORKER FLAGS]
@@ -58,6 +59,9 @@ ABSL_FLAG(std::string, bin_dir, "",
 ABSL_FLAG(std::string, work_dir, "",
           "directory for logs, the coordinator's state and the job copy "
           "(default: a new /tmp/recps-local-* directory)");
+ABSL_FLAG(std::string, result_dir, "",
+          "local: each worker writes its --result_json to DIR/result<rank>.json "
+          "(samples/s, per-phase step times, evaluations)");
 ABSL_FLAG(std::string, coordinator, "",
           "launch: the cluster's coordinator, host:port (required)");
 ABSL_FLAG(int, nproc_per_node, -1,
@@ -197,7 +201,7 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
   return exit_code;
 }
 
-int RunLocal() {
+int RunLocal(const std::vector<std::string>& worker_args) {
   const int num_shards = absl::GetFlag(FLAGS_shards);
   const int num_workers = absl::GetFlag(FLAGS_workers);
   if (num_shards < 1 || num_workers < 1) {
@@ -302,12 +306,17 @@ int RunLocal() {
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), /*overwrite=*/0);
   std::vector<ChildProcess> workers;
   for (int r = 0; r < num_workers; ++r) {
-    absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(
-        worker_bin,
-        {absl::StrCat("--coordinator=127.0.0.1:", *coord_port),
-         absl::StrCat("--rank=", r), absl::StrCat("--world_size=", num_workers),
-         absl::StrCat("--threads=", threads),
-         r == 0 ? "--progress_every=2s" : "--progress_every=1000h"});
+    std::vector<std::string> args = {
+        absl::StrCat("--coordinator=127.0.0.1:", *coord_port),
+        absl::StrCat("--rank=", r), absl::StrCat("--world_size=", num_workers),
+        absl::StrCat("--threads=", threads),
+        r == 0 ? "--progress_every=2s" : "--progress_every=1000h"};
+    if (const std::string dir = absl::GetFlag(FLAGS_result_dir); !dir.empty()) {
+      std::filesystem::create_directories(dir);
+      args.push_back(absl::StrCat("--result_json=", dir, "/result", r, ".json"));
+    }
+    args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
+    absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
     if (!w.ok()) return fail(w.status());
     workers.push_back(*std::move(w));
   }
@@ -448,7 +457,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
       "  recps local [--job=FILE] [--shards=N] [--workers=N] "
-      "[--consistency=sync|bounded|async] [--steps=N]\n"
+      "[--consistency=sync|bounded|async] [--steps=N] [-- WORKER FLAGS]\n"
       "    start a coordinator, shard servers and workers on 127.0.0.1 and "
       "train the job (default: examples/small.textproto, 2 shards, 2 workers, "
       "sync)\n"
@@ -474,7 +483,7 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps");
   const std::string command = args.size() >= 2 ? args[1] : "";
-  if (command == "local" && args.size() == 2) return recps::client::RunLocal();
+  if (command == "local" && args.size() == 2) return recps::client::RunLocal(worker_args);
   if (command == "launch") {
     return recps::client::RunLaunch(std::vector<std::string>(args.begin() + 2, args.end()),
                                     worker_args);

@@ -245,7 +245,9 @@ int Run() {
   std::unique_ptr<client::CoordinatorClient> coordinator;
   std::unique_ptr<client::CoordinatorLease> lease;
   if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
-    coordinator = std::make_unique<client::CoordinatorClient>(c);
+    client::CoordinatorClientOptions options;
+    options.call_timeout = absl::Seconds(5);  // also bounds the wait at shutdown
+    coordinator = std::make_unique<client::CoordinatorClient>(c, options);
     v1::RegisterRequest request;
     request.set_role(v1::SHARD_SERVER);
     request.set_address(advertise);

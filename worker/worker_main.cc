@@ -8,10 +8,16 @@
 // worker registers (keeping its lease by heartbeat), takes the job and the
 // shard map from the coordinator and meets its peers through the
 // coordinator's key-value store.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <unistd.h>
 #include <memory>
 #include <string>
 
@@ -68,8 +74,10 @@ ABSL_FLAG(std::string, rendezvous_dir, "",
 ABSL_FLAG(std::string, rendezvous_prefix, "",
           "names this run in the rendezvous store (default: the job name), so "
           "runs sharing a directory or coordinator do not meet each other");
-ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
-          "address the Gloo TCP transport binds to and peers connect to");
+ABSL_FLAG(std::string, gloo_hostname, "",
+          "address the Gloo TCP transport binds to and peers connect to "
+          "(default: with --coordinator, this host's address on the route to "
+          "the coordinator; else 127.0.0.1)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
@@ -80,6 +88,34 @@ namespace {
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// This host's address on the route to `host_port`'s host (a UDP "connect"
+// sends nothing; it only picks the route), so peers on other machines can
+// reach the Gloo transport. 127.0.0.1 when that fails.
+std::string LocalAddressToward(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) {
+    return "127.0.0.1";
+  }
+  std::string local = "127.0.0.1";
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in me{};
+  socklen_t len = sizeof(me);
+  char text[INET_ADDRSTRLEN];
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+      inet_ntop(AF_INET, &me.sin_addr, text, sizeof(text)) != nullptr) {
+    local = text;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return local;
 }
 
 SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s, uint64_t salt) {
@@ -119,11 +155,12 @@ std::string ResultJson(const TrainResult& r) {
   return absl::StrFormat(
       "{\"steps\":%d,\"samples\":%d,\"seconds\":%.3f,\"samples_per_second\":%.1f,"
       "\"last_loss\":%.6f,\"times\":{\"data\":%.4f,\"lookup\":%.4f,\"forward\":%.4f,"
-      "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f},"
+      "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f,"
+      "\"lookup_wait\":%.4f,\"eval\":%.4f},"
       "\"evals\":[%s],\"losses\":[%s]}\n",
       r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9), r.last_loss,
-      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer, evals,
-      losses);
+      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer,
+      t.lookup_wait, t.eval, evals, losses);
 }
 
 int Run() {
@@ -282,8 +319,13 @@ int Run() {
                "directory the workers share) to set up the allreduce");
       return 2;
     }
+    std::string hostname = absl::GetFlag(FLAGS_gloo_hostname);
+    if (hostname.empty()) {
+      hostname = coordinator != nullptr ? LocalAddressToward(coordinator_address)
+                                        : "127.0.0.1";
+    }
     absl::StatusOr<std::unique_ptr<Collectives>> gloo = CreateGlooCollectives(
-        *rendezvous, prefix, rank, world, absl::GetFlag(FLAGS_gloo_hostname),
+        *rendezvous, prefix, rank, world, hostname,
         absl::GetFlag(FLAGS_collective_timeout));
     if (!gloo.ok()) {
       LogError("allreduce set-up failed: ", gloo.status().ToString());
@@ -369,12 +411,12 @@ int Run() {
   LogInfo(absl::StrFormat(
       "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
-      "optimizer %.2f ms",
+      "optimizer %.2f ms, waiting for overlapped lookups %.2f ms; evaluation %.1f s",
       result->steps, result->samples / std::max(result->seconds, 1e-9),
       1e3 * t.data / result->steps, 1e3 * t.lookup / result->steps,
       1e3 * t.forward / result->steps, 1e3 * t.backward / result->steps,
       1e3 * t.push / result->steps, 1e3 * t.allreduce / result->steps,
-      1e3 * t.optimizer / result->steps));
+      1e3 * t.optimizer / result->steps, 1e3 * t.lookup_wait / result->steps, t.eval));
   if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
     const absl::Span<const float> p = (*trainer)->model().parameters();
     std::ofstream(path, std::ios::binary)
