@@ -25,6 +25,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -323,6 +324,13 @@ int Run() {
     if (hostname.empty()) {
       hostname = coordinator != nullptr ? LocalAddressToward(coordinator_address)
                                         : "127.0.0.1";
+      // `recps launch` sets LOCAL_WORLD_SIZE: fewer here than in the world
+      // means peers on other nodes, which cannot reach a loopback address.
+      if (absl::StartsWith(hostname, "127.") && EnvInt("LOCAL_WORLD_SIZE", world) < world) {
+        LogWarning("the allreduce binds to ", hostname, " (the route to the coordinator) "
+                   "but there are workers on other nodes; set --gloo_hostname to an "
+                   "address they can reach");
+      }
     }
     absl::StatusOr<std::unique_ptr<Collectives>> gloo = CreateGlooCollectives(
         *rendezvous, prefix, rank, world, hostname,
