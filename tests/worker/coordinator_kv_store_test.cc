@@ -1,7 +1,8 @@
 // The coordinator's KV as the workers' rendezvous store, against an
 // in-process coordinator service on loopback: set/get/wait with deadlines,
 // a wait that outlives a coordinator restart on the same port and state,
-// Gloo meeting through it, and a fresh rendezvous prefix per start.
+// Gloo (and NCCL, with a GPU) meeting through it, and a fresh rendezvous
+// prefix per start.
 #include "worker/collectives/coordinator_kv_store.h"
 
 #include <memory>
@@ -19,7 +20,9 @@
 #include "server/coordinator_service.h"
 #include "server/coordinator_store.h"
 #include "tests/testing/local_shard.h"
+#include "kernels/cuda_util.h"
 #include "worker/collectives/gloo_collectives.h"
+#include "worker/collectives/nccl_collectives.h"
 
 namespace recps::worker {
 namespace {
@@ -184,6 +187,23 @@ TEST(CoordinatorKeyValueStore, GlooRanksMeetThroughTheCoordinator) {
     ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
     EXPECT_THAT(data[r], ::testing::ElementsAre(3.0f, 6.0f));
   }
+}
+
+// NCCL's unique id travels through the coordinator too (one rank on one
+// GPU; skipped without a GPU or without NCCL in the build).
+TEST(CoordinatorKeyValueStore, NcclUniqueIdGoesThroughTheCoordinator) {
+  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  testing::TempDir dir;
+  auto coordinator = InProcessCoordinator::Start(dir.path() + "/state");
+  ASSERT_NE(coordinator, nullptr);
+  client::CoordinatorClient client(coordinator->address());
+  CoordinatorKeyValueStore store(&client);
+  absl::StatusOr<std::unique_ptr<Collectives>> nccl =
+      CreateNcclCollectives(store, "nccl-coordinator", 0, 1, 0, absl::Seconds(60));
+  if (absl::IsUnimplemented(nccl.status())) GTEST_SKIP() << nccl.status();
+  ASSERT_TRUE(nccl.ok()) << nccl.status();
+  EXPECT_TRUE(client.KvGet("nccl-coordinator/nccl/unique_id", absl::ZeroDuration()).ok());
+  EXPECT_TRUE((*nccl)->Barrier().ok());
 }
 
 TEST(CoordinatorKeyValueStore, EachStartOfAJobGetsAFreshPrefix) {
