@@ -19,12 +19,27 @@ namespace recps::client {
 
 absl::StatusOr<ChildProcess> ChildProcess::Spawn(
     const std::string& binary, const std::vector<std::string>& args,
-    const std::string& log_path) {
+    const std::string& log_path, const std::vector<std::string>& env) {
   std::vector<std::string> all = {binary};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : all) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // Inherited variables that `env` does not name, then `env`.
+  std::vector<std::string> env_storage;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string var(*e);
+    const std::string name = var.substr(0, var.find('='));
+    bool replaced = false;
+    for (const std::string& mine : env) {
+      if (mine.substr(0, mine.find('=')) == name) replaced = true;
+    }
+    if (!replaced) env_storage.push_back(var);
+  }
+  env_storage.insert(env_storage.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (std::string& e : env_storage) envp.push_back(e.data());
+  envp.push_back(nullptr);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   if (!log_path.empty()) {
@@ -48,7 +63,7 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(
   ChildProcess child;
   child.name_ = std::filesystem::path(binary).filename().string();
   const int err = posix_spawn(&child.pid_, binary.c_str(), &actions, &attr,
-                              argv.data(), environ);
+                              argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (err != 0) {
@@ -73,6 +88,10 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
 
 ChildProcess::~ChildProcess() {
   if (running()) (void)Stop(absl::Seconds(5));
+}
+
+void ChildProcess::Signal(int signal) {
+  if (pid_ > 0) kill(pid_, signal);
 }
 
 absl::StatusOr<int> ChildProcess::Poll() {

@@ -16,10 +16,14 @@ namespace recps::client {
 class ChildProcess {
  public:
   // Starts `binary` with `args`; stdout and stderr go to `log_path` (appended)
-  // when it is not empty, else they are inherited.
+  // when it is not empty, else they are inherited. The child's environment
+  // is this process's with `env` ("NAME=value" each) added or replacing.
   static absl::StatusOr<ChildProcess> Spawn(const std::string& binary,
                                             const std::vector<std::string>& args,
-                                            const std::string& log_path = "");
+                                            const std::string& log_path = "",
+                                            const std::vector<std::string>& env = {});
+  // Sends `signal` to a running child (no-op otherwise).
+  void Signal(int signal);
   ChildProcess(ChildProcess&& other) noexcept;
   ChildProcess& operator=(ChildProcess&& other) noexcept;
   // Stops a still-running child (SIGTERM, then SIGKILL after 5 s).

@@ -427,8 +427,9 @@ void Coordinator::Tick() {
       if (metrics_ != nullptr) {
         metrics_->expirations.Add({{"role", RoleName(record.role())}}).Increment();
       }
-      LogWarning("lease of ", id, " (", RoleName(record.role()), " at ",
-                 record.address().empty() ? "-" : record.address(),
+      LogWarning("lease of ", id, " (", RoleName(record.role()),
+                 record.role() == v1::WORKER ? absl::StrCat(" rank ", record.rank())
+                                             : absl::StrCat(" at ", record.address()),
                  ") ran out: no heartbeat for ",
                  absl::FormatDuration(now - e.last_heartbeat), "; marked expired");
     }

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "client/coordinator_client.h"
 #include "common/log.h"
 #include "common/port_file.h"
 #include "common/text_proto.h"
@@ -117,66 +118,6 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
   if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
   return c;
 }
-
-// Registers with the coordinator and keeps the lease by heartbeat on a
-// background thread until destroyed; registers again when the coordinator
-// expired or forgot this server. The map arrives via ShardAdmin.SetShardMap.
-class CoordinatorLease {
- public:
-  CoordinatorLease(const std::string& coordinator, const std::string& advertise)
-      : thread_([this, coordinator, advertise] { Loop(coordinator, advertise); }) {}
-  ~CoordinatorLease() {
-    stop_.Notify();
-    thread_.join();
-  }
-
- private:
-  void Loop(const std::string& coordinator, const std::string& advertise) {
-    auto stub = v1::Coordinator::NewStub(
-        grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials()));
-    std::string member_id;
-    absl::Duration interval = absl::Seconds(1);
-    bool warned = false;  // one warning per outage, not one per attempt
-    do {
-      grpc::ClientContext context;
-      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-      grpc::Status s;
-      if (member_id.empty()) {
-        v1::RegisterRequest request;
-        request.set_role(v1::SHARD_SERVER);
-        request.set_address(advertise);
-        request.set_rank(-1);
-        v1::RegisterResponse response;
-        s = stub->Register(&context, request, &response);
-        if (s.ok()) {
-          member_id = response.member_id();
-          interval = std::clamp(absl::Milliseconds(response.lease_ms()) / 3,
-                                absl::Milliseconds(50), absl::Seconds(5));
-          LogInfo("registered with coordinator ", coordinator, " as ", member_id);
-        }
-      } else {
-        v1::HeartbeatRequest request;
-        request.set_member_id(member_id);
-        v1::HeartbeatResponse response;
-        s = stub->Heartbeat(&context, request, &response);
-        if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
-            s.error_code() == grpc::StatusCode::NOT_FOUND) {
-          LogWarning("coordinator: ", s.error_message(), "; registering again");
-          member_id.clear();
-          continue;
-        }
-      }
-      if (!s.ok() && !warned) {
-        LogWarning("coordinator ", coordinator, ": ", s.error_message(), "; retrying");
-      }
-      warned = !s.ok();
-    } while (!stop_.WaitForNotificationWithTimeout(
-        member_id.empty() ? absl::Seconds(1) : interval));
-  }
-
-  absl::Notification stop_;
-  std::thread thread_;
-};
 
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
@@ -299,9 +240,19 @@ int Run() {
           ConsistencyModeName(consistency->mode), ", world size ",
           consistency->world_size, "), metrics on port ", metrics_port,
           absl::GetFlag(FLAGS_standalone) ? ", standalone" : ", waiting for a shard map");
-  std::unique_ptr<CoordinatorLease> lease;
+  // Registers in the background (the coordinator may start later) and
+  // keeps the lease; the map arrives via ShardAdmin.SetShardMap.
+  std::unique_ptr<client::CoordinatorClient> coordinator;
+  std::unique_ptr<client::CoordinatorLease> lease;
   if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
-    lease = std::make_unique<CoordinatorLease>(c, advertise);
+    client::CoordinatorClientOptions options;
+    options.call_timeout = absl::Seconds(5);  // also bounds the wait at shutdown
+    coordinator = std::make_unique<client::CoordinatorClient>(c, options);
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address(advertise);
+    request.set_rank(-1);
+    lease = std::make_unique<client::CoordinatorLease>(coordinator.get(), request);
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {

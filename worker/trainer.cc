@@ -266,7 +266,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   const v1::TrainingConfig& training = job_.training();
   const absl::Time run_start = absl::Now();
   auto evaluate = [&](int64_t step) -> absl::Status {
-    ASSIGN_OR_RETURN(EvalMetrics m, Evaluate(step));
+    const absl::Time start = absl::Now();
+    absl::StatusOr<EvalMetrics> evaluated = Evaluate(step);
+    Charge(start, &result.times.eval);
+    ASSIGN_OR_RETURN(EvalMetrics m, std::move(evaluated));
     result.evals.push_back({step, m});
     if (options_.on_eval) options_.on_eval(result.evals.back());
     return absl::OkStatus();
@@ -303,7 +306,11 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       }
     }
     absl::StatusOr<float> loss = Compute(batches[cur], step, &result.times, &buffers_[cur]);
-    if (prefetch.joinable()) prefetch.join();
+    if (prefetch.joinable()) {
+      const absl::Time start = absl::Now();
+      prefetch.join();
+      Charge(start, &result.times.lookup_wait);
+    }
     RETURN_IF_ERROR(loss.status());
     RETURN_IF_ERROR(prefetch_status);
     result.times.lookup += prefetch_times.lookup;

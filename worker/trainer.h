@@ -25,10 +25,14 @@
 
 namespace recps::worker {
 
-// Seconds spent per phase, summed over steps.
+// Seconds spent per phase, summed over steps. When lookups overlap compute
+// (bounded and async modes) `lookup` and the pooling part of `forward` run
+// on a helper thread beside the rest; `lookup_wait` is what the training
+// thread then spent waiting for them, the part of the lookup the overlap
+// did not hide. `eval` is the evaluations run during training.
 struct StepTimes {
   double data = 0, lookup = 0, forward = 0, backward = 0, push = 0,
-         allreduce = 0, optimizer = 0;
+         allreduce = 0, optimizer = 0, lookup_wait = 0, eval = 0;
   double total() const {
     return data + lookup + forward + backward + push + allreduce + optimizer;
   }

@@ -1,13 +1,23 @@
 // recps-worker: trains a job's DLRM against the shard servers.
 //
-//   recps-worker --config=job.textproto --shards=127.0.0.1:7000
+//   recps-worker --coordinator=host:7000            (a cluster)
+//   recps-worker --config=job.textproto --shards=127.0.0.1:7000   (no coordinator)
 //
-// Rank and world size come from --rank/--world_size or, as torchrun sets
-// them, from RANK, WORLD_SIZE and LOCAL_RANK.
+// Rank and world size come from --rank/--world_size or, as torchrun and
+// `recps launch` set them, from RANK and WORLD_SIZE. With --coordinator the
+// worker registers (keeping its lease by heartbeat), takes the job and the
+// shard map from the coordinator and meets its peers through the
+// coordinator's key-value store.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <unistd.h>
 #include <memory>
 #include <string>
 
@@ -15,9 +25,11 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/coordinator_client.h"
 #include "client/embedding_client.h"
 #include "common/log.h"
 #include "common/thread_pool.h"
@@ -25,6 +37,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "worker/collectives/collectives.h"
+#include "worker/collectives/coordinator_kv_store.h"
 #include "worker/collectives/gloo_collectives.h"
 #include "worker/collectives/kv_store.h"
 #include "worker/data/criteo.h"
@@ -33,10 +46,16 @@
 #include "worker/job_config.h"
 #include "worker/trainer.h"
 
-ABSL_FLAG(std::string, config, "", "job config (text-format recps.v1.JobConfig); required");
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address, host:port: register there, take the job, the "
+          "shard map and the rendezvous from it (replaces --config, --shards "
+          "and --rendezvous_dir)");
+ABSL_FLAG(std::string, config, "",
+          "job config (text-format recps.v1.JobConfig); required without "
+          "--coordinator, and overrides the coordinator's job with it");
 ABSL_FLAG(std::string, shards, "",
-          "comma-separated shard server addresses (host:port); the client asks "
-          "them for the shard map");
+          "without --coordinator: comma-separated shard server addresses "
+          "(host:port); the client asks them for the shard map");
 ABSL_FLAG(int, rank, -1, "this worker's rank (default: $RANK, else 0)");
 ABSL_FLAG(int, world_size, -1, "workers in the job (default: $WORLD_SIZE, else 1)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
@@ -50,14 +69,16 @@ ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
 ABSL_FLAG(std::string, dense_out, "",
           "write the trained dense parameters here (raw little-endian floats)");
 ABSL_FLAG(std::string, rendezvous_dir, "",
-          "with --world_size > 1: a directory all workers on this machine "
-          "share, where they meet to set up the Gloo allreduce (the "
-          "coordinator's key-value store replaces it across machines)");
+          "with --world_size > 1 and no --coordinator: a directory all "
+          "workers on this machine share, where they meet to set up the Gloo "
+          "allreduce");
 ABSL_FLAG(std::string, rendezvous_prefix, "",
           "names this run in the rendezvous store (default: the job name), so "
-          "runs sharing a directory do not meet each other");
-ABSL_FLAG(std::string, gloo_hostname, "127.0.0.1",
-          "address the Gloo TCP transport binds to and peers connect to");
+          "runs sharing a directory or coordinator do not meet each other");
+ABSL_FLAG(std::string, gloo_hostname, "",
+          "address the Gloo TCP transport binds to and peers connect to "
+          "(default: with --coordinator, this host's address on the route to "
+          "the coordinator; else 127.0.0.1)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
@@ -68,6 +89,34 @@ namespace {
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// This host's address on the route to `host_port`'s host (a UDP "connect"
+// sends nothing; it only picks the route), so peers on other machines can
+// reach the Gloo transport. 127.0.0.1 when that fails.
+std::string LocalAddressToward(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) {
+    return "127.0.0.1";
+  }
+  std::string local = "127.0.0.1";
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in me{};
+  socklen_t len = sizeof(me);
+  char text[INET_ADDRSTRLEN];
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+      inet_ntop(AF_INET, &me.sin_addr, text, sizeof(text)) != nullptr) {
+    local = text;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return local;
 }
 
 SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s, uint64_t salt) {
@@ -107,26 +156,21 @@ std::string ResultJson(const TrainResult& r) {
   return absl::StrFormat(
       "{\"steps\":%d,\"samples\":%d,\"seconds\":%.3f,\"samples_per_second\":%.1f,"
       "\"last_loss\":%.6f,\"times\":{\"data\":%.4f,\"lookup\":%.4f,\"forward\":%.4f,"
-      "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f},"
+      "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f,"
+      "\"lookup_wait\":%.4f,\"eval\":%.4f},"
       "\"evals\":[%s],\"losses\":[%s]}\n",
       r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9), r.last_loss,
-      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer, evals,
-      losses);
+      t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer,
+      t.lookup_wait, t.eval, evals, losses);
 }
 
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
-  if (config_path.empty()) {
-    LogError("--config is required (a text-format recps.v1.JobConfig)");
+  const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  if (config_path.empty() && coordinator_address.empty()) {
+    LogError("give --coordinator=host:port, or --config (a text-format "
+             "recps.v1.JobConfig) with --shards");
     return 2;
-  }
-  absl::StatusOr<v1::JobConfig> job = ReadJobConfig(config_path);
-  if (!job.ok()) {
-    LogError(job.status().message());
-    return 2;
-  }
-  if (absl::GetFlag(FLAGS_steps) > 0) {
-    job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
   }
   const int rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank)
                                                   : EnvInt("RANK", 0);
@@ -138,10 +182,48 @@ int Run() {
     return 2;
   }
   SetLogTag(absl::StrCat("recps-worker ", rank));
+
+  // With a coordinator: register (retrying while it starts), then keep the
+  // lease in the background for the whole run.
+  std::unique_ptr<client::CoordinatorClient> coordinator;
+  std::unique_ptr<client::CoordinatorLease> lease;
+  v1::RegisterResponse registered;
+  if (!coordinator_address.empty()) {
+    coordinator = std::make_unique<client::CoordinatorClient>(coordinator_address);
+    v1::RegisterRequest request;
+    request.set_role(v1::WORKER);
+    request.set_rank(rank);
+    absl::StatusOr<v1::RegisterResponse> r = coordinator->Register(request);
+    if (!r.ok()) {
+      LogError(r.status().message());
+      return 1;
+    }
+    registered = *std::move(r);
+    LogInfo("registered with coordinator ", coordinator_address, " as ",
+            registered.member_id());
+    lease = std::make_unique<client::CoordinatorLease>(coordinator.get(), request,
+                                                       &registered);
+  }
+
+  absl::StatusOr<v1::JobConfig> job;
+  if (!config_path.empty()) {
+    job = ReadJobConfig(config_path);
+  } else if (registered.has_job()) {
+    job = registered.job();
+  } else {
+    job = coordinator->GetJob();
+  }
+  if (!job.ok()) {
+    LogError(job.status().message());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) {
+    job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
+  }
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  if (shards.empty()) {
-    LogError("--shards is required (the shard servers' addresses)");
+  if (coordinator == nullptr && shards.empty()) {
+    LogError("--shards is required without --coordinator (the shard servers' addresses)");
     return 2;
   }
 
@@ -149,9 +231,14 @@ int Run() {
   for (const v1::TableConfig& t : job->tables()) tables.push_back({t.name(), t.dim()});
   client::EmbeddingClientOptions client_options;
   client_options.worker_rank = rank;
+  // The coordinator's map wins when both are given: it is the one that
+  // changes with a rebalance.
   absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> client =
-      client::EmbeddingClient::Create(tables, client::MakeServerShardMapSource(shards),
-                                      client_options);
+      client::EmbeddingClient::Create(
+          tables,
+          coordinator != nullptr ? client::MakeCoordinatorShardMapSource(coordinator.get())
+                                 : client::MakeServerShardMapSource(shards),
+          client_options);
   if (!client.ok()) {
     LogError(client.status().message());
     return 1;
@@ -214,16 +301,39 @@ int Run() {
   std::unique_ptr<Collectives> collectives;
   if (world > 1) {
     const std::string dir = absl::GetFlag(FLAGS_rendezvous_dir);
-    if (dir.empty()) {
-      LogError("--world_size ", world, " needs --rendezvous_dir (a directory the "
-               "workers share) to set up the allreduce");
-      return 2;
-    }
-    rendezvous = std::make_unique<FileKeyValueStore>(dir);
     std::string prefix = absl::GetFlag(FLAGS_rendezvous_prefix);
     if (prefix.empty()) prefix = job->name().empty() ? "recps" : job->name();
+    if (!dir.empty()) {
+      rendezvous = std::make_unique<FileKeyValueStore>(dir);
+    } else if (coordinator != nullptr) {
+      rendezvous = std::make_unique<CoordinatorKeyValueStore>(coordinator.get());
+      absl::StatusOr<std::string> fresh =
+          FreshRendezvousPrefix(*coordinator, absl::StrCat("rendezvous/", prefix), rank,
+                                world, absl::GetFlag(FLAGS_collective_timeout));
+      if (!fresh.ok()) {
+        LogError("rendezvous through the coordinator failed: ", fresh.status().ToString());
+        return 1;
+      }
+      prefix = *std::move(fresh);
+    } else {
+      LogError("--world_size ", world, " needs --coordinator or --rendezvous_dir (a "
+               "directory the workers share) to set up the allreduce");
+      return 2;
+    }
+    std::string hostname = absl::GetFlag(FLAGS_gloo_hostname);
+    if (hostname.empty()) {
+      hostname = coordinator != nullptr ? LocalAddressToward(coordinator_address)
+                                        : "127.0.0.1";
+      // `recps launch` sets LOCAL_WORLD_SIZE: fewer here than in the world
+      // means peers on other nodes, which cannot reach a loopback address.
+      if (absl::StartsWith(hostname, "127.") && EnvInt("LOCAL_WORLD_SIZE", world) < world) {
+        LogWarning("the allreduce binds to ", hostname, " (the route to the coordinator) "
+                   "but there are workers on other nodes; set --gloo_hostname to an "
+                   "address they can reach");
+      }
+    }
     absl::StatusOr<std::unique_ptr<Collectives>> gloo = CreateGlooCollectives(
-        *rendezvous, prefix, rank, world, absl::GetFlag(FLAGS_gloo_hostname),
+        *rendezvous, prefix, rank, world, hostname,
         absl::GetFlag(FLAGS_collective_timeout));
     if (!gloo.ok()) {
       LogError("allreduce set-up failed: ", gloo.status().ToString());
@@ -284,22 +394,37 @@ int Run() {
   }
   LogInfo("training ", job->name().empty() ? config_path : job->name(), ": ",
           total_steps, " steps of ", batch_size, " samples, rank ", rank, " of ", world,
-          ", ", shards.size(), " shard server(s)");
+          ", shard map from ",
+          coordinator != nullptr ? "coordinator " + coordinator_address
+                                 : absl::StrCat(shards.size(), " shard server(s)"));
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   if (!result.ok()) {
     LogError("training failed: ", result.status().ToString());
+    if (coordinator != nullptr) {
+      // A peer that died stops heartbeating (and its lease runs out): give
+      // it two heartbeat intervals, then name whoever stayed silent,
+      // whatever the error above says. This worker keeps heartbeating.
+      const absl::Time failed = absl::Now();
+      absl::SleepFor(std::min(absl::Milliseconds(registered.lease_ms()) * 2 / 3 +
+                                  absl::Milliseconds(300),
+                              absl::Seconds(8)));
+      if (const std::string silent = coordinator->DescribeSilentWorkers(failed);
+          !silent.empty()) {
+        LogError("workers silent at the coordinator since the failure: ", silent);
+      }
+    }
     return 1;
   }
   const StepTimes& t = result->times;
   LogInfo(absl::StrFormat(
       "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
-      "optimizer %.2f ms",
+      "optimizer %.2f ms, waiting for overlapped lookups %.2f ms; evaluation %.1f s",
       result->steps, result->samples / std::max(result->seconds, 1e-9),
       1e3 * t.data / result->steps, 1e3 * t.lookup / result->steps,
       1e3 * t.forward / result->steps, 1e3 * t.backward / result->steps,
       1e3 * t.push / result->steps, 1e3 * t.allreduce / result->steps,
-      1e3 * t.optimizer / result->steps));
+      1e3 * t.optimizer / result->steps, 1e3 * t.lookup_wait / result->steps, t.eval));
   if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
     const absl::Span<const float> p = (*trainer)->model().parameters();
     std::ofstream(path, std::ios::binary)
@@ -318,8 +443,9 @@ int Run() {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "recps worker: trains a job's DLRM against the shard servers.\n"
+      "  recps-worker --coordinator=HOST:PORT [--rank=R --world_size=W]\n"
       "  recps-worker --config=JOB --shards=HOST:PORT[,HOST:PORT...] "
-      "[--rank=R --world_size=W]");
+      "[--rank=R --world_size=W --rendezvous_dir=DIR]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
   return recps::worker::Run();

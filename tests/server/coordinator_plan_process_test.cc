@@ -123,9 +123,12 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
     v1::StatsResponse stats;
     ASSERT_TRUE(admin->Stats(&context, v1::StatsRequest(), &stats).ok());
     for (const v1::TableStats& t : stats.tables()) {
-      if (t.name() == "item")
+      if (t.name() == "item") {
         EXPECT_EQ(t.rows(), address == owner ? 1000 : 0) << address;
-      if (t.name() == "user") EXPECT_GT(t.rows(), 300) << address;
+      }
+      if (t.name() == "user") {
+        EXPECT_GT(t.rows(), 300) << address;
+      }
     }
   }
 }

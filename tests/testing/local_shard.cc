@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -67,8 +68,12 @@ absl::StatusOr<std::unique_ptr<LocalShard>> LocalShard::Start(
     absl::Duration timeout) {
   std::unique_ptr<LocalShard> shard(new LocalShard());
   const std::string port_file = shard->dir_.path() + "/ports";
+  // A caller's --listen (a restart on a known port) wins over port 0.
+  const bool has_listen = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--listen=", 0) == 0;
+  });
   args.insert(args.begin(), binary);
-  args.push_back("--listen=127.0.0.1:0");
+  if (!has_listen) args.push_back("--listen=127.0.0.1:0");
   args.push_back("--metrics_listen=127.0.0.1:0");
   args.push_back("--port_file=" + port_file);
   std::vector<char*> argv;

@@ -35,8 +35,8 @@ absl::StatusOr<int> RunProcess(const std::string& binary,
 
 class LocalShard {
  public:
-  // Runs `binary` with `args` plus --listen, --metrics_listen and
-  // --port_file, and waits until it serves (or exits, or `timeout` passes).
+  // Runs `binary` with `args` plus --listen (unless `args` has one),
+  // --metrics_listen and --port_file, and waits until it serves (or exits, or `timeout` passes).
   static absl::StatusOr<std::unique_ptr<LocalShard>> Start(
       const std::string& binary, std::vector<std::string> args,
       absl::Duration timeout = absl::Seconds(30));

@@ -1,0 +1,328 @@
+#include "client/coordinator_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "grpcpp/grpcpp.h"
+
+namespace recps::client {
+namespace {
+
+// Reconnect quickly once a restarted coordinator listens again (gRPC's
+// default backoff grows to two minutes).
+std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(absl::Time deadline, grpc::ClientContext* context) {
+  context->set_deadline(absl::ToChronoTime(deadline));
+}
+
+int64_t Millis(absl::Duration d) {
+  return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
+}
+
+}  // namespace
+
+CoordinatorClient::CoordinatorClient(std::string address,
+                                     CoordinatorClientOptions options)
+    : address_(std::move(address)),
+      options_(options),
+      stub_(v1::Coordinator::NewStub(MakeCoordinatorChannel(address_))) {}
+
+template <typename Attempt>
+grpc::Status CoordinatorClient::Retry(absl::Time give_up, Attempt&& attempt) {
+  absl::Duration backoff = absl::Milliseconds(50);
+  for (;;) {
+    grpc::Status s = attempt();
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= give_up) {
+      return s;
+    }
+    absl::SleepFor(std::min(backoff, std::max(absl::ZeroDuration(),
+                                              give_up - absl::Now())));
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+absl::Status CoordinatorClient::ToStatus(const char* rpc, const grpc::Status& s) const {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat("coordinator ", address_, ": ", rpc, ": ",
+                                   s.error_message()));
+}
+
+absl::StatusOr<v1::RegisterResponse> CoordinatorClient::Register(
+    const v1::RegisterRequest& request) {
+  v1::RegisterResponse response;
+  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + options_.call_timeout, &context);
+    return stub_->Register(&context, request, &response);
+  });
+  if (!s.ok()) return ToStatus("Register", s);
+  return response;
+}
+
+absl::StatusOr<v1::RegisterResponse> CoordinatorClient::RegisterOnce(
+    const v1::RegisterRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(absl::Now() + options_.call_timeout, &context);
+  v1::RegisterResponse response;
+  grpc::Status s = stub_->Register(&context, request, &response);
+  if (!s.ok()) return ToStatus("Register", s);
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::HeartbeatOnce(
+    const std::string& member_id) {
+  grpc::ClientContext context;
+  SetDeadline(absl::Now() + options_.call_timeout, &context);
+  v1::HeartbeatRequest request;
+  request.set_member_id(member_id);
+  v1::HeartbeatResponse response;
+  grpc::Status s = stub_->Heartbeat(&context, request, &response);
+  if (!s.ok()) return ToStatus("Heartbeat", s);
+  return response;
+}
+
+absl::StatusOr<v1::JobConfig> CoordinatorClient::GetJob() {
+  v1::GetJobResponse response;
+  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + options_.call_timeout, &context);
+    return stub_->GetJob(&context, v1::GetJobRequest(), &response);
+  });
+  if (!s.ok()) return ToStatus("GetJob", s);
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::ShardMap> CoordinatorClient::GetShardMap() {
+  v1::GetCoordinatorShardMapResponse response;
+  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + options_.call_timeout, &context);
+    return stub_->GetShardMap(&context, v1::GetCoordinatorShardMapRequest(), &response);
+  });
+  if (!s.ok()) return ToStatus("GetShardMap", s);
+  return std::move(*response.mutable_shard_map());
+}
+
+absl::StatusOr<v1::ListMembersResponse> CoordinatorClient::ListMembers() {
+  v1::ListMembersResponse response;
+  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + options_.call_timeout, &context);
+    return stub_->ListMembers(&context, v1::ListMembersRequest(), &response);
+  });
+  if (!s.ok()) return ToStatus("ListMembers", s);
+  return response;
+}
+
+absl::Status CoordinatorClient::KvSet(const std::string& key, const std::string& value) {
+  v1::KvSetRequest request;
+  request.set_key(key);
+  request.set_value(value);
+  v1::KvSetResponse response;
+  return ToStatus("KvSet", Retry(absl::Now() + options_.retry_for, [&] {
+                    grpc::ClientContext context;
+                    SetDeadline(absl::Now() + options_.call_timeout, &context);
+                    return stub_->KvSet(&context, request, &response);
+                  }));
+}
+
+absl::StatusOr<std::string> CoordinatorClient::KvGet(const std::string& key,
+                                                     absl::Duration wait) {
+  // The wait is the caller's; a restart in the middle may stretch it to
+  // `retry_for`, since waiting for the coordinator is not the key's fault.
+  const absl::Time start = absl::Now();
+  const absl::Time wait_end = start + wait;
+  v1::KvGetRequest request;
+  request.set_key(key);
+  v1::KvGetResponse response;
+  grpc::Status s = Retry(start + std::max(wait, options_.retry_for), [&] {
+    const absl::Duration left = std::max(absl::ZeroDuration(), wait_end - absl::Now());
+    request.set_wait_ms(Millis(left));
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + left + options_.call_timeout, &context);
+    return stub_->KvGet(&context, request, &response);
+  });
+  if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "coordinator ", address_, ": key '", key, "' not set within ",
+        absl::FormatDuration(wait)));
+  }
+  if (!s.ok()) return ToStatus("KvGet", s);
+  return std::move(*response.mutable_value());
+}
+
+absl::Status CoordinatorClient::KvWait(const std::vector<std::string>& keys,
+                                       absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  const absl::Time wait_end = start + timeout;
+  v1::KvWaitRequest request;
+  for (const std::string& key : keys) request.add_keys(key);
+  v1::KvWaitResponse response;
+  grpc::Status s = Retry(start + std::max(timeout, options_.retry_for), [&] {
+    // At least 1 ms: 0 would mean the server's default wait.
+    const absl::Duration left =
+        std::max(absl::Milliseconds(1), wait_end - absl::Now());
+    request.set_timeout_ms(Millis(left));
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + left + options_.call_timeout, &context);
+    return stub_->KvWait(&context, request, &response);
+  });
+  return ToStatus("KvWait", s);
+}
+
+absl::Status CoordinatorClient::Barrier(const std::string& name, int count, int rank,
+                                        absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  const absl::Time wait_end = start + timeout;
+  v1::BarrierRequest request;
+  request.set_name(name);
+  request.set_count(count);
+  request.set_rank(rank);
+  v1::BarrierResponse response;
+  grpc::Status s = Retry(start + std::max(timeout, options_.retry_for), [&] {
+    const absl::Duration left =
+        std::max(absl::Milliseconds(1), wait_end - absl::Now());
+    request.set_timeout_ms(Millis(left));
+    grpc::ClientContext context;
+    SetDeadline(absl::Now() + left + options_.call_timeout, &context);
+    return stub_->Barrier(&context, request, &response);
+  });
+  return ToStatus("Barrier", s);
+}
+
+std::string CoordinatorClient::DescribeSilentWorkers(absl::Time since) {
+  grpc::ClientContext context;
+  SetDeadline(absl::Now() + absl::Seconds(2), &context);
+  v1::ListMembersResponse members;
+  if (!stub_->ListMembers(&context, v1::ListMembersRequest(), &members).ok()) return "";
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::vector<std::string> lines;
+  for (const v1::Member& m : members.members()) {
+    if (m.role() != v1::WORKER) continue;
+    if (m.state() == v1::ALIVE && m.last_heartbeat_unix_ms() >= absl::ToUnixMillis(since)) {
+      continue;
+    }
+    const double ago = (now_ms - m.last_heartbeat_unix_ms()) / 1e3;
+    lines.push_back(absl::StrFormat(
+        "rank %d (%s): lease %s, last heartbeat %.1fs ago", m.rank(), m.member_id(),
+        m.state() == v1::ALIVE ? "alive" : "EXPIRED", ago));
+  }
+  return absl::StrJoin(lines, "; ");
+}
+
+// -------------------------------------------------------------------- lease
+
+CoordinatorLease::CoordinatorLease(CoordinatorClient* client,
+                                   v1::RegisterRequest request,
+                                   const v1::RegisterResponse* registered)
+    : client_(client), request_(std::move(request)) {
+  if (registered != nullptr) {
+    member_id_ = registered->member_id();
+    epoch_ = registered->shard_map_epoch();
+    interval_ = std::clamp(absl::Milliseconds(registered->lease_ms()) / 3,
+                           absl::Milliseconds(50), absl::Seconds(5));
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+CoordinatorLease::~CoordinatorLease() {
+  stop_.Notify();
+  thread_.join();
+}
+
+std::string CoordinatorLease::member_id() const {
+  absl::MutexLock lock(&mu_);
+  return member_id_;
+}
+
+uint64_t CoordinatorLease::shard_map_epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+void CoordinatorLease::Loop() {
+  bool warned = false;  // one warning per outage, not one per attempt
+  absl::Duration wait = absl::ZeroDuration();
+  while (!stop_.WaitForNotificationWithTimeout(wait)) {
+    std::string member_id;
+    {
+      absl::MutexLock lock(&mu_);
+      member_id = member_id_;
+      wait = member_id.empty() ? absl::Seconds(1) : interval_;
+    }
+    absl::Status status;
+    if (member_id.empty()) {
+      // One attempt per round: the loop is the retry, and stop_ stays
+      // responsive.
+      absl::StatusOr<v1::RegisterResponse> r = client_->RegisterOnce(request_);
+      status = r.status();
+      if (r.ok()) {
+        absl::MutexLock lock(&mu_);
+        member_id_ = r->member_id();
+        epoch_ = r->shard_map_epoch();
+        interval_ = std::clamp(absl::Milliseconds(r->lease_ms()) / 3,
+                               absl::Milliseconds(50), absl::Seconds(5));
+        wait = interval_;
+        LogInfo("registered with coordinator ", client_->address(), " as ",
+                r->member_id());
+      }
+    } else {
+      absl::StatusOr<v1::HeartbeatResponse> r = client_->HeartbeatOnce(member_id);
+      status = r.status();
+      if (r.ok()) {
+        absl::MutexLock lock(&mu_);
+        epoch_ = r->shard_map_epoch();
+      } else if (absl::IsFailedPrecondition(status) || absl::IsNotFound(status)) {
+        // Expired while we were slow, or a coordinator without our record.
+        LogWarning(status.message(), "; registering again");
+        absl::MutexLock lock(&mu_);
+        member_id_.clear();
+        wait = absl::ZeroDuration();
+        continue;
+      }
+    }
+    if (!status.ok() && !warned) LogWarning(status.message(), "; retrying");
+    if (status.ok() && warned) LogInfo("coordinator ", client_->address(), " is back");
+    warned = !status.ok();
+  }
+}
+
+// ------------------------------------------------------------ shard map source
+
+namespace {
+
+class CoordinatorShardMapSource final : public ShardMapSource {
+ public:
+  explicit CoordinatorShardMapSource(CoordinatorClient* client) : client_(client) {}
+
+  absl::StatusOr<ShardMap> Fetch() override {
+    absl::StatusOr<v1::ShardMap> map = client_->GetShardMap();
+    if (!map.ok()) return map.status();
+    return ShardMap::FromProto(*map);
+  }
+
+ private:
+  CoordinatorClient* const client_;
+};
+
+}  // namespace
+
+std::unique_ptr<ShardMapSource> MakeCoordinatorShardMapSource(
+    CoordinatorClient* client) {
+  return std::make_unique<CoordinatorShardMapSource>(client);
+}
+
+}  // namespace recps::client

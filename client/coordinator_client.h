@@ -1,0 +1,132 @@
+// A member's side of the coordinator (docs/coordinator.md): typed calls with
+// deadlines that ride out a coordinator restart, the lease kept by a
+// background heartbeat, and the coordinator as a worker's shard map source.
+#ifndef RECPS_CLIENT_COORDINATOR_CLIENT_H_
+#define RECPS_CLIENT_COORDINATOR_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "client/embedding_client.h"
+#include "recps/v1/coordinator.grpc.pb.h"
+
+namespace recps::client {
+
+struct CoordinatorClientOptions {
+  // Deadline of one attempt of a call that does not wait (default 10 s).
+  absl::Duration call_timeout = absl::Seconds(10);
+  // How long a call keeps retrying while the coordinator is unreachable
+  // (UNAVAILABLE: down, restarting, not yet started). Default 2 min: enough
+  // for a restart on the same state dir, short enough that a coordinator
+  // that is gone for good fails the call with a clear error.
+  absl::Duration retry_for = absl::Minutes(2);
+};
+
+// Thread-safe. Every call retries UNAVAILABLE with a capped backoff until
+// `retry_for` has passed since it began, then returns the last error
+// (prefixed with the coordinator's address). The channel reconnects within
+// about a second of the coordinator coming back. Calls are safe to repeat:
+// KvSet overwrites with the same value, Register keeps the member id of the
+// same rank or address, a repeated barrier arrival counts once.
+class CoordinatorClient {
+ public:
+  explicit CoordinatorClient(std::string address,
+                             CoordinatorClientOptions options = {});
+
+  const std::string& address() const { return address_; }
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // One attempt each, no retry: the lease loop decides what a failure
+  // means and when to try again.
+  absl::StatusOr<v1::RegisterResponse> RegisterOnce(const v1::RegisterRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatOnce(const std::string& member_id);
+  // FAILED_PRECONDITION when the coordinator has no job.
+  absl::StatusOr<v1::JobConfig> GetJob();
+  // Also retries while the coordinator has no map yet (it answers
+  // UNAVAILABLE until enough shard servers registered).
+  absl::StatusOr<v1::ShardMap> GetShardMap();
+  absl::StatusOr<v1::ListMembersResponse> ListMembers();
+
+  absl::Status KvSet(const std::string& key, const std::string& value);
+  // Waits up to `wait` in all (also across a restart) for `key`;
+  // DEADLINE_EXCEEDED naming the key when it does not appear.
+  absl::StatusOr<std::string> KvGet(const std::string& key, absl::Duration wait);
+  // Waits up to `timeout` in all until every key exists.
+  absl::Status KvWait(const std::vector<std::string>& keys, absl::Duration timeout);
+  // Returns once `count` ranks arrived at barrier `name`; DEADLINE_EXCEEDED
+  // naming the missing ranks after `timeout`.
+  absl::Status Barrier(const std::string& name, int count, int rank,
+                       absl::Duration timeout);
+
+  // For an error report after a failed step: the workers whose lease ran
+  // out or that sent no heartbeat since `since` (the moment the step
+  // failed; ask a couple of heartbeat intervals later), one per entry:
+  // "rank 1 (worker-1): lease EXPIRED, last heartbeat 12.0s ago". Asks once
+  // (no long retry); empty when all are alive or the coordinator does not
+  // answer.
+  std::string DescribeSilentWorkers(absl::Time since);
+
+ private:
+  // Runs `attempt(deadline_of_this_attempt)` until it returns anything but
+  // UNAVAILABLE, or `give_up` passes.
+  template <typename Attempt>
+  grpc::Status Retry(absl::Time give_up, Attempt&& attempt);
+  absl::Status ToStatus(const char* rpc, const grpc::Status& s) const;
+
+  const std::string address_;
+  const CoordinatorClientOptions options_;
+  const std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// Keeps a member's lease: heartbeats every third of the lease on a
+// background thread, registers again (same role, address and rank, so the
+// same member id) when the coordinator expired or forgot the member or
+// restarted, and logs one warning per outage. Stops when destroyed.
+class CoordinatorLease {
+ public:
+  // `client` must outlive the lease. When `registered` is given (the
+  // caller registered already) the thread starts with heartbeats; else it
+  // registers first, retrying until the coordinator answers.
+  CoordinatorLease(CoordinatorClient* client, v1::RegisterRequest request,
+                   const v1::RegisterResponse* registered = nullptr);
+  ~CoordinatorLease();
+
+  CoordinatorLease(const CoordinatorLease&) = delete;
+  CoordinatorLease& operator=(const CoordinatorLease&) = delete;
+
+  // Empty until registered.
+  std::string member_id() const;
+  // The shard map epoch of the last register or heartbeat reply (0: none).
+  uint64_t shard_map_epoch() const;
+
+ private:
+  void Loop();
+
+  CoordinatorClient* const client_;
+  const v1::RegisterRequest request_;
+  mutable absl::Mutex mu_;
+  std::string member_id_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// The coordinator's current shard map (GetShardMap), for EmbeddingClient:
+// it asks again whenever a shard server reports a newer epoch. `client`
+// must outlive the source.
+std::unique_ptr<ShardMapSource> MakeCoordinatorShardMapSource(
+    CoordinatorClient* client);
+
+}  // namespace recps::client
+
+#endif  // RECPS_CLIENT_COORDINATOR_CLIENT_H_
