@@ -31,6 +31,9 @@ namespace recps::server {
 namespace {
 
 constexpr int kStripes = 64;
+// Successive calls start this many stripes apart (odd: every stripe is a
+// start in turn).
+constexpr uint32_t kStripeStep = 23;
 constexpr int kMaxDim = 4096;
 constexpr size_t kMaxNameLength = 64;
 // Below this many ids a batch runs on the calling thread: waking the pool
@@ -39,8 +42,8 @@ constexpr int64_t kParallelMinIds = 4096;
 // Lookup's pipeline depths (ids): index buckets are prefetched kProbeAhead
 // ids before they are probed, rows kRowAhead ids before they are copied, so
 // that many misses of each kind are in flight at once.
-constexpr int64_t kProbeAhead = 16;
-constexpr int64_t kRowAhead = 8;
+constexpr int64_t kProbeAhead = 32;
+constexpr int64_t kRowAhead = 16;
 // mmap cannot give more than the 47-bit user address space anyway.
 constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 47;
 
@@ -112,6 +115,8 @@ struct Table {
   std::atomic<int64_t> update_ids{0};
   // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].
   mutable std::array<absl::Mutex, kStripes> stripes;
+  // Where the next ForEachStripe starts (mod kStripes).
+  mutable std::atomic<uint32_t> next_first_stripe{0};
   std::vector<absl::flat_hash_map<int64_t, int64_t>> index;
   std::vector<int64_t> slot_rows;
 
@@ -201,8 +206,14 @@ template <typename Fn>
 void ForEachStripe(const Table& t, const StripeBuckets& b, ThreadPool* pool,
                    Fn&& fn) {
   if (static_cast<int64_t>(b.order.size()) < kParallelMinIds) pool = nullptr;
+  // Concurrent calls (the chunks of one large lookup, say) start at
+  // different stripes: walking the stripes in the same order, they would
+  // queue behind each other's lock at every stripe.
+  const uint32_t first = t.next_first_stripe.fetch_add(
+      kStripeStep, std::memory_order_relaxed);
   ParallelFor(pool, kStripes, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t s = lo; s < hi; ++s) {
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t s = (k + first) % kStripes;
       if (b.begin[s] == b.begin[s + 1]) continue;
       absl::MutexLock lock(&t.stripes[s]);
       fn(b.begin[s], b.begin[s + 1]);
