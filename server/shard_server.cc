@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <atomic>
 #include <fstream>
+#include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -155,9 +158,14 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
       return;
     }
     const absl::Time wait_start = absl::Now();
+    // True while AwaitLookup runs on this thread: a callback from it then is
+    // the "ready at once" case and runs the lookup here, without another
+    // trip through the queue.
+    auto awaiting = std::make_shared<std::atomic<bool>>(true);
+    const std::thread::id caller = std::this_thread::get_id();
     clock_->AwaitLookup(
         request->header().step(),
-        [this, request, response, wait_start,
+        [this, request, response, wait_start, awaiting, caller,
          done = std::move(done)](absl::Status ready) mutable {
           if (!ready.ok()) {
             std::move(done)(ready);
@@ -166,11 +174,16 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
           if (metrics_ != nullptr) {
             metrics_->RecordSyncWait(absl::ToDoubleSeconds(absl::Now() - wait_start));
           }
+          if (awaiting->load() && std::this_thread::get_id() == caller) {
+            std::move(done)(RunLookup(*request, response));
+            return;
+          }
           // Off the thread that released us (it may be applying a step).
           work_->Schedule([this, request, response, done = std::move(done)]() mutable {
             std::move(done)(RunLookup(*request, response));
           });
         });
+    awaiting->store(false);
   });
 }
 
