@@ -23,6 +23,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/text_proto.h"
 #include "common/thread_pool.h"
@@ -337,5 +338,6 @@ int main(int argc, char** argv) {
       "[--standalone]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-shard");
+  recps::KeepLargeAllocationsMapped();
   return recps::server::Run();
 }

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "client/embedding_client.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
@@ -322,5 +323,6 @@ int main(int argc, char** argv) {
       "[--rank=R --world_size=W]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
+  recps::KeepLargeAllocationsMapped();
   return recps::worker::Run();
 }
