@@ -126,6 +126,12 @@ struct Table {
     return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
   }
 
+  // Starts loading the index bucket of `id`, for a Find or FindOrCreate a
+  // little later. REQUIRES: slot's stripe held (it reads the map's header).
+  void PrefetchIndex(uint32_t slot, int64_t id) const {
+    index[slot].prefetch(id);
+  }
+
   // Row of `id`, or -1 when it has none. REQUIRES: slot's stripe held.
   int64_t Find(uint32_t slot, int64_t id) const {
     const auto& map = index[slot];
@@ -315,7 +321,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
         }
         if (k < n) {
           const int64_t p = b.order[begin + k];
-          t->index[b.slot[p]].prefetch(ids[p]);
+          t->PrefetchIndex(b.slot[p], ids[p]);
         }
       }
     });
@@ -388,7 +394,15 @@ class HostEmbeddingStore final : public EmbeddingStore {
     std::vector<int64_t> rows(n);
     FirstError error;
     ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
+      // Index buckets are prefetched kProbeAhead ids ahead, as in Lookup.
+      for (int64_t k = begin; k < std::min(end, begin + kProbeAhead); ++k) {
+        t->PrefetchIndex(b.slot[b.order[k]], ids[b.order[k]]);
+      }
       for (int64_t k = begin; k < end; ++k) {
+        if (k + kProbeAhead < end) {
+          const int64_t q = b.order[k + kProbeAhead];
+          t->PrefetchIndex(b.slot[q], ids[q]);
+        }
         const int64_t p = b.order[k];
         rows[k] = t->FindOrCreate(b.slot[p], ids[p]);
         // Only when another caller filled the table since CreateRows.
