@@ -15,16 +15,21 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "client/embedding_client.h"
+#include "common/malloc_tuning.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -37,6 +42,31 @@ double Now() {
   return std::chrono::duration<double>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// CPU seconds (user + system) process `pid` has used so far.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(stat, line);
+  // Fields after the command name, which may hold spaces: state is field 3,
+  // utime and stime are fields 14 and 15.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stod(field);
+    if (i == 15) stime = std::stod(field);
+  }
+  return (utime + stime) / sysconf(_SC_CLK_TCK);
+}
+
+double SelfCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 // Bytes per second through one loopback TCP connection, sender and receiver
@@ -100,6 +130,8 @@ Result Summarise(std::vector<double> latencies, int64_t ids_per_call) {
 }
 
 int Main(int argc, char** argv) {
+  // As in the worker, the client's process.
+  KeepLargeAllocationsMapped();
   std::string binary = RECPS_SHARD_BINARY;
   double seconds_per_case = 2.0;
   std::string only_op;  // "lookup" or "push"; empty runs both
@@ -156,8 +188,9 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
               tcp / 1e9);
   std::printf("max_ids_per_lookup_request: %d\n\n",
               options.max_ids_per_lookup_request);
-  std::printf("%-7s %6s %12s %9s %8s %8s %7s\n", "op", "ids", "ids/s",
-              "GB/s", "p50 ms", "p99 ms", "x_tcp");
+  std::printf("%-7s %6s %12s %9s %8s %8s %7s %10s %10s\n", "op", "ids",
+              "ids/s", "GB/s", "p50 ms", "p99 ms", "x_tcp", "srv cpu ms",
+              "cli cpu ms");
 
   std::mt19937_64 rng(1);
   int64_t step = 0;  // pushes advance the step; lookups read at the next one
@@ -168,6 +201,8 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
       std::vector<int64_t> ids(n);
       std::vector<float> buf(n * kDim, 1e-4f);
       std::vector<double> latencies;
+      const double server_cpu_start = ProcessCpuSeconds((*shard)->pid());
+      const double client_cpu_start = SelfCpuSeconds();
       const double case_start = Now();
       while (Now() - case_start < seconds_per_case || latencies.size() < 5) {
         // Distinct random ids: a random window of the shuffled id space.
@@ -188,11 +223,18 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
           return 1;
         }
       }
+      // Per call; the client's includes copying the ids in this loop.
+      const double calls = latencies.size();
+      const double server_cpu_ms =
+          (ProcessCpuSeconds((*shard)->pid()) - server_cpu_start) / calls * 1e3;
+      const double client_cpu_ms =
+          (SelfCpuSeconds() - client_cpu_start) / calls * 1e3;
       const Result r = Summarise(latencies, n);
-      std::printf("%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f\n", op,
-                  static_cast<long>(n), r.ids_per_second,
+      std::printf("%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %10.2f %10.2f\n",
+                  op, static_cast<long>(n), r.ids_per_second,
                   r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms,
-                  r.payload_bytes_per_second / tcp);
+                  r.payload_bytes_per_second / tcp, server_cpu_ms,
+                  client_cpu_ms);
     }
   }
   std::printf("\n(payload = ids x %d floats; target: lookup >= 0.4 x raw TCP "

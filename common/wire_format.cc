@@ -46,17 +46,26 @@ absl::Status DecodeIds(const std::string& bytes, const char* what,
 
 void EncodeRows(const float* values, size_t n, v1::RowEncoding encoding,
                 std::string* out) {
-  const int width = BytesPerElement(encoding);
-  out->resize(n * width);
-  if (width == 4) {
-    if (n > 0) std::memcpy(out->data(), values, n * 4);
+  out->resize(n * BytesPerElement(encoding));
+  EncodeRows(values, n, encoding, out->data());
+}
+
+void EncodeRows(const float* values, size_t n, v1::RowEncoding encoding,
+                char* out) {
+  if (BytesPerElement(encoding) == 4) {
+    if (n > 0) std::memcpy(out, values, n * 4);
     return;
   }
-  uint16_t* dst = reinterpret_cast<uint16_t*>(out->data());
   if (encoding == v1::ROW_ENCODING_FLOAT16) {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalf(values[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t bits = FloatToHalf(values[i]);
+      std::memcpy(out + 2 * i, &bits, 2);
+    }
   } else {
-    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBf16(values[i]);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t bits = FloatToBf16(values[i]);
+      std::memcpy(out + 2 * i, &bits, 2);
+    }
   }
 }
 

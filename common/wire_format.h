@@ -36,6 +36,9 @@ absl::Status DecodeIds(const std::string& bytes, const char* what,
 // n floats to `encoding` (float32 copies; fp16/bf16 round to nearest even).
 void EncodeRows(const float* values, size_t n, v1::RowEncoding encoding,
                 std::string* out);
+// The same into n * BytesPerElement(encoding) bytes at `out`.
+void EncodeRows(const float* values, size_t n, v1::RowEncoding encoding,
+                char* out);
 // Writes n floats decoded from `bytes`. INVALID_ARGUMENT naming `what` when
 // the byte length is not n elements of `encoding`.
 absl::Status DecodeRows(const std::string& bytes, v1::RowEncoding encoding,

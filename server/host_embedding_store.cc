@@ -31,13 +31,19 @@ namespace recps::server {
 namespace {
 
 constexpr int kStripes = 64;
+// Successive calls start this many stripes apart (odd: every stripe is a
+// start in turn).
+constexpr uint32_t kStripeStep = 23;
 constexpr int kMaxDim = 4096;
 constexpr size_t kMaxNameLength = 64;
 // Below this many ids a batch runs on the calling thread: waking the pool
 // costs more than it saves.
 constexpr int64_t kParallelMinIds = 4096;
-// Rows resolved ahead of the copy in Lookup, so their loads overlap.
-constexpr int kPrefetchAhead = 8;
+// Lookup's pipeline depths (ids): index buckets are prefetched kProbeAhead
+// ids before they are probed, rows kRowAhead ids before they are copied, so
+// that many misses of each kind are in flight at once.
+constexpr int64_t kProbeAhead = 32;
+constexpr int64_t kRowAhead = 16;
 // mmap cannot give more than the 47-bit user address space anyway.
 constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 47;
 
@@ -111,6 +117,8 @@ struct Table {
   std::atomic<int64_t> update_ids{0};
   // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].
   mutable std::array<absl::Mutex, kStripes> stripes;
+  // Where the next ForEachStripe starts (mod kStripes).
+  mutable std::atomic<uint32_t> next_first_stripe{0};
   std::vector<IdIndex> index;
   std::vector<int64_t> slot_rows;
 
@@ -118,6 +126,12 @@ struct Table {
 
   bool InRange(int64_t id) const {
     return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
+  }
+
+  // Starts loading the index bucket of `id`, for a Find or FindOrCreate a
+  // little later. REQUIRES: slot's stripe held (it reads the map's header).
+  void PrefetchIndex(uint32_t slot, int64_t id) const {
+    index[slot].prefetch(id);
   }
 
   // Row of `id`, or -1 when it has none. REQUIRES: slot's stripe held.
@@ -200,8 +214,14 @@ template <typename Fn>
 void ForEachStripe(const Table& t, const StripeBuckets& b, ThreadPool* pool,
                    Fn&& fn) {
   if (static_cast<int64_t>(b.order.size()) < kParallelMinIds) pool = nullptr;
+  // Concurrent calls (the chunks of one large lookup, say) start at
+  // different stripes: walking the stripes in the same order, they would
+  // queue behind each other's lock at every stripe.
+  const uint32_t first = t.next_first_stripe.fetch_add(
+      kStripeStep, std::memory_order_relaxed);
   ParallelFor(pool, kStripes, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t s = lo; s < hi; ++s) {
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t s = (k + first) % kStripes;
       if (b.begin[s] == b.begin[s + 1]) continue;
       absl::MutexLock lock(&t.stripes[s]);
       fn(b.begin[s], b.begin[s + 1]);
@@ -271,31 +291,40 @@ class HostEmbeddingStore final : public EmbeddingStore {
     const int dim = t->spec.dim;
     std::atomic<bool> full{false};
     ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
-      // A small ring of resolved rows: row k is copied once row
-      // k + kPrefetchAhead has been resolved and prefetched.
-      const float* src[kPrefetchAhead];
-      int64_t dst[kPrefetchAhead];
-      int64_t n = 0;
-      auto copy = [&](int64_t i) {
-        std::memcpy(out + dst[i % kPrefetchAhead] * dim,
-                    src[i % kPrefetchAhead], sizeof(float) * dim);
+      // A three-stage software pipeline over the stripe's ids, because each
+      // stage is a cache miss on a batch far larger than the caches: id k's
+      // index bucket is prefetched, kProbeAhead ids later it is probed and
+      // its row prefetched, and kRowAhead ids after that the row is copied.
+      // Done one id at a time, the two dependent misses cost ~200 ns per id.
+      const float* src[kRowAhead];
+      int64_t dst[kRowAhead];
+      auto copy = [&](int64_t k) {
+        std::memcpy(out + dst[k % kRowAhead] * dim, src[k % kRowAhead],
+                    sizeof(float) * dim);
       };
-      for (int64_t k = begin; k < end; ++k) {
-        const int64_t p = b.order[k];
-        const int64_t r = t->FindOrCreate(b.slot[p], ids[p]);
-        if (r < 0) {
-          full.store(true, std::memory_order_relaxed);
-          return;
+      const int64_t n = end - begin;
+      for (int64_t k = 0; k < n + kProbeAhead + kRowAhead; ++k) {
+        // Stages from last to first: the copy frees the ring entry the
+        // probe then fills.
+        const int64_t probe = k - kProbeAhead;
+        const int64_t copied = probe - kRowAhead;
+        if (copied >= 0 && copied < n) copy(copied);
+        if (probe >= 0 && probe < n) {
+          const int64_t p = b.order[begin + probe];
+          const int64_t r = t->FindOrCreate(b.slot[p], ids[p]);
+          if (r < 0) {
+            full.store(true, std::memory_order_relaxed);
+            return;
+          }
+          const float* row = t->Row(r);
+          PrefetchRow(row, dim);
+          src[probe % kRowAhead] = row;
+          dst[probe % kRowAhead] = p;
         }
-        const float* row = t->Row(r);
-        PrefetchRow(row, dim);
-        if (n >= kPrefetchAhead) copy(n - kPrefetchAhead);
-        src[n % kPrefetchAhead] = row;
-        dst[n % kPrefetchAhead] = p;
-        ++n;
-      }
-      for (int64_t i = std::max<int64_t>(0, n - kPrefetchAhead); i < n; ++i) {
-        copy(i);
+        if (k < n) {
+          const int64_t p = b.order[begin + k];
+          t->PrefetchIndex(b.slot[p], ids[p]);
+        }
       }
     });
     if (full.load()) return t->FullError();
@@ -367,7 +396,15 @@ class HostEmbeddingStore final : public EmbeddingStore {
     std::vector<int64_t> rows(n);
     FirstError error;
     ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
+      // Index buckets are prefetched kProbeAhead ids ahead, as in Lookup.
+      for (int64_t k = begin; k < std::min(end, begin + kProbeAhead); ++k) {
+        t->PrefetchIndex(b.slot[b.order[k]], ids[b.order[k]]);
+      }
       for (int64_t k = begin; k < end; ++k) {
+        if (k + kProbeAhead < end) {
+          const int64_t q = b.order[k + kProbeAhead];
+          t->PrefetchIndex(b.slot[q], ids[q]);
+        }
         const int64_t p = b.order[k];
         rows[k] = t->FindOrCreate(b.slot[p], ids[p]);
         // Only when another caller filled the table since CreateRows.

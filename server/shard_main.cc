@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/text_proto.h"
 #include "common/thread_pool.h"
@@ -288,5 +289,6 @@ int main(int argc, char** argv) {
       "[--standalone]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-shard");
+  recps::KeepLargeAllocationsMapped();
   return recps::server::Run();
 }

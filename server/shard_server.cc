@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <atomic>
 #include <fstream>
+#include <memory>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -16,6 +19,10 @@
 
 namespace recps::server {
 namespace {
+
+// Free response buffers kept for reuse: enough for a few concurrent lookups
+// of the largest batches the benchmarks and the worker send.
+constexpr size_t kMaxFreeResponseBytes = size_t{256} << 20;
 
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
@@ -62,7 +69,8 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
     : store_(std::move(store)),
       options_(std::move(options)),
       metrics_(metrics),
-      start_time_(absl::Now()) {
+      start_time_(absl::Now()),
+      response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)) {
   const int self = map.IndexOf(options_.self_address);
   routing_ = std::make_shared<const Routing>(
       Routing{std::move(map), self, options_.self_address});
@@ -134,7 +142,7 @@ absl::Status ShardServer::CheckOwned(const MapView& view, const TableSpec& spec,
 }
 
 void ShardServer::Lookup(const v1::LookupRequest* request,
-                         v1::LookupResponse* response, Done done) {
+                         SerializedLookupResponse* response, Done done) {
   lookup_requests_.fetch_add(1, std::memory_order_relaxed);
   work_->Schedule([this, request, response, done = std::move(done)]() mutable {
     const MapView view = CurrentMap();
@@ -151,9 +159,14 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
       return;
     }
     const absl::Time wait_start = absl::Now();
+    // True while AwaitLookup runs on this thread: a callback from it then is
+    // the "ready at once" case and runs the lookup here, without another
+    // trip through the queue.
+    auto awaiting = std::make_shared<std::atomic<bool>>(true);
+    const std::thread::id caller = std::this_thread::get_id();
     clock_->AwaitLookup(
         request->header().step(),
-        [this, request, response, wait_start,
+        [this, request, response, wait_start, awaiting, caller,
          done = std::move(done)](absl::Status ready) mutable {
           if (!ready.ok()) {
             std::move(done)(ready);
@@ -162,16 +175,21 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
           if (metrics_ != nullptr) {
             metrics_->RecordSyncWait(absl::ToDoubleSeconds(absl::Now() - wait_start));
           }
+          if (awaiting->load() && std::this_thread::get_id() == caller) {
+            std::move(done)(RunLookup(*request, response));
+            return;
+          }
           // Off the thread that released us (it may be applying a step).
           work_->Schedule([this, request, response, done = std::move(done)]() mutable {
             std::move(done)(RunLookup(*request, response));
           });
         });
+    awaiting->store(false);
   });
 }
 
 absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
-                                    v1::LookupResponse* response) {
+                                    SerializedLookupResponse* response) {
   const MapView view = CurrentMap();  // the map may have moved while waiting
   RETURN_IF_ERROR(CheckHeader(request.header(), view));
   // Check everything before touching the store: a refused request creates
@@ -181,9 +199,11 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
     absl::Span<const int64_t> ids;
   };
   std::vector<Part> parts;
+  std::vector<SerializedLookupResponse::Table> layout;
   std::vector<std::vector<int64_t>> scratch(request.tables_size());
   absl::flat_hash_set<int> seen_tables;
   int64_t total_ids = 0;
+  const size_t width = BytesPerElement(request.row_encoding());
   for (int i = 0; i < request.tables_size(); ++i) {
     const v1::TableIds& t = request.tables(i);
     ASSIGN_OR_RETURN(const int table, store_->FindTable(t.table()));
@@ -199,29 +219,27 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
           "lookup carries more than max_ids_per_request=",
           options_.max_ids_per_request, " ids; split the batch"));
     }
-    RETURN_IF_ERROR(CheckOwned(view, store_->spec(table), part.ids));
+    const TableSpec& spec = store_->spec(table);
+    RETURN_IF_ERROR(CheckOwned(view, spec, part.ids));
     parts.push_back(part);
+    layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width});
   }
+  RETURN_IF_ERROR(response->Init(*response_buffers_, layout));
   std::vector<float> converted;
   int64_t bytes = 0;
-  for (const Part& part : parts) {
-    const TableSpec& spec = store_->spec(part.table);
-    v1::TableRows* rows = response->add_tables();
-    rows->set_table(spec.name);
-    rows->set_dim(spec.dim);
-    const size_t n = part.ids.size() * spec.dim;
-    std::string* out = rows->mutable_rows();
-    if (BytesPerElement(request.row_encoding()) == 4) {
-      // Rows land straight in the response buffer (heap: 16-byte aligned).
-      out->resize(n * sizeof(float));
-      RETURN_IF_ERROR(store_->Lookup(part.table, part.ids,
-                                     reinterpret_cast<float*>(out->data())));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& part = parts[i];
+    const size_t n = part.ids.size() * store_->spec(part.table).dim;
+    if (width == sizeof(float)) {
+      // Rows land straight in the response buffer (64-byte aligned).
+      RETURN_IF_ERROR(store_->Lookup(
+          part.table, part.ids, reinterpret_cast<float*>(response->rows(i))));
     } else {
       converted.resize(n);
       RETURN_IF_ERROR(store_->Lookup(part.table, part.ids, converted.data()));
-      EncodeRows(converted.data(), n, request.row_encoding(), out);
+      EncodeRows(converted.data(), n, request.row_encoding(), response->rows(i));
     }
-    bytes += out->size();
+    bytes += layout[i].rows_bytes;
   }
   if (metrics_ != nullptr) metrics_->AddLookedUpIds(total_ids, bytes);
   return absl::OkStatus();

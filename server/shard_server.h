@@ -18,12 +18,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/buffer_pool.h"
 #include "common/shard_map.h"
 #include "common/wire_format.h"  // kShardMapEpochKey
 #include "common/work_queue.h"
 #include "recps/v1/shard.pb.h"
 #include "recps/v1/shard_admin.pb.h"
 #include "server/embedding_store.h"
+#include "server/lookup_response.h"
 #include "server/step_clock.h"
 
 namespace recps::server {
@@ -55,10 +57,10 @@ class ShardServer {
 
   using Done = absl::AnyInvocable<void(absl::Status) &&>;
 
-  // Fills `response` (owned by the caller, alive until done) once the step
-  // clock lets the lookup run.
-  void Lookup(const v1::LookupRequest* request, v1::LookupResponse* response,
-              Done done);
+  // Fills `response` (owned by the caller, alive until done), a serialized
+  // v1::LookupResponse, once the step clock lets the lookup run.
+  void Lookup(const v1::LookupRequest* request,
+              SerializedLookupResponse* response, Done done);
   // Checks the push completely, then hands it to the step clock; done(OK)
   // means it was accepted (applied at once in async mode).
   void PushGradients(const v1::PushGradientsRequest* request,
@@ -94,7 +96,7 @@ class ShardServer {
   absl::Status CheckOwned(const MapView& view, const TableSpec& spec,
                           absl::Span<const int64_t> ids) const;
   absl::Status RunLookup(const v1::LookupRequest& request,
-                         v1::LookupResponse* response);
+                         SerializedLookupResponse* response);
   absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
 
   std::unique_ptr<EmbeddingStore> store_;
@@ -104,6 +106,9 @@ class ShardServer {
 
   mutable absl::Mutex map_mu_;
   MapView routing_ ABSL_GUARDED_BY(map_mu_);
+
+  // Lookup responses' buffers, reused across requests.
+  const std::shared_ptr<BufferPool> response_buffers_;
 
   std::atomic<int64_t> lookup_requests_{0};
   std::atomic<int64_t> push_requests_{0};

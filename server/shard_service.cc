@@ -1,8 +1,13 @@
 #include "server/shard_service.h"
 
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 
 namespace recps::server {
 namespace {
@@ -21,6 +26,27 @@ void Finish(const char* rpc, grpc::CallbackServerContext* context,
   reactor->Finish(ToGrpcStatus(status));
 }
 
+// A lookup in flight: the parsed request and the response being built.
+struct LookupCall {
+  v1::LookupRequest request;
+  SerializedLookupResponse response;
+};
+
+// The response's segments as slices of its buffer, without copying: the
+// buffer goes back to its pool when gRPC drops the last slice.
+grpc::ByteBuffer ToByteBuffer(SerializedLookupResponse& response) {
+  auto* buffer = new PooledBuffer(response.TakeBuffer());
+  const grpc::Slice whole(
+      buffer->data(), buffer->size(),
+      [](void* b) { delete static_cast<PooledBuffer*>(b); }, buffer);
+  std::vector<grpc::Slice> slices;
+  slices.reserve(response.segments().size());
+  for (const SerializedLookupResponse::Segment& s : response.segments()) {
+    slices.push_back(whole.sub(s.offset, s.offset + s.length));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -30,12 +56,29 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 }
 
 grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
-    grpc::CallbackServerContext* context, const v1::LookupRequest* request,
-    v1::LookupResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  server_->Lookup(request, response,
-                  [this, context, reactor, start](absl::Status s) {
+  auto call = std::make_unique<LookupCall>();
+  // Parsed as the generated handler would, with the same error. The copy
+  // shares the slices; Deserialize clears the buffer it reads.
+  grpc::ByteBuffer bytes(*request);
+  const grpc::Status parsed =
+      grpc::SerializationTraits<v1::LookupRequest>::Deserialize(&bytes,
+                                                                &call->request);
+  if (!parsed.ok()) {
+    Finish("Lookup", context, reactor,
+           absl::Status(static_cast<absl::StatusCode>(parsed.error_code()),
+                        parsed.error_message()),
+           start, metrics_);
+    return reactor;
+  }
+  LookupCall* c = call.get();
+  server_->Lookup(&c->request, &c->response,
+                  [this, context, reactor, start, response,
+                   call = std::move(call)](absl::Status s) {
+                    if (s.ok()) *response = ToByteBuffer(call->response);
                     Finish("Lookup", context, reactor, s, start, metrics_);
                   });
   return reactor;

@@ -14,15 +14,22 @@ namespace recps::server {
 // absl::Status -> grpc::Status (the codes are the same numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-class EmbeddingShardService final : public v1::EmbeddingShard::CallbackService {
+// Lookup is registered raw: its response is sent from the buffer the rows
+// were written to (SerializedLookupResponse) instead of a protobuf
+// message that gRPC would serialize, copying every row again. The wire
+// format stays v1::LookupResponse.
+class EmbeddingShardService final
+    : public v1::EmbeddingShard::WithRawCallbackMethod_Lookup<
+          v1::EmbeddingShard::WithCallbackMethod_PushGradients<
+              v1::EmbeddingShard::Service>> {
  public:
   // Neither pointer is owned; metrics may be null.
   EmbeddingShardService(ShardServer* server, ShardMetrics* metrics)
       : server_(server), metrics_(metrics) {}
 
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
-                                   const v1::LookupRequest* request,
-                                   v1::LookupResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* PushGradients(
       grpc::CallbackServerContext* context,
       const v1::PushGradientsRequest* request,

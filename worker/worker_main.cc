@@ -32,6 +32,7 @@
 #include "client/coordinator_client.h"
 #include "client/embedding_client.h"
 #include "common/log.h"
+#include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
@@ -448,5 +449,6 @@ int main(int argc, char** argv) {
       "[--rank=R --world_size=W --rendezvous_dir=DIR]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
+  recps::KeepLargeAllocationsMapped();
   return recps::worker::Run();
 }

@@ -66,15 +66,21 @@ std::string Floats(std::vector<float> v) {
   return s;
 }
 
+// Also checks that the hand-serialized response parses as a
+// v1::LookupResponse.
 absl::Status LookupSync(ShardServer& server, const v1::LookupRequest& req,
                         v1::LookupResponse* resp) {
   absl::Notification done;
   absl::Status status;
-  server.Lookup(&req, resp, [&](absl::Status s) {
+  SerializedLookupResponse serialized;
+  server.Lookup(&req, &serialized, [&](absl::Status s) {
     status = s;
     done.Notify();
   });
   done.WaitForNotification();
+  if (status.ok() && !resp->ParseFromString(serialized.ToString())) {
+    return absl::InternalError("the lookup response does not parse");
+  }
   return status;
 }
 
