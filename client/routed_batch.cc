@@ -135,6 +135,7 @@ void RoutedBatch::Route(const ShardMap& map) {
     plan.server_begin.assign(num_servers + 1, 0);
     plan.routed.resize(n);
     plan.routed_ids.resize(n);
+    const TableRoute route = map.RouteOf(plan.key);
     if (num_servers == 1) {
       // One owner: no hashing, no sort.
       plan.server_begin[1] = static_cast<int32_t>(n);
@@ -148,7 +149,7 @@ void RoutedBatch::Route(const ShardMap& map) {
     plan.scratch.resize(n + num_servers);
     int32_t* owner = plan.scratch.data();
     for (size_t k = 0; k < n; ++k) {
-      owner[k] = map.OwnerOf(plan.key, unique[plan.pending[k]]);
+      owner[k] = route.OwnerOf(unique[plan.pending[k]]);
       ++plan.server_begin[owner[k] + 1];
     }
     std::partial_sum(plan.server_begin.begin(), plan.server_begin.end(),

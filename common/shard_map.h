@@ -1,6 +1,7 @@
-// The cluster's shard map: slot -> owning shard server, with an epoch.
-// Plain data, cheap to copy; the proto form (recps.v1.ShardMap) travels on
-// the wire and is stored by the coordinator.
+// The cluster's shard map: slot -> owning shard server, with an epoch, and
+// per-table overrides from a sharding plan (a table-wise table's one owner,
+// or a table's own slot owners). Plain data, cheap to copy; the proto form
+// (recps.v1.ShardMap) travels on the wire and is stored by the coordinator.
 #ifndef RECPS_COMMON_SHARD_MAP_H_
 #define RECPS_COMMON_SHARD_MAP_H_
 
@@ -15,12 +16,36 @@
 
 namespace recps {
 
+// How the ids of one table find their server; resolve it once per table
+// and batch (ShardMap::RouteOf), then call OwnerOf per id. Valid while the
+// ShardMap it came from lives.
+class TableRoute {
+ public:
+  // Index into ShardMap::servers() of the owner of `id`.
+  int OwnerOf(int64_t id) const {
+    return single_owner_ >= 0
+               ? single_owner_
+               : static_cast<int>(owners_[SlotOf(key_, id, num_slots_)]);
+  }
+  // The one owner of every id (table-wise), or -1 when routed by slot.
+  int single_owner() const { return single_owner_; }
+
+ private:
+  friend class ShardMap;
+  uint64_t key_ = 0;
+  const uint32_t* owners_ = nullptr;
+  uint32_t num_slots_ = 0;
+  int single_owner_ = -1;
+};
+
 class ShardMap {
  public:
   ShardMap() = default;
 
   // Validates: num_slots > 0, at least one server, no duplicate or empty
-  // server, slot_owner has num_slots entries each naming a server.
+  // server, slot_owner has num_slots entries each naming a server; table
+  // routings name distinct tables, with an owner or num_slots slot owners
+  // that name servers.
   static absl::StatusOr<ShardMap> FromProto(const v1::ShardMap& proto);
 
   // Slots split into contiguous, equal (within one) blocks, one per server.
@@ -36,13 +61,21 @@ class ShardMap {
 
   // Index into servers() of the owner of `slot`. REQUIRES: slot < num_slots.
   int OwnerOfSlot(uint32_t slot) const { return slot_owner_[slot]; }
-  // Index of the server that owns (table, id).
+  // How table `table_key` (StableNameKey of its name) is routed: by the
+  // global slot owners unless the map has a routing of its own for it.
+  TableRoute RouteOf(uint64_t table_key) const;
+  // Index of the server that owns (table, id). In loops over many ids,
+  // resolve RouteOf(table_key) once instead.
   int OwnerOf(uint64_t table_key, int64_t id) const {
-    return slot_owner_[SlotOf(table_key, id, num_slots_)];
+    if (tables_.empty()) return slot_owner_[SlotOf(table_key, id, num_slots_)];
+    return RouteOf(table_key).OwnerOf(id);
   }
+  // Whether any table has a routing of its own.
+  bool has_table_routing() const { return !tables_.empty(); }
   // Index of `server` in servers(), or -1.
   int IndexOf(absl::string_view server) const;
-  // The slots owned by server index `server`, ascending.
+  // The slots owned by server index `server` in the global slot owners,
+  // ascending.
   std::vector<uint32_t> SlotsOf(int server) const;
 
  private:
@@ -50,6 +83,14 @@ class ShardMap {
   uint32_t num_slots_ = 0;
   std::vector<std::string> servers_;
   std::vector<uint32_t> slot_owner_;
+  struct TableRouting {
+    uint64_t key = 0;
+    std::string name;
+    int owner = -1;                    // >= 0: table-wise
+    std::vector<uint32_t> slot_owner;  // else num_slots entries
+  };
+  // Sorted by key; few entries (one per table placed other than globally).
+  std::vector<TableRouting> tables_;
 };
 
 }  // namespace recps

@@ -126,6 +126,7 @@ absl::Status Coordinator::Load() {
   } else if (!absl::IsNotFound(job.status())) {
     return job.status();
   }
+  RETURN_IF_ERROR(LoadPlan());
   ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
   for (auto& [key, value] : kv) {
     kv_[key.substr(sizeof(kKvPrefix) - 1)] = std::move(value);
@@ -264,7 +265,20 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   // Sorted, not in arrival order: the same servers always give the same map.
   std::sort(servers.begin(), servers.end());
   servers.resize(options_.num_shards);
-  v1::ShardMap map = ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
+  v1::ShardMap map;
+  if (options_.plan_spec.has_value()) {
+    absl::StatusOr<v1::ShardMap> planned = BuildPlannedMap(servers);
+    if (!planned.ok()) {
+      // No map until the spec or the cluster changes: a member's Register
+      // must not fail for it; GetShardMap and GetPlan say why.
+      plan_error_ = std::string(planned.status().message());
+      LogError("cannot plan the shard map: ", plan_error_);
+      return absl::OkStatus();
+    }
+    map = *std::move(planned);
+  } else {
+    map = ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
+  }
   RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
   map_ = map;
   if (metrics_ != nullptr) metrics_->epoch.Set(1);
@@ -330,6 +344,10 @@ absl::StatusOr<v1::ShardMap> Coordinator::GetShardMap() const {
     int alive = 0;
     for (const auto& [id, e] : members_) {
       alive += e.record.role() == v1::SHARD_SERVER && e.record.state() == v1::ALIVE;
+    }
+    if (!plan_error_.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "no shard map yet: the sharding planner failed: ", plan_error_));
     }
     return absl::UnavailableError(absl::StrCat(
         "no shard map yet: ", alive, " of ", options_.num_shards,

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,11 @@ struct CoordinatorOptions {
   absl::Duration default_wait = absl::Minutes(5);
   // Time source; default absl::Now. Tests inject a fake.
   std::function<absl::Time()> clock;
+  // When set, the first map comes from the sharding planner (job tables +
+  // this topology and hints, the registered servers' addresses) instead of
+  // uniform slots; the plan is stored and served by GetPlan. See
+  // docs/planner.md.
+  std::optional<v1::PlanSpec> plan_spec;
 };
 
 class Coordinator {
@@ -85,6 +91,11 @@ class Coordinator {
   // first map is built.
   absl::StatusOr<v1::ShardMap> GetShardMap() const;
   uint64_t shard_map_epoch() const;
+
+  // The stored sharding plan. NOT_FOUND when the coordinator does not plan
+  // (no plan_spec) and none is stored; UNAVAILABLE, with the planner's
+  // error if it failed, before the first map is built.
+  absl::StatusOr<v1::ShardingPlan> GetPlan() const;
 
   // Calls `fn` with every map newer than `after_epoch`: the current one (if
   // newer) before Watch returns, then each new epoch. Calls may come from
@@ -148,6 +159,11 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the first map once enough shard servers are alive.
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The planned map over `servers` (sorted addresses); stores the plan
+  // (coordinator_plan.cc).
+  absl::StatusOr<v1::ShardMap> BuildPlannedMap(const std::vector<std::string>& servers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateMemberGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const v1::ShardMap& map);
   void CompleteKvWaiters(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -175,6 +191,10 @@ class Coordinator {
   std::vector<KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   MapPusher pusher_ ABSL_GUARDED_BY(mu_);
+  // The plan the map was built from (plan_id 0: none), and why the last
+  // planning failed.
+  v1::ShardingPlan plan_ ABSL_GUARDED_BY(mu_);
+  std::string plan_error_ ABSL_GUARDED_BY(mu_);
 
   // Separate from mu_ so watchers run outside it, and Unwatch can wait for
   // a delivery in progress.

@@ -47,6 +47,11 @@ ABSL_FLAG(int, num_shards, 0,
           "shard servers to wait for: once this many registered, the "
           "coordinator builds shard map epoch 1 over them and pushes it. "
           "0: never build a map automatically");
+ABSL_FLAG(std::string, plan_spec, "",
+          "path of a text-format recps.v1.PlanSpec (topology: server memory, "
+          "bandwidth, workers, batch; per-table hints). When set, shard map "
+          "epoch 1 comes from the sharding planner instead of uniform slots, "
+          "and GetPlan serves the plan (docs/planner.md)");
 ABSL_FLAG(uint32_t, num_slots, 4096,
           "slots of the cluster (fixed for its life; a stored map keeps its own)");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
@@ -100,6 +105,14 @@ int Run() {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_slots = absl::GetFlag(FLAGS_num_slots);
   options.lease = absl::GetFlag(FLAGS_lease);
+  if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
+    v1::PlanSpec spec;
+    if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+    options.plan_spec = std::move(spec);
+  }
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(*std::move(store), options, registry.get());
   if (!coordinator.ok()) {

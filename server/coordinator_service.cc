@@ -254,6 +254,16 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMembers(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
+    grpc::CallbackServerContext* context, const v1::GetPlanRequest*,
+    v1::GetPlanResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::ShardingPlan> plan = coordinator_->GetPlan();
+  if (plan.ok()) *response->mutable_plan() = *std::move(plan);
+  Finish("GetPlan", reactor, plan.status());
+  return reactor;
+}
+
 // --- ShardMapPusher ---------------------------------------------------------
 
 ShardMapPusher::ShardMapPusher() : thread_([this] { Loop(); }) {}

@@ -96,6 +96,8 @@ absl::Status ValidateSpec(const TableSpec& s, int index) {
   return absl::OkStatus();
 }
 
+using IdIndex = absl::flat_hash_map<int64_t, int64_t>;
+
 struct Table {
   TableSpec spec;
   uint64_t key = 0;   // StableNameKey(spec.name)
@@ -109,7 +111,7 @@ struct Table {
   std::atomic<int64_t> update_ids{0};
   // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].
   mutable std::array<absl::Mutex, kStripes> stripes;
-  std::vector<absl::flat_hash_map<int64_t, int64_t>> index;
+  std::vector<IdIndex> index;
   std::vector<int64_t> slot_rows;
 
   float* Row(int64_t r) const { return arena.as<float>() + r * stride; }
@@ -424,6 +426,15 @@ class HostEmbeddingStore final : public EmbeddingStore {
     info.dim = t.spec.dim;
     info.rows = t.next_row.load(std::memory_order_relaxed);
     info.row_bytes = t.stride * static_cast<int64_t>(sizeof(float));
+    info.index_bytes =
+        static_cast<int64_t>(t.index.size()) * HostIndexBytesPerSlot();
+    for (int s = 0; s < kStripes; ++s) {
+      absl::MutexLock lock(&t.stripes[s]);
+      for (size_t slot = s; slot < t.index.size(); slot += kStripes) {
+        info.index_bytes += HostIndexAllocBytes(
+            static_cast<int64_t>(t.index[slot].capacity()));
+      }
+    }
     info.lookup_ids = t.lookup_ids.load(std::memory_order_relaxed);
     info.update_ids = t.update_ids.load(std::memory_order_relaxed);
     return info;
@@ -478,6 +489,31 @@ class HostEmbeddingStore final : public EmbeddingStore {
 };
 
 }  // namespace
+
+int64_t HostIndexBytesPerSlot() {
+  return static_cast<int64_t>(sizeof(IdIndex) + sizeof(int64_t));
+}
+
+int64_t HostIndexAllocBytes(int64_t capacity) {
+  if (capacity <= 0) return 0;
+  // abseil's raw_hash_set: capacity + 1 control bytes, 15 cloned control
+  // bytes (16-wide groups), padded to the slot alignment, then the slots.
+  constexpr int64_t kSlot = sizeof(std::pair<const int64_t, int64_t>);
+  constexpr int64_t kAlign = alignof(std::pair<const int64_t, int64_t>);
+  const int64_t ctrl = (capacity + 1 + 15 + kAlign - 1) / kAlign * kAlign;
+  return ctrl + capacity * kSlot;
+}
+
+int64_t HostIndexBytesForRows(int64_t rows) {
+  if (rows <= 0) return 0;
+  // Capacities are 2^k - 1, doubled when the map would pass 7/8 full
+  // (abseil's CapacityToGrowth).
+  int64_t capacity = 1;
+  while (capacity - capacity / 8 < rows) {
+    capacity = capacity * 2 + 1;
+  }
+  return HostIndexAllocBytes(capacity);
+}
 
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     std::vector<TableSpec> tables, const StoreOptions& options) {

@@ -119,8 +119,9 @@ absl::Status ShardServer::CheckHeader(const v1::RequestHeader& header,
 absl::Status ShardServer::CheckOwned(const MapView& view, const TableSpec& spec,
                                      absl::Span<const int64_t> ids) const {
   const uint64_t key = StableNameKey(spec.name);
+  const TableRoute route = view->map.RouteOf(key);
   for (int64_t id : ids) {
-    if (view->map.OwnerOf(key, id) != view->self) {
+    if (route.OwnerOf(id) != view->self) {
       return StaleEpochError(
           absl::StrCat("id ", id, " of table ", spec.name, " (slot ",
                        SlotOf(key, id, view->map.num_slots()),
@@ -291,6 +292,7 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
     ts->set_dim(info.dim);
     ts->set_rows(info.rows);
     ts->set_bytes(info.rows * info.row_bytes);
+    ts->set_index_bytes(info.index_bytes);
     ts->set_lookup_ids(info.lookup_ids);
     ts->set_update_ids(info.update_ids);
     total_rows += info.rows;

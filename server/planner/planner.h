@@ -48,7 +48,8 @@ struct PlannerInput {
 // The input for `job` under `spec` (topology and hints): tables from the
 // job, default pooling from its features (and synthetic bag sizes), default
 // distinct ids from its data config.
-PlannerInput PlannerInputFromJob(const v1::JobConfig& job, const v1::PlanSpec& spec);
+PlannerInput PlannerInputFromJob(const v1::JobConfig& job,
+                                 const v1::PlanSpec& spec);
 
 // The plan with the smallest predicted maximum step time over servers
 // among those that fit every server's memory.

@@ -5,10 +5,13 @@
 
 #include "common/hashing.h"
 #include "common/row_init.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace recps {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(SlotOf, SpreadsIdsEvenlyAndStaysStable) {
   const uint32_t kSlots = 64;
@@ -57,6 +60,53 @@ TEST(ShardMap, ProtoRoundTripAndValidation) {
   bad = m.ToProto();
   bad.set_num_slots(0);
   EXPECT_FALSE(ShardMap::FromProto(bad).ok());
+}
+
+TEST(ShardMap, TableRoutingOverridesTheGlobalSlotsForThatTableOnly) {
+  v1::ShardMap p = ShardMap::Uniform(4, 64, {"a:1", "b:2", "c:3"}).ToProto();
+  v1::TableRouting* whole = p.add_tables();
+  whole->set_table("pinned");
+  whole->set_owner(2);
+  v1::TableRouting* own = p.add_tables();
+  own->set_table("own");
+  for (uint32_t s = 0; s < 64; ++s) own->add_slot_owner(s % 2);
+  absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->has_table_routing());
+  const uint64_t pinned = StableNameKey("pinned"), mine = StableNameKey("own"),
+                 other = StableNameKey("other");
+  EXPECT_EQ(m->RouteOf(pinned).single_owner(), 2);
+  EXPECT_EQ(m->RouteOf(other).single_owner(), -1);
+  for (int64_t id = -1000; id < 1000; ++id) {
+    EXPECT_EQ(m->OwnerOf(pinned, id), 2);
+    EXPECT_EQ(m->OwnerOf(mine, id), static_cast<int>(SlotOf(mine, id, 64) % 2));
+    EXPECT_EQ(m->OwnerOf(other, id), m->OwnerOfSlot(SlotOf(other, id, 64)));
+    EXPECT_EQ(m->RouteOf(other).OwnerOf(id), m->OwnerOf(other, id));
+  }
+  // Round trip keeps the routings.
+  absl::StatusOr<ShardMap> back = ShardMap::FromProto(m->ToProto());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToProto().tables_size(), 2);
+  EXPECT_EQ(back->OwnerOf(pinned, 12345), 2);
+}
+
+TEST(ShardMap, BadTableRoutingsAreRefused) {
+  const v1::ShardMap base = ShardMap::Uniform(1, 8, {"a:1", "b:2"}).ToProto();
+  v1::ShardMap p = base;
+  p.add_tables()->set_table("t");
+  p.mutable_tables(0)->set_owner(2);
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(), HasSubstr("server index 2"));
+  p = base;
+  p.add_tables()->set_table("t");
+  p.add_tables()->set_table("t");
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(), HasSubstr("routed twice"));
+  p = base;
+  p.add_tables()->set_table("t");
+  p.mutable_tables(0)->add_slot_owner(0);
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(), HasSubstr("1 slot owners for 8"));
+  p = base;
+  p.add_tables();
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(), HasSubstr("no table name"));
 }
 
 TEST(RowInit, IsAPureFunctionOfSeedTableIdColumn) {

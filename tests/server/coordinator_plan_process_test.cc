@@ -1,0 +1,134 @@
+// A real recps-coordinator with --plan_spec and two real recps-shard
+// processes: the coordinator plans epoch 1, pushes it (with a table-wise
+// table's routing), serves GetPlan, and a client's lookups of the table-wise
+// table all land on its one server.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/embedding_client.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recps/v1/coordinator.grpc.pb.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+using testing::LocalShard;
+using testing::TempDir;
+
+constexpr char kJob[] = R"(
+tables { name: "user" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } }
+tables { name: "item" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
+training { batch_size: 32 steps: 10 seed: 7 consistency { mode: ASYNC } }
+)";
+
+constexpr char kSpec[] = R"(
+topology { servers { memory_bytes: 1073741824 } num_workers: 1 }
+hints { table: "user" expected_distinct_ids: 100000 pinned_type: ROW_WISE }
+hints { table: "item" pinned_type: TABLE_WISE }
+)";
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(10));
+}
+
+template <typename F>
+bool Eventually(F done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  const std::string spec = dir.WriteFile("plan.textproto", kSpec);
+  auto coordinator =
+      LocalShard::Start(RECPS_COORDINATOR_BINARY,
+                        {"--state_dir=" + dir.path() + "/state",
+                         "--num_shards=2", "--num_slots=256", "--job=" + job,
+                         "--plan_spec=" + spec, "--tick=20ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      (*coordinator)->address(), grpc::InsecureChannelCredentials()));
+
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    auto shard = LocalShard::Start(
+        RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1",
+                             "--coordinator=" + (*coordinator)->address()});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    addresses.push_back((*shard)->address());
+    shards.push_back(*std::move(shard));
+  }
+
+  v1::GetPlanResponse plan;
+  ASSERT_TRUE(Eventually([&] {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub->GetPlan(&context, v1::GetPlanRequest(), &plan).ok();
+  }));
+  EXPECT_EQ(plan.plan().plan_id(), 1u);
+  const v1::TablePlan* item = nullptr;
+  for (const v1::TablePlan& t : plan.plan().tables()) {
+    if (t.table() == "item") item = &t;
+  }
+  ASSERT_NE(item, nullptr);
+  ASSERT_EQ(item->type(), v1::TABLE_WISE);
+  const std::string owner = plan.plan().servers(item->server());
+
+  // Both shards installed the planned map.
+  for (const std::string& address : addresses) {
+    auto admin = v1::ShardAdmin::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(Eventually([&] {
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      v1::ShardMap map;
+      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
+                 .ok() &&
+             map.epoch() == 1 && map.tables_size() == 1;
+    })) << address;
+  }
+
+  client::EmbeddingClientOptions options;
+  options.rpc_timeout = absl::Seconds(20);
+  auto c = client::EmbeddingClient::Create(
+      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses),
+      options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<int64_t> ids(1000);
+  for (int i = 0; i < 1000; ++i) ids[i] = i;
+  std::vector<float> rows(ids.size() * 8);
+  absl::Status s =
+      (*c)->Lookup(0, {{{1, ids, rows.data()}, {0, ids, rows.data()}}});
+  ASSERT_TRUE(s.ok()) << s;
+
+  for (const std::string& address : addresses) {
+    auto admin = v1::ShardAdmin::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::StatsResponse stats;
+    ASSERT_TRUE(admin->Stats(&context, v1::StatsRequest(), &stats).ok());
+    for (const v1::TableStats& t : stats.tables()) {
+      if (t.name() == "item")
+        EXPECT_EQ(t.rows(), address == owner ? 1000 : 0) << address;
+      if (t.name() == "user") EXPECT_GT(t.rows(), 300) << address;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace recps
