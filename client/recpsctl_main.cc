@@ -1,6 +1,6 @@
 // recpsctl: the admin CLI. Asks a running cluster (through its coordinator,
-// or shard servers directly) what it holds and how it is doing, and plans
-// sharding offline. Tables for people, --json for scripts. See
+// or shard servers directly) what it holds and how it is doing, and runs
+// the sharding planner offline. Tables for people, --json for scripts. See
 // docs/admin-cli.md.
 //
 // Flags are parsed here rather than with absl flags: every subcommand has
@@ -8,6 +8,7 @@
 // errors too (absl's parser exits with 1).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -26,7 +27,12 @@
 #include "client/admin/cluster_reader.h"
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
+#include "common/status_macros.h"
+#include "common/text_proto.h"
 #include "grpcpp/security/credentials.h"
+#include "recps/v1/job.pb.h"
+#include "recps/v1/plan.pb.h"
+#include "server/planner/planner.h"
 
 namespace recps::client::admin {
 namespace {
@@ -42,8 +48,9 @@ enum ExitCode : int {
 constexpr char kExitCodesHelp[] = R"(Exit codes:
   0  success (status: the cluster is healthy)
   1  the cluster could not be reached or asked (the message says which
-     address and why)
-  2  usage error: unknown command or flag, bad value, unreadable input file
+     address and why); plan: no plan fits (the message says what would)
+  2  usage error: unknown command or flag, bad value, unreadable or invalid
+     input file
   3  unhealthy: an expired member, a shard server that does not answer or
      routes by an old shard map, or no shard map yet
 )";
@@ -102,6 +109,38 @@ ranges) and its rows. --slots adds the rows of every slot. Exits 3 when a
 server does not answer.
 )",
        {{"slots", false}}},
+      {"plan",
+       "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
+       "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
+       "the sharding plan the planner would make, with its cost estimates "
+       "(offline)",
+       R"(Runs the sharding planner on the tables of JOB (a text-format
+recps.v1.JobConfig) without touching a cluster, and prints per table its
+sharding type, placement, rows and bytes, and per server its bytes, traffic
+and predicted step time (cost model: docs/planner.md).
+
+The cluster comes from --spec (a text-format recps.v1.PlanSpec: topology and
+per-table hints, as recps-coordinator --plan_spec reads it) and the flags:
+  --servers=N       plan for N servers ("server-0" ...), each like the spec's
+                    entry without an address (or the defaults)
+  --memory=BYTES    memory for rows on each server: 64GiB, 512MiB, 1e9, ...
+  --workers=W       dense workers (default: the spec's, else 1)
+  --batch_size=B    samples per worker per step (default: the spec's, else
+                    the job's training.batch_size)
+  --device=cpu|gpu  where the servers keep rows (sets the default row cost)
+  --json            print the recps.v1.ShardingPlan as JSON
+A plan that the shard servers cannot serve yet (column-wise, fp16) is
+printed with a note saying so.
+)",
+       {{"spec", true},
+        {"servers", true},
+        {"memory", true},
+        {"workers", true},
+        {"batch_size", true},
+        {"device", true}},
+       1,
+       1,
+       false},
   };
   return *commands;
 }
@@ -148,7 +187,10 @@ const FlagSpec* FindFlag(const CommandSpec* command, const std::string& name) {
   static const auto* kCommon = new std::vector<FlagSpec>{
       {"coordinator", true}, {"server", true}, {"timeout", true}, {"json", false}};
   for (const FlagSpec& f : *kCommon) {
-    if (f.name == name) return &f;
+    // Offline commands take --json but no connection flags.
+    if (f.name == name && (command == nullptr || command->uses_cluster || name == "json")) {
+      return &f;
+    }
   }
   if (command != nullptr) {
     for (const FlagSpec& f : command->flags) {
@@ -378,13 +420,144 @@ int RunClusterCommand(const ParsedArgs& parsed) {
                all_answered ? kExitOk : kExitUnhealthy);
 }
 
+
+// "64GiB", "512MiB", "10G", "1.5e9", "4096": bytes.
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024},
+      {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9},
+      {"T", 1e12}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}};
+  std::string number = text;
+  double scale = 1;
+  for (const auto& [unit, factor] : kUnits) {
+    if (absl::EndsWith(text, unit) && text.size() > strlen(unit)) {
+      const std::string head = text.substr(0, text.size() - strlen(unit));
+      double unused;
+      if (absl::SimpleAtod(head, &unused)) {
+        number = head;
+        scale = factor;
+        break;
+      }
+    }
+  }
+  double value;
+  if (!absl::SimpleAtod(number, &value) || value <= 0 || value * scale > 9e18) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", text, "\": expected a size such as 64GiB, 512MiB or 1e9"));
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+absl::StatusOr<int64_t> PositiveIntFlag(const ParsedArgs& parsed, const std::string& name) {
+  auto it = parsed.flags.find(name);
+  if (it == parsed.flags.end()) return 0;
+  int64_t v;
+  if (!absl::SimpleAtoi(it->second, &v) || v <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", it->second, ": expected a positive integer"));
+  }
+  return v;
+}
+
+// The spec with the flags applied: --servers expands the spec's entry
+// without an address (or an empty one) into N named servers; --memory,
+// --device, --workers and --batch_size override every server's or the
+// topology's value.
+absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
+                                               const v1::JobConfig& job) {
+  v1::PlanSpec spec;
+  if (auto it = parsed.flags.find("spec"); it != parsed.flags.end()) {
+    RETURN_IF_ERROR(ReadTextProto(it->second, &spec));
+  }
+  v1::Topology* topo = spec.mutable_topology();
+  ASSIGN_OR_RETURN(const int64_t servers, PositiveIntFlag(parsed, "servers"));
+  if (servers > 0) {
+    v1::ServerSpec like;
+    for (const v1::ServerSpec& s : topo->servers()) {
+      if (s.address().empty()) like = s;
+    }
+    topo->clear_servers();
+    for (int64_t i = 0; i < servers; ++i) {
+      v1::ServerSpec* s = topo->add_servers();
+      *s = like;
+      s->set_address(absl::StrCat("server-", i));
+    }
+  }
+  if (topo->servers_size() == 0) {
+    return absl::InvalidArgumentError(
+        "how many shard servers? Give --servers=N (or servers in --spec)");
+  }
+  for (const v1::ServerSpec& s : topo->servers()) {
+    if (s.address().empty()) {
+      return absl::InvalidArgumentError(
+          "the spec's servers entry without an address is a template: give "
+          "--servers=N to say how many servers it stands for");
+    }
+  }
+  if (auto it = parsed.flags.find("memory"); it != parsed.flags.end()) {
+    ASSIGN_OR_RETURN(const int64_t bytes, ParseBytes(it->second));
+    for (v1::ServerSpec& s : *topo->mutable_servers()) s.set_memory_bytes(bytes);
+  }
+  if (auto it = parsed.flags.find("device"); it != parsed.flags.end()) {
+    if (it->second != "cpu" && it->second != "gpu") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device=", it->second, ": expected cpu or gpu"));
+    }
+    for (v1::ServerSpec& s : *topo->mutable_servers()) {
+      s.set_device(it->second == "gpu" ? v1::GPU : v1::CPU);
+    }
+  }
+  for (const v1::ServerSpec& s : topo->servers()) {
+    if (s.memory_bytes() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "how much memory does ", s.address(), " have? Give --memory=BYTES "
+          "(or memory_bytes in --spec)"));
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t workers, PositiveIntFlag(parsed, "workers"));
+  if (workers > 0) topo->set_num_workers(static_cast<int32_t>(workers));
+  if (topo->num_workers() == 0) topo->set_num_workers(1);
+  ASSIGN_OR_RETURN(const int64_t batch, PositiveIntFlag(parsed, "batch_size"));
+  if (batch > 0) topo->set_batch_size(batch);
+  if (topo->batch_size() == 0) topo->set_batch_size(job.training().batch_size());
+  return spec;
+}
+
+int RunPlan(const ParsedArgs& parsed) {
+  v1::JobConfig job;
+  if (absl::Status s = ReadTextProto(parsed.args[0], &job); !s.ok()) {
+    return UsageError(&parsed, s);
+  }
+  absl::StatusOr<v1::PlanSpec> spec = PlanSpecFromFlags(parsed, job);
+  if (!spec.ok()) return UsageError(&parsed, spec.status());
+  absl::StatusOr<v1::ShardingPlan> plan =
+      planner::PlanSharding(planner::PlannerInputFromJob(job, *spec));
+  if (absl::IsInvalidArgument(plan.status())) return UsageError(&parsed, plan.status());
+  if (!plan.ok()) return Error(plan.status());
+  std::string text = planner::FormatPlan(*plan);
+  // Whether the data plane can serve it as a shard map.
+  if (absl::Status s = planner::PlanToShardMap(*plan, 1).status(); !s.ok()) {
+    text += absl::StrCat("\nnote: planned only, the shard servers cannot serve "
+                         "this plan yet: ", s.message(), "\n");
+  }
+  return Print(parsed, *plan, text, kExitOk);
+}
+
 int Main(int argc, char** argv) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argc, argv);
-  if (!parsed.ok()) return UsageError(nullptr, parsed.status());
+  if (!parsed.ok()) {
+    // Point at the command's help when the command itself was recognised.
+    ParsedArgs hint;
+    for (int i = 1; i < argc && hint.command == nullptr; ++i) {
+      hint.command = FindCommand(argv[i]);
+    }
+    return UsageError(&hint, parsed.status());
+  }
   if (parsed->help) {
     std::cout << (parsed->command != nullptr ? CommandHelp(*parsed->command) : MainHelp());
     return kExitOk;
   }
+  if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   return RunClusterCommand(*parsed);
 }
 

@@ -314,6 +314,25 @@ v1::ShardsReport BuildShardsReport(const ClusterSnapshot& snapshot) {
     s->set_rows(stats->total_rows());
     *s->mutable_slots() = stats->slots();
   }
+  for (const v1::TableRouting& t : snapshot.map.tables()) {
+    v1::RoutedTable* r = out.add_routed_tables();
+    r->set_table(t.table());
+    auto server_name = [&](uint32_t index) {
+      return index < static_cast<uint32_t>(snapshot.map.servers_size())
+                 ? snapshot.map.servers(index)
+                 : absl::StrCat("#", index);
+    };
+    if (t.slot_owner().empty()) {
+      r->set_layout("table-wise");
+      r->add_servers(server_name(t.owner()));
+    } else {
+      r->set_layout("own slots");
+      std::vector<uint32_t> owners(t.slot_owner().begin(), t.slot_owner().end());
+      std::sort(owners.begin(), owners.end());
+      owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+      for (uint32_t o : owners) r->add_servers(server_name(o));
+    }
+  }
   return out;
 }
 

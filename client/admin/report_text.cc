@@ -239,6 +239,14 @@ std::string FormatShardsReport(const v1::ShardsReport& report, bool per_slot) {
                     s.slot_ranges().empty() ? "-" : s.slot_ranges()});
   }
   out += servers.Render();
+  if (report.routed_tables_size() > 0) {
+    out += "\ntables with their own routing (the slot ranges above route the others):\n";
+    TextTable routed({"TABLE", "LAYOUT", "SERVERS"});
+    for (const v1::RoutedTable& t : report.routed_tables()) {
+      routed.AddRow({t.table(), t.layout(), absl::StrJoin(t.servers(), ",")});
+    }
+    out += routed.Render();
+  }
   if (per_slot) {
     TextTable slots({"SLOT", "SERVER", "ROWS"});
     for (const v1::ServerShards& s : report.servers()) {

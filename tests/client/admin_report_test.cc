@@ -211,6 +211,24 @@ TEST(BuildShardsReportTest, SlotRangesPerServer) {
   EXPECT_EQ(report.servers(1).slot_ranges(), "2-3");
   EXPECT_EQ(report.servers(1).index(), 1);
   EXPECT_EQ(report.servers(1).rows(), 300);
+  EXPECT_TRUE(report.routed_tables().empty());
+}
+
+TEST(BuildShardsReportTest, TablesWithTheirOwnRouting) {
+  ClusterSnapshot s = TwoServers(Stats(1, 0, 1.0), Stats(1, 0, 1.0));
+  v1::TableRouting* whole = s.map.add_tables();
+  whole->set_table("t7");
+  whole->set_owner(1);
+  v1::TableRouting* own = s.map.add_tables();
+  own->set_table("big");
+  for (uint32_t o : {1, 0, 1, 1}) own->add_slot_owner(o);
+  const v1::ShardsReport report = BuildShardsReport(s);
+  ASSERT_EQ(report.routed_tables_size(), 2);
+  EXPECT_EQ(report.routed_tables(0).layout(), "table-wise");
+  EXPECT_THAT(report.routed_tables(0).servers(), ElementsAre("b:1"));
+  EXPECT_EQ(report.routed_tables(1).layout(), "own slots");
+  EXPECT_THAT(report.routed_tables(1).servers(), ElementsAre("a:1", "b:1"));
+  EXPECT_THAT(FormatShardsReport(report, false), HasSubstr("t7     table-wise  b:1"));
 }
 
 TEST(TextTableTest, AlignsColumnsAndRightAlignsNumbers) {

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/admin.pb.h"
 #include "recps/v1/coordinator.grpc.pb.h"
+#include "recps/v1/plan.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/local_shard.h"
 
@@ -327,6 +328,46 @@ TEST_F(RecpsctlTest, AServerThatDoesNotAnswerMakesTheClusterUnhealthy) {
   ASSERT_EQ(report.servers_size(), 2);
   EXPECT_TRUE(report.servers(0).error().empty());
   EXPECT_FALSE(report.servers(1).error().empty());
+}
+
+// `plan` needs no cluster: the example job on two planned servers.
+TEST(RecpsctlPlanTest, PlansTheExampleJobOffline) {
+  TempDir dir;
+  const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
+  const Output text = RunCtl(dir, {"plan", job, "--servers=2", "--memory=256MiB"});
+  ASSERT_EQ(text.code, 0) << text.out << text.err;
+  EXPECT_THAT(text.out, HasSubstr("server-0"));
+  EXPECT_THAT(text.out, HasSubstr("server-1"));
+
+  const Output json = RunCtl(dir, {"plan", job, "--servers", "2", "--memory", "256MiB",
+                                   "--workers=4", "--json"});
+  ASSERT_EQ(json.code, 0) << json.out << json.err;
+  const auto plan = ParseJson<v1::ShardingPlan>(json.out);
+  EXPECT_EQ(plan.servers_size(), 2);
+  EXPECT_GT(plan.tables_size(), 0);
+  EXPECT_EQ(plan.server_estimates_size(), 2);
+  EXPECT_EQ(plan.inputs().num_workers(), 4);
+  EXPECT_GT(plan.predicted_step_seconds(), 0);
+
+  // The example spec's server entry is a template for --servers.
+  const Output spec = RunCtl(
+      dir, {"plan", job, "--spec=" + std::string(RECPS_SOURCE_DIR) + "/examples/plan_spec.textproto",
+            "--servers=3", "--json"});
+  ASSERT_EQ(spec.code, 0) << spec.out << spec.err;
+  EXPECT_EQ(ParseJson<v1::ShardingPlan>(spec.out).servers_size(), 3);
+
+  EXPECT_EQ(RunCtl(dir, {"plan", "--help"}).code, 0);
+  const Output no_servers = RunCtl(dir, {"plan", job, "--memory=1GiB"});
+  EXPECT_EQ(no_servers.code, 2);
+  EXPECT_THAT(no_servers.err, HasSubstr("--servers"));
+  EXPECT_EQ(RunCtl(dir, {"plan", job, "--servers=2", "--memory=lots"}).code, 2);
+  EXPECT_EQ(RunCtl(dir, {"plan", dir.path() + "/missing.textproto", "--servers=2",
+                         "--memory=1GiB"}).code, 2);
+  EXPECT_EQ(RunCtl(dir, {"plan", job, "--servers=2", "--memory=1GiB",
+                         "--coordinator=x:1"}).code, 2);
+  const Output too_small = RunCtl(dir, {"plan", job, "--servers=2", "--memory=64KiB"});
+  EXPECT_EQ(too_small.code, 1) << too_small.out;
+  EXPECT_FALSE(too_small.err.empty());
 }
 
 }  // namespace
