@@ -370,5 +370,48 @@ TEST(RecpsctlPlanTest, PlansTheExampleJobOffline) {
   EXPECT_FALSE(too_small.err.empty());
 }
 
+// A shard server that dies: its lease expires and status says so, exit 3.
+TEST(RecpsctlHealthTest, ADeadShardServerMakesStatusExit3) {
+  TempDir dir;
+  auto coordinator = LocalShard::Start(
+      RECPS_COORDINATOR_BINARY, {"--state_dir=" + dir.path() + "/state", "--num_shards=1",
+                                 "--num_slots=64", "--lease=1s", "--tick=20ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::string tables = dir.WriteFile("tables.textproto", kTables);
+  auto shard = LocalShard::Start(RECPS_SHARD_BINARY,
+                                 {"--tables=" + tables, "--num_slots=64", "--threads=1",
+                                  "--coordinator=" + (*coordinator)->address()});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  const std::string address = (*shard)->address();
+  const std::string where = "--coordinator=" + (*coordinator)->address();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  Output r;
+  do {
+    ASSERT_LT(absl::Now(), deadline) << r.out << r.err;
+    absl::SleepFor(absl::Milliseconds(100));
+    r = RunCtl(dir, {"status", "--interval=0", where});
+  } while (r.code != 0);
+
+  (*shard)->Kill();
+  v1::ClusterStatus status;
+  do {
+    ASSERT_LT(absl::Now(), deadline) << r.out << r.err;
+    absl::SleepFor(absl::Milliseconds(100));
+    r = RunCtl(dir, {"status", "--interval=0", "--json", "--timeout=2s", where});
+    status = ParseJson<v1::ClusterStatus>(r.out);
+  } while (status.servers_size() != 1 || status.servers(0).member_state() != v1::EXPIRED);
+  EXPECT_EQ(r.code, 3);
+  EXPECT_FALSE(status.healthy());
+  EXPECT_FALSE(status.servers(0).reachable());
+  EXPECT_THAT(status.servers(0).problems(),
+              ::testing::ElementsAre(HasSubstr("lease expired"), HasSubstr("unreachable")));
+
+  const Output text = RunCtl(dir, {"status", "--interval=0", "--timeout=2s", where});
+  EXPECT_EQ(text.code, 3);
+  EXPECT_THAT(text.out, HasSubstr("UNHEALTHY (2 problems)"));
+  EXPECT_THAT(text.out, HasSubstr(address + ": lease expired"));
+  EXPECT_EQ(RunCtl(dir, {"tables", "--timeout=2s", where}).code, 3);
+}
+
 }  // namespace
 }  // namespace recps
