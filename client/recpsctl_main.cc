@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/admin/cluster_reader.h"
@@ -55,7 +55,8 @@ constexpr char kExitCodesHelp[] = R"(Exit codes:
      routes by an old shard map, or no shard map yet
 )";
 
-constexpr char kConnectionHelp[] = R"(Where the cluster is (every cluster command):
+constexpr char kConnectionHelp[] =
+    R"(Where the cluster is (every cluster command):
   --coordinator=HOST:PORT  the coordinator (default: $RECPS_COORDINATOR)
   --server=HOST:PORT       ask this shard server directly instead (repeat or
                            comma-separate for several)
@@ -82,7 +83,8 @@ struct CommandSpec {
 
 const std::vector<CommandSpec>& Commands() {
   static const auto* commands = new std::vector<CommandSpec>{
-      {"status", "recpsctl status [--interval=1s] [--json]",
+      {"status",
+       "recpsctl status [--interval=1s] [--json]",
        "members, health, shard map epoch, per-server rows, memory, request "
        "rate and latency, imbalance",
        R"(Asks the coordinator for its members and shard map, then every shard
@@ -94,7 +96,8 @@ that own slots, of rows and of lookup ids per second.
 Exits 3 when the cluster is unhealthy (the problems are listed).
 )",
        {{"interval", true}}},
-      {"tables", "recpsctl tables [--json]",
+      {"tables",
+       "recpsctl tables [--json]",
        "embedding tables: rows, bytes, traffic, and each server's share",
        R"(Sums every shard server's table statistics: rows, bytes of rows
 (weights and optimizer state), ids looked up and gradient rows applied since
@@ -102,7 +105,8 @@ the servers started, and the rows each server holds. Exits 3 when a server
 does not answer (its rows are missing from the sums).
 )",
        {}},
-      {"shards", "recpsctl shards [--slots] [--json]",
+      {"shards",
+       "recpsctl shards [--slots] [--json]",
        "the shard map: which server owns which slots, with rows",
        R"(Per server: its index in the shard map, the slots it owns (count and
 ranges) and its rows. --slots adds the rows of every slot. Exits 3 when a
@@ -155,10 +159,12 @@ const CommandSpec* FindCommand(const std::string& name) {
 std::string MainHelp() {
   std::string out =
       "recpsctl: inspect a recps cluster.\n\n"
-      "Usage: recpsctl COMMAND [flags]   (recpsctl COMMAND --help for details)\n\n"
+      "Usage: recpsctl COMMAND [flags]   (recpsctl COMMAND --help for "
+      "details)\n\n"
       "Commands:\n";
   for (const CommandSpec& c : Commands()) {
-    out += absl::StrCat("  ", c.name, std::string(8 - c.name.size(), ' '), c.summary, "\n");
+    out += absl::StrCat("  ", c.name, std::string(8 - c.name.size(), ' '),
+                        c.summary, "\n");
   }
   out += "  help    help on a command\n\n";
   out += kConnectionHelp;
@@ -168,8 +174,8 @@ std::string MainHelp() {
 }
 
 std::string CommandHelp(const CommandSpec& c) {
-  std::string out = absl::StrCat("Usage: ", c.synopsis, "\n\n", c.summary, ".\n\n",
-                                 c.details, "\n");
+  std::string out = absl::StrCat("Usage: ", c.synopsis, "\n\n", c.summary,
+                                 ".\n\n", c.details, "\n");
   if (c.uses_cluster) out += absl::StrCat(kConnectionHelp, "\n");
   out += kExitCodesHelp;
   return out;
@@ -179,16 +185,19 @@ struct ParsedArgs {
   const CommandSpec* command = nullptr;
   std::vector<std::string> args;
   std::map<std::string, std::string> flags;  // name -> value ("true" for bools)
-  std::vector<std::string> servers;           // every --server, split
+  std::vector<std::string> servers;          // every --server, split
   bool help = false;
 };
 
 const FlagSpec* FindFlag(const CommandSpec* command, const std::string& name) {
-  static const auto* kCommon = new std::vector<FlagSpec>{
-      {"coordinator", true}, {"server", true}, {"timeout", true}, {"json", false}};
+  static const auto* kCommon = new std::vector<FlagSpec>{{"coordinator", true},
+                                                         {"server", true},
+                                                         {"timeout", true},
+                                                         {"json", false}};
   for (const FlagSpec& f : *kCommon) {
     // Offline commands take --json but no connection flags.
-    if (f.name == name && (command == nullptr || command->uses_cluster || name == "json")) {
+    if (f.name == name &&
+        (command == nullptr || command->uses_cluster || name == "json")) {
       return &f;
     }
   }
@@ -235,7 +244,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv) {
     const FlagSpec* spec = FindFlag(parsed.command, body);
     if (spec != nullptr && spec->takes_value) {
       if (i + 1 >= argc) {
-        return absl::InvalidArgumentError(absl::StrCat("--", body, " needs a value"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", body, " needs a value"));
       }
       flags.emplace_back(body, std::string(argv[++i]));
     } else {
@@ -271,7 +281,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv) {
       static_cast<int>(parsed.args.size()) > c.max_args) {
     return absl::InvalidArgumentError(
         parsed.args.size() > static_cast<size_t>(c.max_args)
-            ? absl::StrCat("unexpected argument \"", parsed.args[c.max_args], "\"")
+            ? absl::StrCat("unexpected argument \"", parsed.args[c.max_args],
+                           "\"")
             : std::string("missing argument"));
   }
   for (auto& [name, value] : flags) {
@@ -281,7 +292,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv) {
           absl::StrCat("unknown flag --", name, " for ", c.name));
     }
     if (spec->takes_value && !value.has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " needs a value"));
     }
     std::string v = value.value_or("true");
     if (!spec->takes_value && v != "true" && v != "false") {
@@ -289,7 +301,8 @@ absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv) {
           absl::StrCat("--", name, "=", v, ": expected true or false"));
     }
     if (name == "server") {
-      for (absl::string_view s : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+      for (absl::string_view s :
+           absl::StrSplit(v, ',', absl::SkipWhitespace())) {
         parsed.servers.emplace_back(s);
       }
       if (parsed.servers.empty()) {
@@ -313,8 +326,9 @@ absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& parsed,
   if (it == parsed.flags.end()) return default_value;
   absl::Duration d;
   if (!absl::ParseDuration(it->second, &d) || d < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--", name, "=", it->second, ": expected a duration such as 500ms or 2s"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", it->second,
+                     ": expected a duration such as 500ms or 2s"));
   }
   return d;
 }
@@ -328,7 +342,8 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials() {
 int UsageError(const ParsedArgs* parsed, const absl::Status& status) {
   std::cerr << "recpsctl: " << status.message() << "\n";
   if (parsed != nullptr && parsed->command != nullptr) {
-    std::cerr << "Run 'recpsctl " << parsed->command->name << " --help' for usage.\n";
+    std::cerr << "Run 'recpsctl " << parsed->command->name
+              << " --help' for usage.\n";
   } else {
     std::cerr << "Run 'recpsctl --help' for usage.\n";
   }
@@ -370,15 +385,17 @@ int RunClusterCommand(const ParsedArgs& parsed) {
                                    "give --coordinator or --server, not both"));
   }
   if (options.coordinator.empty() && options.servers.empty()) {
-    return UsageError(&parsed, absl::InvalidArgumentError(
-                                   "where is the cluster? Give --coordinator=HOST:PORT "
-                                   "(or set RECPS_COORDINATOR) or --server=HOST:PORT"));
+    return UsageError(&parsed,
+                      absl::InvalidArgumentError(
+                          "where is the cluster? Give --coordinator=HOST:PORT "
+                          "(or set RECPS_COORDINATOR) or --server=HOST:PORT"));
   }
   absl::StatusOr<absl::Duration> timeout =
       DurationFlag(parsed, "timeout", absl::Seconds(5));
   if (!timeout.ok()) return UsageError(&parsed, timeout.status());
   if (*timeout == absl::ZeroDuration()) {
-    return UsageError(&parsed, absl::InvalidArgumentError("--timeout must be positive"));
+    return UsageError(&parsed,
+                      absl::InvalidArgumentError("--timeout must be positive"));
   }
   options.rpc_timeout = *timeout;
   options.credentials = ChannelCredentials();
@@ -415,18 +432,28 @@ int RunClusterCommand(const ParsedArgs& parsed) {
   // shards
   const v1::ShardsReport report = BuildShardsReport(*snapshot);
   bool all_answered = true;
-  for (const v1::ServerShards& s : report.servers()) all_answered &= s.error().empty();
+  for (const v1::ServerShards& s : report.servers())
+    all_answered &= s.error().empty();
   return Print(parsed, report, FormatShardsReport(report, per_slot),
                all_answered ? kExitOk : kExitUnhealthy);
 }
 
-
 // "64GiB", "512MiB", "10G", "1.5e9", "4096": bytes.
 absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   static const std::pair<const char*, double> kUnits[] = {
-      {"KiB", 1024.0}, {"MiB", 1024.0 * 1024}, {"GiB", 1024.0 * 1024 * 1024},
-      {"TiB", 1024.0 * 1024 * 1024 * 1024}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9},
-      {"T", 1e12}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"B", 1}};
+      {"KiB", 1024.0},
+      {"MiB", 1024.0 * 1024},
+      {"GiB", 1024.0 * 1024 * 1024},
+      {"TiB", 1024.0 * 1024 * 1024 * 1024},
+      {"K", 1e3},
+      {"M", 1e6},
+      {"G", 1e9},
+      {"T", 1e12},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
+      {"B", 1}};
   std::string number = text;
   double scale = 1;
   for (const auto& [unit, factor] : kUnits) {
@@ -442,19 +469,20 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   }
   double value;
   if (!absl::SimpleAtod(number, &value) || value <= 0 || value * scale > 9e18) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("\"", text, "\": expected a size such as 64GiB, 512MiB or 1e9"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", text, "\": expected a size such as 64GiB, 512MiB or 1e9"));
   }
   return static_cast<int64_t>(value * scale);
 }
 
-absl::StatusOr<int64_t> PositiveIntFlag(const ParsedArgs& parsed, const std::string& name) {
+absl::StatusOr<int64_t> PositiveIntFlag(const ParsedArgs& parsed,
+                                        const std::string& name) {
   auto it = parsed.flags.find(name);
   if (it == parsed.flags.end()) return 0;
   int64_t v;
   if (!absl::SimpleAtoi(it->second, &v) || v <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, "=", it->second, ": expected a positive integer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", it->second, ": expected a positive integer"));
   }
   return v;
 }
@@ -496,7 +524,8 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
   }
   if (auto it = parsed.flags.find("memory"); it != parsed.flags.end()) {
     ASSIGN_OR_RETURN(const int64_t bytes, ParseBytes(it->second));
-    for (v1::ServerSpec& s : *topo->mutable_servers()) s.set_memory_bytes(bytes);
+    for (v1::ServerSpec& s : *topo->mutable_servers())
+      s.set_memory_bytes(bytes);
   }
   if (auto it = parsed.flags.find("device"); it != parsed.flags.end()) {
     if (it->second != "cpu" && it->second != "gpu") {
@@ -509,9 +538,10 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
   }
   for (const v1::ServerSpec& s : topo->servers()) {
     if (s.memory_bytes() <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "how much memory does ", s.address(), " have? Give --memory=BYTES "
-          "(or memory_bytes in --spec)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("how much memory does ", s.address(),
+                       " have? Give --memory=BYTES "
+                       "(or memory_bytes in --spec)"));
     }
   }
   ASSIGN_OR_RETURN(const int64_t workers, PositiveIntFlag(parsed, "workers"));
@@ -519,7 +549,8 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
   if (topo->num_workers() == 0) topo->set_num_workers(1);
   ASSIGN_OR_RETURN(const int64_t batch, PositiveIntFlag(parsed, "batch_size"));
   if (batch > 0) topo->set_batch_size(batch);
-  if (topo->batch_size() == 0) topo->set_batch_size(job.training().batch_size());
+  if (topo->batch_size() == 0)
+    topo->set_batch_size(job.training().batch_size());
   return spec;
 }
 
@@ -532,13 +563,16 @@ int RunPlan(const ParsedArgs& parsed) {
   if (!spec.ok()) return UsageError(&parsed, spec.status());
   absl::StatusOr<v1::ShardingPlan> plan =
       planner::PlanSharding(planner::PlannerInputFromJob(job, *spec));
-  if (absl::IsInvalidArgument(plan.status())) return UsageError(&parsed, plan.status());
+  if (absl::IsInvalidArgument(plan.status()))
+    return UsageError(&parsed, plan.status());
   if (!plan.ok()) return Error(plan.status());
   std::string text = planner::FormatPlan(*plan);
   // Whether the data plane can serve it as a shard map.
   if (absl::Status s = planner::PlanToShardMap(*plan, 1).status(); !s.ok()) {
-    text += absl::StrCat("\nnote: planned only, the shard servers cannot serve "
-                         "this plan yet: ", s.message(), "\n");
+    text += absl::StrCat(
+        "\nnote: planned only, the shard servers cannot serve "
+        "this plan yet: ",
+        s.message(), "\n");
   }
   return Print(parsed, *plan, text, kExitOk);
 }
@@ -554,7 +588,8 @@ int Main(int argc, char** argv) {
     return UsageError(&hint, parsed.status());
   }
   if (parsed->help) {
-    std::cout << (parsed->command != nullptr ? CommandHelp(*parsed->command) : MainHelp());
+    std::cout << (parsed->command != nullptr ? CommandHelp(*parsed->command)
+                                             : MainHelp());
     return kExitOk;
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
@@ -564,4 +599,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace recps::client::admin
 
-int main(int argc, char** argv) { return recps::client::admin::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return recps::client::admin::Main(argc, argv);
+}

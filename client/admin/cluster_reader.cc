@@ -33,7 +33,8 @@ absl::StatusOr<std::unique_ptr<ClusterReader>> ClusterReader::Create(
   return std::unique_ptr<ClusterReader>(new ClusterReader(std::move(options)));
 }
 
-std::shared_ptr<grpc::Channel> ClusterReader::Channel(const std::string& address) {
+std::shared_ptr<grpc::Channel> ClusterReader::Channel(
+    const std::string& address) {
   std::shared_ptr<grpc::Channel>& channel = channels_[address];
   if (channel == nullptr) {
     channel = internal::MakeChannel(address, options_.credentials);
@@ -60,7 +61,8 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
     grpc::ClientContext ctx;
     internal::SetDeadline(options_.rpc_timeout, &ctx);
     v1::ListMembersResponse members;
-    grpc::Status s = stub->ListMembers(&ctx, v1::ListMembersRequest(), &members);
+    grpc::Status s =
+        stub->ListMembers(&ctx, v1::ListMembersRequest(), &members);
     if (!s.ok()) return FromGrpc(s, absl::StrCat("cannot ask the ", where));
     snapshot->members = std::move(members);
   }
@@ -77,7 +79,8 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
       // The coordinator answers but has built no map yet.
       snapshot->map_error = s.error_message();
     } else {
-      return FromGrpc(s, absl::StrCat("cannot get the shard map from the ", where));
+      return FromGrpc(
+          s, absl::StrCat("cannot get the shard map from the ", where));
     }
   }
   snapshot->servers.assign(snapshot->map.servers().begin(),
@@ -107,8 +110,9 @@ absl::Status ClusterReader::ReadMapFromServers(ClusterSnapshot* snapshot) {
   for (size_t i = 0; i < calls.size(); ++i) {
     calls[i].stub = v1::ShardAdmin::NewStub(Channel(servers[i]));
     internal::SetDeadline(options_.rpc_timeout, &calls[i].ctx);
-    calls[i].stub->async()->GetShardMap(&calls[i].ctx, &request, &calls[i].response,
-                                        done.Callback(static_cast<int>(i), &calls[i].status));
+    calls[i].stub->async()->GetShardMap(
+        &calls[i].ctx, &request, &calls[i].response,
+        done.Callback(static_cast<int>(i), &calls[i].status));
   }
   while (done.Next() != internal::DoneQueue::kAllReturned) {
   }
@@ -116,7 +120,8 @@ absl::Status ClusterReader::ReadMapFromServers(ClusterSnapshot* snapshot) {
   bool any = false;
   for (size_t i = 0; i < calls.size(); ++i) {
     if (!calls[i].status.ok()) {
-      errors.push_back(absl::StrCat(servers[i], ": ", calls[i].status.error_message()));
+      errors.push_back(
+          absl::StrCat(servers[i], ": ", calls[i].status.error_message()));
       continue;
     }
     any = true;
@@ -152,8 +157,9 @@ void ClusterReader::ReadStats(bool include_slots, ClusterSnapshot* snapshot) {
   for (size_t i = 0; i < calls.size(); ++i) {
     calls[i].stub = v1::ShardAdmin::NewStub(Channel(servers[i]));
     internal::SetDeadline(options_.rpc_timeout, &calls[i].ctx);
-    calls[i].stub->async()->Stats(&calls[i].ctx, &request, &calls[i].response,
-                                  done.Callback(static_cast<int>(i), &calls[i].status));
+    calls[i].stub->async()->Stats(
+        &calls[i].ctx, &request, &calls[i].response,
+        done.Callback(static_cast<int>(i), &calls[i].status));
   }
   while (done.Next() != internal::DoneQueue::kAllReturned) {
   }

@@ -11,7 +11,8 @@
 namespace recps::client::admin {
 namespace {
 
-const v1::RpcStats* FindRpc(const v1::StatsResponse& stats, absl::string_view rpc) {
+const v1::RpcStats* FindRpc(const v1::StatsResponse& stats,
+                            absl::string_view rpc) {
   for (const v1::RpcStats& r : stats.rpcs()) {
     if (r.rpc() == rpc) return &r;
   }
@@ -33,7 +34,8 @@ std::vector<std::vector<uint32_t>> SlotsByServer(const v1::ShardMap& map) {
   std::vector<std::vector<uint32_t>> slots(map.servers_size());
   for (int slot = 0; slot < map.slot_owner_size(); ++slot) {
     const uint32_t owner = map.slot_owner(slot);
-    if (owner < slots.size()) slots[owner].push_back(static_cast<uint32_t>(slot));
+    if (owner < slots.size())
+      slots[owner].push_back(static_cast<uint32_t>(slot));
   }
   return slots;
 }
@@ -67,8 +69,9 @@ std::string MemberName(const v1::Member& m) {
 std::string ExpiredProblem(const v1::Member& m, absl::Time now) {
   const absl::Duration silent =
       now - absl::FromUnixMillis(m.last_heartbeat_unix_ms());
-  return absl::StrCat("lease expired: no heartbeat for ",
-                      absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))));
+  return absl::StrCat(
+      "lease expired: no heartbeat for ",
+      absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))));
 }
 
 void FillRates(const v1::StatsResponse* before, const v1::StatsResponse& after,
@@ -94,7 +97,8 @@ void FillRates(const v1::StatsResponse* before, const v1::StatsResponse& after,
                           Method{"PushGradients", out->mutable_push()}}) {
     const v1::RpcStats* a = FindRpc(after, m.rpc);
     if (a == nullptr) continue;
-    *m.out = SummarizeRpc(before ? FindRpc(*before, m.rpc) : nullptr, *a, seconds);
+    *m.out =
+        SummarizeRpc(before ? FindRpc(*before, m.rpc) : nullptr, *a, seconds);
   }
 }
 
@@ -135,12 +139,14 @@ v1::LatencySummary SummarizeRpc(const v1::RpcStats* before,
   out.set_errors(after.errors() - (before ? before->errors() : 0));
   if (seconds > 0) out.set_per_second(static_cast<double>(count) / seconds);
   if (count <= 0) return out;
-  const double sum =
-      after.latency_seconds_sum() - (before ? before->latency_seconds_sum() : 0);
+  const double sum = after.latency_seconds_sum() -
+                     (before ? before->latency_seconds_sum() : 0);
   out.set_mean_ms(1e3 * sum / static_cast<double>(count));
-  std::vector<int64_t> counts(after.bucket_counts().begin(), after.bucket_counts().end());
+  std::vector<int64_t> counts(after.bucket_counts().begin(),
+                              after.bucket_counts().end());
   if (before != nullptr) {
-    for (size_t i = 0; i < counts.size(); ++i) counts[i] -= before->bucket_counts(i);
+    for (size_t i = 0; i < counts.size(); ++i)
+      counts[i] -= before->bucket_counts(i);
   }
   const std::vector<double> bounds(after.bucket_upper_seconds().begin(),
                                    after.bucket_upper_seconds().end());
@@ -224,16 +230,17 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
     s->set_shard_map_epoch(stats->shard_map_epoch());
     if (after.map.epoch() > 0 && index >= 0 &&
         stats->shard_map_epoch() != after.map.epoch()) {
-      s->add_problems(absl::StrCat("routes by shard map epoch ",
-                                   stats->shard_map_epoch(),
-                                   "; the current map is epoch ", after.map.epoch()));
+      s->add_problems(
+          absl::StrCat("routes by shard map epoch ", stats->shard_map_epoch(),
+                       "; the current map is epoch ", after.map.epoch()));
     }
     s->set_rows(stats->total_rows());
     s->set_row_bytes(stats->row_bytes());
     s->set_resident_bytes(stats->resident_bytes());
     s->set_applied_step(stats->applied_step());
     s->set_uptime_seconds(stats->uptime_seconds());
-    FillRates(before != nullptr ? StatsOf(*before, address) : nullptr, *stats, s);
+    FillRates(before != nullptr ? StatsOf(*before, address) : nullptr, *stats,
+              s);
     out.set_total_rows(out.total_rows() + s->rows());
     out.set_total_row_bytes(out.total_row_bytes() + s->row_bytes());
     // Spare servers (no slots) hold nothing by design: not part of the
@@ -258,7 +265,8 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
     }
   }
   bool healthy = out.problems().empty();
-  for (const v1::ServerStatus& s : out.servers()) healthy &= s.problems().empty();
+  for (const v1::ServerStatus& s : out.servers())
+    healthy &= s.problems().empty();
   out.set_healthy(healthy);
   return out;
 }
@@ -327,7 +335,8 @@ v1::ShardsReport BuildShardsReport(const ClusterSnapshot& snapshot) {
       r->add_servers(server_name(t.owner()));
     } else {
       r->set_layout("own slots");
-      std::vector<uint32_t> owners(t.slot_owner().begin(), t.slot_owner().end());
+      std::vector<uint32_t> owners(t.slot_owner().begin(),
+                                   t.slot_owner().end());
       std::sort(owners.begin(), owners.end());
       owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
       for (uint32_t o : owners) r->add_servers(server_name(o));

@@ -59,7 +59,9 @@ std::string RoleName(v1::MemberRole role) {
   }
 }
 
-std::string Fixed(double v, int digits) { return absl::StrFormat("%.*f", digits, v); }
+std::string Fixed(double v, int digits) {
+  return absl::StrFormat("%.*f", digits, v);
+}
 
 // A latency column: "-" when there were no requests to measure.
 std::string Ms(const v1::LatencySummary& l, double ms) {
@@ -126,74 +128,83 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
     expired += m.state() == v1::EXPIRED;
   }
   int problems = status.problems_size();
-  for (const v1::ServerStatus& s : status.servers()) problems += s.problems_size();
+  for (const v1::ServerStatus& s : status.servers())
+    problems += s.problems_size();
 
   TextTable head({"", ""});
   if (!status.coordinator().empty()) {
     head.AddRow({"coordinator", status.coordinator()});
-    head.AddRow({"members", absl::StrCat(alive, " alive, ", expired, " expired (",
-                                         status.expected_shard_servers(),
-                                         " shard servers expected)")});
+    head.AddRow(
+        {"members", absl::StrCat(alive, " alive, ", expired, " expired (",
+                                 status.expected_shard_servers(),
+                                 " shard servers expected)")});
   }
-  head.AddRow({"shard map",
-               status.shard_map_epoch() == 0
-                   ? std::string("none yet")
-                   : absl::StrCat("epoch ", status.shard_map_epoch(), ", ",
-                                  status.num_slots(), " slots")});
+  head.AddRow(
+      {"shard map", status.shard_map_epoch() == 0
+                        ? std::string("none yet")
+                        : absl::StrCat("epoch ", status.shard_map_epoch(), ", ",
+                                       status.num_slots(), " slots")});
   head.AddRow({"health", status.healthy()
                              ? std::string("healthy")
                              : absl::StrCat("UNHEALTHY (", problems, " problem",
                                             problems == 1 ? "" : "s", ")")});
-  head.AddRow({"rows", absl::StrCat(status.total_rows(), " (",
-                                    HumanBytes(status.total_row_bytes()), ")")});
-  head.AddRow({"imbalance",
-               absl::StrCat("rows ", Fixed(status.rows_imbalance(), 2),
-                            ", lookup ids/s ", Fixed(status.lookup_imbalance(), 2),
-                            " (max/mean over servers)")});
-  head.AddRow({"rates", status.sample_seconds() > 0
-                            ? absl::StrCat("over ", Fixed(status.sample_seconds(), 2), " s")
-                            : std::string("averages since each server started")});
+  head.AddRow(
+      {"rows", absl::StrCat(status.total_rows(), " (",
+                            HumanBytes(status.total_row_bytes()), ")")});
+  head.AddRow(
+      {"imbalance",
+       absl::StrCat("rows ", Fixed(status.rows_imbalance(), 2),
+                    ", lookup ids/s ", Fixed(status.lookup_imbalance(), 2),
+                    " (max/mean over servers)")});
+  head.AddRow(
+      {"rates",
+       status.sample_seconds() > 0
+           ? absl::StrCat("over ", Fixed(status.sample_seconds(), 2), " s")
+           : std::string("averages since each server started")});
   // The header table has no header row of its own: drop its first line.
   const std::string rendered = head.Render();
   out += rendered.substr(rendered.find('\n') + 1);
 
-  TextTable servers({"SERVER", "MEMBER", "STATE", "EPOCH", "SLOTS", "ROWS", "ROW MEM",
-                     "RSS", "STEP", "LOOKUP IDS/S", "LOOKUPS/S", "P50 MS", "P99 MS",
-                     "PUSHES/S", "PUSH P99 MS"});
+  TextTable servers({"SERVER", "MEMBER", "STATE", "EPOCH", "SLOTS", "ROWS",
+                     "ROW MEM", "RSS", "STEP", "LOOKUP IDS/S", "LOOKUPS/S",
+                     "P50 MS", "P99 MS", "PUSHES/S", "PUSH P99 MS"});
   for (const v1::ServerStatus& s : status.servers()) {
     const std::string member = s.member_id().empty() ? "-" : s.member_id();
     if (!s.reachable()) {
-      servers.AddRow({s.address(), member, "unreachable", "-", absl::StrCat(s.slots()),
-                      "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"});
+      servers.AddRow({s.address(), member, "unreachable", "-",
+                      absl::StrCat(s.slots()), "-", "-", "-", "-", "-", "-",
+                      "-", "-", "-", "-"});
       continue;
     }
     const std::string state =
         s.member_id().empty() ? "up" : StateName(s.member_state());
-    servers.AddRow({s.address(), member, state, absl::StrCat(s.shard_map_epoch()),
-                    absl::StrCat(s.slots()), absl::StrCat(s.rows()),
-                    HumanBytes(s.row_bytes()), HumanBytes(s.resident_bytes()),
-                    absl::StrCat(s.applied_step()),
-                    Fixed(s.lookup_ids_per_second(), 1),
-                    Fixed(s.lookup().per_second(), 1), Ms(s.lookup(), s.lookup().p50_ms()),
-                    Ms(s.lookup(), s.lookup().p99_ms()), Fixed(s.push().per_second(), 1),
-                    Ms(s.push(), s.push().p99_ms())});
+    servers.AddRow(
+        {s.address(), member, state, absl::StrCat(s.shard_map_epoch()),
+         absl::StrCat(s.slots()), absl::StrCat(s.rows()),
+         HumanBytes(s.row_bytes()), HumanBytes(s.resident_bytes()),
+         absl::StrCat(s.applied_step()), Fixed(s.lookup_ids_per_second(), 1),
+         Fixed(s.lookup().per_second(), 1), Ms(s.lookup(), s.lookup().p50_ms()),
+         Ms(s.lookup(), s.lookup().p99_ms()), Fixed(s.push().per_second(), 1),
+         Ms(s.push(), s.push().p99_ms())});
   }
   out += "\n" + servers.Render();
 
   if (status.members_size() > 0) {
-    TextTable members({"MEMBER", "ROLE", "ADDRESS", "RANK", "STATE", "LAST HEARTBEAT"});
+    TextTable members(
+        {"MEMBER", "ROLE", "ADDRESS", "RANK", "STATE", "LAST HEARTBEAT"});
     for (const v1::Member& m : status.members()) {
       members.AddRow({m.member_id(), RoleName(m.role()),
                       m.address().empty() ? "-" : m.address(),
-                      m.rank() >= 0 ? absl::StrCat(m.rank()) : "-", StateName(m.state()),
-                      Ago(m.last_heartbeat_unix_ms())});
+                      m.rank() >= 0 ? absl::StrCat(m.rank()) : "-",
+                      StateName(m.state()), Ago(m.last_heartbeat_unix_ms())});
     }
     out += "\n" + members.Render();
   }
 
   if (problems > 0) {
     out += "\nproblems:\n";
-    for (const std::string& p : status.problems()) out += absl::StrCat("  ", p, "\n");
+    for (const std::string& p : status.problems())
+      out += absl::StrCat("  ", p, "\n");
     for (const v1::ServerStatus& s : status.servers()) {
       for (const std::string& p : s.problems()) {
         out += absl::StrCat("  ", s.address(), ": ", p, "\n");
@@ -204,17 +215,21 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
 }
 
 std::string FormatTablesReport(const v1::TablesReport& report) {
-  std::string out = absl::StrCat("shard map epoch ", report.shard_map_epoch(), "\n\n");
-  TextTable tables({"TABLE", "DIM", "ROWS", "BYTES", "LOOKUP IDS", "UPDATE IDS", "SERVERS"});
+  std::string out =
+      absl::StrCat("shard map epoch ", report.shard_map_epoch(), "\n\n");
+  TextTable tables(
+      {"TABLE", "DIM", "ROWS", "BYTES", "LOOKUP IDS", "UPDATE IDS", "SERVERS"});
   TextTable placement({"TABLE", "SERVER", "ROWS", "BYTES", "SHARE"});
   for (const v1::TableReport& t : report.tables()) {
     tables.AddRow({t.name(), absl::StrCat(t.dim()), absl::StrCat(t.rows()),
                    HumanBytes(t.bytes()), absl::StrCat(t.lookup_ids()),
-                   absl::StrCat(t.update_ids()), absl::StrCat(t.servers_size())});
+                   absl::StrCat(t.update_ids()),
+                   absl::StrCat(t.servers_size())});
     for (const v1::TablePlacement& p : t.servers()) {
       const double share = t.rows() > 0 ? 100.0 * p.rows() / t.rows() : 0;
       placement.AddRow({t.name(), p.server(), absl::StrCat(p.rows()),
-                        HumanBytes(p.bytes()), absl::StrCat(Fixed(share, 1), "%")});
+                        HumanBytes(p.bytes()),
+                        absl::StrCat(Fixed(share, 1), "%")});
     }
   }
   out += tables.Render() + "\n" + placement.Render();
@@ -240,7 +255,9 @@ std::string FormatShardsReport(const v1::ShardsReport& report, bool per_slot) {
   }
   out += servers.Render();
   if (report.routed_tables_size() > 0) {
-    out += "\ntables with their own routing (the slot ranges above route the others):\n";
+    out +=
+        "\ntables with their own routing (the slot ranges above route the "
+        "others):\n";
     TextTable routed({"TABLE", "LAYOUT", "SERVERS"});
     for (const v1::RoutedTable& t : report.routed_tables()) {
       routed.AddRow({t.table(), t.layout(), absl::StrJoin(t.servers(), ",")});
@@ -251,7 +268,8 @@ std::string FormatShardsReport(const v1::ShardsReport& report, bool per_slot) {
     TextTable slots({"SLOT", "SERVER", "ROWS"});
     for (const v1::ServerShards& s : report.servers()) {
       for (const v1::SlotStats& slot : s.slots()) {
-        slots.AddRow({absl::StrCat(slot.slot()), s.address(), absl::StrCat(slot.rows())});
+        slots.AddRow({absl::StrCat(slot.slot()), s.address(),
+                      absl::StrCat(slot.rows())});
       }
     }
     out += "\n" + slots.Render();
@@ -272,9 +290,11 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   options.always_print_primitive_fields = true;
   options.preserve_proto_field_names = true;
   std::string json;
-  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  const auto status =
+      google::protobuf::util::MessageToJsonString(message, &json, options);
   if (!status.ok()) {
-    return absl::InternalError(absl::StrCat("cannot print JSON: ", status.ToString()));
+    return absl::InternalError(
+        absl::StrCat("cannot print JSON: ", status.ToString()));
   }
   return json;
 }

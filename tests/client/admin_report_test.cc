@@ -5,8 +5,8 @@
 
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
-#include "google/protobuf/util/json_util.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 
 namespace recps::client::admin {
@@ -15,7 +15,8 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-v1::RpcStats Rpc(const std::string& name, std::vector<int64_t> counts, double sum) {
+v1::RpcStats Rpc(const std::string& name, std::vector<int64_t> counts,
+                 double sum) {
   v1::RpcStats r;
   r.set_rpc(name);
   for (double b : {0.001, 0.002, 0.004}) r.add_bucket_upper_seconds(b);
@@ -146,14 +147,16 @@ TEST(BuildClusterStatusTest, RatesLatencyAndImbalanceOverTheInterval) {
 }
 
 TEST(BuildClusterStatusTest, ARestartedServerCountsFromItsStart) {
-  ClusterSnapshot before = TwoServers(Stats(1, 1000, 100.0), Stats(1, 0, 100.0));
+  ClusterSnapshot before =
+      TwoServers(Stats(1, 1000, 100.0), Stats(1, 0, 100.0));
   ClusterSnapshot after = TwoServers(Stats(1, 40, 4.0), Stats(1, 0, 101.0));
   const v1::ClusterStatus status = BuildClusterStatus(&before, after);
   EXPECT_DOUBLE_EQ(status.servers(0).lookup_ids_per_second(), 10.0);
 }
 
 TEST(BuildClusterStatusTest, ProblemsMakeItUnhealthy) {
-  ClusterSnapshot s = TwoServers(Stats(1, 0, 1.0, /*epoch=*/0), Stats(1, 0, 1.0));
+  ClusterSnapshot s =
+      TwoServers(Stats(1, 0, 1.0, /*epoch=*/0), Stats(1, 0, 1.0));
   s.stats[1] = absl::UnavailableError("connection refused");
   s.members->mutable_members(1)->set_state(v1::EXPIRED);
   v1::Member* worker = s.members->add_members();
@@ -168,9 +171,11 @@ TEST(BuildClusterStatusTest, ProblemsMakeItUnhealthy) {
   EXPECT_THAT(status.servers(0).problems(),
               ElementsAre(HasSubstr("routes by shard map epoch 0")));
   EXPECT_FALSE(status.servers(1).reachable());
-  EXPECT_THAT(status.servers(1).problems(),
-              ElementsAre(HasSubstr("lease expired"), HasSubstr("unreachable")));
-  EXPECT_THAT(status.problems(), ElementsAre(HasSubstr("worker-0 (worker rank 0)")));
+  EXPECT_THAT(
+      status.servers(1).problems(),
+      ElementsAre(HasSubstr("lease expired"), HasSubstr("unreachable")));
+  EXPECT_THAT(status.problems(),
+              ElementsAre(HasSubstr("worker-0 (worker rank 0)")));
 
   const std::string text = FormatClusterStatus(status);
   EXPECT_THAT(text, HasSubstr("UNHEALTHY (4 problems)"));
@@ -228,7 +233,8 @@ TEST(BuildShardsReportTest, TablesWithTheirOwnRouting) {
   EXPECT_THAT(report.routed_tables(0).servers(), ElementsAre("b:1"));
   EXPECT_EQ(report.routed_tables(1).layout(), "own slots");
   EXPECT_THAT(report.routed_tables(1).servers(), ElementsAre("a:1", "b:1"));
-  EXPECT_THAT(FormatShardsReport(report, false), HasSubstr("t7     table-wise  b:1"));
+  EXPECT_THAT(FormatShardsReport(report, false),
+              HasSubstr("t7     table-wise  b:1"));
 }
 
 TEST(TextTableTest, AlignsColumnsAndRightAlignsNumbers) {
@@ -242,7 +248,8 @@ TEST(TextTableTest, AlignsColumnsAndRightAlignsNumbers) {
   u.AddRow({"127.0.0.1:7000", "1.50 KiB"});
   u.AddRow({"10.0.0.2:7000", "-"});
   EXPECT_EQ(u.Render(),
-            "SERVER               RSS\n127.0.0.1:7000  1.50 KiB\n10.0.0.2:7000          -\n");
+            "SERVER               RSS\n127.0.0.1:7000  1.50 KiB\n10.0.0.2:7000 "
+            "         -\n");
 }
 
 TEST(HumanBytesTest, BinaryUnits) {

@@ -14,9 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/embedding_client.h"
+#include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
-#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "recps/v1/admin.pb.h"
 #include "recps/v1/coordinator.grpc.pb.h"
@@ -53,15 +53,16 @@ std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
 // Runs recpsctl with `args` (through sh, to capture its output).
 Output RunCtl(const TempDir& dir, const std::vector<std::string>& args,
-           const std::string& env = "") {
+              const std::string& env = "") {
   std::vector<std::string> quoted;
   for (const std::string& a : args) quoted.push_back(Quote(a));
   const std::string out = dir.path() + "/out", err = dir.path() + "/err";
-  const std::string command = absl::StrCat(env, " ", RECPSCTL_BINARY, " ",
-                                           absl::StrJoin(quoted, " "), " >", out,
-                                           " 2>", err);
+  const std::string command =
+      absl::StrCat(env, " ", RECPSCTL_BINARY, " ", absl::StrJoin(quoted, " "),
+                   " >", out, " 2>", err);
   Output result;
-  absl::StatusOr<int> code = testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(60));
+  absl::StatusOr<int> code =
+      testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(60));
   EXPECT_TRUE(code.ok()) << code.status();
   result.code = code.ok() ? *code : -1;
   result.out = Slurp(out);
@@ -72,7 +73,8 @@ Output RunCtl(const TempDir& dir, const std::vector<std::string>& args,
 template <typename M>
 M ParseJson(const std::string& json) {
   M message;
-  const auto status = google::protobuf::util::JsonStringToMessage(json, &message);
+  const auto status =
+      google::protobuf::util::JsonStringToMessage(json, &message);
   EXPECT_TRUE(status.ok()) << status.ToString() << "\n" << json;
   return message;
 }
@@ -94,8 +96,8 @@ class RecpsctlTest : public ::testing::Test {
     dir_ = new TempDir();
     auto coordinator = LocalShard::Start(
         RECPS_COORDINATOR_BINARY,
-        {"--state_dir=" + dir_->path() + "/state", "--num_shards=2", "--num_slots=256",
-         "--lease=3s", "--tick=20ms"});
+        {"--state_dir=" + dir_->path() + "/state", "--num_shards=2",
+         "--num_slots=256", "--lease=3s", "--tick=20ms"});
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = coordinator->release();
     const std::string tables = dir_->WriteFile("tables.textproto", kTables);
@@ -119,7 +121,8 @@ class RecpsctlTest : public ::testing::Test {
     }
     // Rows: 300 "user" ids and 100 "item" ids, looked up twice.
     auto client = client::EmbeddingClient::Create(
-        {{"user", 8}, {"item", 4}}, client::MakeServerShardMapSource(servers_), {});
+        {{"user", 8}, {"item", 4}}, client::MakeServerShardMapSource(servers_),
+        {});
     ASSERT_TRUE(client.ok()) << client.status();
     std::vector<int64_t> users, items;
     for (int64_t i = 0; i < 300; ++i) users.push_back(i * 7919);
@@ -152,7 +155,7 @@ std::vector<std::string> RecpsctlTest::servers_;
 TEST_F(RecpsctlTest, StatusJsonShowsWhatTheServersReport) {
   ASSERT_EQ(servers_.size(), 2u);
   const Output r = RunCtl(*dir_, {"status", "--json", "--interval=200ms",
-                               "--coordinator=" + coordinator_->address()});
+                                  "--coordinator=" + coordinator_->address()});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto status = ParseJson<v1::ClusterStatus>(r.out);
   EXPECT_TRUE(status.healthy());
@@ -187,7 +190,7 @@ TEST_F(RecpsctlTest, StatusJsonShowsWhatTheServersReport) {
 
 TEST_F(RecpsctlTest, StatusWithOneSampleReportsLookupsSinceStart) {
   const Output r = RunCtl(*dir_, {"status", "--json", "--interval=0"},
-                       "RECPS_COORDINATOR=" + coordinator_->address());
+                          "RECPS_COORDINATOR=" + coordinator_->address());
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto status = ParseJson<v1::ClusterStatus>(r.out);
   EXPECT_EQ(status.sample_seconds(), 0);
@@ -203,8 +206,8 @@ TEST_F(RecpsctlTest, StatusWithOneSampleReportsLookupsSinceStart) {
 }
 
 TEST_F(RecpsctlTest, StatusTextNamesEveryServer) {
-  const Output r = RunCtl(*dir_, {"--coordinator", coordinator_->address(), "status",
-                               "--interval", "100ms"});
+  const Output r = RunCtl(*dir_, {"--coordinator", coordinator_->address(),
+                                  "status", "--interval", "100ms"});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("healthy"));
   EXPECT_THAT(r.out, HasSubstr("epoch 1, 256 slots"));
@@ -215,7 +218,8 @@ TEST_F(RecpsctlTest, StatusTextNamesEveryServer) {
 }
 
 TEST_F(RecpsctlTest, TablesShowRowsPerTableAndServer) {
-  const Output r = RunCtl(*dir_, {"tables", "--json", "--coordinator=" + coordinator_->address()});
+  const Output r = RunCtl(
+      *dir_, {"tables", "--json", "--coordinator=" + coordinator_->address()});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto report = ParseJson<v1::TablesReport>(r.out);
   ASSERT_EQ(report.tables_size(), 2);
@@ -238,7 +242,8 @@ TEST_F(RecpsctlTest, TablesShowRowsPerTableAndServer) {
     }
   }
 
-  const Output text = RunCtl(*dir_, {"tables", "--coordinator=" + coordinator_->address()});
+  const Output text =
+      RunCtl(*dir_, {"tables", "--coordinator=" + coordinator_->address()});
   ASSERT_EQ(text.code, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("user"));
   EXPECT_THAT(text.out, HasSubstr("300"));
@@ -246,8 +251,8 @@ TEST_F(RecpsctlTest, TablesShowRowsPerTableAndServer) {
 }
 
 TEST_F(RecpsctlTest, ShardsShowSlotOwners) {
-  const Output r =
-      RunCtl(*dir_, {"shards", "--slots", "--json", "--coordinator=" + coordinator_->address()});
+  const Output r = RunCtl(*dir_, {"shards", "--slots", "--json",
+                                  "--coordinator=" + coordinator_->address()});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto report = ParseJson<v1::ShardsReport>(r.out);
   EXPECT_EQ(report.shard_map_epoch(), 1u);
@@ -265,14 +270,16 @@ TEST_F(RecpsctlTest, ShardsShowSlotOwners) {
   EXPECT_EQ(report.servers(0).slot_ranges(), "0-127");
   EXPECT_EQ(report.servers(1).slot_ranges(), "128-255");
 
-  const Output text = RunCtl(*dir_, {"shards", "--coordinator=" + coordinator_->address()});
+  const Output text =
+      RunCtl(*dir_, {"shards", "--coordinator=" + coordinator_->address()});
   ASSERT_EQ(text.code, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("0-127"));
 }
 
 TEST_F(RecpsctlTest, ServersCanBeAskedDirectly) {
-  const Output r = RunCtl(*dir_, {"status", "--json", "--interval=0",
-                               "--server=" + servers_[0] + "," + servers_[1]});
+  const Output r =
+      RunCtl(*dir_, {"status", "--json", "--interval=0",
+                     "--server=" + servers_[0] + "," + servers_[1]});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto status = ParseJson<v1::ClusterStatus>(r.out);
   EXPECT_TRUE(status.coordinator().empty());
@@ -293,11 +300,15 @@ TEST_F(RecpsctlTest, HelpAndUsageErrors) {
 
   EXPECT_EQ(RunCtl(*dir_, {}).code, 2);
   EXPECT_EQ(RunCtl(*dir_, {"frobnicate"}).code, 2);
-  const Output bad_flag = RunCtl(*dir_, {"status", "--frobnicate", "--coordinator=x:1"});
+  const Output bad_flag =
+      RunCtl(*dir_, {"status", "--frobnicate", "--coordinator=x:1"});
   EXPECT_EQ(bad_flag.code, 2);
   EXPECT_THAT(bad_flag.err, HasSubstr("--frobnicate"));
-  EXPECT_EQ(RunCtl(*dir_, {"tables", "--interval=1s", "--coordinator=x:1"}).code, 2);
-  EXPECT_EQ(RunCtl(*dir_, {"status", "--interval=soon", "--coordinator=x:1"}).code, 2);
+  EXPECT_EQ(
+      RunCtl(*dir_, {"tables", "--interval=1s", "--coordinator=x:1"}).code, 2);
+  EXPECT_EQ(
+      RunCtl(*dir_, {"status", "--interval=soon", "--coordinator=x:1"}).code,
+      2);
   const Output nowhere = RunCtl(*dir_, {"status"}, "env -u RECPS_COORDINATOR");
   EXPECT_EQ(nowhere.code, 2);
   EXPECT_THAT(nowhere.err, HasSubstr("--coordinator"));
@@ -307,7 +318,8 @@ TEST_F(RecpsctlTest, UnreachableCoordinatorFailsFastWithExitCode1) {
   // Port 1: nothing listens there. A refused connection must not wait for
   // the 60 s deadline.
   const absl::Time start = absl::Now();
-  const Output r = RunCtl(*dir_, {"status", "--coordinator=127.0.0.1:1", "--timeout=60s"});
+  const Output r =
+      RunCtl(*dir_, {"status", "--coordinator=127.0.0.1:1", "--timeout=60s"});
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_THAT(r.err, HasSubstr("cannot ask the coordinator 127.0.0.1:1"));
@@ -315,14 +327,16 @@ TEST_F(RecpsctlTest, UnreachableCoordinatorFailsFastWithExitCode1) {
 }
 
 TEST_F(RecpsctlTest, AServerThatDoesNotAnswerMakesTheClusterUnhealthy) {
-  const Output r = RunCtl(*dir_, {"status", "--interval=0", "--server=" + servers_[0],
-                               "--server=127.0.0.1:1"});
+  const Output r =
+      RunCtl(*dir_, {"status", "--interval=0", "--server=" + servers_[0],
+                     "--server=127.0.0.1:1"});
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_THAT(r.out, HasSubstr("UNHEALTHY"));
   EXPECT_THAT(r.out, HasSubstr("127.0.0.1:1: unreachable"));
 
-  const Output json = RunCtl(*dir_, {"shards", "--json", "--server=" + servers_[0],
-                                  "--server=127.0.0.1:1"});
+  const Output json = RunCtl(
+      *dir_,
+      {"shards", "--json", "--server=" + servers_[0], "--server=127.0.0.1:1"});
   EXPECT_EQ(json.code, 3) << json.err;
   const auto report = ParseJson<v1::ShardsReport>(json.out);
   ASSERT_EQ(report.servers_size(), 2);
@@ -333,14 +347,16 @@ TEST_F(RecpsctlTest, AServerThatDoesNotAnswerMakesTheClusterUnhealthy) {
 // `plan` needs no cluster: the example job on two planned servers.
 TEST(RecpsctlPlanTest, PlansTheExampleJobOffline) {
   TempDir dir;
-  const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
-  const Output text = RunCtl(dir, {"plan", job, "--servers=2", "--memory=256MiB"});
+  const std::string job =
+      std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
+  const Output text =
+      RunCtl(dir, {"plan", job, "--servers=2", "--memory=256MiB"});
   ASSERT_EQ(text.code, 0) << text.out << text.err;
   EXPECT_THAT(text.out, HasSubstr("server-0"));
   EXPECT_THAT(text.out, HasSubstr("server-1"));
 
-  const Output json = RunCtl(dir, {"plan", job, "--servers", "2", "--memory", "256MiB",
-                                   "--workers=4", "--json"});
+  const Output json = RunCtl(dir, {"plan", job, "--servers", "2", "--memory",
+                                   "256MiB", "--workers=4", "--json"});
   ASSERT_EQ(json.code, 0) << json.out << json.err;
   const auto plan = ParseJson<v1::ShardingPlan>(json.out);
   EXPECT_EQ(plan.servers_size(), 2);
@@ -350,9 +366,10 @@ TEST(RecpsctlPlanTest, PlansTheExampleJobOffline) {
   EXPECT_GT(plan.predicted_step_seconds(), 0);
 
   // The example spec's server entry is a template for --servers.
-  const Output spec = RunCtl(
-      dir, {"plan", job, "--spec=" + std::string(RECPS_SOURCE_DIR) + "/examples/plan_spec.textproto",
-            "--servers=3", "--json"});
+  const Output spec = RunCtl(dir, {"plan", job,
+                                   "--spec=" + std::string(RECPS_SOURCE_DIR) +
+                                       "/examples/plan_spec.textproto",
+                                   "--servers=3", "--json"});
   ASSERT_EQ(spec.code, 0) << spec.out << spec.err;
   EXPECT_EQ(ParseJson<v1::ShardingPlan>(spec.out).servers_size(), 3);
 
@@ -361,11 +378,16 @@ TEST(RecpsctlPlanTest, PlansTheExampleJobOffline) {
   EXPECT_EQ(no_servers.code, 2);
   EXPECT_THAT(no_servers.err, HasSubstr("--servers"));
   EXPECT_EQ(RunCtl(dir, {"plan", job, "--servers=2", "--memory=lots"}).code, 2);
-  EXPECT_EQ(RunCtl(dir, {"plan", dir.path() + "/missing.textproto", "--servers=2",
-                         "--memory=1GiB"}).code, 2);
+  EXPECT_EQ(RunCtl(dir, {"plan", dir.path() + "/missing.textproto",
+                         "--servers=2", "--memory=1GiB"})
+                .code,
+            2);
   EXPECT_EQ(RunCtl(dir, {"plan", job, "--servers=2", "--memory=1GiB",
-                         "--coordinator=x:1"}).code, 2);
-  const Output too_small = RunCtl(dir, {"plan", job, "--servers=2", "--memory=64KiB"});
+                         "--coordinator=x:1"})
+                .code,
+            2);
+  const Output too_small =
+      RunCtl(dir, {"plan", job, "--servers=2", "--memory=64KiB"});
   EXPECT_EQ(too_small.code, 1) << too_small.out;
   EXPECT_FALSE(too_small.err.empty());
 }
@@ -374,13 +396,15 @@ TEST(RecpsctlPlanTest, PlansTheExampleJobOffline) {
 TEST(RecpsctlHealthTest, ADeadShardServerMakesStatusExit3) {
   TempDir dir;
   auto coordinator = LocalShard::Start(
-      RECPS_COORDINATOR_BINARY, {"--state_dir=" + dir.path() + "/state", "--num_shards=1",
-                                 "--num_slots=64", "--lease=1s", "--tick=20ms"});
+      RECPS_COORDINATOR_BINARY,
+      {"--state_dir=" + dir.path() + "/state", "--num_shards=1",
+       "--num_slots=64", "--lease=1s", "--tick=20ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const std::string tables = dir.WriteFile("tables.textproto", kTables);
-  auto shard = LocalShard::Start(RECPS_SHARD_BINARY,
-                                 {"--tables=" + tables, "--num_slots=64", "--threads=1",
-                                  "--coordinator=" + (*coordinator)->address()});
+  auto shard =
+      LocalShard::Start(RECPS_SHARD_BINARY,
+                        {"--tables=" + tables, "--num_slots=64", "--threads=1",
+                         "--coordinator=" + (*coordinator)->address()});
   ASSERT_TRUE(shard.ok()) << shard.status();
   const std::string address = (*shard)->address();
   const std::string where = "--coordinator=" + (*coordinator)->address();
@@ -397,16 +421,20 @@ TEST(RecpsctlHealthTest, ADeadShardServerMakesStatusExit3) {
   do {
     ASSERT_LT(absl::Now(), deadline) << r.out << r.err;
     absl::SleepFor(absl::Milliseconds(100));
-    r = RunCtl(dir, {"status", "--interval=0", "--json", "--timeout=2s", where});
+    r = RunCtl(dir,
+               {"status", "--interval=0", "--json", "--timeout=2s", where});
     status = ParseJson<v1::ClusterStatus>(r.out);
-  } while (status.servers_size() != 1 || status.servers(0).member_state() != v1::EXPIRED);
+  } while (status.servers_size() != 1 ||
+           status.servers(0).member_state() != v1::EXPIRED);
   EXPECT_EQ(r.code, 3);
   EXPECT_FALSE(status.healthy());
   EXPECT_FALSE(status.servers(0).reachable());
   EXPECT_THAT(status.servers(0).problems(),
-              ::testing::ElementsAre(HasSubstr("lease expired"), HasSubstr("unreachable")));
+              ::testing::ElementsAre(HasSubstr("lease expired"),
+                                     HasSubstr("unreachable")));
 
-  const Output text = RunCtl(dir, {"status", "--interval=0", "--timeout=2s", where});
+  const Output text =
+      RunCtl(dir, {"status", "--interval=0", "--timeout=2s", where});
   EXPECT_EQ(text.code, 3);
   EXPECT_THAT(text.out, HasSubstr("UNHEALTHY (2 problems)"));
   EXPECT_THAT(text.out, HasSubstr(address + ": lease expired"));
