@@ -92,7 +92,7 @@ server for its statistics, twice --interval apart: request rates and
 latency percentiles (p50, p99; estimated from each server's latency
 histogram) cover that interval. --interval=0 takes one sample and reports
 averages since each server started. Imbalance is max/mean over the servers
-that own slots, of rows and of lookup ids per second.
+in the shard map, of rows and of lookup ids per second.
 Exits 3 when the cluster is unhealthy (the problems are listed).
 )",
        {{"interval", true}}},

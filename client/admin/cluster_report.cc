@@ -243,9 +243,10 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
               s);
     out.set_total_rows(out.total_rows() + s->rows());
     out.set_total_row_bytes(out.total_row_bytes() + s->row_bytes());
-    // Spare servers (no slots) hold nothing by design: not part of the
-    // balance.
-    if (s->slots() > 0 || after.map.epoch() == 0) {
+    // Spare servers (not in the map) hold nothing by design: not part of
+    // the balance. A mapped server without global slots may still hold
+    // table-wise tables of a planned map, so it counts.
+    if (index >= 0 || after.map.epoch() == 0) {
       rows.push_back(static_cast<double>(s->rows()));
       lookup_rates.push_back(s->lookup_ids_per_second());
     }

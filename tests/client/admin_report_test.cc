@@ -146,6 +146,18 @@ TEST(BuildClusterStatusTest, RatesLatencyAndImbalanceOverTheInterval) {
   EXPECT_DOUBLE_EQ(status.lookup_imbalance(), 1.5);
 }
 
+TEST(BuildClusterStatusTest, SpareServersAreNotPartOfTheBalance) {
+  ClusterSnapshot s = TwoServers(Stats(100, 0, 1.0), Stats(300, 0, 1.0));
+  *s.members->add_members() = ShardMember("shard-2", "c:1", v1::ALIVE);
+  s.servers.push_back("c:1");
+  s.stats.push_back(Stats(0, 0, 1.0));
+  const v1::ClusterStatus status = BuildClusterStatus(nullptr, s);
+  ASSERT_EQ(status.servers_size(), 3);
+  EXPECT_EQ(status.servers(2).slots(), 0);
+  EXPECT_DOUBLE_EQ(status.rows_imbalance(), 1.5);
+  EXPECT_TRUE(status.healthy());
+}
+
 TEST(BuildClusterStatusTest, ARestartedServerCountsFromItsStart) {
   ClusterSnapshot before =
       TwoServers(Stats(1, 1000, 100.0), Stats(1, 0, 100.0));
