@@ -1,5 +1,11 @@
 #include "server/shard_metrics.h"
 
+#include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace recps::server {
@@ -81,6 +87,44 @@ void ShardMetrics::RecordRequest(const std::string& rpc, absl::StatusCode code,
   }
   counter->Increment();
   histogram->Observe(seconds);
+}
+
+void ShardMetrics::AppendRpcStats(v1::StatsResponse* response) {
+  // Copy the pointers out: the children live as long as the registry, and
+  // collecting them needs no lock of ours.
+  std::vector<std::pair<std::string, prometheus::Histogram*>> histograms;
+  std::vector<std::pair<std::string, prometheus::Counter*>> counters;
+  {
+    absl::MutexLock lock(&mu_);
+    histograms.assign(latencies_.begin(), latencies_.end());
+    counters.assign(request_counters_.begin(), request_counters_.end());
+  }
+  std::sort(histograms.begin(), histograms.end());
+  const std::string ok_suffix = absl::StrCat("/", absl::StatusCodeToString(absl::StatusCode::kOk));
+  for (const auto& [rpc, histogram] : histograms) {
+    const prometheus::ClientMetric metric = histogram->Collect();
+    v1::RpcStats* stats = response->add_rpcs();
+    stats->set_rpc(rpc);
+    stats->set_count(static_cast<int64_t>(metric.histogram.sample_count));
+    stats->set_latency_seconds_sum(metric.histogram.sample_sum);
+    uint64_t below = 0;
+    for (const prometheus::ClientMetric::Bucket& b : metric.histogram.bucket) {
+      // The last bucket is +Inf: it becomes the overflow count.
+      if (b.upper_bound != std::numeric_limits<double>::infinity()) {
+        stats->add_bucket_upper_seconds(b.upper_bound);
+      }
+      stats->add_bucket_counts(static_cast<int64_t>(b.cumulative_count - below));
+      below = b.cumulative_count;
+    }
+    int64_t errors = 0;
+    const std::string prefix = absl::StrCat(rpc, "/");
+    for (const auto& [key, counter] : counters) {
+      if (absl::StartsWith(key, prefix) && !absl::EndsWith(key, ok_suffix)) {
+        errors += static_cast<int64_t>(counter->Value());
+      }
+    }
+    stats->set_errors(errors);
+  }
 }
 
 void ShardMetrics::AddLookedUpIds(int64_t ids, int64_t bytes) {

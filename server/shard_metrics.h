@@ -14,6 +14,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "recps/v1/shard_admin.pb.h"
 
 namespace recps::server {
 
@@ -31,6 +32,9 @@ class ShardMetrics {
   void RecordSyncWait(double seconds);
   void SetTableRows(const std::string& table, int64_t rows, int64_t bytes);
   void SetResidentBytes(int64_t bytes);
+  // Appends one RpcStats per method seen so far (sorted by name): counts,
+  // errors and the latency histogram, for ShardAdmin.Stats.
+  void AppendRpcStats(v1::StatsResponse* response);
 
  private:
   prometheus::Family<prometheus::Counter>& requests_;

@@ -326,6 +326,7 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   response->set_lookup_requests(lookup_requests_.load());
   response->set_push_requests(push_requests_.load());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  if (metrics_ != nullptr) metrics_->AppendRpcStats(response);
   if (request.include_slots() && view->self >= 0) {
     const std::vector<int64_t> per_slot = store_->RowsPerSlot();
     for (uint32_t slot : view->map.SlotsOf(view->self)) {

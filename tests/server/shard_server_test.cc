@@ -8,6 +8,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/wire_format.h"
+#include "prometheus/registry.h"
+#include "server/shard_metrics.h"
 #include "gtest/gtest.h"
 
 namespace recps::server {
@@ -304,6 +306,36 @@ TEST(ShardServer, StatsReportRowsAndSlots) {
   EXPECT_EQ(slot_rows, 4);
   EXPECT_EQ(stats.shard_map_epoch(), 3u);
   EXPECT_GT(stats.resident_bytes(), 0);
+}
+
+// Stats carries each RPC's count, errors and latency histogram.
+TEST(ShardMetricsTest, RpcStatsForStats) {
+  prometheus::Registry registry;
+  ShardMetrics metrics(registry);
+  for (int i = 0; i < 3; ++i) metrics.RecordRequest("Lookup", absl::StatusCode::kOk, 0.001);
+  metrics.RecordRequest("Lookup", absl::StatusCode::kNotFound, 0.2);
+  metrics.RecordRequest("PushGradients", absl::StatusCode::kOk, 1000.0);
+  v1::StatsResponse response;
+  metrics.AppendRpcStats(&response);
+  ASSERT_EQ(response.rpcs_size(), 2);
+  const v1::RpcStats& lookup = response.rpcs(0);
+  EXPECT_EQ(lookup.rpc(), "Lookup");
+  EXPECT_EQ(lookup.count(), 4);
+  EXPECT_EQ(lookup.errors(), 1);
+  EXPECT_NEAR(lookup.latency_seconds_sum(), 0.203, 1e-9);
+  ASSERT_EQ(lookup.bucket_counts_size(), lookup.bucket_upper_seconds_size() + 1);
+  int64_t total = 0;
+  for (int i = 0; i < lookup.bucket_counts_size(); ++i) {
+    total += lookup.bucket_counts(i);
+    if (i > 0 && i < lookup.bucket_upper_seconds_size()) {
+      EXPECT_LT(lookup.bucket_upper_seconds(i - 1), lookup.bucket_upper_seconds(i));
+    }
+  }
+  EXPECT_EQ(total, 4);
+  const v1::RpcStats& push = response.rpcs(1);
+  EXPECT_EQ(push.rpc(), "PushGradients");
+  EXPECT_EQ(push.errors(), 0);
+  EXPECT_EQ(push.bucket_counts(push.bucket_counts_size() - 1), 1);  // overflow
 }
 
 }  // namespace

@@ -1,0 +1,41 @@
+// How recpsctl prints its reports: aligned plain-text tables for people,
+// JSON (the proto3 mapping of the recps.v1 admin messages) for scripts.
+#ifndef RECPS_CLIENT_ADMIN_REPORT_TEXT_H_
+#define RECPS_CLIENT_ADMIN_REPORT_TEXT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "google/protobuf/message.h"
+#include "recps/v1/admin.pb.h"
+
+namespace recps::client::admin {
+
+// Columns separated by two spaces; a column whose cells are all numbers
+// (or "-") is right-aligned.
+class TextTable {
+ public:
+  explicit TextTable(std::vector<std::string> header);
+  // REQUIRES: as many cells as the header has.
+  void AddRow(std::vector<std::string> cells);
+  std::string Render() const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;  // the header first
+};
+
+// "512 B", "1.5 KiB", "12.0 MiB", "3.25 GiB".
+std::string HumanBytes(int64_t bytes);
+
+std::string FormatClusterStatus(const v1::ClusterStatus& status);
+std::string FormatTablesReport(const v1::TablesReport& report);
+std::string FormatShardsReport(const v1::ShardsReport& report, bool per_slot);
+
+// Pretty-printed JSON with every field present and proto field names.
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
+
+}  // namespace recps::client::admin
+
+#endif  // RECPS_CLIENT_ADMIN_REPORT_TEXT_H_
