@@ -94,6 +94,17 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::HeartbeatOnce(
   return response;
 }
 
+absl::Status CoordinatorClient::LeaveOnce(const std::string& member_id) {
+  grpc::ClientContext context;
+  SetDeadline(absl::Now() + options_.call_timeout, &context);
+  v1::LeaveRequest request;
+  request.set_member_id(member_id);
+  v1::LeaveResponse response;
+  grpc::Status s = stub_->Leave(&context, request, &response);
+  if (!s.ok()) return ToStatus("Leave", s);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::JobConfig> CoordinatorClient::GetJob() {
   v1::GetJobResponse response;
   grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
@@ -239,8 +250,18 @@ CoordinatorLease::CoordinatorLease(CoordinatorClient* client,
 }
 
 CoordinatorLease::~CoordinatorLease() {
-  stop_.Notify();
-  thread_.join();
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+}
+
+void CoordinatorLease::Leave() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+  if (thread_.joinable()) thread_.join();
+  const std::string id = member_id();
+  if (id.empty()) return;  // never registered: nothing to end
+  if (absl::Status s = client_->LeaveOnce(id); !s.ok()) {
+    LogWarning("could not tell the coordinator that ", id, " leaves: ", s.message());
+  }
 }
 
 std::string CoordinatorLease::member_id() const {

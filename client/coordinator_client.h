@@ -49,6 +49,7 @@ class CoordinatorClient {
   // means and when to try again.
   absl::StatusOr<v1::RegisterResponse> RegisterOnce(const v1::RegisterRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> HeartbeatOnce(const std::string& member_id);
+  absl::Status LeaveOnce(const std::string& member_id);
   // FAILED_PRECONDITION when the coordinator has no job.
   absl::StatusOr<v1::JobConfig> GetJob();
   // Also retries while the coordinator has no map yet (it answers
@@ -102,6 +103,12 @@ class CoordinatorLease {
 
   CoordinatorLease(const CoordinatorLease&) = delete;
   CoordinatorLease& operator=(const CoordinatorLease&) = delete;
+
+  // A clean exit: stops the heartbeats and tells the coordinator, which then
+  // lists the member as LEFT instead of letting its lease run out (EXPIRED,
+  // a failure). One attempt; a failure is logged, not returned: the process
+  // is leaving either way. Not called on error paths, on purpose.
+  void Leave();
 
   // Empty until registered.
   std::string member_id() const;

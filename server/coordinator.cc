@@ -307,11 +307,35 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
         "heartbeat: the lease of ", request.member_id(), " ran out (no heartbeat for ",
         absl::FormatDuration(options_.lease), "); register again"));
   }
+  if (it->second.record.state() == v1::LEFT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heartbeat: ", request.member_id(), " left the cluster; register again"));
+  }
   it->second.last_heartbeat = Now();
   v1::HeartbeatResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_shard_map_epoch(map_.epoch());
   return response;
+}
+
+absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("leave: no member '", request.member_id(), "'"));
+  }
+  if (it->second.record.state() == v1::LEFT) return absl::OkStatus();
+  v1::MemberRecord record = it->second.record;
+  record.set_state(v1::LEFT);
+  RETURN_IF_ERROR(PutMember(record));
+  it->second.record = record;
+  UpdateMemberGauges();
+  LogInfo(request.member_id(), " (", RoleName(record.role()),
+          record.role() == v1::WORKER ? absl::StrCat(" rank ", record.rank())
+                                      : absl::StrCat(" at ", record.address()),
+          ") left the cluster");
+  return absl::OkStatus();
 }
 
 v1::ListMembersResponse Coordinator::ListMembers() const {
@@ -391,14 +415,16 @@ void Coordinator::Publish(const v1::ShardMap& map) {
 void Coordinator::UpdateMemberGauges() {
   if (metrics_ == nullptr) return;
   for (v1::MemberRole role : {v1::SHARD_SERVER, v1::WORKER}) {
-    for (v1::MemberState state : {v1::ALIVE, v1::EXPIRED}) {
+    for (v1::MemberState state : {v1::ALIVE, v1::EXPIRED, v1::LEFT}) {
       int n = 0;
       for (const auto& [id, e] : members_) {
         n += e.record.role() == role && e.record.state() == state;
       }
       metrics_->members
           .Add({{"role", RoleName(role)},
-                {"state", state == v1::ALIVE ? "alive" : "expired"}})
+                {"state", state == v1::ALIVE     ? "alive"
+                          : state == v1::EXPIRED ? "expired"
+                                                 : "left"}})
           .Set(n);
     }
   }

@@ -85,6 +85,8 @@ class Coordinator {
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
+  // Marks the member LEFT (a clean exit); its lease no longer runs.
+  absl::Status Leave(const v1::LeaveRequest& request);
   v1::ListMembersResponse ListMembers() const;
 
   // UNAVAILABLE (naming how many servers are still missing) before the

@@ -172,6 +172,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
+                                                    const v1::LeaveRequest* request,
+                                                    v1::LeaveResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish("Leave", reactor, coordinator_->Leave(*request));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetShardMap(
     grpc::CallbackServerContext* context, const v1::GetCoordinatorShardMapRequest*,
     v1::GetCoordinatorShardMapResponse* response) {

@@ -265,6 +265,7 @@ int Run() {
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   LogInfo("received signal ", signal_number, "; finishing calls in flight");
+  if (lease != nullptr) lease->Leave();
   lease.reset();
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));

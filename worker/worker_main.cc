@@ -434,6 +434,7 @@ int Run() {
   if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
     std::ofstream(path) << ResultJson(*result);
   }
+  if (lease != nullptr) lease->Leave();
   std::fflush(nullptr);
   _exit(0);  // skip the metrics exposer's slow stop (see recps-shard)
 }

@@ -43,6 +43,8 @@ std::string StateName(v1::MemberState state) {
       return "alive";
     case v1::EXPIRED:
       return "expired";
+    case v1::LEFT:
+      return "left";
     default:
       return "-";
   }
@@ -122,10 +124,11 @@ std::string HumanBytes(int64_t bytes) {
 
 std::string FormatClusterStatus(const v1::ClusterStatus& status) {
   std::string out;
-  int alive = 0, expired = 0;
+  int alive = 0, expired = 0, left = 0;
   for (const v1::Member& m : status.members()) {
     alive += m.state() == v1::ALIVE;
     expired += m.state() == v1::EXPIRED;
+    left += m.state() == v1::LEFT;
   }
   int problems = status.problems_size();
   for (const v1::ServerStatus& s : status.servers())
@@ -135,7 +138,8 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
   if (!status.coordinator().empty()) {
     head.AddRow({"coordinator", status.coordinator()});
     head.AddRow(
-        {"members", absl::StrCat(alive, " alive, ", expired, " expired (",
+        {"members", absl::StrCat(alive, " alive, ", expired, " expired, ", left,
+                                 " left (",
                                  status.expected_shard_servers(),
                                  " shard servers expected)")});
   }

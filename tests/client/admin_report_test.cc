@@ -166,6 +166,19 @@ TEST(BuildClusterStatusTest, ARestartedServerCountsFromItsStart) {
   EXPECT_DOUBLE_EQ(status.servers(0).lookup_ids_per_second(), 10.0);
 }
 
+TEST(BuildClusterStatusTest, WorkersThatLeftAreNotAProblem) {
+  ClusterSnapshot s = TwoServers(Stats(1, 0, 1.0), Stats(1, 0, 1.0));
+  v1::Member* worker = s.members->add_members();
+  worker->set_member_id("worker-0");
+  worker->set_role(v1::WORKER);
+  worker->set_rank(0);
+  worker->set_state(v1::LEFT);  // its job finished and it said goodbye
+  const v1::ClusterStatus status = BuildClusterStatus(nullptr, s);
+  EXPECT_TRUE(status.healthy());
+  EXPECT_THAT(status.problems(), ::testing::IsEmpty());
+  EXPECT_THAT(FormatClusterStatus(status), HasSubstr("1 left"));
+}
+
 TEST(BuildClusterStatusTest, ProblemsMakeItUnhealthy) {
   ClusterSnapshot s =
       TwoServers(Stats(1, 0, 1.0, /*epoch=*/0), Stats(1, 0, 1.0));

@@ -127,6 +127,36 @@ TEST_F(CoordinatorTest, LeaseExpiryMarksMemberExpired) {
   EXPECT_EQ(c->ListMembers().members(0).state(), v1::ALIVE);
 }
 
+TEST_F(CoordinatorTest, LeaveMarksMemberLeftNotExpiredAndSurvivesRestart) {
+  {
+    auto c = Open();
+    ASSERT_TRUE(c->Register(Worker(0)).ok());
+    ASSERT_TRUE(c->Register(Worker(1)).ok());
+    v1::LeaveRequest leave;
+    leave.set_member_id("worker-0");
+    ASSERT_TRUE(c->Leave(leave).ok());
+    EXPECT_TRUE(c->Leave(leave).ok()) << "leaving twice is fine";
+    now_ += absl::Seconds(30);
+    c->Tick();  // worker-1 expires; worker-0 has left and does not
+    v1::ListMembersResponse list = c->ListMembers();
+    ASSERT_EQ(list.members_size(), 2);
+    EXPECT_EQ(list.members(0).state(), v1::LEFT);
+    EXPECT_EQ(list.members(1).state(), v1::EXPIRED);
+    EXPECT_EQ(list.lease_expirations(), 1);
+    v1::HeartbeatRequest hb;
+    hb.set_member_id("worker-0");
+    absl::Status s = c->Heartbeat(hb).status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr("left"));
+    leave.set_member_id("worker-9");
+    EXPECT_TRUE(absl::IsNotFound(c->Leave(leave)));
+  }
+  auto c = Open();  // the same store: LEFT is kept
+  EXPECT_EQ(c->ListMembers().members(0).state(), v1::LEFT);
+  EXPECT_EQ(c->Register(Worker(0))->member_id(), "worker-0");
+  EXPECT_EQ(c->ListMembers().members(0).state(), v1::ALIVE);
+}
+
 TEST_F(CoordinatorTest, ShardMapBuiltOnceEnoughShardsRegistered) {
   auto c = Open(/*num_shards=*/2);
   std::vector<uint64_t> watched;

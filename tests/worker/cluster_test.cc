@@ -170,6 +170,13 @@ TEST(Cluster, TrainingSurvivesACoordinatorRestart) {
     // Better than chance (log 2 = 0.69) on the small example's labels.
     EXPECT_TRUE(std::isfinite(loss) && loss > 0 && loss < 0.69) << result;
   }
+  // Finished workers said goodbye: LEFT, not EXPIRED (which means failed).
+  const v1::ListMembersResponse done = Members(admin);
+  for (int r = 0; r < 2; ++r) {
+    const v1::Member* w = FindWorker(done, r);
+    ASSERT_NE(w, nullptr) << done.DebugString();
+    EXPECT_EQ(w->state(), v1::LEFT) << done.DebugString();
+  }
 }
 
 TEST(Cluster, AKilledWorkerIsReportedAndItsPeerFailsNamingIt) {
