@@ -2,10 +2,11 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -17,9 +18,12 @@ extern char** environ;
 
 namespace recps::client {
 
-absl::StatusOr<ChildProcess> ChildProcess::Spawn(
-    const std::string& binary, const std::vector<std::string>& args,
-    const std::string& log_path, const std::vector<std::string>& env) {
+absl::StatusOr<pid_t> SpawnProcess(const std::string& binary,
+                                   const std::vector<std::string>& args,
+                                   const std::string& log_path,
+                                   const std::vector<std::string>& env) {
+  // Everything the child needs is built before fork: between fork and exec
+  // only async-signal-safe calls are allowed (the parent has threads).
   std::vector<std::string> all = {binary};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -40,37 +44,70 @@ absl::StatusOr<ChildProcess> ChildProcess::Spawn(
   std::vector<char*> envp;
   for (std::string& e : env_storage) envp.push_back(e.data());
   envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (!log_path.empty()) {
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  // The child reports a failed exec through a close-on-exec pipe: EOF
+  // means the exec succeeded.
+  int report[2];
+  if (pipe2(report, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
-  // The launcher blocks SIGINT/SIGTERM to take them with sigtimedwait; the
-  // child must start with them unblocked and at their defaults.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  sigaddset(&defaults, SIGPIPE);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  ChildProcess child;
-  child.name_ = std::filesystem::path(binary).filename().string();
-  const int err = posix_spawn(&child.pid_, binary.c_str(), &actions, &attr,
-                              argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
-  if (err != 0) {
-    child.pid_ = -1;
-    return absl::NotFoundError(absl::StrCat("cannot start ", binary, ": ",
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int err = errno;
+    close(report[0]);
+    close(report[1]);
+    return absl::InternalError(absl::StrCat("cannot start ", binary, ": fork: ",
                                             std::strerror(err)));
   }
+  if (pid == 0) {
+    int err = 0;
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl
+    // The launcher blocks SIGINT/SIGTERM to take them with sigtimedwait;
+    // the child must start with them unblocked and at their defaults.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    if (!log_path.empty()) {
+      const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0 || dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0) {
+        err = errno;
+        (void)!write(report[1], &err, sizeof(err));
+        _exit(127);
+      }
+      close(fd);
+    }
+    execve(binary.c_str(), argv.data(), envp.data());
+    err = errno;
+    (void)!write(report[1], &err, sizeof(err));
+    _exit(127);
+  }
+  close(report[1]);
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = read(report[0], &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  close(report[0]);
+  if (n > 0) {
+    waitpid(pid, nullptr, 0);
+    return absl::NotFoundError(absl::StrCat("cannot start ", binary, ": ",
+                                            std::strerror(child_errno)));
+  }
+  return pid;
+}
+
+absl::StatusOr<ChildProcess> ChildProcess::Spawn(
+    const std::string& binary, const std::vector<std::string>& args,
+    const std::string& log_path, const std::vector<std::string>& env) {
+  absl::StatusOr<pid_t> pid = SpawnProcess(binary, args, log_path, env);
+  if (!pid.ok()) return pid.status();
+  ChildProcess child;
+  child.pid_ = *pid;
+  child.name_ = std::filesystem::path(binary).filename().string();
   return child;
 }
 

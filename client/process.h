@@ -13,6 +13,19 @@
 
 namespace recps::client {
 
+// Starts `binary` with `args` (argv[0] is added); stdout and stderr go to
+// `log_path` (appended) when it is not empty, else they are inherited; the
+// environment is this process's with `env` ("NAME=value") added or
+// replacing. The child starts with SIGINT/SIGTERM/SIGPIPE unblocked and at
+// their defaults, and is killed if the thread that spawned it dies
+// (PR_SET_PDEATHSIG): a crashed launcher or test leaves no servers behind
+// (and no pipe held open). So spawn from a thread that outlives the child.
+// NOT_FOUND naming the binary when it cannot be executed.
+absl::StatusOr<pid_t> SpawnProcess(const std::string& binary,
+                                   const std::vector<std::string>& args,
+                                   const std::string& log_path = "",
+                                   const std::vector<std::string>& env = {});
+
 class ChildProcess {
  public:
   // Starts `binary` with `args`; stdout and stderr go to `log_path` (appended)

@@ -1,7 +1,6 @@
 #include "tests/testing/local_shard.h"
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,11 +11,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/process.h"
 #include "common/shard_map.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 
-extern char** environ;
 
 namespace recps::testing {
 
@@ -41,14 +40,9 @@ std::string TempDir::WriteFile(const std::string& name,
 absl::StatusOr<int> RunProcess(const std::string& binary,
                                std::vector<std::string> args,
                                absl::Duration timeout) {
-  args.insert(args.begin(), binary);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid;
-  if (posix_spawn(&pid, binary.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", binary));
-  }
+  absl::StatusOr<pid_t> spawned = client::SpawnProcess(binary, args);
+  if (!spawned.ok()) return spawned.status();
+  const pid_t pid = *spawned;
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int status;
@@ -72,17 +66,12 @@ absl::StatusOr<std::unique_ptr<LocalShard>> LocalShard::Start(
   const bool has_listen = std::any_of(args.begin(), args.end(), [](const std::string& a) {
     return a.rfind("--listen=", 0) == 0;
   });
-  args.insert(args.begin(), binary);
   if (!has_listen) args.push_back("--listen=127.0.0.1:0");
   args.push_back("--metrics_listen=127.0.0.1:0");
   args.push_back("--port_file=" + port_file);
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  if (posix_spawn(&shard->pid_, binary.c_str(), nullptr, nullptr, argv.data(),
-                  environ) != 0) {
-    return absl::InternalError(absl::StrCat("cannot start ", binary));
-  }
+  absl::StatusOr<pid_t> spawned = client::SpawnProcess(binary, args);
+  if (!spawned.ok()) return spawned.status();
+  shard->pid_ = *spawned;
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     int status;
