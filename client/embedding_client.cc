@@ -230,12 +230,22 @@ absl::StatusOr<uint64_t> EmbeddingClient::RefreshMap(uint64_t wanted_epoch) {
   if (current >= wanted_epoch) return current;
   ASSIGN_OR_RETURN(ShardMap fetched, source_->Fetch());
   RETURN_IF_ERROR(CheckMap(fetched, tables_));
-  if (fetched.epoch() <= current) return current;
-  const uint64_t epoch = fetched.epoch();
-  auto next = std::make_shared<const ShardMap>(std::move(fetched));
+  return InstallIfNewer(std::move(fetched));
+}
+
+uint64_t EmbeddingClient::InstallIfNewer(ShardMap map) {
+  auto next = std::make_shared<const ShardMap>(std::move(map));
   absl::MutexLock lock(&map_mu_);
-  map_ = std::move(next);
-  return epoch;
+  // Re-checked under the lock: a watcher and a refresh may race.
+  if (next->epoch() > map_->epoch()) map_ = std::move(next);
+  return map_->epoch();
+}
+
+absl::Status EmbeddingClient::OfferShardMap(ShardMap map) {
+  if (map.epoch() <= shard_map_epoch()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckMap(map, tables_));
+  InstallIfNewer(std::move(map));
+  return absl::OkStatus();
 }
 
 std::unique_ptr<RoutedBatch> EmbeddingClient::AcquireBatch() {

@@ -269,6 +269,41 @@ TEST_F(EmbeddingClientTest, StaleEpochPushReachesNewMapOnce) {
   }
 }
 
+TEST_F(EmbeddingClientTest, AnOfferedNewerMapIsUsedAtOnce) {
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  const ShardMap next = Rebalanced();
+  for (auto& s : servers_) s->SetMap(next);
+  ASSERT_TRUE(client->OfferShardMap(next).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  // Older or equal epochs change nothing; a map the tables do not fit is
+  // refused.
+  EXPECT_TRUE(client->OfferShardMap(map_).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  v1::ShardMap bad = next.ToProto();
+  bad.set_epoch(3);
+  v1::TableRouting* t = bad.add_tables();
+  t->set_table("user");
+  v1::ColumnGroupRouting* g = t->add_column_groups();
+  g->set_column_end(5);  // user has dim 8
+  EXPECT_EQ(client->OfferShardMap(*ShardMap::FromProto(bad)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  // The next call routes by epoch 2 without a refusal or a fetch.
+  const std::vector<int64_t> ids = Iota(100);
+  std::vector<float> out(ids.size() * 8);
+  ASSERT_TRUE(client->Lookup(1, {{{kUser, ids, out.data()}}}).ok());
+  ExpectRows("user", ids, out);
+  EXPECT_EQ(fetches_, 1);
+  for (auto& s : servers_) {
+    for (const auto& r : s->received()) {
+      EXPECT_EQ(r.answer, grpc::StatusCode::OK);
+      EXPECT_EQ(r.header.shard_map_epoch(), 2u);
+    }
+  }
+  EXPECT_TRUE(servers_[0]->received().empty());  // owns nothing at epoch 2
+}
+
 TEST_F(EmbeddingClientTest, RetriesUnavailableThenSucceeds) {
   auto client = NewClient(Options());
   ASSERT_NE(client, nullptr);
