@@ -16,6 +16,7 @@ LayeredStore::LayeredStore(std::unique_ptr<EmbeddingStore> base)
       num_tables_(num_base_) {
   for (int t = 0; t < num_base_; ++t) {
     entries_[t] = Entry{base_.get(), t};
+    base_names_.emplace(base_->spec(t).name, t);
   }
 }
 
@@ -31,7 +32,7 @@ absl::Status LayeredStore::Add(std::unique_ptr<EmbeddingStore> store) {
   }
   for (int t = 0; t < n; ++t) {
     const std::string& name = store->spec(t).name;
-    if (added_names_.contains(name) || base_->FindTable(name).ok()) {
+    if (added_names_.contains(name) || base_names_.contains(name)) {
       return absl::InvalidArgumentError(
           absl::StrCat("table '", name, "' already exists on this server"));
     }
@@ -68,8 +69,10 @@ const TableSpec& LayeredStore::spec(int table) const {
 }
 
 absl::StatusOr<int> LayeredStore::FindTable(absl::string_view name) const {
-  absl::StatusOr<int> found = base_->FindTable(name);
-  if (found.ok() || num_tables() == num_base_) return found;
+  if (auto it = base_names_.find(name); it != base_names_.end()) {
+    return it->second;
+  }
+  if (num_tables() == num_base_) return base_->FindTable(name);  // its error
   absl::ReaderMutexLock lock(&mu_);
   if (auto it = added_names_.find(name); it != added_names_.end()) {
     return it->second;

@@ -62,6 +62,8 @@ class LayeredStore final : public EmbeddingStore {
   const std::unique_ptr<EmbeddingStore> base_;
   const int num_base_;
   const int capacity_;  // kMaxTables, or more if the base has more
+  // Names of the base tables (fixed): found without a lock or an error.
+  absl::flat_hash_map<std::string, int> base_names_;
   // capacity_ entries, written once before num_tables_ publishes them
   // (release), so readers need no lock.
   const std::unique_ptr<Entry[]> entries_;

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/wire_format.h"
 #include "kernels/embedding_optimizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace recps::server {
@@ -375,6 +376,45 @@ v1::PushGradientsRequest PushAt(const std::string& table,
       Push(table, std::move(ids), std::move(grads), step);
   req.mutable_header()->set_shard_map_epoch(epoch);
   return req;
+}
+
+TEST(LayeredStore, AddedTablesFollowTheBaseOnesAndNamesStayUnique) {
+  TableSpec a = WideSpec();
+  a.name = "a";
+  TableSpec b = a;
+  b.name = "b";
+  StoreOptions store_options;
+  store_options.num_slots = kSlots;
+  store_options.max_rows_per_table = 100;
+  LayeredStore store(*CreateHostEmbeddingStore({a, b}, store_options));
+  EXPECT_EQ(store.num_tables(), 2);
+  EXPECT_EQ(*store.FindTable("b"), 1);
+  EXPECT_FALSE(store.FindTable("c").ok());
+  TableSpec c = a;
+  c.name = "c";
+  c.dim = 3;
+  ASSERT_TRUE(store.Add(*CreateHostEmbeddingStore({c}, store_options)).ok());
+  EXPECT_EQ(store.num_tables(), 3);
+  EXPECT_EQ(store.num_base_tables(), 2);
+  ASSERT_EQ(*store.FindTable("c"), 2);
+  EXPECT_EQ(store.spec(2).dim, 3);
+  std::vector<float> row(3);
+  ASSERT_TRUE(store.Lookup(2, {7}, row.data()).ok());
+  EXPECT_EQ(store.Info(2).rows, 1);
+  int64_t rows = 0;
+  for (int64_t n : store.RowsPerSlot()) rows += n;
+  EXPECT_EQ(rows, 1);
+  // A taken name (base or added) is refused and nothing is added.
+  for (const char* taken : {"a", "c"}) {
+    TableSpec again = a;
+    again.name = taken;
+    EXPECT_EQ(store.Add(*CreateHostEmbeddingStore({again}, store_options)).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(store.num_tables(), 3);
+  EXPECT_EQ(store.Lookup(3, {1}, row.data()).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(store.FindTable("zz").status().message()),
+              ::testing::HasSubstr("a, b, c"));
 }
 
 TEST(ShardServerColumnWise, GroupsTrainBitIdenticalToTheUnsplitTable) {
