@@ -352,8 +352,15 @@ absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
     if (groups.empty()) continue;
     RETURN_IF_ERROR(map.CheckWidth(table.name, table.dim));
     for (const ColumnGroup& g : groups) {
-      if (g.owner != self || store_->FindTable(g.table).ok()) continue;
-      specs.push_back(ColumnGroupSpec(table, g));
+      if (g.owner != self) continue;
+      const absl::StatusOr<int> existing = store_->FindTable(g.table);
+      if (existing.ok() && *existing < store_->num_base_tables()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map epoch ", map.epoch(), ": column group ", g.table,
+            " of table ", table.name,
+            " has the name of a configured table; rename that table"));
+      }
+      if (!existing.ok()) specs.push_back(ColumnGroupSpec(table, g));
     }
   }
   if (specs.empty()) return absl::OkStatus();

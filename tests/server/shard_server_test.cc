@@ -527,6 +527,26 @@ TEST(ShardServerColumnWise, TheSplitTableAndBadGroupsAreRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("has dim 10"), absl::string_view::npos) << s;
   EXPECT_EQ(a->GetShardMap().epoch(), 0u);
+  // A configured table already named like a group.
+  {
+    StoreOptions store_options;
+    store_options.num_slots = kSlots;
+    TableSpec clash = WideSpec();
+    clash.name = "wide.cols0-5";
+    auto store = CreateHostEmbeddingStore({WideSpec(), clash}, store_options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ShardServerOptions options;
+    options.self_address = kSelf;
+    options.num_slots = kSlots;
+    options.create_store = [store_options](std::vector<TableSpec> specs) {
+      return CreateHostEmbeddingStore(std::move(specs), store_options);
+    };
+    auto server = ShardServer::Create(*std::move(store), ShardMap(), options, nullptr);
+    ASSERT_TRUE(server.ok()) << server.status();
+    *set.mutable_shard_map() = WideSplit(4, {0, 5, 10}, {0, 1});
+    s = (*server)->SetShardMap(set);
+    EXPECT_NE(s.message().find("name of a configured table"), absl::string_view::npos) << s;
+  }
   // A server without a store factory cannot take a group.
   auto bare = MakeWideServer(kSelf, ShardMap(), /*factory=*/false);
   *set.mutable_shard_map() = WideSplit(4, {0, 5, 10}, {0, 1});
