@@ -138,6 +138,18 @@ absl::StatusOr<v1::ListMembersResponse> CoordinatorClient::ListMembers() {
   return response;
 }
 
+absl::Status CoordinatorClient::WatchShardMap(
+    uint64_t after_epoch, grpc::ClientContext* context,
+    const std::function<void(v1::ShardMap)>& fn) {
+  v1::WatchShardMapRequest request;
+  request.set_after_epoch(after_epoch);
+  std::unique_ptr<grpc::ClientReader<v1::ShardMap>> reader =
+      stub_->WatchShardMap(context, request);
+  v1::ShardMap map;
+  while (reader->Read(&map)) fn(std::move(map));
+  return ToStatus("WatchShardMap", reader->Finish());
+}
+
 absl::Status CoordinatorClient::KvSet(const std::string& key, const std::string& value) {
   v1::KvSetRequest request;
   request.set_key(key);
@@ -318,6 +330,79 @@ void CoordinatorLease::Loop() {
     if (!status.ok() && !warned) LogWarning(status.message(), "; retrying");
     if (status.ok() && warned) LogInfo("coordinator ", client_->address(), " is back");
     warned = !status.ok();
+  }
+}
+
+// ------------------------------------------------------------ shard map watch
+
+ShardMapWatcher::ShardMapWatcher(CoordinatorClient* client,
+                                 uint64_t after_epoch,
+                                 std::function<void(ShardMap)> on_map)
+    : client_(client), on_map_(std::move(on_map)), epoch_(after_epoch) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+ShardMapWatcher::~ShardMapWatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  stop_.Notify();
+  thread_.join();
+}
+
+uint64_t ShardMapWatcher::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+void ShardMapWatcher::Loop() {
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool warned = false;
+  for (;;) {
+    grpc::ClientContext context;
+    uint64_t after;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      context_ = &context;
+      after = epoch_;
+    }
+    bool got_map = false;
+    const absl::Status s =
+        client_->WatchShardMap(after, &context, [&](v1::ShardMap proto) {
+          absl::StatusOr<ShardMap> map = ShardMap::FromProto(proto);
+          if (!map.ok()) {
+            LogWarning("ignoring shard map epoch ", proto.epoch(),
+                       " from the coordinator: ", map.status().message());
+            return;
+          }
+          {
+            absl::MutexLock lock(&mu_);
+            if (map->epoch() <= epoch_) return;  // receivers drop old epochs
+            epoch_ = map->epoch();
+          }
+          got_map = true;
+          on_map_(*std::move(map));
+        });
+    {
+      absl::MutexLock lock(&mu_);
+      context_ = nullptr;
+      if (stopping_) return;
+    }
+    // The stream ended: the coordinator stopped or restarted. Re-open it
+    // (the next one starts after the newest epoch seen).
+    if (got_map) {
+      backoff = absl::Milliseconds(100);
+      warned = false;
+    }
+    if (!warned) {  // once per outage
+      LogWarning("shard map watch ended (", s.ToString(), "); re-opening it");
+      warned = true;
+    }
+    if (stop_.WaitForNotificationWithTimeout(backoff)) return;
+    backoff = std::min(backoff * 2, absl::Seconds(5));
   }
 }
 

@@ -5,6 +5,7 @@
 #define RECPS_CLIENT_COORDINATOR_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +57,12 @@ class CoordinatorClient {
   // UNAVAILABLE until enough shard servers registered).
   absl::StatusOr<v1::ShardMap> GetShardMap();
   absl::StatusOr<v1::ListMembersResponse> ListMembers();
+  // Streams the maps newer than `after_epoch` (the current one first, then
+  // each new epoch) to `fn` until the stream ends: the coordinator stops or
+  // restarts (UNAVAILABLE) or `context` is cancelled (CANCELLED). One
+  // attempt, no deadline; ShardMapWatcher re-opens it.
+  absl::Status WatchShardMap(uint64_t after_epoch, grpc::ClientContext* context,
+                             const std::function<void(v1::ShardMap)>& fn);
 
   absl::Status KvSet(const std::string& key, const std::string& value);
   // Waits up to `wait` in all (also across a restart) for `key`;
@@ -124,6 +131,40 @@ class CoordinatorLease {
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  absl::Notification stop_;
+  std::thread thread_;
+};
+
+// Follows the coordinator's shard map (WatchShardMap) on a background
+// thread: calls `on_map` from that thread with each valid map whose epoch is
+// newer than any seen before (starting after `after_epoch`), and re-opens
+// the stream with a capped backoff whenever it ends, e.g. across a
+// coordinator restart. A worker hands the maps to
+// EmbeddingClient::OfferShardMap, so a new epoch reaches it at once rather
+// than when a shard server refuses a stale one. Stops (and `on_map` no
+// longer runs) when destroyed; `client` must outlive the watcher.
+class ShardMapWatcher {
+ public:
+  ShardMapWatcher(CoordinatorClient* client, uint64_t after_epoch,
+                  std::function<void(ShardMap)> on_map);
+  ~ShardMapWatcher();
+
+  ShardMapWatcher(const ShardMapWatcher&) = delete;
+  ShardMapWatcher& operator=(const ShardMapWatcher&) = delete;
+
+  // The newest epoch passed to on_map (or after_epoch).
+  uint64_t epoch() const;
+
+ private:
+  void Loop();
+
+  CoordinatorClient* const client_;
+  const std::function<void(ShardMap)> on_map_;
+  mutable absl::Mutex mu_;
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_);
+  // The open stream's context, cancelled by the destructor.
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Notification stop_;
   std::thread thread_;
 };

@@ -78,10 +78,20 @@ struct PushRpc {
   }
 };
 
-absl::Status CheckMap(const ShardMap& map) {
+absl::Status CheckMap(const ShardMap& map,
+                      const std::vector<TableSchema>& tables) {
   if (map.num_slots() == 0 || map.num_servers() == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard map of epoch ", map.epoch(), " has no slots or no servers"));
+  }
+  // Column groups must cover each split table's width as this client
+  // knows it.
+  if (map.has_table_routing()) {
+    for (const TableSchema& t : tables) {
+      if (absl::Status s = map.CheckWidth(t.name, t.dim); !s.ok()) {
+        return absl::FailedPreconditionError(s.message());
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -177,7 +187,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
         map.status().code(),
         absl::StrCat("fetching the first shard map: ", map.status().message()));
   }
-  RETURN_IF_ERROR(CheckMap(*map));
+  RETURN_IF_ERROR(CheckMap(*map, tables));
   return std::unique_ptr<EmbeddingClient>(
       new EmbeddingClient(std::move(tables), std::move(source),
                           std::move(options), *std::move(map)));
@@ -219,13 +229,23 @@ absl::StatusOr<uint64_t> EmbeddingClient::RefreshMap(uint64_t wanted_epoch) {
   const uint64_t current = shard_map_epoch();
   if (current >= wanted_epoch) return current;
   ASSIGN_OR_RETURN(ShardMap fetched, source_->Fetch());
-  RETURN_IF_ERROR(CheckMap(fetched));
-  if (fetched.epoch() <= current) return current;
-  const uint64_t epoch = fetched.epoch();
-  auto next = std::make_shared<const ShardMap>(std::move(fetched));
+  RETURN_IF_ERROR(CheckMap(fetched, tables_));
+  return InstallIfNewer(std::move(fetched));
+}
+
+uint64_t EmbeddingClient::InstallIfNewer(ShardMap map) {
+  auto next = std::make_shared<const ShardMap>(std::move(map));
   absl::MutexLock lock(&map_mu_);
-  map_ = std::move(next);
-  return epoch;
+  // Re-checked under the lock: a watcher and a refresh may race.
+  if (next->epoch() > map_->epoch()) map_ = std::move(next);
+  return map_->epoch();
+}
+
+absl::Status EmbeddingClient::OfferShardMap(ShardMap map) {
+  if (map.epoch() <= shard_map_epoch()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckMap(map, tables_));
+  InstallIfNewer(std::move(map));
+  return absl::OkStatus();
 }
 
 std::unique_ptr<RoutedBatch> EmbeddingClient::AcquireBatch() {
@@ -251,7 +271,9 @@ absl::Status EmbeddingClient::Lookup(int64_t step,
     }
   }
   std::unique_ptr<RoutedBatch> routed = AcquireBatch();
-  routed->PrepareLookup(batch, tables_, table_keys_);
+  // Column groups come from this map; it lives until the call ends.
+  const std::shared_ptr<const ShardMap> map = CurrentMap();
+  routed->PrepareLookup(batch, tables_, table_keys_, *map);
   absl::Status status = Run<LookupRpc>(step, *routed);
   ReleaseBatch(std::move(routed));
   return status;
@@ -267,7 +289,8 @@ absl::Status EmbeddingClient::PushGradients(int64_t step,
     }
   }
   std::unique_ptr<RoutedBatch> routed = AcquireBatch();
-  routed->PreparePush(batch, tables_, table_keys_);
+  const std::shared_ptr<const ShardMap> map = CurrentMap();
+  routed->PreparePush(batch, tables_, table_keys_, *map);
   absl::Status status = Run<PushRpc>(step, *routed);
   ReleaseBatch(std::move(routed));
   return status;
@@ -306,7 +329,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
   std::vector<Server> servers;
   for (;;) {
     const std::shared_ptr<const ShardMap> map = CurrentMap();
-    batch.Route(*map);
+    RETURN_IF_ERROR(batch.Route(*map));
     calls.clear();
     servers.clear();
     int32_t most_parts = 0;

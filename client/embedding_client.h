@@ -135,12 +135,23 @@ class EmbeddingClient {
   // Epoch of the shard map the client routes by now.
   uint64_t shard_map_epoch() const;
 
+  // Routes by `map` from now on if its epoch is newer than the current one
+  // (else ignores it): a map pushed by a watcher (ShardMapWatcher) reaches
+  // the client before a server has to refuse a stale epoch. Safe while
+  // calls are in flight: they send their next round by it. FAILED_PRECONDITION
+  // (nothing changes) for a map without servers or whose column groups do
+  // not match the tables' dims.
+  absl::Status OfferShardMap(ShardMap map);
+
  private:
   EmbeddingClient(std::vector<TableSchema> tables,
                   std::unique_ptr<ShardMapSource> source,
                   EmbeddingClientOptions options, ShardMap map);
 
   std::shared_ptr<const ShardMap> CurrentMap() const;
+  // Installs `map` if it is newer than the current one; returns the epoch
+  // routed by afterwards. REQUIRES: CheckMap passed.
+  uint64_t InstallIfNewer(ShardMap map);
   // Fetches a map from the source unless the current one already has
   // `wanted_epoch`; installs it when newer. One fetch at a time. Returns the
   // epoch routed by afterwards.

@@ -34,7 +34,8 @@ void DecodeRow(const char* src, int dim, v1::RowEncoding encoding, float* out) {
 template <typename Spec>
 void RoutedBatch::Dedupe(absl::Span<const Spec> batch,
                          const std::vector<TableSchema>& tables,
-                         const std::vector<uint64_t>& keys) {
+                         const std::vector<uint64_t>& keys,
+                         const ShardMap& map) {
   plan_of_table_.assign(tables.size(), -1);
   plan_of_spec_.resize(batch.size());
   num_plans = 0;
@@ -42,13 +43,31 @@ void RoutedBatch::Dedupe(absl::Span<const Spec> batch,
     const Spec& spec = batch[i];
     int& p = plan_of_table_[spec.table];
     if (p < 0) {
-      p = num_plans++;
-      if (static_cast<int>(plans.size()) < num_plans) plans.emplace_back();
-      TablePlan& plan = plans[p];
-      plan.name = &tables[spec.table].name;
-      plan.key = keys[spec.table];
-      plan.dim = tables[spec.table].dim;
-      Deduplicate(spec.ids, &plan.dedup);
+      // One plan, or one per column group.
+      const absl::Span<const ColumnGroup> groups =
+          map.ColumnGroupsOf(keys[spec.table]);
+      const int n = groups.empty() ? 1 : static_cast<int>(groups.size());
+      p = num_plans;
+      num_plans += n;
+      if (static_cast<int>(plans.size()) < num_plans) plans.resize(num_plans);
+      for (int g = 0; g < n; ++g) {
+        TablePlan& plan = plans[p + g];
+        plan.data = p;
+        plan.width = tables[spec.table].dim;
+        plan.column_group = !groups.empty();
+        if (groups.empty()) {
+          plan.name = &tables[spec.table].name;
+          plan.key = keys[spec.table];
+          plan.dim = plan.width;
+          plan.column_offset = 0;
+        } else {
+          plan.name = &groups[g].table;
+          plan.key = groups[g].key;
+          plan.dim = groups[g].end - groups[g].begin;
+          plan.column_offset = groups[g].begin;
+        }
+      }
+      Deduplicate(spec.ids, &plans[p].dedup);
     } else {
       DeduplicateAppend(spec.ids, &plans[p].dedup);
     }
@@ -56,7 +75,7 @@ void RoutedBatch::Dedupe(absl::Span<const Spec> batch,
   }
   for (int p = 0; p < num_plans; ++p) {
     TablePlan& plan = plans[p];
-    plan.pending.resize(plan.dedup.unique.size());
+    plan.pending.resize(plans[plan.data].dedup.unique.size());
     std::iota(plan.pending.begin(), plan.pending.end(), 0);
     plan.requeued.clear();
   }
@@ -65,12 +84,14 @@ void RoutedBatch::Dedupe(absl::Span<const Spec> batch,
 
 void RoutedBatch::PrepareLookup(absl::Span<const LookupSpec> batch,
                                 const std::vector<TableSchema>& tables,
-                                const std::vector<uint64_t>& keys) {
-  Dedupe(batch, tables, keys);
+                                const std::vector<uint64_t>& keys,
+                                const ShardMap& map) {
+  Dedupe(batch, tables, keys, map);
   // Group output positions by unique id (a counting sort on the inverse
   // map), so a returned row is written to all its positions at once.
   for (int p = 0; p < num_plans; ++p) {
     TablePlan& plan = plans[p];
+    if (plan.data != p) continue;  // a later column group: shares plans[data]
     plan.dst_begin.assign(plan.dedup.unique.size() + 1, 0);
     for (const int32_t u : plan.dedup.inverse) ++plan.dst_begin[u + 1];
     std::partial_sum(plan.dst_begin.begin(), plan.dst_begin.end(),
@@ -83,7 +104,7 @@ void RoutedBatch::PrepareLookup(absl::Span<const LookupSpec> batch,
     TablePlan& plan = plans[p];
     const int32_t* inverse = plan.dedup.inverse.data() + spec_pos_[p];
     for (size_t j = 0; j < batch[i].ids.size(); ++j) {
-      plan.dst[plan.scratch[inverse[j]]++] = batch[i].out + j * plan.dim;
+      plan.dst[plan.scratch[inverse[j]]++] = batch[i].out + j * plan.width;
     }
     spec_pos_[p] += batch[i].ids.size();
   }
@@ -91,14 +112,16 @@ void RoutedBatch::PrepareLookup(absl::Span<const LookupSpec> batch,
 
 void RoutedBatch::PreparePush(absl::Span<const PushSpec> batch,
                               const std::vector<TableSchema>& tables,
-                              const std::vector<uint64_t>& keys) {
-  Dedupe(batch, tables, keys);
+                              const std::vector<uint64_t>& keys,
+                              const ShardMap& map) {
+  Dedupe(batch, tables, keys, map);
   for (int p = 0; p < num_plans; ++p) {
     TablePlan& plan = plans[p];
+    if (plan.data != p) continue;
     plan.grad_row.resize(plan.dedup.unique.size());
     plan.summed.clear();
     if (plan.dedup.unique.size() < plan.dedup.inverse.size()) {
-      plan.summed.assign(plan.dedup.unique.size() * plan.dim, 0.0f);
+      plan.summed.assign(plan.dedup.unique.size() * plan.width, 0.0f);
     }
   }
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -106,36 +129,44 @@ void RoutedBatch::PreparePush(absl::Span<const PushSpec> batch,
     TablePlan& plan = plans[p];
     const int32_t* inverse = plan.dedup.inverse.data() + spec_pos_[p];
     for (size_t j = 0; j < batch[i].ids.size(); ++j) {
-      const float* row = batch[i].grads + j * plan.dim;
+      const float* row = batch[i].grads + j * plan.width;
       if (plan.summed.empty()) {
         // Distinct ids (the documented case): send the caller's rows.
         plan.grad_row[inverse[j]] = row;
       } else {
-        float* sum = plan.summed.data() + inverse[j] * plan.dim;
-        for (int c = 0; c < plan.dim; ++c) sum[c] += row[c];
+        float* sum = plan.summed.data() + inverse[j] * plan.width;
+        for (int c = 0; c < plan.width; ++c) sum[c] += row[c];
       }
     }
     spec_pos_[p] += batch[i].ids.size();
   }
   for (int p = 0; p < num_plans; ++p) {
     TablePlan& plan = plans[p];
-    if (plan.summed.empty()) continue;
+    if (plan.data != p || plan.summed.empty()) continue;
     for (size_t u = 0; u < plan.grad_row.size(); ++u) {
-      plan.grad_row[u] = plan.summed.data() + u * plan.dim;
+      plan.grad_row[u] = plan.summed.data() + u * plan.width;
     }
   }
 }
 
-void RoutedBatch::Route(const ShardMap& map) {
+absl::Status RoutedBatch::Route(const ShardMap& map) {
   const int num_servers = map.num_servers();
   for (int p = 0; p < num_plans; ++p) {
     TablePlan& plan = plans[p];
     const size_t n = plan.pending.size();
-    const int64_t* unique = plan.dedup.unique.data();
+    const int64_t* unique = plans[plan.data].dedup.unique.data();
+    const TableRoute route = map.RouteOf(plan.key);
+    // A group's name names its columns: the same name routed as a group
+    // means the same columns.
+    if (plan.column_group ? !route.column_group() : route.column_split()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table ", *plan.name, ": shard map epoch ", map.epoch(),
+          " splits it into column groups other than the map this call "
+          "started with; its rows cannot follow a new column split"));
+    }
     plan.server_begin.assign(num_servers + 1, 0);
     plan.routed.resize(n);
     plan.routed_ids.resize(n);
-    const TableRoute route = map.RouteOf(plan.key);
     if (num_servers == 1) {
       // One owner: no hashing, no sort.
       plan.server_begin[1] = static_cast<int32_t>(n);
@@ -162,6 +193,7 @@ void RoutedBatch::Route(const ShardMap& map) {
       plan.routed_ids[at] = unique[plan.pending[k]];
     }
   }
+  return absl::OkStatus();
 }
 
 int32_t RoutedBatch::CountFor(int server) const {
@@ -222,10 +254,11 @@ void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
     table->set_encoding(encoding);
     EncodeIds(absl::MakeConstSpan(plan.routed_ids.data() + begin, n),
               table->mutable_ids());
+    const std::vector<const float*>& grad_row = plans[plan.data].grad_row;
     gather_.resize(static_cast<size_t>(n) * plan.dim);
     for (int32_t k = 0; k < n; ++k) {
       std::memcpy(gather_.data() + static_cast<size_t>(k) * plan.dim,
-                  plan.grad_row[plan.routed[begin + k]],
+                  grad_row[plan.routed[begin + k]] + plan.column_offset,
                   sizeof(float) * plan.dim);
     }
     EncodeRows(gather_.data(), gather_.size(), encoding,
@@ -288,6 +321,7 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
           "response has more tables than the request's ", expected));
     }
     const TablePlan& plan = plans[shares_[j].plan];
+    const TablePlan& data = plans[plan.data];  // where its rows go
     const int32_t n = shares_[j].n;
     const int32_t* routed = plan.routed.data() + shares_[j].first;
     ++j;
@@ -335,8 +369,8 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
         for (int32_t k = 0; k < n; ++k) {
           const int32_t u = routed[k];
           // Every unique id has at least one position; repeats copy the
-          // first.
-          float* first = plan.dst[plan.dst_begin[u]];
+          // first. The plan's columns start at column_offset.
+          float* first = data.dst[data.dst_begin[u]] + plan.column_offset;
           if (width == sizeof(float)) {
             if (!in.ReadRaw(first, static_cast<int>(row_bytes))) {
               return Malformed("truncated rows");
@@ -347,9 +381,10 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
             }
             DecodeRow(row_scratch_.data(), plan.dim, encoding, first);
           }
-          for (int32_t d = plan.dst_begin[u] + 1; d < plan.dst_begin[u + 1];
+          for (int32_t d = data.dst_begin[u] + 1; d < data.dst_begin[u + 1];
                ++d) {
-            std::memcpy(plan.dst[d], first, sizeof(float) * plan.dim);
+            std::memcpy(data.dst[d] + plan.column_offset, first,
+                        sizeof(float) * plan.dim);
           }
         }
       } else if (!WireFormatLite::SkipField(&in, t)) {

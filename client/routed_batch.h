@@ -21,19 +21,29 @@
 
 namespace recps::client::internal {
 
-// One table of a call. Unique ids are named by their index u in dedup.unique.
+// One table of a call, or one column group of a table split column-wise
+// (ShardMap::ColumnGroupsOf): then each group has a plan of its own, named
+// by the group's table, that sends every id of the table to the group's
+// owner and moves only the group's columns. Unique ids are named by their
+// index u in dedup.unique of the table's first plan (`data`).
 struct TablePlan {
-  const std::string* name = nullptr;
+  const std::string* name = nullptr;  // the table's or the group's
   uint64_t key = 0;  // StableNameKey(name)
-  int dim = 0;
+  int dim = 0;       // columns sent and received
+  int width = 0;     // floats per row in the caller's buffers
+  int column_offset = 0;  // of the first column sent, in the caller's rows
+  bool column_group = false;
+  // Index of the plan that holds dedup, dst_begin, dst, grad_row and summed
+  // for this table (itself, or its table's first group).
+  int data = 0;
   Dedup dedup;  // over the ids of every spec of this table, in batch order
 
-  // Lookup: the output rows of unique id u are dst[dst_begin[u] ..
-  // dst_begin[u + 1]).
+  // Lookup: the output rows (width floats; the plan writes its columns)
+  // of unique id u are dst[dst_begin[u] .. dst_begin[u + 1]).
   std::vector<int32_t> dst_begin;
   std::vector<float*> dst;
-  // Push: the gradient row of unique id u, in the caller's buffer or, when
-  // ids repeat, in `summed`.
+  // Push: the gradient row (width floats) of unique id u, in the caller's
+  // buffer or, when ids repeat, in `summed`.
   std::vector<const float*> grad_row;
   std::vector<float> summed;
 
@@ -53,18 +63,23 @@ struct TablePlan {
 };
 
 struct RoutedBatch {
-  // Dedups every table of `batch` and records where rows go. REQUIRES: the
-  // specs were checked against `tables`.
+  // Dedups every table of `batch` and records where rows go; a table that
+  // `map` splits column-wise gets a plan per column group. REQUIRES: the
+  // specs were checked against `tables`, `map` passed
+  // ShardMap::CheckWidth for every table, and `map` outlives this call's
+  // use of the batch (group names point into it).
   void PrepareLookup(absl::Span<const LookupSpec> batch,
                      const std::vector<TableSchema>& tables,
-                     const std::vector<uint64_t>& keys);
+                     const std::vector<uint64_t>& keys, const ShardMap& map);
   // Dedups every table of `batch`, summing the rows of repeated ids.
   void PreparePush(absl::Span<const PushSpec> batch,
                    const std::vector<TableSchema>& tables,
-                   const std::vector<uint64_t>& keys);
+                   const std::vector<uint64_t>& keys, const ShardMap& map);
 
-  // Groups the pending ids of every table by their owner in `map`.
-  void Route(const ShardMap& map);
+  // Groups the pending ids of every plan by their owner in `map`.
+  // FAILED_PRECONDITION when `map` splits a table column-wise other than
+  // the map the batch was prepared with (rows cannot follow mid-call).
+  absl::Status Route(const ShardMap& map);
   // How many pending ids `server` (an index in the routed map) owns, over
   // all tables.
   int32_t CountFor(int server) const;
@@ -102,7 +117,7 @@ struct RoutedBatch {
   template <typename Spec>
   void Dedupe(absl::Span<const Spec> batch,
               const std::vector<TableSchema>& tables,
-              const std::vector<uint64_t>& keys);
+              const std::vector<uint64_t>& keys, const ShardMap& map);
 
   std::vector<int> plan_of_table_;
   std::vector<int> plan_of_spec_;
@@ -119,7 +134,7 @@ struct RoutedBatch {
   };
 
   std::vector<int64_t> spec_pos_;  // per plan: next position while scattering
-  std::vector<float> gather_;      // push: one server's rows of one table
+  std::vector<float> gather_;      // push: one server's rows of one plan
   std::vector<char> row_scratch_;  // lookup: a row split across gRPC slices
   std::string name_scratch_;       // lookup: a response's table name
   std::vector<TableShare> shares_;  // lookup: the tables of one response

@@ -15,10 +15,18 @@ struct RowInit {
   // Uniform: [a, b). Normal: mean a, standard deviation b.
   float a = -0.05f;
   float b = 0.05f;
+  // A column group of a table split column-wise (common/shard_map.h) holds
+  // columns [column_offset, column_offset + dim) of the unsplit table with
+  // key `source_key`, and starts with exactly their values. source_key 0:
+  // the table's own key, column_offset 0.
+  uint64_t source_key = 0;
+  int column_offset = 0;
 };
 
 // Writes the dim initial weights of row `id` of the table with key
-// `table_key` (StableNameKey of its name).
+// `table_key` (StableNameKey of its name); for a column group, columns
+// [init.column_offset, init.column_offset + dim) of row `id` of the table
+// with key init.source_key.
 void InitRow(const RowInit& init, uint64_t seed, uint64_t table_key, int64_t id,
              int dim, float* out);
 

@@ -6,6 +6,18 @@
 #include "absl/strings/str_cat.h"
 
 namespace recps {
+namespace {
+
+// Far above any table width (the store's limit is 4096); keeps column
+// numbers well inside int.
+constexpr uint32_t kMaxColumns = uint32_t{1} << 16;
+
+}  // namespace
+
+std::string ColumnGroupTableName(absl::string_view table, int column_begin,
+                                 int column_end) {
+  return absl::StrCat(table, ".cols", column_begin, "-", column_end);
+}
 
 absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
   if (proto.num_slots() == 0) {
@@ -52,7 +64,48 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
     TableRouting r;
     r.key = StableNameKey(t.table());
     r.name = t.table();
-    if (t.slot_owner_size() == 0) {
+    if (t.column_groups_size() > 0) {
+      if (t.slot_owner_size() > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map: table ", t.table(),
+            " has both column groups and slot owners"));
+      }
+      uint32_t next = 0;  // the column the next group must start at
+      for (const v1::ColumnGroupRouting& g : t.column_groups()) {
+        if (g.column_begin() != next || g.column_end() <= g.column_begin() ||
+            g.column_end() > kMaxColumns) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "shard map: table ", t.table(), " has column group [",
+              g.column_begin(), ", ", g.column_end(), ") where [", next,
+              ", ...) was due: groups must be non-empty, contiguous, start "
+              "at column 0 and end by column ", kMaxColumns));
+        }
+        if (g.owner() >= m.servers_.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "shard map: column group [", g.column_begin(), ", ",
+              g.column_end(), ") of table ", t.table(),
+              " is owned by server index ", g.owner(), " of ",
+              m.servers_.size()));
+        }
+        next = g.column_end();
+        ColumnGroup group;
+        group.begin = static_cast<int>(g.column_begin());
+        group.end = static_cast<int>(g.column_end());
+        group.owner = static_cast<int>(g.owner());
+        group.table = ColumnGroupTableName(t.table(), group.begin, group.end);
+        group.key = StableNameKey(group.table);
+        r.groups.push_back(std::move(group));
+      }
+      // Each group routes its own name to its owner.
+      for (const ColumnGroup& g : r.groups) {
+        TableRouting gr;
+        gr.key = g.key;
+        gr.name = g.table;
+        gr.owner = g.owner;
+        gr.is_group = true;
+        m.tables_.push_back(std::move(gr));
+      }
+    } else if (t.slot_owner_size() == 0) {
       if (t.owner() >= m.servers_.size()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "shard map: table ", t.table(), " owned by server index ", t.owner(),
@@ -88,22 +141,49 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
   return m;
 }
 
+const ShardMap::TableRouting* ShardMap::Find(uint64_t table_key) const {
+  auto it = std::lower_bound(
+      tables_.begin(), tables_.end(), table_key,
+      [](const TableRouting& r, uint64_t key) { return r.key < key; });
+  return it != tables_.end() && it->key == table_key ? &*it : nullptr;
+}
+
 TableRoute ShardMap::RouteOf(uint64_t table_key) const {
   TableRoute route;
   route.key_ = table_key;
   route.num_slots_ = num_slots_;
   route.owners_ = slot_owner_.data();
-  auto it = std::lower_bound(
-      tables_.begin(), tables_.end(), table_key,
-      [](const TableRouting& r, uint64_t key) { return r.key < key; });
-  if (it != tables_.end() && it->key == table_key) {
-    if (it->owner >= 0) {
-      route.single_owner_ = it->owner;
+  if (tables_.empty()) return route;
+  if (const TableRouting* r = Find(table_key); r != nullptr) {
+    if (r->owner >= 0) {
+      route.owners_ = nullptr;
+      route.single_owner_ = r->owner;
+      route.column_group_ = r->is_group;
+    } else if (!r->groups.empty()) {
+      route.owners_ = nullptr;  // OwnerOf: -1
+      route.column_split_ = true;
     } else {
-      route.owners_ = it->slot_owner.data();
+      route.owners_ = r->slot_owner.data();
     }
   }
   return route;
+}
+
+absl::Span<const ColumnGroup> ShardMap::ColumnGroupsOf(
+    uint64_t table_key) const {
+  if (tables_.empty()) return {};
+  const TableRouting* r = Find(table_key);
+  return r == nullptr ? absl::Span<const ColumnGroup>() : r->groups;
+}
+
+absl::Status ShardMap::CheckWidth(absl::string_view table, int dim) const {
+  const absl::Span<const ColumnGroup> groups =
+      ColumnGroupsOf(StableNameKey(table));
+  if (groups.empty() || groups.back().end == dim) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard map epoch ", epoch_, ": the column groups of table ", table,
+      " cover columns [0, ", groups.back().end, ") but the table has dim ",
+      dim));
 }
 
 ShardMap ShardMap::Uniform(uint64_t epoch, uint32_t num_slots,
@@ -127,9 +207,17 @@ v1::ShardMap ShardMap::ToProto() const {
   for (const std::string& s : servers_) p.add_servers(s);
   p.mutable_slot_owner()->Add(slot_owner_.begin(), slot_owner_.end());
   for (const TableRouting& r : tables_) {
+    if (r.is_group) continue;  // written with its table
     v1::TableRouting* t = p.add_tables();
     t->set_table(r.name);
-    if (r.owner >= 0) {
+    if (!r.groups.empty()) {
+      for (const ColumnGroup& g : r.groups) {
+        v1::ColumnGroupRouting* gp = t->add_column_groups();
+        gp->set_column_begin(static_cast<uint32_t>(g.begin));
+        gp->set_column_end(static_cast<uint32_t>(g.end));
+        gp->set_owner(static_cast<uint32_t>(g.owner));
+      }
+    } else if (r.owner >= 0) {
       t->set_owner(static_cast<uint32_t>(r.owner));
     } else {
       t->mutable_slot_owner()->Add(r.slot_owner.begin(), r.slot_owner.end());

@@ -382,6 +382,43 @@ absl::StatusOr<v1::ShardMap> Coordinator::GetShardMap() const {
   return map_;
 }
 
+absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
+  ASSIGN_OR_RETURN(const ShardMap parsed, ShardMap::FromProto(map));
+  if (parsed.num_slots() != options_.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map has ", parsed.num_slots(), " slots; this cluster has ",
+        options_.num_slots));
+  }
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (map_.epoch() == 0) {
+      return absl::FailedPreconditionError(
+          "no shard map yet: the first one is built when enough shard "
+          "servers registered");
+    }
+    if (map.epoch() <= map_.epoch()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard map epoch ", map.epoch(),
+                       " is not newer than the current ", map_.epoch()));
+    }
+    RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
+    map_ = map;
+    if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map.epoch()));
+    if (pusher_) {
+      for (const std::string& address : parsed.servers()) {
+        deferred.calls.push_back(
+            [pusher = pusher_, address, map] { pusher(address, map); });
+      }
+    }
+    deferred.published.push_back(map);
+  }
+  LogInfo("shard map epoch ", map.epoch(), " set over ",
+          absl::StrJoin(parsed.servers(), ", "));
+  deferred.Run(this);
+  return absl::OkStatus();
+}
+
 uint64_t Coordinator::shard_map_epoch() const {
   absl::MutexLock lock(&mu_);
   return map_.epoch();

@@ -92,6 +92,12 @@ class Coordinator {
   // UNAVAILABLE (naming how many servers are still missing) before the
   // first map is built.
   absl::StatusOr<v1::ShardMap> GetShardMap() const;
+  // Replaces the map with a newer one (an operator's or a rebalance's):
+  // stores it, pushes it to the servers it lists and publishes it to
+  // watchers. INVALID_ARGUMENT when it is malformed or has another slot
+  // count; FAILED_PRECONDITION before the first map or when its epoch is
+  // not newer.
+  absl::Status SetShardMap(const v1::ShardMap& map);
   uint64_t shard_map_epoch() const;
 
   // The stored sharding plan. NOT_FOUND when the coordinator does not plan

@@ -193,6 +193,10 @@ int Run() {
   options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
   options.consistency = *consistency;
   options.work_threads = absl::GetFlag(FLAGS_threads);
+  // Column groups of column-wise tables: same seed, slots and limits.
+  options.create_store = [store_options](std::vector<TableSpec> groups) {
+    return CreateHostEmbeddingStore(std::move(groups), store_options);
+  };
   absl::StatusOr<std::unique_ptr<ShardServer>> shard =
       ShardServer::Create(*std::move(store), ShardMap(), options, &metrics);
   if (!shard.ok()) {

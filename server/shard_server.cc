@@ -13,6 +13,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "common/wire_format.h"
 #include "server/shard_metrics.h"
@@ -23,6 +24,17 @@ namespace {
 // Free response buffers kept for reuse: enough for a few concurrent lookups
 // of the largest batches the benchmarks and the worker send.
 constexpr size_t kMaxFreeResponseBytes = size_t{256} << 20;
+
+// A column group of `table` as a table of its own: the group's columns, the
+// same rows, optimizer and initial values.
+TableSpec ColumnGroupSpec(const TableSpec& table, const ColumnGroup& group) {
+  TableSpec spec = table;
+  spec.name = group.table;
+  spec.dim = group.end - group.begin;
+  if (spec.init.source_key == 0) spec.init.source_key = StableNameKey(table.name);
+  spec.init.column_offset += group.begin;
+  return spec;
+}
 
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
@@ -60,13 +72,18 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
   if (options.max_ids_per_request < 1) {
     return absl::InvalidArgumentError("max_ids_per_request must be >= 1");
   }
-  return std::unique_ptr<ShardServer>(new ShardServer(
+  std::unique_ptr<ShardServer> server(new ShardServer(
       std::move(store), std::move(initial_map), std::move(options), metrics));
+  const MapView view = server->CurrentMap();
+  if (view->self >= 0) {
+    RETURN_IF_ERROR(server->AddColumnGroupTables(view->map, view->self));
+  }
+  return server;
 }
 
 ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
                          ShardServerOptions options, ShardMetrics* metrics)
-    : store_(std::move(store)),
+    : store_(std::make_unique<LayeredStore>(std::move(store))),
       options_(std::move(options)),
       metrics_(metrics),
       start_time_(absl::Now()),
@@ -128,6 +145,13 @@ absl::Status ShardServer::CheckOwned(const MapView& view, const TableSpec& spec,
                                      absl::Span<const int64_t> ids) const {
   const uint64_t key = StableNameKey(spec.name);
   const TableRoute route = view->map.RouteOf(key);
+  if (route.column_split()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", spec.name, " is split column-wise at shard map epoch ",
+        view->map.epoch(), ": request its column groups (table ",
+        view->map.ColumnGroupsOf(key)[0].table,
+        " and the others of the map's column_groups)"));
+  }
   for (int64_t id : ids) {
     if (route.OwnerOf(id) != view->self) {
       return StaleEpochError(
@@ -338,9 +362,59 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   return absl::OkStatus();
 }
 
+absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
+  std::vector<TableSpec> specs;
+  for (int t = 0; t < store_->num_base_tables(); ++t) {
+    const TableSpec& table = store_->spec(t);
+    const absl::Span<const ColumnGroup> groups =
+        map.ColumnGroupsOf(StableNameKey(table.name));
+    if (groups.empty()) continue;
+    RETURN_IF_ERROR(map.CheckWidth(table.name, table.dim));
+    for (const ColumnGroup& g : groups) {
+      if (g.owner != self) continue;
+      const absl::StatusOr<int> existing = store_->FindTable(g.table);
+      if (existing.ok() && *existing < store_->num_base_tables()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map epoch ", map.epoch(), ": column group ", g.table,
+            " of table ", table.name,
+            " has the name of a configured table; rename that table"));
+      }
+      if (!existing.ok()) specs.push_back(ColumnGroupSpec(table, g));
+    }
+  }
+  if (specs.empty()) return absl::OkStatus();
+  if (!options_.create_store) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), " gives this server column group ",
+        specs[0].name, ", but it was built without a store factory "
+        "(ShardServerOptions.create_store)"));
+  }
+  absl::StatusOr<std::unique_ptr<EmbeddingStore>> added =
+      options_.create_store(specs);
+  if (!added.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), ": creating column group table ",
+        specs[0].name, (specs.size() > 1 ? " and others" : ""), ": ",
+        added.status().message()));
+  }
+  RETURN_IF_ERROR(store_->Add(*std::move(added)));
+  for (const TableSpec& spec : specs) {
+    LogInfo("created column group table ", spec.name, " (dim ", spec.dim,
+            ", columns from ", spec.init.column_offset, ")");
+  }
+  return absl::OkStatus();
+}
+
 void ShardServer::SetSelfAddress(std::string address) {
+  absl::MutexLock install(&install_mu_);
+  const MapView view = CurrentMap();
+  const int self = view->map.IndexOf(address);
+  if (self >= 0) {
+    if (absl::Status s = AddColumnGroupTables(view->map, self); !s.ok()) {
+      LogError(s.message());
+    }
+  }
   absl::MutexLock lock(&map_mu_);
-  const int self = routing_->map.IndexOf(address);
   routing_ = std::make_shared<const Routing>(
       Routing{routing_->map, self, std::move(address)});
 }
@@ -354,9 +428,10 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
         "shard map has ", map.num_slots(), " slots; this cluster has ",
         options_.num_slots));
   }
-  absl::MutexLock lock(&map_mu_);
+  absl::MutexLock install(&install_mu_);
+  const MapView current = CurrentMap();  // changes only under install_mu_
   const std::string self =
-      request.self().empty() ? routing_->self_address : request.self();
+      request.self().empty() ? current->self_address : request.self();
   const int index = map.IndexOf(self);
   if (index < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -364,11 +439,14 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
         self.empty() ? "address unknown: set SetShardMapRequest.self" : self,
         ")"));
   }
-  if (routing_->map.num_servers() > 0 && map.epoch() <= routing_->map.epoch()) {
+  if (current->map.num_servers() > 0 && map.epoch() <= current->map.epoch()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard map epoch ", map.epoch(), " is not newer than the current ",
-        routing_->map.epoch()));
+        current->map.epoch()));
   }
+  // Before the map: a request routed by it finds its tables.
+  RETURN_IF_ERROR(AddColumnGroupTables(map, index));
+  absl::MutexLock lock(&map_mu_);
   routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
   return absl::OkStatus();
 }

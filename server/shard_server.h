@@ -10,8 +10,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
@@ -26,6 +28,7 @@
 #include "recps/v1/shard_admin.pb.h"
 #include "server/embedding_store.h"
 #include "server/lookup_response.h"
+#include "server/layered_store.h"
 #include "server/step_clock.h"
 
 namespace recps::server {
@@ -44,6 +47,14 @@ struct ShardServerOptions {
   ConsistencyOptions consistency;
   // Threads that run lookups and pushes.
   int work_threads = 0;  // 0: one per hardware thread
+  // Builds a store for tables the server gains from a shard map: the column
+  // groups it owns of a table split column-wise. Give it the options of the
+  // server's own store (seed, num_slots, row limit), e.g. a
+  // CreateHostEmbeddingStore call. Unset: maps that give this server a
+  // column group are refused.
+  std::function<absl::StatusOr<std::unique_ptr<EmbeddingStore>>(
+      std::vector<TableSpec>)>
+      create_store;
 };
 
 class ShardServer {
@@ -70,7 +81,11 @@ class ShardServer {
                      v1::StatsResponse* response) const;
   v1::ShardMap GetShardMap() const;
   // Installs a newer map; FAILED_PRECONDITION when its epoch is not newer,
-  // INVALID_ARGUMENT when it is malformed or does not list `self`.
+  // INVALID_ARGUMENT when it is malformed or does not list `self`. Column
+  // groups the map gives this server are created first (as tables named
+  // ColumnGroupTableName, initialised as the unsplit table's columns);
+  // INVALID_ARGUMENT when that fails (a group of a table this server does
+  // not have, groups that do not cover the table's dim, no create_store).
   absl::Status SetShardMap(const v1::SetShardMapRequest& request);
 
   // The address SetShardMap looks for when its request names no `self`.
@@ -98,12 +113,18 @@ class ShardServer {
   absl::Status RunLookup(const v1::LookupRequest& request,
                          SerializedLookupResponse* response);
   absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
+  // Creates the tables of the column groups that `map` gives server index
+  // `self` and that do not exist yet.
+  absl::Status AddColumnGroupTables(const ShardMap& map, int self);
 
-  std::unique_ptr<EmbeddingStore> store_;
+  std::unique_ptr<LayeredStore> store_;
   ShardServerOptions options_;
   ShardMetrics* metrics_;
   const absl::Time start_time_;
 
+  // Held by SetShardMap and SetSelfAddress throughout (they may create
+  // tables); map_mu_ only guards the swap, so requests do not wait for that.
+  absl::Mutex install_mu_;
   mutable absl::Mutex map_mu_;
   MapView routing_ ABSL_GUARDED_BY(map_mu_);
 

@@ -244,6 +244,7 @@ int Run() {
     LogError(client.status().message());
     return 1;
   }
+  client::EmbeddingClient* const embedding = client->get();  // the trainer owns it
 
   const int64_t batch_size = job->training().batch_size();
   std::unique_ptr<BatchSource> train;
@@ -384,6 +385,21 @@ int Run() {
   if (!trainer.ok()) {
     LogError(trainer.status().message());
     return 2;
+  }
+  // Follows the coordinator's map so that a new epoch reaches the client at
+  // once, not only when a shard server refuses a stale one. Declared after
+  // the trainer: stopped before the client goes.
+  std::unique_ptr<client::ShardMapWatcher> map_watcher;
+  if (coordinator != nullptr) {
+    map_watcher = std::make_unique<client::ShardMapWatcher>(
+        coordinator.get(), embedding->shard_map_epoch(), [embedding](ShardMap map) {
+          const uint64_t epoch = map.epoch();
+          if (absl::Status s = embedding->OfferShardMap(std::move(map)); !s.ok()) {
+            LogWarning("shard map epoch ", epoch, " from the coordinator: ", s.message());
+          } else {
+            LogInfo("routing by shard map epoch ", embedding->shard_map_epoch());
+          }
+        });
   }
   if (collectives != nullptr) {
     // Every replica starts from rank 0's parameters.

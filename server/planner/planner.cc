@@ -281,12 +281,31 @@ absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
           *r->mutable_slot_owner() = t.slot_owner();
         }
         break;
-      case v1::COLUMN_WISE:
-        return absl::FailedPreconditionError(absl::StrCat(
-            "table '", t.table(),
-            "' is planned column-wise: column-wise plans "
-            "are planned-only for now (the data plane does not split rows); "
-            "pin it to ROW_WISE or TABLE_WISE to apply the plan"));
+      case v1::COLUMN_WISE: {
+        // Each group becomes a table of its own on its server
+        // (ColumnGroupTableName); FromProto below checks the groups are
+        // contiguous from column 0, here that they end at the dim.
+        if (t.column_groups_size() == 0 ||
+            t.column_groups(t.column_groups_size() - 1).column_end() !=
+                t.dim()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "plan: the column groups of table '", t.table(),
+              "' do not cover its dim ", t.dim()));
+        }
+        v1::TableRouting* r = map.add_tables();
+        r->set_table(t.table());
+        for (const v1::ColumnGroupPlan& g : t.column_groups()) {
+          if (g.column_begin() < 0 || g.column_end() < 0) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "plan: table '", t.table(), "' has a negative column"));
+          }
+          v1::ColumnGroupRouting* gr = r->add_column_groups();
+          gr->set_column_begin(static_cast<uint32_t>(g.column_begin()));
+          gr->set_column_end(static_cast<uint32_t>(g.column_end()));
+          gr->set_owner(g.server());
+        }
+        break;
+      }
       default:
         return absl::InvalidArgumentError(
             absl::StrCat("plan: table '", t.table(), "' has no sharding type"));

@@ -60,11 +60,12 @@ PlannerInput PlannerInputFromJob(const v1::JobConfig& job,
 absl::StatusOr<v1::ShardingPlan> PlanSharding(const PlannerInput& input);
 
 // The shard map that routes like `plan`, at `epoch`: the plan's global slot
-// owners, plus a table routing for each table-wise table (its one owner)
-// and each row-wise table with its own slot layout.
-// FAILED_PRECONDITION for what the data plane cannot serve yet: a
-// column-wise table or FP16 storage ("planned-only"); INVALID_ARGUMENT for
-// a malformed plan or one with a newer format_version.
+// owners, plus a table routing for each table-wise table (its one owner),
+// each row-wise table with its own slot layout and each column-wise table
+// (its column groups and their owners).
+// FAILED_PRECONDITION for what the data plane cannot serve yet: FP16
+// storage ("planned-only"); INVALID_ARGUMENT for a malformed plan or one
+// with a newer format_version.
 absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
                                             uint64_t epoch);
 

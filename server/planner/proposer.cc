@@ -207,7 +207,10 @@ std::vector<Placement> EnumeratePlacements(const Model& m, int t,
     for (int s : tm.allowed_servers) out.push_back(TableWise(m, t, s));
   }
   if (types & (1u << v1::ROW_WISE)) out.push_back(RowWise(m, t));
-  if (types & (1u << v1::COLUMN_WISE)) {
+  // Row-wise Adagrad's per-row accumulator would differ per group: never
+  // split it (a pin to COLUMN_WISE is refused in BuildModel).
+  if ((types & (1u << v1::COLUMN_WISE)) &&
+      tm.optimizer != kernels::OptimizerKind::kRowWiseAdagrad) {
     // Groups go to the least busy servers, then the emptiest.
     std::vector<int> order = tm.allowed_servers;
     const auto& loads = partition.loads();

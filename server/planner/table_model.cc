@@ -247,6 +247,15 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
       tm.column_groups = h->column_groups();
       tm.pinned_type = v1::COLUMN_WISE;
     }
+    if (tm.pinned_type == v1::COLUMN_WISE &&
+        tm.optimizer == kernels::OptimizerKind::kRowWiseAdagrad) {
+      return BadHint(
+          *h,
+          "the table uses row-wise Adagrad, which keeps one accumulator per "
+          "row: split column-wise, each group would keep its own and train "
+          "differently from the unsplit table; pin it TABLE_WISE or ROW_WISE, "
+          "or use ADAGRAD");
+    }
     if (h->pinned_servers_size() > 0) {
       tm.allowed_servers.clear();
       absl::flat_hash_set<int> seen;

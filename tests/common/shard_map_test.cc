@@ -3,6 +3,7 @@
 #include <map>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/hashing.h"
 #include "common/row_init.h"
 #include "gmock/gmock.h"
@@ -107,6 +108,114 @@ TEST(ShardMap, BadTableRoutingsAreRefused) {
   p = base;
   p.add_tables();
   EXPECT_THAT(ShardMap::FromProto(p).status().message(), HasSubstr("no table name"));
+}
+
+// A map over `servers` servers (8 slots) with table `t` split at `bounds`
+// (column boundaries, first 0) and group g owned by owners[g].
+v1::ShardMap SplitMap(int servers, const std::vector<uint32_t>& bounds,
+                      const std::vector<uint32_t>& owners) {
+  std::vector<std::string> names;
+  for (int s = 0; s < servers; ++s) names.push_back(absl::StrCat("h:", s));
+  v1::ShardMap p = ShardMap::Uniform(5, 8, names).ToProto();
+  v1::TableRouting* t = p.add_tables();
+  t->set_table("t");
+  for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+    v1::ColumnGroupRouting* cg = t->add_column_groups();
+    cg->set_column_begin(bounds[g]);
+    cg->set_column_end(bounds[g + 1]);
+    cg->set_owner(owners[g]);
+  }
+  return p;
+}
+
+TEST(ShardMap, ColumnGroupsRouteEachGroupTableToItsOwner) {
+  absl::StatusOr<ShardMap> m = ShardMap::FromProto(SplitMap(3, {0, 4, 10, 16}, {2, 0, 2}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const uint64_t t = StableNameKey("t");
+  const absl::Span<const ColumnGroup> groups = m->ColumnGroupsOf(t);
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(groups[1].begin, 4);
+  EXPECT_EQ(groups[1].end, 10);
+  EXPECT_EQ(groups[1].owner, 0);
+  EXPECT_EQ(groups[1].table, ColumnGroupTableName("t", 4, 10));
+  EXPECT_EQ(groups[1].table, "t.cols4-10");
+  EXPECT_EQ(groups[1].key, StableNameKey("t.cols4-10"));
+  // The split table itself has no owner; each group is held whole.
+  const TableRoute whole = m->RouteOf(t);
+  EXPECT_TRUE(whole.column_split());
+  EXPECT_FALSE(whole.column_group());
+  for (int64_t id = -50; id < 50; ++id) EXPECT_EQ(whole.OwnerOf(id), -1);
+  for (const ColumnGroup& g : groups) {
+    const TableRoute r = m->RouteOf(g.key);
+    EXPECT_TRUE(r.column_group());
+    EXPECT_FALSE(r.column_split());
+    EXPECT_EQ(r.single_owner(), g.owner);
+    for (int64_t id = -50; id < 50; ++id) EXPECT_EQ(m->OwnerOf(g.key, id), g.owner);
+  }
+  // Other tables: global slots, no groups.
+  const uint64_t other = StableNameKey("other");
+  EXPECT_TRUE(m->ColumnGroupsOf(other).empty());
+  EXPECT_FALSE(m->RouteOf(other).column_split());
+  EXPECT_EQ(m->OwnerOf(other, 7), m->OwnerOfSlot(SlotOf(other, 7, 8)));
+  EXPECT_TRUE(m->CheckWidth("t", 16).ok());
+  EXPECT_TRUE(m->CheckWidth("other", 3).ok());
+  EXPECT_THAT(m->CheckWidth("t", 17).message(),
+              HasSubstr("cover columns [0, 16) but the table has dim 17"));
+  // Round trip: one routing with three groups (the groups' own entries are
+  // derived, not written).
+  const v1::ShardMap proto = m->ToProto();
+  ASSERT_EQ(proto.tables_size(), 1);
+  EXPECT_EQ(proto.tables(0).column_groups_size(), 3);
+  absl::StatusOr<ShardMap> back = ShardMap::FromProto(proto);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToProto().SerializeAsString(), proto.SerializeAsString());
+  EXPECT_EQ(back->ColumnGroupsOf(t).size(), 3u);
+}
+
+TEST(ShardMap, BadColumnGroupsAreRefused) {
+  EXPECT_THAT(ShardMap::FromProto(SplitMap(2, {0, 4, 8}, {0, 2})).status().message(),
+              HasSubstr("owned by server index 2 of 2"));
+  // A gap, an overlap, a start past 0 and an empty group.
+  v1::ShardMap p = SplitMap(2, {0, 4, 8}, {0, 1});
+  p.mutable_tables(0)->mutable_column_groups(1)->set_column_begin(5);
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(),
+              HasSubstr("column group [5, 8) where [4, ...) was due"));
+  p.mutable_tables(0)->mutable_column_groups(1)->set_column_begin(3);
+  EXPECT_FALSE(ShardMap::FromProto(p).ok());
+  EXPECT_THAT(ShardMap::FromProto(SplitMap(2, {1, 4, 8}, {0, 1})).status().message(),
+              HasSubstr("start at column 0"));
+  EXPECT_FALSE(ShardMap::FromProto(SplitMap(2, {0, 4, 4}, {0, 1})).ok());
+  // Groups and slot owners at once.
+  p = SplitMap(2, {0, 4, 8}, {0, 1});
+  for (int s = 0; s < 8; ++s) p.mutable_tables(0)->add_slot_owner(0);
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(),
+              HasSubstr("both column groups and slot owners"));
+  // A table routed under a group's name.
+  p = SplitMap(2, {0, 4, 8}, {0, 1});
+  v1::TableRouting* clash = p.add_tables();
+  clash->set_table("t.cols0-4");
+  clash->set_owner(1);
+  EXPECT_THAT(ShardMap::FromProto(p).status().message(),
+              HasSubstr("same name key"));
+}
+
+TEST(RowInit, ColumnGroupsStartAsTheUnsplitRowsColumns) {
+  const uint64_t t = StableNameKey("t");
+  for (RowInit whole : {RowInit{}, RowInit{RowInit::Distribution::kNormal, 0.1f, 0.5f}}) {
+    std::vector<float> row(13);
+    InitRow(whole, 7, t, -99, 13, row.data());
+    // Odd boundaries split Box-Muller pairs.
+    for (auto [begin, end] : {std::pair{0, 5}, {5, 6}, {6, 13}, {3, 10}}) {
+      RowInit group = whole;
+      group.source_key = t;
+      group.column_offset = begin;
+      std::vector<float> part(end - begin);
+      // The group's own key is ignored for its values.
+      InitRow(group, 7, StableNameKey(ColumnGroupTableName("t", begin, end)), -99,
+              end - begin, part.data());
+      for (int c = begin; c < end; ++c) EXPECT_EQ(part[c - begin], row[c]) << c;
+    }
+  }
 }
 
 TEST(RowInit, IsAPureFunctionOfSeedTableIdColumn) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,94 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
       }
     }
   }
+}
+
+// Item pinned column-wise: the coordinator plans two column groups, the
+// shards create them when the map arrives, and a client's lookups return
+// the same rows as a standalone shard holding the table whole.
+TEST(CoordinatorPlanProcessTest, APlannedColumnWiseTableIsServedByItsGroups) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  const std::string spec = dir.WriteFile("plan.textproto", R"(
+topology { servers { memory_bytes: 1073741824 } num_workers: 1 }
+hints { table: "user" expected_distinct_ids: 100000 pinned_type: ROW_WISE }
+hints { table: "item" column_groups: 2 }
+)");
+  auto coordinator =
+      LocalShard::Start(RECPS_COORDINATOR_BINARY,
+                        {"--state_dir=" + dir.path() + "/state",
+                         "--num_shards=2", "--num_slots=256", "--job=" + job,
+                         "--plan_spec=" + spec, "--tick=20ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    auto shard = LocalShard::Start(
+        RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1",
+                             "--coordinator=" + (*coordinator)->address()});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    addresses.push_back((*shard)->address());
+    shards.push_back(*std::move(shard));
+  }
+  for (const std::string& address : addresses) {
+    auto admin = v1::ShardAdmin::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(Eventually([&] {
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      v1::ShardMap map;
+      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
+                 .ok() &&
+             map.epoch() == 1;
+    })) << address;
+  }
+
+  client::EmbeddingClientOptions options;
+  options.rpc_timeout = absl::Seconds(20);
+  auto c = client::EmbeddingClient::Create(
+      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses),
+      options);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<int64_t> ids(1000);
+  for (int i = 0; i < 1000; ++i) ids[i] = (i * 7) % 1000;
+  std::vector<float> rows(ids.size() * 8);
+  absl::Status s = (*c)->Lookup(0, {{{1, ids, rows.data()}}});
+  ASSERT_TRUE(s.ok()) << s;
+
+  // Each server holds one group of 4 columns, with every row.
+  std::set<std::string> groups;
+  for (const std::string& address : addresses) {
+    auto admin = v1::ShardAdmin::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::StatsResponse stats;
+    ASSERT_TRUE(admin->Stats(&context, v1::StatsRequest(), &stats).ok());
+    for (const v1::TableStats& t : stats.tables()) {
+      if (t.name().rfind("item.cols", 0) == 0) {
+        groups.insert(t.name());
+        EXPECT_EQ(t.dim(), 4);
+        EXPECT_EQ(t.rows(), 1000);
+      }
+      if (t.name() == "item") {
+        EXPECT_EQ(t.rows(), 0);
+      }
+    }
+  }
+  EXPECT_EQ(groups, (std::set<std::string>{"item.cols0-4", "item.cols4-8"}));
+
+  // The same rows as the unsplit table (same job seed).
+  auto whole = LocalShard::Start(RECPS_SHARD_BINARY,
+                                 {"--job=" + job, "--num_slots=256",
+                                  "--threads=1", "--standalone"});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto w = client::EmbeddingClient::Create(
+      {{"user", 8}, {"item", 8}},
+      client::MakeServerShardMapSource({(*whole)->address()}), options);
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> want(rows.size());
+  ASSERT_TRUE((*w)->Lookup(0, {{{1, ids, want.data()}}}).ok());
+  EXPECT_EQ(rows, want);
 }
 
 }  // namespace

@@ -102,7 +102,7 @@ TEST_F(CoordinatorPlanTest, WithoutASpecThereIsNoPlan) {
   EXPECT_EQ(c->GetPlan().status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(CoordinatorPlanTest, APlanThatCannotBeAppliedLeavesNoMapAndSaysWhy) {
+TEST_F(CoordinatorPlanTest, AColumnWisePinBecomesColumnGroupsInTheMap) {
   v1::PlanSpec spec = Spec();
   spec.mutable_hints(1)->clear_pinned_servers();
   spec.mutable_hints(1)->set_pinned_type(v1::COLUMN_WISE);
@@ -110,8 +110,27 @@ TEST_F(CoordinatorPlanTest, APlanThatCannotBeAppliedLeavesNoMapAndSaysWhy) {
   ASSERT_TRUE(c->SetJob(Job()).ok());
   ASSERT_TRUE(c->Register(Shard("a:1")).ok());
   ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+  absl::StatusOr<v1::ShardMap> proto = c->GetShardMap();
+  ASSERT_TRUE(proto.ok()) << proto.status();
+  absl::StatusOr<ShardMap> map = ShardMap::FromProto(*proto);
+  ASSERT_TRUE(map.ok()) << map.status();
+  const absl::Span<const ColumnGroup> groups =
+      map->ColumnGroupsOf(StableNameKey("item"));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].end, 4);
+  EXPECT_NE(groups[0].owner, groups[1].owner);
+  EXPECT_TRUE(map->CheckWidth("item", 8).ok());
+}
+
+TEST_F(CoordinatorPlanTest, APlanThatCannotBeAppliedLeavesNoMapAndSaysWhy) {
+  v1::PlanSpec spec = Spec();
+  spec.mutable_hints(1)->set_precision(v1::FP16);
+  auto c = Open(spec);
+  ASSERT_TRUE(c->SetJob(Job()).ok());
+  ASSERT_TRUE(c->Register(Shard("a:1")).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2")).ok());
   EXPECT_THAT(c->GetShardMap().status().message(), HasSubstr("planned-only"));
-  EXPECT_THAT(c->GetPlan().status().message(), HasSubstr("column-wise"));
+  EXPECT_THAT(c->GetPlan().status().message(), HasSubstr("FP16"));
 }
 
 TEST_F(CoordinatorPlanTest, ServersMissingFromTheSpecAreNamed) {

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -160,8 +161,33 @@ std::vector<float> ReadAll(EmbeddingClient& client, int world, int steps) {
   return out;
 }
 
-std::vector<float> RunJob(int num_servers, int world, int steps) {
+// `map` with "user" (Adagrad) split column-wise into [0, 3) [3, 5) [5, 8)
+// and "item" (SGD) into [0, 4) [4, 8), over three servers, at `epoch`.
+ShardMap ColumnSplit(const ShardMap& map, uint64_t epoch) {
+  v1::ShardMap p = map.ToProto();
+  p.set_epoch(epoch);
+  auto split = [&](const char* table, std::vector<uint32_t> bounds,
+                   std::vector<uint32_t> owners) {
+    v1::TableRouting* t = p.add_tables();
+    t->set_table(table);
+    for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+      v1::ColumnGroupRouting* cg = t->add_column_groups();
+      cg->set_column_begin(bounds[g]);
+      cg->set_column_end(bounds[g + 1]);
+      cg->set_owner(owners[g]);
+    }
+  };
+  split("user", {0, 3, 5, 8}, {2, 0, 1});
+  split("item", {0, 4, 8}, {1, 2});
+  absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+std::vector<float> RunJob(int num_servers, int world, int steps,
+                          bool column_split = false) {
   Cluster cluster(num_servers, world);
+  if (column_split) cluster.SetMap(ColumnSplit(cluster.map(), 2));
   std::vector<std::unique_ptr<EmbeddingClient>> clients;
   for (int r = 0; r < world; ++r) clients.push_back(cluster.NewClient(r));
   std::vector<std::thread> workers;
@@ -177,6 +203,52 @@ TEST(ShardCluster, OneAndThreeShardsEndWithBitIdenticalRows) {
   const std::vector<float> three = RunJob(3, 2, 6);
   ASSERT_EQ(one.size(), three.size());
   EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)));
+}
+
+TEST(ShardCluster, ColumnWiseTablesEndBitIdenticalToOneShard) {
+  // Two workers in sync mode, both tables split column-wise over three
+  // servers, against one server holding them whole.
+  const std::vector<float> one = RunJob(1, 2, 6);
+  const std::vector<float> split = RunJob(3, 2, 6, /*column_split=*/true);
+  ASSERT_EQ(one.size(), split.size());
+  EXPECT_EQ(0, std::memcmp(one.data(), split.data(), one.size() * sizeof(float)));
+}
+
+TEST(ShardCluster, ColumnGroupsLiveOnTheirOwnersOnly) {
+  Cluster cluster(3, 1);
+  const ShardMap split = ColumnSplit(cluster.map(), 2);
+  cluster.SetMap(split);
+  auto client = cluster.NewClient(0);
+  ASSERT_NE(client, nullptr);
+  std::vector<int64_t> ids = {1, 2, 3, 4, 5};
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}, {1, ids, rows.data()}}}).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  // Which group tables each server holds, with their rows.
+  for (int s = 0; s < 3; ++s) {
+    auto admin = v1::ShardAdmin::NewStub(grpc::CreateChannel(
+        cluster.shards()[s]->address(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::StatsResponse stats;
+    ASSERT_TRUE(admin->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+    std::map<std::string, std::pair<int, int64_t>> tables;  // dim, rows
+    for (const v1::TableStats& t : stats.tables()) {
+      tables[t.name()] = {t.dim(), t.rows()};
+    }
+    // The whole tables stay empty; each server has exactly its groups.
+    EXPECT_EQ(tables["user"].second, 0);
+    EXPECT_EQ(tables["item"].second, 0);
+    std::map<std::string, std::pair<int, int64_t>> want;
+    for (uint64_t key : {StableNameKey("user"), StableNameKey("item")}) {
+      for (const ColumnGroup& g : split.ColumnGroupsOf(key)) {
+        if (g.owner == s) want[g.table] = {g.end - g.begin, 5};
+      }
+    }
+    tables.erase("user");
+    tables.erase("item");
+    EXPECT_EQ(tables, want) << "server " << s;
+  }
 }
 
 TEST(ShardCluster, LookupsComeBackInCallerOrderAcrossThreeServers) {

@@ -19,6 +19,7 @@
 #include "server/coordinator.h"
 #include "server/coordinator_service.h"
 #include "server/coordinator_store.h"
+#include "tests/testing/in_process_coordinator.h"
 #include "tests/testing/local_shard.h"
 #include "kernels/cuda_util.h"
 #include "worker/collectives/gloo_collectives.h"
@@ -29,52 +30,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A coordinator serving on 127.0.0.1:`port` (0: the OS picks) with its
-// state in `state_dir`; stops (like SIGTERM) when destroyed.
-class InProcessCoordinator {
- public:
-  static std::unique_ptr<InProcessCoordinator> Start(const std::string& state_dir,
-                                                     int port = 0) {
-    auto c = std::unique_ptr<InProcessCoordinator>(new InProcessCoordinator());
-    auto store = server::CoordinatorStore::Open(state_dir);
-    EXPECT_TRUE(store.ok()) << store.status();
-    if (!store.ok()) return nullptr;
-    auto coordinator =
-        server::Coordinator::Create(*std::move(store), server::CoordinatorOptions(), nullptr);
-    EXPECT_TRUE(coordinator.ok()) << coordinator.status();
-    if (!coordinator.ok()) return nullptr;
-    c->coordinator_ = *std::move(coordinator);
-    c->service_ = std::make_unique<server::CoordinatorService>(c->coordinator_.get(), nullptr);
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port),
-                             grpc::InsecureServerCredentials(), &c->port_);
-    builder.RegisterService(c->service_.get());
-    c->server_ = builder.BuildAndStart();
-    EXPECT_NE(c->port_, 0);
-    if (c->server_ == nullptr || c->port_ == 0) return nullptr;
-    c->ticker_ = std::make_unique<server::CoordinatorTicker>(c->coordinator_.get(),
-                                                             absl::Milliseconds(10));
-    return c;
-  }
-
-  ~InProcessCoordinator() {
-    ticker_.reset();
-    service_->Stop();
-    server_->Shutdown(std::chrono::system_clock::now());
-    server_->Wait();
-  }
-
-  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
-  int port() const { return port_; }
-
- private:
-  InProcessCoordinator() = default;
-  std::unique_ptr<server::Coordinator> coordinator_;
-  std::unique_ptr<server::CoordinatorService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<server::CoordinatorTicker> ticker_;
-  int port_ = 0;
-};
+using testing::InProcessCoordinator;
 
 TEST(CoordinatorKeyValueStore, SetGetWaitAndDeadlines) {
   testing::TempDir dir;

@@ -167,12 +167,40 @@ TEST(Planner, FewWideRowsGoColumnWise) {
   }
   EXPECT_EQ(next, 2048);
   EXPECT_EQ(servers.size(), 4u);
-  // Column-wise is planned-only: the coordinator cannot apply it.
-  absl::StatusOr<v1::ShardMap> map = PlanToShardMap(*plan, 1);
-  ASSERT_FALSE(map.ok());
-  EXPECT_EQ(map.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(map.status().message(), HasSubstr("column-wise"));
-  EXPECT_THAT(map.status().message(), HasSubstr("planned-only"));
+  // The map carries the groups: each a table of its own on its server.
+  absl::StatusOr<v1::ShardMap> proto = PlanToShardMap(*plan, 1);
+  ASSERT_TRUE(proto.ok()) << proto.status();
+  absl::StatusOr<ShardMap> map = ShardMap::FromProto(*proto);
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_TRUE(map->CheckWidth("wide", 2048).ok());
+  const absl::Span<const ColumnGroup> groups =
+      map->ColumnGroupsOf(StableNameKey("wide"));
+  ASSERT_EQ(groups.size(), 4u);
+  for (int g = 0; g < 4; ++g) {
+    EXPECT_EQ(groups[g].begin, wide.column_groups(g).column_begin());
+    EXPECT_EQ(groups[g].end, wide.column_groups(g).column_end());
+    EXPECT_EQ(groups[g].owner, static_cast<int>(wide.column_groups(g).server()));
+    EXPECT_EQ(map->RouteOf(groups[g].key).single_owner(), groups[g].owner);
+  }
+  EXPECT_TRUE(map->RouteOf(StableNameKey("wide")).column_split());
+}
+
+TEST(Planner, RowWiseAdagradIsNeverSplitColumnWise) {
+  PlannerInput in;
+  // FewWideRowsGoColumnWise's table, with row-wise Adagrad.
+  in.tables.push_back(Table("wide", 2048, 7, v1::OptimizerConfig::ROWWISE_ADAGRAD));
+  in.topology = Servers(4, 64 * kMiB);
+  absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(TableIn(*plan, "wide").type(), v1::COLUMN_WISE) << FormatPlan(*plan);
+  // A pin says why not.
+  Hint(in, "wide").set_pinned_type(v1::COLUMN_WISE);
+  plan = PlanSharding(in);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("row-wise Adagrad"));
+  in.hints[0].set_pinned_type(v1::SHARDING_TYPE_UNSPECIFIED);
+  in.hints[0].set_column_groups(2);
+  EXPECT_THAT(PlanSharding(in).status().message(), HasSubstr("row-wise Adagrad"));
 }
 
 TEST(Planner, PinnedTypeAndServersAreHonoured) {
