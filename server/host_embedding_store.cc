@@ -2,10 +2,10 @@
 //
 // Per table: one arena of fused rows handed out by a bump counter (no
 // allocation per row, no row is ever freed, so a row number stays valid once
-// resolved), and one id -> row index per slot (server/id_index.h). Slots are grouped into
-// kStripes lock stripes; a batch is bucketed by stripe so each call takes
-// every stripe lock at most once, and stripes run in parallel on the pool.
-// A row is only read or written under its stripe lock.
+// resolved), and one id -> row index per slot (server/id_index.h). Slots are
+// grouped into kStripes lock stripes; a batch is bucketed by stripe so each
+// call takes every stripe lock at most once, and stripes run in parallel on the
+// pool. A row is only read or written under its stripe lock.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -144,8 +144,8 @@ struct Table {
       int64_t r = next_row.load(std::memory_order_relaxed);
       do {
         if (r >= capacity) return -1;
-      } while (!next_row.compare_exchange_weak(r, r + 1,
-                                               std::memory_order_relaxed));
+      } while (
+          !next_row.compare_exchange_weak(r, r + 1, std::memory_order_relaxed));
       float* row = Row(r);
       InitRow(spec.init, seed, key, id, spec.dim, row);
       kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);

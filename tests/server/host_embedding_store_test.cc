@@ -288,7 +288,8 @@ TEST(IdIndex, GrowsPastSevenTenthsAndKeepsEveryRow) {
   // 200,004 rows: 524,288 entries x 16 B = 8 MiB, past kAlignedBufferBytes,
   // so the last growths went to AlignedBuffers.
   EXPECT_EQ(index.capacity(), 524288);
-  for (size_t k = 0; k < ids.size(); ++k) ASSERT_EQ(index.Find(ids[k]), int64_t(k));
+  for (size_t k = 0; k < ids.size(); ++k)
+    ASSERT_EQ(index.Find(ids[k]), int64_t(k));
   EXPECT_EQ(index.Find(12345), -1);
   IdIndex moved = std::move(index);
   EXPECT_EQ(moved.Find(ids[7]), 7);
@@ -317,7 +318,8 @@ TEST(HostEmbeddingStore, IndexBytesFollowRowsThroughGrowth) {
   for (int64_t id = 0; id < 1000; ++id) {
     const int64_t one[] = {id * 1000003};
     ASSERT_TRUE(store->Lookup(0, one, out.data()).ok());
-    ASSERT_EQ(store->Info(0).index_bytes, fixed + HostIndexBytesForRows(id + 1));
+    ASSERT_EQ(store->Info(0).index_bytes,
+              fixed + HostIndexBytesForRows(id + 1));
   }
   // 1000 rows: 2048 entries (1433 fit) of 16 bytes.
   EXPECT_EQ(store->Info(0).index_bytes, fixed + 2048 * 16);
