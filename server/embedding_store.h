@@ -49,7 +49,7 @@ struct TableInfo {
   int dim = 0;
   int64_t rows = 0;        // rows stored
   int64_t row_bytes = 0;   // bytes per stored row (weights + state, padded)
-  // Bytes of the id -> row index (hash maps and per-slot bookkeeping).
+  // Bytes of the id -> row index (per-slot index arrays and bookkeeping).
   int64_t index_bytes = 0;
   int64_t lookup_ids = 0;  // ids served since start
   int64_t update_ids = 0;  // gradient rows applied since start
@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
 
 // Memory of the host store's id index, for TableInfo.index_bytes and the
 // sharding planner's estimate (one owner for the formula). Every table keeps
-// one hash map and one row counter per slot of the cluster:
+// one IdIndex (server/id_index.h) and one row counter per slot of the cluster:
 // HostIndexBytesPerSlot() each, plus what a slot's map allocates for `rows`
 // rows (HostIndexBytesForRows) or at `capacity` (HostIndexAllocBytes).
 int64_t HostIndexBytesPerSlot();

@@ -2,10 +2,10 @@
 //
 // Per table: one arena of fused rows handed out by a bump counter (no
 // allocation per row, no row is ever freed, so a row number stays valid once
-// resolved), and one id -> row hash map per slot. Slots are grouped into
-// kStripes lock stripes; a batch is bucketed by stripe so each call takes
-// every stripe lock at most once, and stripes run in parallel on the pool.
-// A row is only read or written under its stripe lock.
+// resolved), and one id -> row index per slot (server/id_index.h). Slots are
+// grouped into kStripes lock stripes; a batch is bucketed by stripe so each
+// call takes every stripe lock at most once, and stripes run in parallel on the
+// pool. A row is only read or written under its stripe lock.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -26,6 +26,7 @@
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/embedding_store.h"
+#include "server/id_index.h"
 
 namespace recps::server {
 namespace {
@@ -102,8 +103,6 @@ absl::Status ValidateSpec(const TableSpec& s, int index) {
   return absl::OkStatus();
 }
 
-using IdIndex = absl::flat_hash_map<int64_t, int64_t>;
-
 struct Table {
   TableSpec spec;
   uint64_t key = 0;   // StableNameKey(spec.name)
@@ -128,39 +127,31 @@ struct Table {
     return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
   }
 
-  // Starts loading the index bucket of `id`, for a Find or FindOrCreate a
-  // little later. REQUIRES: slot's stripe held (it reads the map's header).
+  // Starts loading the index entry of `id`, for a Find or FindOrCreate a
+  // little later. REQUIRES: slot's stripe held (it reads the index header).
   void PrefetchIndex(uint32_t slot, int64_t id) const {
-    index[slot].prefetch(id);
+    index[slot].Prefetch(id);
   }
 
   // Row of `id`, or -1 when it has none. REQUIRES: slot's stripe held.
-  int64_t Find(uint32_t slot, int64_t id) const {
-    const auto& map = index[slot];
-    auto it = map.find(id);
-    return it == map.end() ? -1 : it->second;
-  }
+  int64_t Find(uint32_t slot, int64_t id) const { return index[slot].Find(id); }
 
   // Row of `id`, created with its initial value when missing; -1 when the
   // arena is full. REQUIRES: slot's stripe held, so the row is complete
   // before anyone else can find it.
   int64_t FindOrCreate(uint32_t slot, int64_t id) {
-    auto [it, inserted] = index[slot].try_emplace(id, -1);
-    if (!inserted) return it->second;
-    int64_t r = next_row.load(std::memory_order_relaxed);
-    do {
-      if (r >= capacity) {
-        index[slot].erase(it);
-        return -1;
-      }
-    } while (!next_row.compare_exchange_weak(r, r + 1,
-                                             std::memory_order_relaxed));
-    float* row = Row(r);
-    InitRow(spec.init, seed, key, id, spec.dim, row);
-    kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
-    it->second = r;
-    ++slot_rows[slot];
-    return r;
+    return index[slot].FindOrInsert(id, [&]() -> int64_t {
+      int64_t r = next_row.load(std::memory_order_relaxed);
+      do {
+        if (r >= capacity) return -1;
+      } while (
+          !next_row.compare_exchange_weak(r, r + 1, std::memory_order_relaxed));
+      float* row = Row(r);
+      InitRow(spec.init, seed, key, id, spec.dim, row);
+      kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
+      ++slot_rows[slot];
+      return r;
+    });
   }
 
   absl::Status CheckRange(absl::Span<const int64_t> ids) const {
@@ -532,24 +523,11 @@ int64_t HostIndexBytesPerSlot() {
 }
 
 int64_t HostIndexAllocBytes(int64_t capacity) {
-  if (capacity <= 0) return 0;
-  // abseil's raw_hash_set: capacity + 1 control bytes, 15 cloned control
-  // bytes (16-wide groups), padded to the slot alignment, then the slots.
-  constexpr int64_t kSlot = sizeof(std::pair<const int64_t, int64_t>);
-  constexpr int64_t kAlign = alignof(std::pair<const int64_t, int64_t>);
-  const int64_t ctrl = (capacity + 1 + 15 + kAlign - 1) / kAlign * kAlign;
-  return ctrl + capacity * kSlot;
+  return capacity <= 0 ? 0 : IdIndex::AllocBytes(capacity);
 }
 
 int64_t HostIndexBytesForRows(int64_t rows) {
-  if (rows <= 0) return 0;
-  // Capacities are 2^k - 1, doubled when the map would pass 7/8 full
-  // (abseil's CapacityToGrowth).
-  int64_t capacity = 1;
-  while (capacity - capacity / 8 < rows) {
-    capacity = capacity * 2 + 1;
-  }
-  return HostIndexAllocBytes(capacity);
+  return HostIndexAllocBytes(IdIndex::CapacityForRows(rows));
 }
 
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/embedding_store.h"
+#include "server/id_index.h"
 
 namespace recps::server {
 namespace {
@@ -236,6 +237,97 @@ TEST(HostEmbeddingStore, FullDynamicTableIsResourceExhausted) {
   EXPECT_EQ(before, after);
   EXPECT_EQ(store->Info(0).rows, 4);
   EXPECT_EQ(Sum(store->RowsPerSlot()), 4);
+}
+
+// Ids whose home entries collide: every one maps to the same entry of a
+// 16-entry index, so each insert and find walks (and wraps) a probe chain.
+std::vector<int64_t> CollidingIds(int n) {
+  std::vector<int64_t> ids;
+  for (int64_t id = 0; static_cast<int>(ids.size()) < n; ++id) {
+    if ((Mix64(static_cast<uint64_t>(id)) & 15) == 15) ids.push_back(id);
+  }
+  return ids;
+}
+
+TEST(IdIndex, CollidingIdsWrapAndStayFindable) {
+  IdIndex index;
+  EXPECT_EQ(index.capacity(), 0);
+  EXPECT_EQ(index.Find(5), -1);
+  const std::vector<int64_t> ids = CollidingIds(11);  // 11 fit in 16
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(index.FindOrInsert(ids[k], [&] { return int64_t(k) * 3; }),
+              int64_t(k) * 3);
+  }
+  EXPECT_EQ(index.capacity(), 16);
+  EXPECT_EQ(index.size(), 11);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(index.Find(ids[k]), int64_t(k) * 3);
+    // Found: make_row is not called again.
+    EXPECT_EQ(index.FindOrInsert(ids[k], [] { return int64_t{999}; }),
+              int64_t(k) * 3);
+  }
+  // Absent ids on the same full chain end at the first empty entry.
+  EXPECT_EQ(index.Find(CollidingIds(12).back()), -1);
+}
+
+TEST(IdIndex, GrowsPastSevenTenthsAndKeepsEveryRow) {
+  IdIndex index;
+  std::mt19937_64 rng(3);
+  std::vector<int64_t> ids(200000);
+  for (int64_t& id : ids) id = static_cast<int64_t>(rng());
+  ids.push_back(0);
+  ids.push_back(-1);
+  ids.push_back(std::numeric_limits<int64_t>::min());
+  ids.push_back(std::numeric_limits<int64_t>::max());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    ASSERT_EQ(index.FindOrInsert(ids[k], [&] { return int64_t(k); }),
+              int64_t(k));
+    ASSERT_EQ(index.capacity(), IdIndex::CapacityForRows(k + 1));
+    ASSERT_TRUE(IdIndex::Fits(index.size(), index.capacity()));
+  }
+  // 200,004 rows: 524,288 entries x 16 B = 8 MiB, past kAlignedBufferBytes,
+  // so the last growths went to AlignedBuffers.
+  EXPECT_EQ(index.capacity(), 524288);
+  for (size_t k = 0; k < ids.size(); ++k)
+    ASSERT_EQ(index.Find(ids[k]), int64_t(k));
+  EXPECT_EQ(index.Find(12345), -1);
+  IdIndex moved = std::move(index);
+  EXPECT_EQ(moved.Find(ids[7]), 7);
+  EXPECT_EQ(index.capacity(), 0);
+}
+
+TEST(IdIndex, RefusedRowInsertsNothing) {
+  IdIndex index;
+  EXPECT_EQ(index.FindOrInsert(42, [] { return int64_t{-1}; }), -1);
+  EXPECT_EQ(index.capacity(), 0);  // a refused first row allocates nothing
+  EXPECT_EQ(index.size(), 0);
+  EXPECT_EQ(index.FindOrInsert(42, [] { return int64_t{7}; }), 7);
+  EXPECT_EQ(index.FindOrInsert(43, [] { return int64_t{-1}; }), -1);
+  EXPECT_EQ(index.size(), 1);
+  EXPECT_EQ(index.Find(43), -1);
+  EXPECT_EQ(index.Find(42), 7);
+}
+
+TEST(HostEmbeddingStore, IndexBytesFollowRowsThroughGrowth) {
+  StoreOptions opt;
+  opt.num_slots = 1;  // one index, so growth steps are visible
+  auto store = MakeStore({Spec("t", 2)}, opt);
+  const int64_t fixed = HostIndexBytesPerSlot();
+  EXPECT_EQ(store->Info(0).index_bytes, fixed);
+  std::vector<float> out(2);
+  for (int64_t id = 0; id < 1000; ++id) {
+    const int64_t one[] = {id * 1000003};
+    ASSERT_TRUE(store->Lookup(0, one, out.data()).ok());
+    ASSERT_EQ(store->Info(0).index_bytes,
+              fixed + HostIndexBytesForRows(id + 1));
+  }
+  // 1000 rows: 2048 entries (1433 fit) of 16 bytes.
+  EXPECT_EQ(store->Info(0).index_bytes, fixed + 2048 * 16);
+  std::vector<int64_t> all(1000);
+  for (int64_t id = 0; id < 1000; ++id) all[id] = id * 1000003;
+  std::vector<float> rows(1000 * 4);
+  EXPECT_TRUE(store->ReadRows(0, all, rows.data()).ok());
+  EXPECT_EQ(store->RowsPerSlot()[0], 1000);
 }
 
 // Runs a fixed mix of lookups and updates; returns every touched row.

@@ -4,10 +4,10 @@
 
 #include <cmath>
 
-#include "absl/container/flat_hash_map.h"
 #include "gtest/gtest.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/embedding_store.h"
+#include "server/id_index.h"
 #include "server/planner/table_model.h"
 
 namespace recps::planner {
@@ -38,25 +38,25 @@ TEST(CostModel, StoredRowBytesIsTheStoresFusedRow) {
   EXPECT_EQ(WeightRowBytes(16, v1::FP16), 32);
 }
 
-TEST(CostModel, IndexBytesFollowTheRealHashMapGrowth) {
-  absl::flat_hash_map<int64_t, int64_t> map;
+TEST(CostModel, IndexBytesFollowTheRealIndexGrowth) {
+  server::IdIndex index;
   for (int64_t n = 1; n <= 5000; ++n) {
-    map.emplace(n * 7919, n);
+    index.FindOrInsert(n * 7919, [&] { return n; });
     ASSERT_EQ(server::HostIndexBytesForRows(n),
-              server::HostIndexAllocBytes(static_cast<int64_t>(map.capacity())))
-        << "rows " << n << " capacity " << map.capacity();
+              server::HostIndexAllocBytes(index.capacity()))
+        << "rows " << n << " capacity " << index.capacity();
   }
   EXPECT_EQ(server::HostIndexBytesForRows(0), 0);
 }
 
 TEST(CostModel, ExpectedIndexBytesAveragesOverPoissonSlots) {
   EXPECT_EQ(ExpectedIndexBytesPerSlot(0), 0);
-  // Far from a growth step (capacity 127 holds 57..112 rows) the average
+  // Far from a growth step (capacity 256 holds 90..179 rows) the average
   // is that step's size.
-  const double at_80 = ExpectedIndexBytesPerSlot(80);
-  EXPECT_NEAR(at_80, server::HostIndexBytesForRows(80), 0.01 * at_80);
+  const double at_130 = ExpectedIndexBytesPerSlot(130);
+  EXPECT_NEAR(at_130, server::HostIndexBytesForRows(130), 0.01 * at_130);
   // Huge means are sampled, still within a percent of the step they sit on
-  // (capacity 2^30 - 1 holds 469,762,049..939,524,096 rows).
+  // (capacity 2^30 holds 375,809,639..751,619,276 rows).
   const double huge = ExpectedIndexBytesPerSlot(7e8);
   EXPECT_NEAR(huge, server::HostIndexBytesForRows(700000000), 0.01 * huge);
   // It grows with the rows.
