@@ -110,18 +110,6 @@ std::string TextTable::Render() const {
   return out;
 }
 
-std::string HumanBytes(int64_t bytes) {
-  if (bytes < 1024) return absl::StrCat(bytes, " B");
-  const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(bytes) / 1024;
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return absl::StrCat(Fixed(v, v < 10 ? 2 : 1), " ", units[u]);
-}
-
 std::string FormatClusterStatus(const v1::ClusterStatus& status) {
   std::string out;
   int alive = 0, expired = 0, left = 0;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/human_bytes.h"
 #include "google/protobuf/message.h"
 #include "recps/v1/admin.pb.h"
 
@@ -25,9 +26,6 @@ class TextTable {
  private:
   std::vector<std::vector<std::string>> rows_;  // the header first
 };
-
-// "512 B", "1.5 KiB", "12.0 MiB", "3.25 GiB".
-std::string HumanBytes(int64_t bytes);
 
 std::string FormatClusterStatus(const v1::ClusterStatus& status);
 std::string FormatTablesReport(const v1::TablesReport& report);

@@ -120,15 +120,4 @@ v1::Estimate ToEstimate(const Load& l) {
   return e;
 }
 
-std::string HumanBytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrFormat("%.0f B", b)
-                : absl::StrFormat("%.2f %s", b, units[u]);
-}
-
 }  // namespace recps::planner

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/human_bytes.h"
 #include "kernels/optimizer.h"
 #include "recps/v1/plan.pb.h"
 #include "server/planner/table_model.h"
@@ -59,9 +60,6 @@ struct StepTime {
 StepTime StepTimeOf(const Load& load, const ServerModel& server);
 
 v1::Estimate ToEstimate(const Load& load);
-
-// "512 B", "1.50 GiB": bytes for messages and plan tables.
-std::string HumanBytes(double bytes);
 
 }  // namespace recps::planner
 

@@ -156,7 +156,8 @@ TEST(GlooFailureTest, PeerThatNeverJoinsFailsWithinTheTimeout) {
                                  absl::Seconds(2))
         .status();
   });
-  EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  // Tells a hang from a slow, loaded machine; not a speed check.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   for (const absl::Status& s : results) {
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("rank 2 did not join"));
@@ -192,7 +193,8 @@ TEST(GlooFailureTest, PeerThatLeavesAfterConnectingGivesUnavailable) {
         }
         return absl::OkStatus();
       });
-  EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+  // Tells a hang from a slow, loaded machine; not a speed check.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   for (int r = 0; r < 3; ++r)
     EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
 }
@@ -217,7 +219,8 @@ TEST(GlooFailureTest, PeerThatStopsCallingTimesOut) {
         if (finished.fetch_add(1) == 1) others_done.Notify();
         return s;
       });
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Tells a hang from a slow, loaded machine; not a speed check.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(absl::IsUnavailable(results[r]))
         << "rank " << r << ": " << results[r];

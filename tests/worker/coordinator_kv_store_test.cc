@@ -59,7 +59,8 @@ TEST(CoordinatorKeyValueStore, SetGetWaitAndDeadlines) {
   absl::StatusOr<std::string> missing = store.Get("run/never", absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(missing.status())) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("run/never"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Tells a hang from a slow, loaded machine; not a speed check.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
   absl::Status wait = store.Wait({"run/a", "run/c"}, absl::Milliseconds(300));
   EXPECT_TRUE(absl::IsDeadlineExceeded(wait)) << wait;
   EXPECT_THAT(wait.message(), HasSubstr("run/c"));
