@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace recps::client {
@@ -105,36 +106,35 @@ absl::Status CoordinatorClient::LeaveOnce(const std::string& member_id) {
   return absl::OkStatus();
 }
 
+template <typename Request, typename Response, typename Method>
+absl::Status CoordinatorClient::CallWithRetry(const char* rpc, Method method,
+                                              const Request& request,
+                                              Response* response) {
+  return ToStatus(rpc, Retry(absl::Now() + options_.retry_for, [&] {
+                    grpc::ClientContext context;
+                    SetDeadline(absl::Now() + options_.call_timeout, &context);
+                    return (stub_.get()->*method)(&context, request, response);
+                  }));
+}
+
 absl::StatusOr<v1::JobConfig> CoordinatorClient::GetJob() {
   v1::GetJobResponse response;
-  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
-    grpc::ClientContext context;
-    SetDeadline(absl::Now() + options_.call_timeout, &context);
-    return stub_->GetJob(&context, v1::GetJobRequest(), &response);
-  });
-  if (!s.ok()) return ToStatus("GetJob", s);
+  RETURN_IF_ERROR(CallWithRetry("GetJob", &v1::Coordinator::Stub::GetJob,
+                                v1::GetJobRequest(), &response));
   return std::move(*response.mutable_job());
 }
 
 absl::StatusOr<v1::ShardMap> CoordinatorClient::GetShardMap() {
   v1::GetCoordinatorShardMapResponse response;
-  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
-    grpc::ClientContext context;
-    SetDeadline(absl::Now() + options_.call_timeout, &context);
-    return stub_->GetShardMap(&context, v1::GetCoordinatorShardMapRequest(), &response);
-  });
-  if (!s.ok()) return ToStatus("GetShardMap", s);
+  RETURN_IF_ERROR(CallWithRetry("GetShardMap", &v1::Coordinator::Stub::GetShardMap,
+                                v1::GetCoordinatorShardMapRequest(), &response));
   return std::move(*response.mutable_shard_map());
 }
 
 absl::StatusOr<v1::ListMembersResponse> CoordinatorClient::ListMembers() {
   v1::ListMembersResponse response;
-  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
-    grpc::ClientContext context;
-    SetDeadline(absl::Now() + options_.call_timeout, &context);
-    return stub_->ListMembers(&context, v1::ListMembersRequest(), &response);
-  });
-  if (!s.ok()) return ToStatus("ListMembers", s);
+  RETURN_IF_ERROR(CallWithRetry("ListMembers", &v1::Coordinator::Stub::ListMembers,
+                                v1::ListMembersRequest(), &response));
   return response;
 }
 
@@ -155,11 +155,7 @@ absl::Status CoordinatorClient::KvSet(const std::string& key, const std::string&
   request.set_key(key);
   request.set_value(value);
   v1::KvSetResponse response;
-  return ToStatus("KvSet", Retry(absl::Now() + options_.retry_for, [&] {
-                    grpc::ClientContext context;
-                    SetDeadline(absl::Now() + options_.call_timeout, &context);
-                    return stub_->KvSet(&context, request, &response);
-                  }));
+  return CallWithRetry("KvSet", &v1::Coordinator::Stub::KvSet, request, &response);
 }
 
 absl::StatusOr<std::string> CoordinatorClient::KvGet(const std::string& key,

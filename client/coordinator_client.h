@@ -88,6 +88,10 @@ class CoordinatorClient {
   // UNAVAILABLE, or `give_up` passes.
   template <typename Attempt>
   grpc::Status Retry(absl::Time give_up, Attempt&& attempt);
+  // One unary rpc, each attempt with call_timeout, retried for retry_for.
+  template <typename Request, typename Response, typename Method>
+  absl::Status CallWithRetry(const char* rpc, Method method, const Request& request,
+                             Response* response);
   absl::Status ToStatus(const char* rpc, const grpc::Status& s) const;
 
   const std::string address_;
