@@ -26,15 +26,7 @@ using ::recps::testing::TempDir;
 
 constexpr uint32_t kSlots = 64;
 
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return false;
-}
+using ::recps::testing::Eventually;
 
 // `base` at `epoch` with every slot owned by server index `owner`.
 ShardMap AllTo(const v1::ShardMap& base, uint64_t epoch, uint32_t owner) {

@@ -40,15 +40,7 @@ void SetDeadline(grpc::ClientContext* context) {
                         std::chrono::seconds(10));
 }
 
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
+using ::recps::testing::Eventually;
 
 TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
   TempDir dir;

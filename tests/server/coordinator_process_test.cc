@@ -46,16 +46,7 @@ absl::StatusOr<std::unique_ptr<LocalShard>> StartCoordinator(
   return LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
 }
 
-// Polls until `done` or 20 s pass.
-template <typename F>
-bool Eventually(F done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
+using ::recps::testing::Eventually;
 
 TEST(CoordinatorProcessTest, ShardsRegisterGetTheMapAndItSurvivesARestart) {
   TempDir dir;

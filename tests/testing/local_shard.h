@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace recps::testing {
@@ -29,6 +30,18 @@ class TempDir {
 
 // Runs `binary` with `args` to completion; returns its exit code, or
 // DEADLINE_EXCEEDED (after killing it) when it runs past `timeout`.
+// Polls `done` every 20 ms until it returns true (then true) or `timeout`
+// passes (then false). For state that other processes reach in their time.
+template <typename F>
+bool Eventually(F done, absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return done();
+}
+
 absl::StatusOr<int> RunProcess(const std::string& binary,
                                std::vector<std::string> args,
                                absl::Duration timeout);

@@ -38,15 +38,7 @@ std::string ReadAll(const std::string& path) {
   return s.str();
 }
 
-template <typename F>
-bool Eventually(F done, absl::Duration timeout = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
+using ::recps::testing::Eventually;
 
 // A coordinator for the small example with a short lease, on `port` (0:
 // any) with its state in `state`.
