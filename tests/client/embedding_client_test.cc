@@ -21,22 +21,24 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "gtest/gtest.h"
+#include "tests/client/embedding_client_test_util.h"
 #include "tests/client/fake_shard_server.h"
 
 namespace recps::client {
 namespace {
 
+using ::recps::client::testing::ExpectFakeRows;
 using ::recps::client::testing::FakeRowValue;
 using ::recps::client::testing::FakeShardServer;
+using ::recps::client::testing::Iota;
+using ::recps::client::testing::kItem;
+using ::recps::client::testing::kRank;
+using ::recps::client::testing::kSlots;
+using ::recps::client::testing::kTables;
+using ::recps::client::testing::kUser;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAreArray;
-
-constexpr int kRank = 3;
-constexpr uint32_t kSlots = 64;
-constexpr int kUser = 0;  // table indices in the client's schema
-constexpr int kItem = 1;
-const std::map<std::string, int> kTables = {{"user", 8}, {"item", 4}};
 
 // Counts fetches, to check the client refreshes once per round.
 class CountingSource final : public ShardMapSource {
@@ -52,12 +54,6 @@ class CountingSource final : public ShardMapSource {
   std::unique_ptr<ShardMapSource> inner_;
   std::atomic<int>* n_;
 };
-
-std::vector<int64_t> Iota(int64_t n) {
-  std::vector<int64_t> ids(n);
-  for (int64_t i = 0; i < n; ++i) ids[i] = i;
-  return ids;
-}
 
 class EmbeddingClientTest : public ::testing::Test {
  protected:
@@ -121,15 +117,7 @@ class EmbeddingClientTest : public ::testing::Test {
   static void ExpectRows(const std::string& table,
                          const std::vector<int64_t>& ids,
                          const std::vector<float>& out, float rel_tol = 0) {
-    const int dim = kTables.at(table);
-    ASSERT_EQ(out.size(), ids.size() * dim);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      for (int c = 0; c < dim; ++c) {
-        const float want = FakeRowValue(table, ids[i], c);
-        ASSERT_NEAR(out[i * dim + c], want, rel_tol * std::fabs(want))
-            << table << " id " << ids[i] << " col " << c;
-      }
-    }
+    ExpectFakeRows(table, ids, out, kTables.at(table), rel_tol);
   }
 
   std::vector<std::unique_ptr<FakeShardServer>> servers_;
@@ -385,20 +373,6 @@ TEST_F(EmbeddingClientTest, EveryCallCarriesTheDeadline) {
       // gRPC sends the timeout rounded up to a few digits.
       EXPECT_GT(*r.deadline_left, absl::Seconds(4));
       EXPECT_LE(*r.deadline_left, absl::Seconds(5) + absl::Milliseconds(100));
-    }
-  }
-}
-
-// out (ids.size() x dim) holds the fake's rows, within rel_tol.
-void ExpectFakeRows(const std::string& table, const std::vector<int64_t>& ids,
-                    const std::vector<float>& out, int dim,
-                    float rel_tol = 0) {
-  ASSERT_EQ(out.size(), ids.size() * dim);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    for (int c = 0; c < dim; ++c) {
-      const float want = FakeRowValue(table, ids[i], c);
-      ASSERT_NEAR(out[i * dim + c], want, rel_tol * std::fabs(want))
-          << table << " id " << ids[i] << " col " << c;
     }
   }
 }
@@ -740,348 +714,5 @@ TEST_F(EmbeddingClientTest, ConcurrentCallsShareOneClient) {
 
 // Table "user" (dim 8) split column-wise: columns [0, 3) on server 2,
 // [3, 8) on server 0; "item" by the global slots.
-class ColumnWiseClientTest : public ::testing::Test {
- protected:
-  static constexpr char kLow[] = "user.cols0-3";
-  static constexpr char kHigh[] = "user.cols3-8";
-
-  void SetUp() override {
-    for (int i = 0; i < 3; ++i) {
-      servers_.push_back(std::make_unique<FakeShardServer>(
-          std::map<std::string, int>{{kLow, 3}, {kHigh, 5}, {"item", 4}}));
-      addresses_.push_back(servers_.back()->address());
-    }
-    map_ = Split(1, /*low_owner=*/2, /*high_end=*/8);
-    for (auto& s : servers_) {
-      s->SetMap(map_);
-      s->Expect(kRank, -1);
-    }
-  }
-  void TearDown() override {
-    for (auto& s : servers_) {
-      s->Shutdown();
-      EXPECT_THAT(s->violations(), IsEmpty()) << s->address();
-    }
-  }
-
-  ShardMap Split(uint64_t epoch, uint32_t low_owner, uint32_t high_end) const {
-    v1::ShardMap p = ShardMap::Uniform(epoch, kSlots, addresses_).ToProto();
-    v1::TableRouting* t = p.add_tables();
-    t->set_table("user");
-    v1::ColumnGroupRouting* low = t->add_column_groups();
-    low->set_column_end(3);
-    low->set_owner(low_owner);
-    v1::ColumnGroupRouting* high = t->add_column_groups();
-    high->set_column_begin(3);
-    high->set_column_end(high_end);
-    high->set_owner(0);
-    absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
-    EXPECT_TRUE(m.ok()) << m.status();
-    return *m;
-  }
-
-  absl::StatusOr<std::unique_ptr<EmbeddingClient>> NewClient() {
-    EmbeddingClientOptions o;
-    o.worker_rank = kRank;
-    o.rpc_timeout = absl::Seconds(5);
-    o.initial_backoff = absl::Milliseconds(1);
-    o.max_backoff = absl::Milliseconds(4);
-    return EmbeddingClient::Create({{"user", 8}, {"item", 4}},
-                                   MakeServerShardMapSource(addresses_), o);
-  }
-
-  // The fake's value of column c of a user row: from the group that holds c.
-  static float UserValue(int64_t id, int c) {
-    return c < 3 ? FakeRowValue(kLow, id, c) : FakeRowValue(kHigh, id, c - 3);
-  }
-
-  std::vector<std::unique_ptr<FakeShardServer>> servers_;
-  std::vector<std::string> addresses_;
-  ShardMap map_;
-};
-
-TEST_F(ColumnWiseClientTest, LookupAsksEveryGroupAndFillsItsColumns) {
-  auto client = NewClient();
-  ASSERT_TRUE(client.ok()) << client.status();
-  std::vector<int64_t> a = {5, -7, 5, 100, 3}, b = {100, 42};
-  const std::vector<int64_t> items = Iota(20);
-  std::vector<float> out_a(a.size() * 8, -1), out_b(b.size() * 8, -1),
-      out_i(items.size() * 4);
-  ASSERT_TRUE((*client)
-                  ->Lookup(2, {{{kUser, a, out_a.data()},
-                                {kItem, items, out_i.data()},
-                                {kUser, b, out_b.data()}}})
-                  .ok());
-  for (auto [ids, out] : {std::pair{&a, &out_a}, {&b, &out_b}}) {
-    for (size_t i = 0; i < ids->size(); ++i) {
-      for (int c = 0; c < 8; ++c) {
-        EXPECT_EQ((*out)[i * 8 + c], UserValue((*ids)[i], c))
-            << (*ids)[i] << " col " << c;
-      }
-    }
-  }
-  for (size_t i = 0; i < items.size(); ++i) {
-    for (int c = 0; c < 4; ++c) {
-      EXPECT_EQ(out_i[i * 4 + c], FakeRowValue("item", items[i], c));
-    }
-  }
-  // Each group's owner got every distinct user id once, under the group's
-  // name; nobody got "user".
-  const std::set<int64_t> distinct = {5, -7, 100, 3, 42};
-  std::multiset<int64_t> low, high;
-  for (auto& s : servers_) {
-    for (const auto& r : s->received()) {
-      EXPECT_FALSE(r.ids.count("user"));
-      if (r.ids.count(kLow)) low.insert(r.ids.at(kLow).begin(), r.ids.at(kLow).end());
-      if (r.ids.count(kHigh)) high.insert(r.ids.at(kHigh).begin(), r.ids.at(kHigh).end());
-    }
-  }
-  EXPECT_THAT(low, UnorderedElementsAreArray(distinct));
-  EXPECT_THAT(high, UnorderedElementsAreArray(distinct));
-  for (const auto& r : servers_[1]->received()) {
-    EXPECT_FALSE(r.ids.count(kLow) || r.ids.count(kHigh));
-  }
-}
-
-TEST_F(ColumnWiseClientTest, PushSplitsEachRowsColumnsOverTheGroups) {
-  auto client = NewClient();
-  ASSERT_TRUE(client.ok()) << client.status();
-  // 9 repeats across specs: its rows are summed before the split.
-  const std::vector<int64_t> first = {9, 1}, second = {2, 9};
-  std::vector<float> g1(16), g2(16);
-  for (int i = 0; i < 16; ++i) {
-    g1[i] = 0.5f * i;
-    g2[i] = -0.25f * i + 3;
-  }
-  ASSERT_TRUE((*client)
-                  ->PushGradients(4, {{{kUser, first, g1.data()},
-                                       {kUser, second, g2.data()}}})
-                  .ok());
-  std::map<int64_t, std::vector<float>> want = {
-      {9, {}}, {1, {}}, {2, {}}};
-  for (int c = 0; c < 8; ++c) {
-    want[9].push_back(g1[c] + g2[8 + c]);
-    want[1].push_back(g1[8 + c]);
-    want[2].push_back(g2[c]);
-  }
-  const auto low = servers_[2]->grads();
-  const auto high = servers_[0]->grads();
-  ASSERT_EQ(low.size(), 3u);
-  ASSERT_EQ(high.size(), 3u);
-  for (const auto& [id, row] : want) {
-    for (int c = 0; c < 3; ++c) EXPECT_EQ(low.at({kLow, id})[c], row[c]);
-    for (int c = 3; c < 8; ++c) EXPECT_EQ(high.at({kHigh, id})[c - 3], row[c]);
-  }
-  // Every server heard the step, server 1 with an empty push.
-  for (auto& s : servers_) EXPECT_EQ(s->received().size(), 1u);
-  EXPECT_TRUE(servers_[1]->received()[0].ids.empty());
-}
-
-TEST_F(ColumnWiseClientTest, AMovedGroupIsResentAloneToItsNewOwner) {
-  auto client = NewClient();
-  ASSERT_TRUE(client.ok()) << client.status();
-  // Epoch 2 moves the low group to server 1; server 2 knows it already.
-  const ShardMap next = Split(2, /*low_owner=*/1, 8);
-  servers_[1]->SetMap(next);
-  servers_[2]->SetMap(next);
-  const std::vector<int64_t> ids = Iota(30);
-  std::vector<float> out(ids.size() * 8);
-  ASSERT_TRUE((*client)->Lookup(1, {{{kUser, ids, out.data()}}}).ok());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    for (int c = 0; c < 8; ++c) EXPECT_EQ(out[i * 8 + c], UserValue(ids[i], c));
-  }
-  EXPECT_EQ((*client)->shard_map_epoch(), 2u);
-  const auto r1 = servers_[1]->received();
-  ASSERT_EQ(r1.size(), 1u);
-  EXPECT_THAT(r1[0].ids.at(kLow), UnorderedElementsAreArray(ids));
-  EXPECT_FALSE(r1[0].ids.count(kHigh));
-}
-
-TEST_F(ColumnWiseClientTest, GroupsThatMissTheWidthAreRefused) {
-  for (auto& s : servers_) s->SetMap(Split(1, 2, /*high_end=*/7));
-  absl::StatusOr<std::unique_ptr<EmbeddingClient>> client = NewClient();
-  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(client.status().message(),
-              HasSubstr("cover columns [0, 7) but the table has dim 8"));
-}
-
-// RoutedBatch::ConsumeLookup parses responses itself; these feed it
-// hand-made wire bytes, cut into small gRPC slices so that varints and rows
-// straddle slice boundaries.
-class ConsumeLookupTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    map_ = ShardMap::Uniform(1, 16, {"only:1"});
-    batch_.PrepareLookup(
-        std::vector<LookupSpec>{{0, users_, out_u_.data()},
-                                {1, items_, out_i_.data()}},
-        tables_, keys_, map_);
-    ASSERT_TRUE(batch_.Route(map_).ok());
-    ASSERT_EQ(batch_.CountFor(0), 5);  // users 10 11 12, then items 20 21
-  }
-
-  // Wire bytes of a TableRows.
-  static std::string TableRows(const std::string& table, int dim,
-                               const std::string& rows, bool reorder = false,
-                               bool unknown = false) {
-    std::string out;
-    {
-      google::protobuf::io::StringOutputStream stream(&out);
-      google::protobuf::io::CodedOutputStream o(&stream);
-      auto name = [&] {
-        o.WriteTag(WFL::MakeTag(1, WFL::WIRETYPE_LENGTH_DELIMITED));
-        o.WriteVarint32(table.size());
-        o.WriteString(table);
-      };
-      auto dims = [&] {
-        o.WriteTag(WFL::MakeTag(2, WFL::WIRETYPE_VARINT));
-        o.WriteVarint32(dim);
-      };
-      auto data = [&] {
-        o.WriteTag(WFL::MakeTag(3, WFL::WIRETYPE_LENGTH_DELIMITED));
-        o.WriteVarint32(rows.size());
-        o.WriteString(rows);
-      };
-      if (unknown) {
-        o.WriteTag(WFL::MakeTag(9, WFL::WIRETYPE_FIXED32));
-        o.WriteLittleEndian32(77);
-      }
-      if (reorder) {
-        data();
-        dims();
-        name();
-      } else {
-        name();
-        dims();
-        data();
-      }
-    }
-    return out;
-  }
-
-  // Wire bytes of a LookupResponse with these TableRows.
-  static std::string Response(const std::vector<std::string>& tables,
-                              bool unknown = false) {
-    std::string out;
-    {
-      google::protobuf::io::StringOutputStream stream(&out);
-      google::protobuf::io::CodedOutputStream o(&stream);
-      if (unknown) {
-        o.WriteTag(WFL::MakeTag(7, WFL::WIRETYPE_VARINT));
-        o.WriteVarint64(123456789);
-      }
-      for (const std::string& t : tables) {
-        o.WriteTag(WFL::MakeTag(1, WFL::WIRETYPE_LENGTH_DELIMITED));
-        o.WriteVarint32(t.size());
-        o.WriteString(t);
-      }
-    }
-    return out;
-  }
-
-  // The fake's rows of `ids`, encoded.
-  static std::string Rows(const std::string& table, int dim,
-                          const std::vector<int64_t>& ids,
-                          v1::RowEncoding encoding) {
-    std::vector<float> values;
-    for (int64_t id : ids) {
-      for (int c = 0; c < dim; ++c) values.push_back(FakeRowValue(table, id, c));
-    }
-    std::string out;
-    EncodeRows(values.data(), values.size(), encoding, &out);
-    return out;
-  }
-
-  absl::Status Consume(int32_t begin, int32_t end, const std::string& wire,
-                       v1::RowEncoding encoding = v1::ROW_ENCODING_FLOAT32,
-                       size_t slice = 7) {
-    std::vector<grpc::Slice> slices;
-    for (size_t at = 0; at < wire.size(); at += slice) {
-      slices.emplace_back(wire.data() + at, std::min(slice, wire.size() - at));
-    }
-    grpc::ByteBuffer buffer(slices.data(), slices.size());
-    return batch_.ConsumeLookup(0, begin, end, encoding, &buffer);
-  }
-
-  using WFL = google::protobuf::internal::WireFormatLite;
-  const std::vector<TableSchema> tables_ = {{"user", 8}, {"item", 4}};
-  const std::vector<uint64_t> keys_ = {StableNameKey("user"),
-                                       StableNameKey("item")};
-  const std::vector<int64_t> users_ = {10, 11, 12, 10};
-  const std::vector<int64_t> items_ = {20, 21};
-  std::vector<float> out_u_ = std::vector<float>(4 * 8, -1.0f);
-  std::vector<float> out_i_ = std::vector<float>(2 * 4, -1.0f);
-  ShardMap map_;
-  internal::RoutedBatch batch_;
-};
-
-TEST_F(ConsumeLookupTest, WholeServerAcrossSlices) {
-  const auto f32 = v1::ROW_ENCODING_FLOAT32;
-  ASSERT_TRUE(
-      Consume(0, 5,
-              Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32)),
-                        TableRows("item", 4, Rows("item", 4, {20, 21}, f32))}))
-          .ok());
-  ExpectFakeRows("user", users_, out_u_, 8);
-  ExpectFakeRows("item", items_, out_i_, 4);
-}
-
-TEST_F(ConsumeLookupTest, PartSpanningTwoTablesWithUnknownFieldsAndOddOrder) {
-  const auto f32 = v1::ROW_ENCODING_FLOAT32;
-  // Part [2, 4): user 12, then item 20.
-  ASSERT_TRUE(Consume(2, 4,
-                      Response({TableRows("user", 8, Rows("user", 8, {12}, f32),
-                                          /*reorder=*/true, /*unknown=*/true),
-                                TableRows("item", 4, Rows("item", 4, {20}, f32),
-                                          false, true)},
-                               /*unknown=*/true),
-                      f32, /*slice=*/3)
-                  .ok());
-  for (int c = 0; c < 8; ++c) {
-    EXPECT_EQ(out_u_[2 * 8 + c], FakeRowValue("user", 12, c));
-    EXPECT_EQ(out_u_[0 * 8 + c], -1.0f);  // not in the part
-  }
-  for (int c = 0; c < 4; ++c) {
-    EXPECT_EQ(out_i_[c], FakeRowValue("item", 20, c));
-    EXPECT_EQ(out_i_[4 + c], -1.0f);
-  }
-}
-
-TEST_F(ConsumeLookupTest, HalfPrecisionRowsAcrossSlices) {
-  const auto f16 = v1::ROW_ENCODING_FLOAT16;
-  ASSERT_TRUE(
-      Consume(0, 5,
-              Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f16)),
-                        TableRows("item", 4, Rows("item", 4, {20, 21}, f16))}),
-              f16, /*slice=*/5)
-          .ok());
-  ExpectFakeRows("user", users_, out_u_, 8, 1.0f / 2048);
-  ExpectFakeRows("item", items_, out_i_, 4, 1.0f / 2048);
-}
-
-TEST_F(ConsumeLookupTest, MismatchesAndMalformedBytesAreInternal) {
-  const auto f32 = v1::ROW_ENCODING_FLOAT32;
-  const std::string user = TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32));
-  const std::string item = TableRows("item", 4, Rows("item", 4, {20, 21}, f32));
-  auto expect_internal = [&](absl::Status s, const std::string& what) {
-    EXPECT_TRUE(absl::IsInternal(s)) << s;
-    EXPECT_THAT(s.message(), HasSubstr(what)) << s;
-  };
-  expect_internal(Consume(0, 5, Response({user})), "fewer");
-  expect_internal(Consume(0, 5, Response({user, item, item})), "more tables");
-  expect_internal(Consume(0, 5, Response({item, user})), "expected 'user'");
-  expect_internal(
-      Consume(0, 5, Response({TableRows("user", 9, Rows("user", 8, {10, 11, 12}, f32)), item})),
-      "of dim 9");
-  expect_internal(
-      Consume(0, 5, Response({TableRows("user", 8, Rows("user", 8, {10, 11}, f32)), item})),
-      "bytes of rows for 3 ids");
-  expect_internal(Consume(0, 5, Response({TableRows("user", 8, ""), item})),
-                  "0 bytes of rows");
-  std::string whole = Response({user, item});
-  expect_internal(Consume(0, 5, whole.substr(0, whole.size() - 9)),
-                  "malformed");
-}
-
 }  // namespace
 }  // namespace recps::client

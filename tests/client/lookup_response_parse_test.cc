@@ -1,0 +1,203 @@
+// Parsing Lookup responses straight from gRPC slices into the callers'
+// buffers (RoutedBatch::ConsumeLookup).
+#include "client/routed_batch.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/wire_format.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+#include "gtest/gtest.h"
+#include "tests/client/embedding_client_test_util.h"
+#include "tests/client/fake_shard_server.h"
+
+namespace recps::client {
+namespace {
+
+using ::recps::client::testing::ExpectFakeRows;
+using ::recps::client::testing::FakeRowValue;
+using ::testing::HasSubstr;
+
+class ConsumeLookupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    map_ = ShardMap::Uniform(1, 16, {"only:1"});
+    batch_.PrepareLookup(
+        std::vector<LookupSpec>{{0, users_, out_u_.data()},
+                                {1, items_, out_i_.data()}},
+        tables_, keys_, map_);
+    ASSERT_TRUE(batch_.Route(map_).ok());
+    ASSERT_EQ(batch_.CountFor(0), 5);  // users 10 11 12, then items 20 21
+  }
+
+  // Wire bytes of a TableRows.
+  static std::string TableRows(const std::string& table, int dim,
+                               const std::string& rows, bool reorder = false,
+                               bool unknown = false) {
+    std::string out;
+    {
+      google::protobuf::io::StringOutputStream stream(&out);
+      google::protobuf::io::CodedOutputStream o(&stream);
+      auto name = [&] {
+        o.WriteTag(WFL::MakeTag(1, WFL::WIRETYPE_LENGTH_DELIMITED));
+        o.WriteVarint32(table.size());
+        o.WriteString(table);
+      };
+      auto dims = [&] {
+        o.WriteTag(WFL::MakeTag(2, WFL::WIRETYPE_VARINT));
+        o.WriteVarint32(dim);
+      };
+      auto data = [&] {
+        o.WriteTag(WFL::MakeTag(3, WFL::WIRETYPE_LENGTH_DELIMITED));
+        o.WriteVarint32(rows.size());
+        o.WriteString(rows);
+      };
+      if (unknown) {
+        o.WriteTag(WFL::MakeTag(9, WFL::WIRETYPE_FIXED32));
+        o.WriteLittleEndian32(77);
+      }
+      if (reorder) {
+        data();
+        dims();
+        name();
+      } else {
+        name();
+        dims();
+        data();
+      }
+    }
+    return out;
+  }
+
+  // Wire bytes of a LookupResponse with these TableRows.
+  static std::string Response(const std::vector<std::string>& tables,
+                              bool unknown = false) {
+    std::string out;
+    {
+      google::protobuf::io::StringOutputStream stream(&out);
+      google::protobuf::io::CodedOutputStream o(&stream);
+      if (unknown) {
+        o.WriteTag(WFL::MakeTag(7, WFL::WIRETYPE_VARINT));
+        o.WriteVarint64(123456789);
+      }
+      for (const std::string& t : tables) {
+        o.WriteTag(WFL::MakeTag(1, WFL::WIRETYPE_LENGTH_DELIMITED));
+        o.WriteVarint32(t.size());
+        o.WriteString(t);
+      }
+    }
+    return out;
+  }
+
+  // The fake's rows of `ids`, encoded.
+  static std::string Rows(const std::string& table, int dim,
+                          const std::vector<int64_t>& ids,
+                          v1::RowEncoding encoding) {
+    std::vector<float> values;
+    for (int64_t id : ids) {
+      for (int c = 0; c < dim; ++c) values.push_back(FakeRowValue(table, id, c));
+    }
+    std::string out;
+    EncodeRows(values.data(), values.size(), encoding, &out);
+    return out;
+  }
+
+  absl::Status Consume(int32_t begin, int32_t end, const std::string& wire,
+                       v1::RowEncoding encoding = v1::ROW_ENCODING_FLOAT32,
+                       size_t slice = 7) {
+    std::vector<grpc::Slice> slices;
+    for (size_t at = 0; at < wire.size(); at += slice) {
+      slices.emplace_back(wire.data() + at, std::min(slice, wire.size() - at));
+    }
+    grpc::ByteBuffer buffer(slices.data(), slices.size());
+    return batch_.ConsumeLookup(0, begin, end, encoding, &buffer);
+  }
+
+  using WFL = google::protobuf::internal::WireFormatLite;
+  const std::vector<TableSchema> tables_ = {{"user", 8}, {"item", 4}};
+  const std::vector<uint64_t> keys_ = {StableNameKey("user"),
+                                       StableNameKey("item")};
+  const std::vector<int64_t> users_ = {10, 11, 12, 10};
+  const std::vector<int64_t> items_ = {20, 21};
+  std::vector<float> out_u_ = std::vector<float>(4 * 8, -1.0f);
+  std::vector<float> out_i_ = std::vector<float>(2 * 4, -1.0f);
+  ShardMap map_;
+  internal::RoutedBatch batch_;
+};
+
+TEST_F(ConsumeLookupTest, WholeServerAcrossSlices) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  ASSERT_TRUE(
+      Consume(0, 5,
+              Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32)),
+                        TableRows("item", 4, Rows("item", 4, {20, 21}, f32))}))
+          .ok());
+  ExpectFakeRows("user", users_, out_u_, 8);
+  ExpectFakeRows("item", items_, out_i_, 4);
+}
+
+TEST_F(ConsumeLookupTest, PartSpanningTwoTablesWithUnknownFieldsAndOddOrder) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  // Part [2, 4): user 12, then item 20.
+  ASSERT_TRUE(Consume(2, 4,
+                      Response({TableRows("user", 8, Rows("user", 8, {12}, f32),
+                                          /*reorder=*/true, /*unknown=*/true),
+                                TableRows("item", 4, Rows("item", 4, {20}, f32),
+                                          false, true)},
+                               /*unknown=*/true),
+                      f32, /*slice=*/3)
+                  .ok());
+  for (int c = 0; c < 8; ++c) {
+    EXPECT_EQ(out_u_[2 * 8 + c], FakeRowValue("user", 12, c));
+    EXPECT_EQ(out_u_[0 * 8 + c], -1.0f);  // not in the part
+  }
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_EQ(out_i_[c], FakeRowValue("item", 20, c));
+    EXPECT_EQ(out_i_[4 + c], -1.0f);
+  }
+}
+
+TEST_F(ConsumeLookupTest, HalfPrecisionRowsAcrossSlices) {
+  const auto f16 = v1::ROW_ENCODING_FLOAT16;
+  ASSERT_TRUE(
+      Consume(0, 5,
+              Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f16)),
+                        TableRows("item", 4, Rows("item", 4, {20, 21}, f16))}),
+              f16, /*slice=*/5)
+          .ok());
+  ExpectFakeRows("user", users_, out_u_, 8, 1.0f / 2048);
+  ExpectFakeRows("item", items_, out_i_, 4, 1.0f / 2048);
+}
+
+TEST_F(ConsumeLookupTest, MismatchesAndMalformedBytesAreInternal) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  const std::string user = TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32));
+  const std::string item = TableRows("item", 4, Rows("item", 4, {20, 21}, f32));
+  auto expect_internal = [&](absl::Status s, const std::string& what) {
+    EXPECT_TRUE(absl::IsInternal(s)) << s;
+    EXPECT_THAT(s.message(), HasSubstr(what)) << s;
+  };
+  expect_internal(Consume(0, 5, Response({user})), "fewer");
+  expect_internal(Consume(0, 5, Response({user, item, item})), "more tables");
+  expect_internal(Consume(0, 5, Response({item, user})), "expected 'user'");
+  expect_internal(
+      Consume(0, 5, Response({TableRows("user", 9, Rows("user", 8, {10, 11, 12}, f32)), item})),
+      "of dim 9");
+  expect_internal(
+      Consume(0, 5, Response({TableRows("user", 8, Rows("user", 8, {10, 11}, f32)), item})),
+      "bytes of rows for 3 ids");
+  expect_internal(Consume(0, 5, Response({TableRows("user", 8, ""), item})),
+                  "0 bytes of rows");
+  std::string whole = Response({user, item});
+  expect_internal(Consume(0, 5, whole.substr(0, whole.size() - 9)),
+                  "malformed");
+}
+
+}  // namespace
+}  // namespace recps::client
