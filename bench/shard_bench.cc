@@ -28,7 +28,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "client/embedding_client.h"
 #include "common/malloc_tuning.h"
 #include "tests/testing/local_shard.h"
@@ -132,8 +131,7 @@ Result Summarise(std::vector<double> latencies, int64_t ids_per_call) {
 
 int Main(int argc, char** argv) {
   // As in the worker, the client's process.
-  KeepLargeAllocationsMapped();
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  TuneDataPlaneProcess();
   std::string binary = RECPS_SHARD_BINARY;
   double seconds_per_case = 2.0;
   std::string only_op;  // "lookup" or "push"; empty runs both

@@ -2,6 +2,8 @@
 
 #include <cstdlib>  // defines __GLIBC__ when the C library is glibc
 
+#include "absl/synchronization/mutex.h"
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -14,6 +16,11 @@ void KeepLargeAllocationsMapped() {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
+}
+
+void TuneDataPlaneProcess() {
+  KeepLargeAllocationsMapped();
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 }
 
 }  // namespace recps

@@ -15,6 +15,14 @@ namespace recps {
 // A no-op where the C library is not glibc.
 void KeepLargeAllocationsMapped();
 
+// The process-wide settings of a data-plane process (shard server, worker,
+// their benchmarks): KeepLargeAllocationsMapped, and abseil's mutex deadlock
+// detector off. Debian's abseil is built without NDEBUG, so every
+// Mutex::Lock also ran the detector (a global graph under a global lock):
+// ~1% of a shard server's CPU at 64 stripe locks per lookup. Tests keep it.
+// Call once at the start of main(), before threads start.
+void TuneDataPlaneProcess();
+
 }  // namespace recps
 
 #endif  // RECPS_COMMON_MALLOC_TUNING_H_

@@ -20,7 +20,6 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
@@ -298,10 +297,6 @@ int main(int argc, char** argv) {
       "[--standalone]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-shard");
-  recps::KeepLargeAllocationsMapped();
-  // Debian's abseil is built without NDEBUG, so every Mutex::Lock also ran
-  // the deadlock detector (a global graph under a global lock): ~1% of the
-  // shard server's and the worker's CPU at 64 stripe locks per lookup.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  recps::TuneDataPlaneProcess();
   return recps::server::Run();
 }

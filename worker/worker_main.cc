@@ -28,7 +28,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
 #include "client/embedding_client.h"
@@ -467,10 +466,6 @@ int main(int argc, char** argv) {
       "[--rank=R --world_size=W --rendezvous_dir=DIR]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
-  recps::KeepLargeAllocationsMapped();
-  // Debian's abseil is built without NDEBUG, so every Mutex::Lock also ran
-  // the deadlock detector (a global graph under a global lock): ~1% of the
-  // shard server's and the worker's CPU at 64 stripe locks per lookup.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  recps::TuneDataPlaneProcess();
   return recps::worker::Run();
 }
