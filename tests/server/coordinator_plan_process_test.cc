@@ -42,6 +42,15 @@ void SetDeadline(grpc::ClientContext* context) {
 
 using ::recps::testing::Eventually;
 
+// An embedding client for the test job's tables, routed by the servers' map.
+absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> ClientFor(
+    const std::vector<std::string>& addresses) {
+  client::EmbeddingClientOptions options;
+  options.rpc_timeout = absl::Seconds(20);
+  return client::EmbeddingClient::Create(
+      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses), options);
+}
+
 TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
   TempDir dir;
   const std::string job = dir.WriteFile("job.textproto", kJob);
@@ -95,11 +104,7 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
     })) << address;
   }
 
-  client::EmbeddingClientOptions options;
-  options.rpc_timeout = absl::Seconds(20);
-  auto c = client::EmbeddingClient::Create(
-      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses),
-      options);
+  auto c = ClientFor(addresses);
   ASSERT_TRUE(c.ok()) << c.status();
   std::vector<int64_t> ids(1000);
   for (int i = 0; i < 1000; ++i) ids[i] = i;
@@ -166,11 +171,7 @@ hints { table: "item" column_groups: 2 }
     })) << address;
   }
 
-  client::EmbeddingClientOptions options;
-  options.rpc_timeout = absl::Seconds(20);
-  auto c = client::EmbeddingClient::Create(
-      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses),
-      options);
+  auto c = ClientFor(addresses);
   ASSERT_TRUE(c.ok()) << c.status();
   std::vector<int64_t> ids(1000);
   for (int i = 0; i < 1000; ++i) ids[i] = (i * 7) % 1000;
@@ -205,9 +206,7 @@ hints { table: "item" column_groups: 2 }
                                  {"--job=" + job, "--num_slots=256",
                                   "--threads=1", "--standalone"});
   ASSERT_TRUE(whole.ok()) << whole.status();
-  auto w = client::EmbeddingClient::Create(
-      {{"user", 8}, {"item", 8}},
-      client::MakeServerShardMapSource({(*whole)->address()}), options);
+  auto w = ClientFor({(*whole)->address()});
   ASSERT_TRUE(w.ok()) << w.status();
   std::vector<float> want(rows.size());
   ASSERT_TRUE((*w)->Lookup(0, {{{1, ids, want.data()}}}).ok());
