@@ -13,11 +13,13 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/numeric/bits.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -43,7 +45,9 @@ constexpr int64_t kParallelMinIds = 4096;
 // Lookup's pipeline depths (ids): index buckets are prefetched kProbeAhead
 // ids before they are probed, rows kRowAhead ids before they are copied, so
 // that many misses of each kind are in flight at once.
-constexpr int64_t kProbeAhead = 32;
+constexpr int64_t kProbeAhead = 16;
+// Lookup prefetches each slot's index header this many ids before its entry.
+constexpr int64_t kHeaderAhead = 8;
 constexpr int64_t kRowAhead = 16;
 // mmap cannot give more than the 47-bit user address space anyway.
 constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 47;
@@ -132,6 +136,11 @@ struct Table {
   void PrefetchIndex(uint32_t slot, int64_t id) const {
     index[slot].Prefetch(id);
   }
+  // Starts loading the slot's index header, which PrefetchIndex reads: with
+  // thousands of slots it is rarely in L1 or L2.
+  void PrefetchIndexHeader(uint32_t slot) const {
+    __builtin_prefetch(&index[slot]);
+  }
 
   // Row of `id`, or -1 when it has none. REQUIRES: slot's stripe held.
   int64_t Find(uint32_t slot, int64_t id) const { return index[slot].Find(id); }
@@ -183,19 +192,30 @@ struct StripeBuckets {
   std::array<int64_t, kStripes + 1> begin{};
 
   StripeBuckets(const Table& t, absl::Span<const int64_t> ids)
-      : slot(ids.size()), order(ids.size()) {
-    std::array<int64_t, kStripes> fill{};
+      : slot(ids.size()) {
     for (size_t p = 0; p < ids.size(); ++p) {
       slot[p] = SlotOf(t.key, ids[p], t.num_slots);
-      ++fill[slot[p] % kStripes];
     }
+    std::vector<int64_t> all(ids.size());
+    std::iota(all.begin(), all.end(), int64_t{0});
+    Group(all);
+  }
+  // Only `positions` (ascending) of a batch whose slots are known.
+  StripeBuckets(std::vector<uint32_t> slots, absl::Span<const int64_t> positions)
+      : slot(std::move(slots)) {
+    Group(positions);
+  }
+
+ private:
+  void Group(absl::Span<const int64_t> positions) {
+    order.resize(positions.size());
+    std::array<int64_t, kStripes> fill{};
+    for (int64_t p : positions) ++fill[slot[p] % kStripes];
     for (int s = 0; s < kStripes; ++s) {
       begin[s + 1] = begin[s] + fill[s];
       fill[s] = begin[s];
     }
-    for (size_t p = 0; p < ids.size(); ++p) {
-      order[fill[slot[p] % kStripes]++] = static_cast<int64_t>(p);
-    }
+    for (int64_t p : positions) order[fill[slot[p] % kStripes]++] = p;
   }
 };
 
@@ -244,6 +264,101 @@ inline void PrefetchRow(const float* row, int dim) {
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
 }
 
+// The reader side of every stripe in a mask, taken in ascending order: the
+// only way anyone holds more than one stripe, so holders never wait on each
+// other in a cycle.
+class StripeReaderLocks {
+ public:
+  static_assert(kStripes == 64, "one bit per stripe in a uint64_t");
+  StripeReaderLocks(const Table& t, uint64_t mask) : t_(t), mask_(mask) {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) {
+      t_.stripes[absl::countr_zero(m)].ReaderLock();
+    }
+  }
+  ~StripeReaderLocks() {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) {
+      t_.stripes[absl::countr_zero(m)].ReaderUnlock();
+    }
+  }
+  StripeReaderLocks(const StripeReaderLocks&) = delete;
+  StripeReaderLocks& operator=(const StripeReaderLocks&) = delete;
+
+ private:
+  const Table& t_;
+  const uint64_t mask_;
+};
+
+// Positions of a lookup whose ids had no row yet, gathered from parallel
+// tasks (rare once a table is warm).
+class MissingRows {
+ public:
+  void Add(absl::Span<const int64_t> positions) {
+    absl::MutexLock lock(&mu_);
+    positions_.insert(positions_.end(), positions.begin(), positions.end());
+  }
+  bool empty() {
+    absl::MutexLock lock(&mu_);
+    return positions_.empty();
+  }
+  std::vector<int64_t> Sorted() {
+    absl::MutexLock lock(&mu_);
+    std::sort(positions_.begin(), positions_.end());
+    return std::move(positions_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int64_t> positions_ ABSL_GUARDED_BY(mu_);
+};
+
+// Lookup's first phase over positions [lo, hi): copies the rows that exist
+// to out (in order), records the slot of every id in slots[] and the
+// positions without a row in `missing`. A three-stage software pipeline,
+// because each stage is a cache miss on a batch far larger than the caches:
+// id k's index entry is prefetched, kProbeAhead ids later it is probed and
+// its row prefetched, and kRowAhead ids after that the row is copied. Done
+// one id at a time, the two dependent misses cost ~200 ns per id.
+void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
+                      int64_t lo, int64_t hi, uint32_t* slots, float* out,
+                      MissingRows& missing) {
+  uint64_t mask = 0;
+  for (int64_t p = lo; p < hi; ++p) {
+    slots[p] = SlotOf(t.key, ids[p], t.num_slots);
+    mask |= uint64_t{1} << (slots[p] % kStripes);
+  }
+  const int dim = t.spec.dim;
+  const size_t row_bytes = sizeof(float) * dim;
+  std::vector<int64_t> absent;
+  {
+    const StripeReaderLocks locks(t, mask);
+    const float* src[kRowAhead];
+    for (int64_t k = lo; k < hi + kHeaderAhead + kProbeAhead + kRowAhead; ++k) {
+      // Stages from last to first: the copy frees the ring entry the probe
+      // then fills.
+      const int64_t entry = k - kHeaderAhead;
+      const int64_t probe = entry - kProbeAhead;
+      const int64_t copied = probe - kRowAhead;
+      if (copied >= lo && copied < hi && src[copied % kRowAhead] != nullptr) {
+        std::memcpy(out + copied * dim, src[copied % kRowAhead], row_bytes);
+      }
+      if (probe >= lo && probe < hi) {
+        const int64_t r = t.Find(slots[probe], ids[probe]);
+        const float* row = nullptr;
+        if (r >= 0) {
+          row = t.Row(r);
+          PrefetchRow(row, dim);
+        } else {
+          absent.push_back(probe);
+        }
+        src[probe % kRowAhead] = row;
+      }
+      if (entry >= lo && entry < hi) t.PrefetchIndex(slots[entry], ids[entry]);
+      if (k < hi) t.PrefetchIndexHeader(slots[k]);
+    }
+  }
+  if (!absent.empty()) missing.Add(absent);
+}
+
 class HostEmbeddingStore final : public EmbeddingStore {
  public:
   HostEmbeddingStore(const StoreOptions& options,
@@ -278,49 +393,24 @@ class HostEmbeddingStore final : public EmbeddingStore {
     RETURN_IF_ERROR(t->CheckRange(ids));
     if (ids.empty()) return absl::OkStatus();
     if (out == nullptr) return absl::InvalidArgumentError("Lookup: out is null");
-    const StripeBuckets b(*t, ids);
-    const int dim = t->spec.dim;
-    std::atomic<bool> full{false};
-    ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
-      // A three-stage software pipeline over the stripe's ids, because each
-      // stage is a cache miss on a batch far larger than the caches: id k's
-      // index bucket is prefetched, kProbeAhead ids later it is probed and
-      // its row prefetched, and kRowAhead ids after that the row is copied.
-      // Done one id at a time, the two dependent misses cost ~200 ns per id.
-      const float* src[kRowAhead];
-      int64_t dst[kRowAhead];
-      auto copy = [&](int64_t k) {
-        std::memcpy(out + dst[k % kRowAhead] * dim, src[k % kRowAhead],
-                    sizeof(float) * dim);
-      };
-      const int64_t n = end - begin;
-      for (int64_t k = 0; k < n + kProbeAhead + kRowAhead; ++k) {
-        // Stages from last to first: the copy frees the ring entry the
-        // probe then fills.
-        const int64_t probe = k - kProbeAhead;
-        const int64_t copied = probe - kRowAhead;
-        if (copied >= 0 && copied < n) copy(copied);
-        if (probe >= 0 && probe < n) {
-          const int64_t p = b.order[begin + probe];
-          const int64_t r = t->FindOrCreate(b.slot[p], ids[p]);
-          if (r < 0) {
-            full.store(true, std::memory_order_relaxed);
-            return;
-          }
-          const float* row = t->Row(r);
-          PrefetchRow(row, dim);
-          src[probe % kRowAhead] = row;
-          dst[probe % kRowAhead] = p;
-        }
-        if (k < n) {
-          const int64_t p = b.order[begin + k];
-          t->PrefetchIndex(b.slot[p], ids[p]);
-        }
-      }
+    const auto n = static_cast<int64_t>(ids.size());
+    // Existing rows are copied in request order, so that the output is
+    // written sequentially (in stripe order its random row writes cost as
+    // much as the reads), under the reader side of the stripes: concurrent
+    // lookups share them and pushes wait. Ids without a row are created
+    // afterwards, one stripe at a time under its writer lock.
+    std::vector<uint32_t> slots(n);
+    MissingRows missing;
+    ThreadPool* pool = n >= kParallelMinIds ? options_.pool : nullptr;
+    const int64_t parts = pool == nullptr ? 1 : pool->num_threads();
+    ParallelFor(pool, n, (n + parts - 1) / parts, [&](int64_t lo, int64_t hi) {
+      CopyExistingRows(*t, ids, lo, hi, slots.data(), out, missing);
     });
-    if (full.load()) return t->FullError();
-    t->lookup_ids.fetch_add(static_cast<int64_t>(ids.size()),
-                            std::memory_order_relaxed);
+    if (!missing.empty()) {
+      RETURN_IF_ERROR(CreateMissingRows(*t, ids, std::move(slots),
+                                        missing.Sorted(), out));
+    }
+    t->lookup_ids.fetch_add(n, std::memory_order_relaxed);
     return absl::OkStatus();
   }
 
@@ -493,6 +583,29 @@ class HostEmbeddingStore final : public EmbeddingStore {
           " tables)"));
     }
     return tables_[table].get();
+  }
+
+  // Lookup's second phase: creates the rows of ids[positions] that nobody
+  // created since the first phase and copies them to out.
+  absl::Status CreateMissingRows(Table& t, absl::Span<const int64_t> ids,
+                                 std::vector<uint32_t> slots,
+                                 absl::Span<const int64_t> positions,
+                                 float* out) {
+    const StripeBuckets b(std::move(slots), positions);
+    const int dim = t.spec.dim;
+    std::atomic<bool> full{false};
+    ForEachStripe(t, b, options_.pool, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const int64_t p = b.order[k];
+        const int64_t r = t.FindOrCreate(b.slot[p], ids[p]);
+        if (r < 0) {
+          full.store(true, std::memory_order_relaxed);
+          return;
+        }
+        std::memcpy(out + p * dim, t.Row(r), sizeof(float) * dim);
+      }
+    });
+    return full.load() ? t.FullError() : absl::OkStatus();
   }
 
   // Creates the missing rows of `ids` without touching existing ones.

@@ -1,5 +1,6 @@
 // Tests of the host-memory table store through the EmbeddingStore interface.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -442,6 +443,51 @@ TEST(HostEmbeddingStore, ConcurrentLookupsAndUpdates) {
     for (int c = 0; c < count[id]; ++c) expect -= 0.5f;
     EXPECT_EQ(w[id * 8 + 3], expect) << id;
   }
+}
+
+// Lookups copy rows under the reader side of the stripes and pushes update
+// them under the writer side: a looked-up row is always one whole version,
+// never half of an update.
+TEST(HostEmbeddingStore, LookupNeverSeesAHalfAppliedUpdate) {
+  ThreadPool pool(3);
+  StoreOptions opt;
+  opt.pool = &pool;
+  constexpr int kDim = 1024, kRows = 512, kPushes = 200;
+  auto store = MakeStore({Spec("t", kDim, 0, OptimizerKind::kSgd, 0.5f)}, opt);
+  std::vector<int64_t> ids(kRows);
+  std::iota(ids.begin(), ids.end(), 0);
+  // version[c]: every row after c pushes of gradient 1 (w -= 0.5 each).
+  std::vector<std::vector<float>> version(kPushes + 1);
+  version[0].resize(kRows * kDim);
+  ASSERT_TRUE(store->Lookup(0, ids, version[0].data()).ok());
+  for (int c = 1; c <= kPushes; ++c) {
+    version[c] = version[c - 1];
+    for (float& w : version[c]) w -= 0.5f;
+  }
+  std::atomic<bool> done{false};
+  std::thread pusher([&] {
+    const std::vector<float> g(kRows * kDim, 1.0f);
+    for (int c = 0; c < kPushes; ++c) {
+      EXPECT_TRUE(store->ApplyGradients(0, ids, g.data()).ok());
+    }
+    done = true;
+  });
+  std::vector<float> out(kRows * kDim);
+  int lookups = 0;
+  while (!done || lookups == 0) {
+    ASSERT_TRUE(store->Lookup(0, ids, out.data()).ok());
+    ++lookups;
+    for (int r = 0; r < kRows; ++r) {
+      const size_t at = static_cast<size_t>(r) * kDim;
+      int c = 0;
+      while (c <= kPushes && version[c][at] != out[at]) ++c;
+      ASSERT_LE(c, kPushes) << "row " << r << ": unexpected weight " << out[at];
+      ASSERT_EQ(std::memcmp(&out[at], &version[c][at], kDim * sizeof(float)), 0)
+          << "row " << r << " is not one version (column 0 after " << c
+          << " pushes), lookup " << lookups;
+    }
+  }
+  pusher.join();
 }
 
 }  // namespace
