@@ -9,6 +9,9 @@
 //   recps_shard_bench [--shard_binary=PATH] [--seconds_per_case=2]
 //                     [--op=lookup|push] [--ids=N]
 //                     [--max_ids_per_lookup_request=N]
+//                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
+//   --id_space: rows created and drawn from (default 1M: 256 MiB, beyond
+//   the L3); --shard_flag: an extra recps-shard flag, repeatable.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -36,7 +39,6 @@ namespace recps {
 namespace {
 
 constexpr int kDim = 64;
-constexpr int64_t kIdSpace = 1 << 20;  // rows created up front (256 MiB)
 
 double Now() {
   return std::chrono::duration<double>(
@@ -136,6 +138,11 @@ int Main(int argc, char** argv) {
   double seconds_per_case = 2.0;
   std::string only_op;  // "lookup" or "push"; empty runs both
   int64_t only_ids = 0;  // one batch size; 0 runs all
+  // Rows created up front and drawn from: 256 MiB by default, far beyond the
+  // L3; a small space (say 80000) measures the wire path with rows in cache.
+  int64_t id_space = int64_t{1} << 20;
+  std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
+                                          "--consistency=sync"};
   client::EmbeddingClientOptions options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -146,14 +153,19 @@ int Main(int argc, char** argv) {
     if (a.rfind("--seconds_per_case=", 0) == 0) seconds_per_case = std::stod(a.substr(19));
     if (a.rfind("--op=", 0) == 0) only_op = a.substr(5);
     if (a.rfind("--ids=", 0) == 0) only_ids = std::stoll(a.substr(6));
+    if (a.rfind("--id_space=", 0) == 0) id_space = std::stoll(a.substr(11));
+    if (a.rfind("--shard_flag=", 0) == 0) shard_flags.push_back(a.substr(13));
+  }
+  if (id_space <= 65536) {
+    std::fprintf(stderr, "--id_space must exceed the largest batch, 65536\n");
+    return 2;
   }
   testing::TempDir dir;
   const std::string tables = dir.WriteFile("tables.textproto", R"(
 tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
 )");
-  auto shard = testing::LocalShard::Start(
-      binary, {"--tables=" + tables, "--standalone", "--world_size=1",
-               "--consistency=sync"});
+  shard_flags.push_back("--tables=" + tables);
+  auto shard = testing::LocalShard::Start(binary, shard_flags);
   if (!shard.ok()) {
     std::fprintf(stderr, "%s\n", shard.status().ToString().c_str());
     return 1;
@@ -168,11 +180,11 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
 
   // Create every row first so the timed lookups measure serving, not
   // initialisation.
-  std::vector<int64_t> all(kIdSpace);
-  for (int64_t i = 0; i < kIdSpace; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
+  std::vector<int64_t> all(id_space);
+  for (int64_t i = 0; i < id_space; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
   std::vector<float> rows(65536 * kDim);
-  for (int64_t lo = 0; lo < kIdSpace; lo += 65536) {
-    client::LookupSpec spec{0, absl::MakeConstSpan(all).subspan(lo, 65536), rows.data()};
+  for (int64_t lo = 0; lo < id_space; lo += 65536) {
+    client::LookupSpec spec{0, absl::MakeConstSpan(all).subspan(lo, std::min<int64_t>(65536, id_space - lo)), rows.data()};
     if (absl::Status s = (*client)->Lookup(0, {&spec, 1}); !s.ok()) {
       std::fprintf(stderr, "warm-up: %s\n", s.ToString().c_str());
       return 1;
@@ -206,7 +218,7 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
       const double case_start = Now();
       while (Now() - case_start < seconds_per_case || latencies.size() < 5) {
         // Distinct random ids: a random window of the shuffled id space.
-        const int64_t start = static_cast<int64_t>(rng() % (kIdSpace - n));
+        const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
         std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
         const double t0 = Now();
         absl::Status s;
