@@ -142,6 +142,26 @@ TEST_F(ConsumeLookupTest, WholeServerAcrossSlices) {
   ExpectFakeRows("item", items_, out_i_, 4);
 }
 
+// Rows that lie whole in one slice are copied in runs straight from it
+// (repeats included); a row split across slices is read on its own. Slices
+// of 1 MiB, 40 and 33 bytes mix both paths.
+TEST_F(ConsumeLookupTest, RowsWholeInASliceAndSplitAcrossSlices) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  for (size_t slice : {size_t{1} << 20, size_t{40}, size_t{33}}) {
+    std::fill(out_u_.begin(), out_u_.end(), -1.0f);
+    std::fill(out_i_.begin(), out_i_.end(), -1.0f);
+    ASSERT_TRUE(
+        Consume(0, 5,
+                Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32)),
+                          TableRows("item", 4, Rows("item", 4, {20, 21}, f32))}),
+                f32, slice)
+            .ok())
+        << slice;
+    ExpectFakeRows("user", users_, out_u_, 8);
+    ExpectFakeRows("item", items_, out_i_, 4);
+  }
+}
+
 TEST_F(ConsumeLookupTest, PartSpanningTwoTablesWithUnknownFieldsAndOddOrder) {
   const auto f32 = v1::ROW_ENCODING_FLOAT32;
   // Part [2, 4): user 12, then item 20.
