@@ -14,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -359,6 +360,35 @@ void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
   if (!absent.empty()) missing.Add(absent);
 }
 
+// The first repeated id of `ids`, as the positions of its first two
+// occurrences. Open addressing over positions (ids compared in place):
+// ~3x faster than a hash map of ids for a push's tens of thousands.
+std::optional<std::pair<size_t, size_t>> FindRepeatedId(
+    absl::Span<const int64_t> ids) {
+  if (ids.size() < 2) return std::nullopt;
+  if (ids.size() >= (size_t{1} << 30)) {  // positions + 1 must fit int32
+    absl::flat_hash_map<int64_t, size_t> seen;
+    for (size_t p = 0; p < ids.size(); ++p) {
+      auto [it, inserted] = seen.try_emplace(ids[p], p);
+      if (!inserted) return std::make_pair(it->second, p);
+    }
+    return std::nullopt;
+  }
+  size_t size = 16;
+  while (size < 2 * ids.size()) size *= 2;
+  std::vector<int32_t> table(size, 0);  // position + 1; 0: empty
+  const size_t mask = size - 1;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    size_t i = Mix64(static_cast<uint64_t>(ids[p])) & mask;
+    for (; table[i] != 0; i = (i + 1) & mask) {
+      const auto q = static_cast<size_t>(table[i] - 1);
+      if (ids[q] == ids[p]) return std::make_pair(q, p);
+    }
+    table[i] = static_cast<int32_t>(p + 1);
+  }
+  return std::nullopt;
+}
+
 class HostEmbeddingStore final : public EmbeddingStore {
  public:
   HostEmbeddingStore(const StoreOptions& options,
@@ -442,18 +472,11 @@ class HostEmbeddingStore final : public EmbeddingStore {
         }
       }
     }
-    if (ids.size() > 1) {
-      absl::flat_hash_map<int64_t, size_t> seen;
-      seen.reserve(ids.size());
-      for (size_t p = 0; p < ids.size(); ++p) {
-        auto [it, inserted] = seen.try_emplace(ids[p], p);
-        if (!inserted) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "table '", t->spec.name, "': id ", ids[p],
-              " appears twice in one gradient push (positions ", it->second,
-              " and ", p, ")"));
-        }
-      }
+    if (const auto twice = FindRepeatedId(ids)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': id ", ids[twice->second],
+          " appears twice in one gradient push (positions ", twice->first,
+          " and ", twice->second, ")"));
     }
     return absl::OkStatus();
   }
@@ -477,11 +500,20 @@ class HostEmbeddingStore final : public EmbeddingStore {
     std::vector<int64_t> rows(n);
     FirstError error;
     ForEachStripe(*t, b, options_.pool, [&](int64_t begin, int64_t end) {
-      // Index buckets are prefetched kProbeAhead ids ahead, as in Lookup.
-      for (int64_t k = begin; k < std::min(end, begin + kProbeAhead); ++k) {
+      // As in Lookup: slot headers are prefetched kHeaderAhead ids before
+      // the index entries, those kProbeAhead ids before the probe; each
+      // probed row and its gradient are prefetched for the update below.
+      const int64_t warm = std::min(end, begin + kProbeAhead);
+      for (int64_t k = begin; k < std::min(end, warm + kHeaderAhead); ++k) {
+        t->PrefetchIndexHeader(b.slot[b.order[k]]);
+      }
+      for (int64_t k = begin; k < warm; ++k) {
         t->PrefetchIndex(b.slot[b.order[k]], ids[b.order[k]]);
       }
       for (int64_t k = begin; k < end; ++k) {
+        if (k + kProbeAhead + kHeaderAhead < end) {
+          t->PrefetchIndexHeader(b.slot[b.order[k + kProbeAhead + kHeaderAhead]]);
+        }
         if (k + kProbeAhead < end) {
           const int64_t q = b.order[k + kProbeAhead];
           t->PrefetchIndex(b.slot[q], ids[q]);
@@ -493,6 +525,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
           error.Set(t->FullError());
           return;
         }
+        PrefetchRow(t->Row(rows[k]), static_cast<int>(t->stride));
+        PrefetchRow(grads + p * t->spec.dim, t->spec.dim);
       }
       kernels::FusedUpdateArgs args;
       args.rows = t->arena.as<float>();
