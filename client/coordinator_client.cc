@@ -64,46 +64,43 @@ absl::Status CoordinatorClient::ToStatus(const char* rpc, const grpc::Status& s)
 absl::StatusOr<v1::RegisterResponse> CoordinatorClient::Register(
     const v1::RegisterRequest& request) {
   v1::RegisterResponse response;
-  grpc::Status s = Retry(absl::Now() + options_.retry_for, [&] {
-    grpc::ClientContext context;
-    SetDeadline(absl::Now() + options_.call_timeout, &context);
-    return stub_->Register(&context, request, &response);
-  });
-  if (!s.ok()) return ToStatus("Register", s);
+  RETURN_IF_ERROR(CallWithRetry("Register", &v1::Coordinator::Stub::Register,
+                                request, &response));
   return response;
 }
 
 absl::StatusOr<v1::RegisterResponse> CoordinatorClient::RegisterOnce(
     const v1::RegisterRequest& request) {
-  grpc::ClientContext context;
-  SetDeadline(absl::Now() + options_.call_timeout, &context);
   v1::RegisterResponse response;
-  grpc::Status s = stub_->Register(&context, request, &response);
-  if (!s.ok()) return ToStatus("Register", s);
+  RETURN_IF_ERROR(CallOnce("Register", &v1::Coordinator::Stub::Register,
+                           request, &response));
   return response;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::HeartbeatOnce(
     const std::string& member_id) {
-  grpc::ClientContext context;
-  SetDeadline(absl::Now() + options_.call_timeout, &context);
   v1::HeartbeatRequest request;
   request.set_member_id(member_id);
   v1::HeartbeatResponse response;
-  grpc::Status s = stub_->Heartbeat(&context, request, &response);
-  if (!s.ok()) return ToStatus("Heartbeat", s);
+  RETURN_IF_ERROR(CallOnce("Heartbeat", &v1::Coordinator::Stub::Heartbeat,
+                           request, &response));
   return response;
 }
 
 absl::Status CoordinatorClient::LeaveOnce(const std::string& member_id) {
-  grpc::ClientContext context;
-  SetDeadline(absl::Now() + options_.call_timeout, &context);
   v1::LeaveRequest request;
   request.set_member_id(member_id);
   v1::LeaveResponse response;
-  grpc::Status s = stub_->Leave(&context, request, &response);
-  if (!s.ok()) return ToStatus("Leave", s);
-  return absl::OkStatus();
+  return CallOnce("Leave", &v1::Coordinator::Stub::Leave, request, &response);
+}
+
+template <typename Request, typename Response, typename Method>
+absl::Status CoordinatorClient::CallOnce(const char* rpc, Method method,
+                                         const Request& request,
+                                         Response* response) {
+  grpc::ClientContext context;
+  SetDeadline(absl::Now() + options_.call_timeout, &context);
+  return ToStatus(rpc, (stub_.get()->*method)(&context, request, response));
 }
 
 template <typename Request, typename Response, typename Method>

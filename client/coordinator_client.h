@@ -88,6 +88,10 @@ class CoordinatorClient {
   // UNAVAILABLE, or `give_up` passes.
   template <typename Attempt>
   grpc::Status Retry(absl::Time give_up, Attempt&& attempt);
+  // One attempt of a unary rpc, with call_timeout.
+  template <typename Request, typename Response, typename Method>
+  absl::Status CallOnce(const char* rpc, Method method, const Request& request,
+                        Response* response);
   // One unary rpc, each attempt with call_timeout, retried for retry_for.
   template <typename Request, typename Response, typename Method>
   absl::Status CallWithRetry(const char* rpc, Method method, const Request& request,

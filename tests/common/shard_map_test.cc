@@ -8,6 +8,7 @@
 #include "common/row_init.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/column_groups.h"
 
 namespace recps {
 namespace {
@@ -117,14 +118,7 @@ v1::ShardMap SplitMap(int servers, const std::vector<uint32_t>& bounds,
   std::vector<std::string> names;
   for (int s = 0; s < servers; ++s) names.push_back(absl::StrCat("h:", s));
   v1::ShardMap p = ShardMap::Uniform(5, 8, names).ToProto();
-  v1::TableRouting* t = p.add_tables();
-  t->set_table("t");
-  for (size_t g = 0; g + 1 < bounds.size(); ++g) {
-    v1::ColumnGroupRouting* cg = t->add_column_groups();
-    cg->set_column_begin(bounds[g]);
-    cg->set_column_end(bounds[g + 1]);
-    cg->set_owner(owners[g]);
-  }
+  testing::AddColumnGroups(&p, "t", bounds, owners);
   return p;
 }
 

@@ -51,29 +51,72 @@ absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> ClientFor(
       {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses), options);
 }
 
-TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
-  TempDir dir;
-  const std::string job = dir.WriteFile("job.textproto", kJob);
-  const std::string spec = dir.WriteFile("plan.textproto", kSpec);
+// A coordinator that plans from `spec`, and two shard servers that join it.
+struct PlannedCluster {
+  std::unique_ptr<LocalShard> coordinator;
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;  // of the shards
+};
+
+void StartPlannedCluster(const TempDir& dir, const std::string& job,
+                         const std::string& spec, PlannedCluster* cluster) {
   auto coordinator =
       LocalShard::Start(RECPS_COORDINATOR_BINARY,
                         {"--state_dir=" + dir.path() + "/state",
                          "--num_shards=2", "--num_slots=256", "--job=" + job,
                          "--plan_spec=" + spec, "--tick=20ms"});
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
-      (*coordinator)->address(), grpc::InsecureChannelCredentials()));
-
-  std::vector<std::unique_ptr<LocalShard>> shards;
-  std::vector<std::string> addresses;
+  cluster->coordinator = *std::move(coordinator);
   for (int i = 0; i < 2; ++i) {
     auto shard = LocalShard::Start(
-        RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1",
-                             "--coordinator=" + (*coordinator)->address()});
+        RECPS_SHARD_BINARY,
+        {"--job=" + job, "--num_slots=256", "--threads=1",
+         "--coordinator=" + cluster->coordinator->address()});
     ASSERT_TRUE(shard.ok()) << shard.status();
-    addresses.push_back((*shard)->address());
-    shards.push_back(*std::move(shard));
+    cluster->addresses.push_back((*shard)->address());
+    cluster->shards.push_back(*std::move(shard));
   }
+}
+
+std::unique_ptr<v1::ShardAdmin::Stub> AdminOf(const std::string& address) {
+  return v1::ShardAdmin::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+// Waits until every server installed the planned map (epoch 1) and, when
+// `table_routings` >= 0, its map routes that many tables.
+void WaitForPlannedMap(const std::vector<std::string>& addresses,
+                       int table_routings = -1) {
+  for (const std::string& address : addresses) {
+    auto admin = AdminOf(address);
+    ASSERT_TRUE(Eventually([&] {
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      v1::ShardMap map;
+      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
+                 .ok() &&
+             map.epoch() == 1 &&
+             (table_routings < 0 || map.tables_size() == table_routings);
+    })) << address;
+  }
+}
+
+void GetStats(const std::string& address, v1::StatsResponse* stats) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  ASSERT_TRUE(AdminOf(address)->Stats(&context, v1::StatsRequest(), stats).ok())
+      << address;
+}
+
+TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  const std::string spec = dir.WriteFile("plan.textproto", kSpec);
+  PlannedCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartPlannedCluster(dir, job, spec, &cluster));
+  const std::vector<std::string>& addresses = cluster.addresses;
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      cluster.coordinator->address(), grpc::InsecureChannelCredentials()));
 
   v1::GetPlanResponse plan;
   ASSERT_TRUE(Eventually([&] {
@@ -91,18 +134,7 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
   const std::string owner = plan.plan().servers(item->server());
 
   // Both shards installed the planned map.
-  for (const std::string& address : addresses) {
-    auto admin = v1::ShardAdmin::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    ASSERT_TRUE(Eventually([&] {
-      grpc::ClientContext context;
-      SetDeadline(&context);
-      v1::ShardMap map;
-      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
-                 .ok() &&
-             map.epoch() == 1 && map.tables_size() == 1;
-    })) << address;
-  }
+  ASSERT_NO_FATAL_FAILURE(WaitForPlannedMap(addresses, /*table_routings=*/1));
 
   auto c = ClientFor(addresses);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -114,12 +146,8 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
   ASSERT_TRUE(s.ok()) << s;
 
   for (const std::string& address : addresses) {
-    auto admin = v1::ShardAdmin::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    SetDeadline(&context);
     v1::StatsResponse stats;
-    ASSERT_TRUE(admin->Stats(&context, v1::StatsRequest(), &stats).ok());
+    ASSERT_NO_FATAL_FAILURE(GetStats(address, &stats));
     for (const v1::TableStats& t : stats.tables()) {
       if (t.name() == "item") {
         EXPECT_EQ(t.rows(), address == owner ? 1000 : 0) << address;
@@ -142,34 +170,10 @@ topology { servers { memory_bytes: 1073741824 } num_workers: 1 }
 hints { table: "user" expected_distinct_ids: 100000 pinned_type: ROW_WISE }
 hints { table: "item" column_groups: 2 }
 )");
-  auto coordinator =
-      LocalShard::Start(RECPS_COORDINATOR_BINARY,
-                        {"--state_dir=" + dir.path() + "/state",
-                         "--num_shards=2", "--num_slots=256", "--job=" + job,
-                         "--plan_spec=" + spec, "--tick=20ms"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  std::vector<std::unique_ptr<LocalShard>> shards;
-  std::vector<std::string> addresses;
-  for (int i = 0; i < 2; ++i) {
-    auto shard = LocalShard::Start(
-        RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1",
-                             "--coordinator=" + (*coordinator)->address()});
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    addresses.push_back((*shard)->address());
-    shards.push_back(*std::move(shard));
-  }
-  for (const std::string& address : addresses) {
-    auto admin = v1::ShardAdmin::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    ASSERT_TRUE(Eventually([&] {
-      grpc::ClientContext context;
-      SetDeadline(&context);
-      v1::ShardMap map;
-      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
-                 .ok() &&
-             map.epoch() == 1;
-    })) << address;
-  }
+  PlannedCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartPlannedCluster(dir, job, spec, &cluster));
+  const std::vector<std::string>& addresses = cluster.addresses;
+  ASSERT_NO_FATAL_FAILURE(WaitForPlannedMap(addresses));
 
   auto c = ClientFor(addresses);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -182,12 +186,8 @@ hints { table: "item" column_groups: 2 }
   // Each server holds one group of 4 columns, with every row.
   std::set<std::string> groups;
   for (const std::string& address : addresses) {
-    auto admin = v1::ShardAdmin::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    SetDeadline(&context);
     v1::StatsResponse stats;
-    ASSERT_TRUE(admin->Stats(&context, v1::StatsRequest(), &stats).ok());
+    ASSERT_NO_FATAL_FAILURE(GetStats(address, &stats));
     for (const v1::TableStats& t : stats.tables()) {
       if (t.name().rfind("item.cols", 0) == 0) {
         groups.insert(t.name());

@@ -13,6 +13,7 @@
 #include "kernels/embedding_optimizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/column_groups.h"
 
 namespace recps::server {
 namespace {
@@ -388,14 +389,7 @@ std::unique_ptr<ShardServer> MakeWideServer(const std::string& self,
 v1::ShardMap WideSplit(uint64_t epoch, std::vector<uint32_t> bounds,
                        std::vector<uint32_t> owners) {
   v1::ShardMap p = ShardMap::Uniform(epoch, kSlots, {kSelf, kOther}).ToProto();
-  v1::TableRouting* t = p.add_tables();
-  t->set_table("wide");
-  for (size_t g = 0; g + 1 < bounds.size(); ++g) {
-    v1::ColumnGroupRouting* cg = t->add_column_groups();
-    cg->set_column_begin(bounds[g]);
-    cg->set_column_end(bounds[g + 1]);
-    cg->set_owner(owners[g]);
-  }
+  testing::AddColumnGroups(&p, "wide", bounds, owners);
   return p;
 }
 
