@@ -11,8 +11,13 @@
 //                     [--op=lookup|push] [--ids=N]
 //                     [--max_ids_per_lookup_request=N]
 //                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
+//                     [--inflight=N]
 //   --id_space: rows created and drawn from (default 1M: 256 MiB, beyond
-//   the L3); --shard_flag: an extra recps-shard flag, repeatable.
+//   the L3); --shard_flag: an extra recps-shard flag, repeatable;
+//   --inflight: lookups in flight at once, each from its own caller thread
+//   (default 1: one call at a time; a trainer overlaps a step's lookup with
+//   the previous step's compute and push, and several workers share a
+//   server). Pushes always run one at a time, as one worker sends them.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -22,6 +27,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -32,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "client/embedding_client.h"
 #include "common/malloc_tuning.h"
 #include "tests/testing/local_shard.h"
@@ -119,16 +126,17 @@ struct Result {
   double p99_ms;
 };
 
-Result Summarise(std::vector<double> latencies, int64_t ids_per_call) {
+// Throughput of all calls over the case's wall time (the callers ran
+// together); latencies per call.
+Result Summarise(std::vector<double> latencies, int64_t ids_per_call,
+                 double wall_seconds) {
   std::sort(latencies.begin(), latencies.end());
-  double total = 0;
-  for (double l : latencies) total += l;
   const double calls = latencies.size();
   auto pct = [&](double p) {
     return latencies[std::min<size_t>(latencies.size() - 1,
                                       static_cast<size_t>(p * calls))] * 1e3;
   };
-  const double ids_per_s = ids_per_call * calls / total;
+  const double ids_per_s = ids_per_call * calls / wall_seconds;
   return {ids_per_s, ids_per_s * kDim * sizeof(float), pct(0.5), pct(0.99)};
 }
 
@@ -142,6 +150,8 @@ int Main(int argc, char** argv) {
   // Rows created up front and drawn from: 256 MiB by default, far beyond the
   // L3; a small space (say 80000) measures the wire path with rows in cache.
   int64_t id_space = int64_t{1} << 20;
+  // Lookups in flight at once, each from its own caller thread.
+  int inflight = 1;
   std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
                                           "--consistency=sync"};
   client::EmbeddingClientOptions options;
@@ -154,6 +164,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--seconds_per_case=", 0) == 0) seconds_per_case = std::stod(a.substr(19));
     if (a.rfind("--op=", 0) == 0) only_op = a.substr(5);
     if (a.rfind("--ids=", 0) == 0) only_ids = std::stoll(a.substr(6));
+    if (a.rfind("--inflight=", 0) == 0) inflight = std::stoi(a.substr(11));
     if (a.rfind("--id_space=", 0) == 0) id_space = std::stoll(a.substr(11));
     if (a.rfind("--shard_flag=", 0) == 0) shard_flags.push_back(a.substr(13));
   }
@@ -216,31 +227,55 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
     if (!only_op.empty() && only_op != op) continue;
     for (int64_t n : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
       if (only_ids > 0 && n != only_ids) continue;
-      std::vector<int64_t> ids(n);
-      std::vector<float> buf(n * kDim, 1e-4f);
       std::vector<double> latencies;
       const double tcp = anchor(size_t{256} << 20);
       const double server_cpu_start = ProcessCpuSeconds((*shard)->pid());
       const double client_cpu_start = SelfCpuSeconds();
       const double case_start = Now();
-      while (Now() - case_start < seconds_per_case || latencies.size() < 5) {
-        // Distinct random ids: a random window of the shuffled id space.
-        const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
-        std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
-        const double t0 = Now();
-        absl::Status s;
-        if (op[0] == 'l') {
-          client::LookupSpec spec{0, ids, buf.data()};
-          s = (*client)->Lookup(step, {&spec, 1});
-        } else {
-          client::PushSpec spec{0, ids, buf.data()};
-          s = (*client)->PushGradients(step++, {&spec, 1});
+      // `inflight` callers, each with its own ids and rows, one call at a
+      // time each; pushes take step numbers from one counter.
+      absl::Mutex mu;
+      absl::Status failed;
+      std::atomic<int64_t> next_step{step};
+      auto caller = [&](uint64_t seed) {
+        std::mt19937_64 rng(seed);
+        std::vector<int64_t> ids(n);
+        std::vector<float> buf(n * kDim, 1e-4f);
+        std::vector<double> mine;
+        while (Now() - case_start < seconds_per_case || mine.size() < 5) {
+          // Distinct random ids: a random window of the shuffled id space.
+          const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
+          std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
+          const double t0 = Now();
+          absl::Status s;
+          if (op[0] == 'l') {
+            client::LookupSpec spec{0, ids, buf.data()};
+            s = (*client)->Lookup(step, {&spec, 1});
+          } else {
+            client::PushSpec spec{0, ids, buf.data()};
+            s = (*client)->PushGradients(next_step++, {&spec, 1});
+          }
+          mine.push_back(Now() - t0);
+          if (!s.ok()) {
+            absl::MutexLock lock(&mu);
+            failed = s;
+            return;
+          }
         }
-        latencies.push_back(Now() - t0);
-        if (!s.ok()) {
-          std::fprintf(stderr, "%s: %s\n", op, s.ToString().c_str());
-          return 1;
-        }
+        absl::MutexLock lock(&mu);
+        latencies.insert(latencies.end(), mine.begin(), mine.end());
+      };
+      std::vector<std::thread> callers;
+      // A worker has one push in flight at a time (sync mode applies steps
+      // in order); lookups overlap (the trainer's prefetch, other workers).
+      const int num_callers = op[0] == 'l' ? inflight : 1;
+      for (int c = 0; c < num_callers; ++c) callers.emplace_back(caller, rng());
+      for (std::thread& t : callers) t.join();
+      const double wall = Now() - case_start;
+      step = next_step;
+      if (!failed.ok()) {
+        std::fprintf(stderr, "%s: %s\n", op, failed.ToString().c_str());
+        return 1;
       }
       // Per call; the client's includes copying the ids in this loop.
       const double calls = latencies.size();
@@ -248,7 +283,7 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
           (ProcessCpuSeconds((*shard)->pid()) - server_cpu_start) / calls * 1e3;
       const double client_cpu_ms =
           (SelfCpuSeconds() - client_cpu_start) / calls * 1e3;
-      const Result r = Summarise(latencies, n);
+      const Result r = Summarise(latencies, n, wall);
       std::printf(
           "%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %10.2f %10.2f\n", op,
           static_cast<long>(n), r.ids_per_second,
