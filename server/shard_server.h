@@ -3,8 +3,10 @@
 // against the table store. The gRPC services (shard_service.h) are thin
 // adapters over this class, which tests drive directly.
 //
-// Work runs on the server's own work queue; every method that takes a
-// `done` callback calls it exactly once, from some thread.
+// A lookup that may run at once runs on the calling thread (gRPC's callback
+// thread); pushes, and lookups a push releases, run on the server's work
+// queue. Every method that takes a `done` callback calls it exactly once,
+// from some thread (possibly before it returns).
 #ifndef RECPS_SERVER_SHARD_SERVER_H_
 #define RECPS_SERVER_SHARD_SERVER_H_
 
@@ -45,7 +47,7 @@ struct ShardServerOptions {
   // Most ids (summed over tables) one request may carry.
   int64_t max_ids_per_request = int64_t{1} << 22;
   ConsistencyOptions consistency;
-  // Threads that run lookups and pushes.
+  // Threads that run pushes and the lookups a step's apply releases.
   int work_threads = 0;  // 0: one per hardware thread
   // Builds a store for tables the server gains from a shard map: the column
   // groups it owns of a table split column-wise. Give it the options of the

@@ -10,7 +10,7 @@
 // A step that waits longer than step_timeout fails its waiting lookups with
 // DEADLINE_EXCEEDED naming the workers whose pushes are missing.
 //
-// Plain class, no gRPC: the service calls it from its work threads.
+// Plain class, no gRPC: the service calls it from its request threads.
 // Thread-safe.
 #ifndef RECPS_SERVER_STEP_CLOCK_H_
 #define RECPS_SERVER_STEP_CLOCK_H_
