@@ -3,15 +3,18 @@
 // Starts a real recps-shard process (standalone, sync, one worker), then
 // drives batched Lookups and PushGradients of 4k..64k unique ids of width 64
 // through the embedding client, and measures in the same run the bandwidth
-// of one TCP connection over loopback (the anchor), once for the run and
-// right before each case. Prints ids/s, payload GB/s, p50/p99 latency and
-// payload GB/s as a ratio to the case's raw TCP.
+// of one TCP connection over loopback (the anchor): once for the run, and
+// before each of a case's rounds. Prints ids/s, payload GB/s, p50/p99
+// latency, and payload GB/s as a ratio to raw TCP: the median over the
+// rounds of each round's ratio to its own anchor, and their range.
 //
 //   recps_shard_bench [--shard_binary=PATH] [--seconds_per_case=2]
-//                     [--op=lookup|push] [--ids=N]
+//                     [--rounds=5] [--op=lookup|push] [--ids=N]
 //                     [--max_ids_per_lookup_request=N]
 //                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
 //                     [--inflight=N]
+//   --rounds: a case's seconds are split into this many rounds, each right
+//   after its own anchor (the machine's speed drifts within seconds);
 //   --id_space: rows created and drawn from (default 1M: 256 MiB, beyond
 //   the L3); --shard_flag: an extra recps-shard flag, repeatable;
 //   --inflight: lookups in flight at once, each from its own caller thread
@@ -119,6 +122,12 @@ double RawTcpBandwidth(size_t total_bytes) {
   return total_bytes / seconds;
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
 struct Result {
   double ids_per_second;
   double payload_bytes_per_second;
@@ -152,6 +161,8 @@ int Main(int argc, char** argv) {
   int64_t id_space = int64_t{1} << 20;
   // Lookups in flight at once, each from its own caller thread.
   int inflight = 1;
+  // Each case is split into rounds, each paired with its own anchor.
+  int rounds = 5;
   std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
                                           "--consistency=sync"};
   client::EmbeddingClientOptions options;
@@ -165,8 +176,13 @@ int Main(int argc, char** argv) {
     if (a.rfind("--op=", 0) == 0) only_op = a.substr(5);
     if (a.rfind("--ids=", 0) == 0) only_ids = std::stoll(a.substr(6));
     if (a.rfind("--inflight=", 0) == 0) inflight = std::stoi(a.substr(11));
+    if (a.rfind("--rounds=", 0) == 0) rounds = std::stoi(a.substr(9));
     if (a.rfind("--id_space=", 0) == 0) id_space = std::stoll(a.substr(11));
     if (a.rfind("--shard_flag=", 0) == 0) shard_flags.push_back(a.substr(13));
+  }
+  if (inflight < 1 || rounds < 1) {
+    std::fprintf(stderr, "--inflight and --rounds must be at least 1\n");
+    return 2;
   }
   if (id_space <= 65536) {
     std::fprintf(stderr, "--id_space must exceed the largest batch, 65536\n");
@@ -204,10 +220,10 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
   }
 
   // The anchor, best of three (one transfer swings by 2x on a busy
-  // machine): once for the run, and again right before each case, which
-  // that case's ratio uses, so that both sides of a ratio see the machine
-  // in the same state (the anchor alone swung from 1.2 to 6.6 GB/s within an
-  // hour on the 2-core VM).
+  // machine): once for the run, and again before each round of each case,
+  // which that round's ratio uses, so that both sides of a ratio see the
+  // machine in the same state (the anchor alone swung from 1.2 to 6.6 GB/s
+  // within an hour on the 2-core VM).
   auto anchor = [](size_t bytes) {
     double best = 0;
     for (int run = 0; run < 3; ++run) best = std::max(best, RawTcpBandwidth(bytes));
@@ -215,11 +231,12 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
   };
   std::printf("raw TCP loopback (1 connection, best of 3): %.2f GB/s\n",
               anchor(size_t{512} << 20) / 1e9);
-  std::printf("max_ids_per_lookup_request: %d\n\n",
-              options.max_ids_per_lookup_request);
-  std::printf("%-7s %6s %12s %9s %8s %8s %7s %7s %10s %10s\n", "op", "ids",
-              "ids/s", "GB/s", "p50 ms", "p99 ms", "tcp", "x_tcp",
-              "srv cpu ms", "cli cpu ms");
+  std::printf("max_ids_per_lookup_request: %d, lookups in flight: %d, "
+              "rounds per case: %d\n\n",
+              options.max_ids_per_lookup_request, inflight, rounds);
+  std::printf("%-7s %6s %12s %9s %8s %8s %7s %7s %11s %10s %10s\n", "op",
+              "ids", "ids/s", "GB/s", "p50 ms", "p99 ms", "tcp", "x_tcp",
+              "x_tcp range", "srv cpu ms", "cli cpu ms");
 
   std::mt19937_64 rng(1);
   int64_t step = 0;  // pushes advance the step; lookups read at the next one
@@ -228,72 +245,87 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
     for (int64_t n : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
       if (only_ids > 0 && n != only_ids) continue;
       std::vector<double> latencies;
-      const double tcp = anchor(size_t{256} << 20);
-      const double server_cpu_start = ProcessCpuSeconds((*shard)->pid());
-      const double client_cpu_start = SelfCpuSeconds();
-      const double case_start = Now();
-      // `inflight` callers, each with its own ids and rows, one call at a
-      // time each; pushes take step numbers from one counter.
-      absl::Mutex mu;
-      absl::Status failed;
-      std::atomic<int64_t> next_step{step};
-      auto caller = [&](uint64_t seed) {
-        std::mt19937_64 rng(seed);
-        std::vector<int64_t> ids(n);
-        std::vector<float> buf(n * kDim, 1e-4f);
-        std::vector<double> mine;
-        while (Now() - case_start < seconds_per_case || mine.size() < 5) {
-          // Distinct random ids: a random window of the shuffled id space.
-          const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
-          std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
-          const double t0 = Now();
-          absl::Status s;
-          if (op[0] == 'l') {
-            client::LookupSpec spec{0, ids, buf.data()};
-            s = (*client)->Lookup(step, {&spec, 1});
-          } else {
-            client::PushSpec spec{0, ids, buf.data()};
-            s = (*client)->PushGradients(next_step++, {&spec, 1});
+      std::vector<double> anchors, ratios;
+      double case_seconds = 0;
+      double server_cpu = 0, client_cpu = 0;
+      for (int round = 0; round < rounds; ++round) {
+        const double tcp = anchor(size_t{128} << 20);
+        const double server_cpu_start = ProcessCpuSeconds((*shard)->pid());
+        const double client_cpu_start = SelfCpuSeconds();
+        const double round_start = Now();
+        const size_t calls_before = latencies.size();
+        // `inflight` callers, each with its own ids and rows, one call at a
+        // time each; pushes take step numbers from one counter.
+        absl::Mutex mu;
+        absl::Status failed;
+        std::atomic<int64_t> next_step{step};
+        auto caller = [&](uint64_t seed) {
+          std::mt19937_64 rng(seed);
+          std::vector<int64_t> ids(n);
+          std::vector<float> buf(n * kDim, 1e-4f);
+          std::vector<double> mine;
+          while (Now() - round_start < seconds_per_case / rounds ||
+                 mine.size() < 3) {
+            // Distinct random ids: a random window of the shuffled id space.
+            const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
+            std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
+            const double t0 = Now();
+            absl::Status s;
+            if (op[0] == 'l') {
+              client::LookupSpec spec{0, ids, buf.data()};
+              s = (*client)->Lookup(step, {&spec, 1});
+            } else {
+              client::PushSpec spec{0, ids, buf.data()};
+              s = (*client)->PushGradients(next_step++, {&spec, 1});
+            }
+            mine.push_back(Now() - t0);
+            if (!s.ok()) {
+              absl::MutexLock lock(&mu);
+              failed = s;
+              return;
+            }
           }
-          mine.push_back(Now() - t0);
-          if (!s.ok()) {
-            absl::MutexLock lock(&mu);
-            failed = s;
-            return;
-          }
+          absl::MutexLock lock(&mu);
+          latencies.insert(latencies.end(), mine.begin(), mine.end());
+        };
+        std::vector<std::thread> callers;
+        // A worker has one push in flight at a time (sync mode applies steps
+        // in order); lookups overlap (the trainer's prefetch, other workers).
+        const int num_callers = op[0] == 'l' ? inflight : 1;
+        for (int c = 0; c < num_callers; ++c) callers.emplace_back(caller, rng());
+        for (std::thread& t : callers) t.join();
+        const double wall = Now() - round_start;
+        step = next_step;
+        if (!failed.ok()) {
+          std::fprintf(stderr, "%s: %s\n", op, failed.ToString().c_str());
+          return 1;
         }
-        absl::MutexLock lock(&mu);
-        latencies.insert(latencies.end(), mine.begin(), mine.end());
-      };
-      std::vector<std::thread> callers;
-      // A worker has one push in flight at a time (sync mode applies steps
-      // in order); lookups overlap (the trainer's prefetch, other workers).
-      const int num_callers = op[0] == 'l' ? inflight : 1;
-      for (int c = 0; c < num_callers; ++c) callers.emplace_back(caller, rng());
-      for (std::thread& t : callers) t.join();
-      const double wall = Now() - case_start;
-      step = next_step;
-      if (!failed.ok()) {
-        std::fprintf(stderr, "%s: %s\n", op, failed.ToString().c_str());
-        return 1;
+        // The client's CPU includes copying the ids in the loop above.
+        server_cpu += ProcessCpuSeconds((*shard)->pid()) - server_cpu_start;
+        client_cpu += SelfCpuSeconds() - client_cpu_start;
+        case_seconds += wall;
+        const double round_bytes_per_s = static_cast<double>(
+            latencies.size() - calls_before) * n * kDim * sizeof(float) / wall;
+        anchors.push_back(tcp);
+        ratios.push_back(round_bytes_per_s / tcp);
       }
-      // Per call; the client's includes copying the ids in this loop.
       const double calls = latencies.size();
-      const double server_cpu_ms =
-          (ProcessCpuSeconds((*shard)->pid()) - server_cpu_start) / calls * 1e3;
-      const double client_cpu_ms =
-          (SelfCpuSeconds() - client_cpu_start) / calls * 1e3;
-      const Result r = Summarise(latencies, n, wall);
+      const Result r = Summarise(latencies, n, case_seconds);
       std::printf(
-          "%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %10.2f %10.2f\n", op,
-          static_cast<long>(n), r.ids_per_second,
-          r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms, tcp / 1e9,
-          r.payload_bytes_per_second / tcp, server_cpu_ms, client_cpu_ms);
+          "%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %5.2f-%5.2f %10.2f "
+          "%10.2f\n",
+          op, static_cast<long>(n), r.ids_per_second,
+          r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms,
+          Median(anchors) / 1e9, Median(ratios),
+          *std::min_element(ratios.begin(), ratios.end()),
+          *std::max_element(ratios.begin(), ratios.end()),
+          server_cpu / calls * 1e3, client_cpu / calls * 1e3);
     }
   }
-  std::printf("\n(payload = ids x %d floats; tcp: raw TCP GB/s measured just "
-              "before the case, best of 3; target: lookup >= 0.4 x raw TCP "
-              "for 16k ids and more)\n", kDim);
+  std::printf("\n(payload = ids x %d floats; each case runs in rounds, each "
+              "round right after its own raw TCP measurement (best of 3); "
+              "tcp: median of those, x_tcp: median of the rounds' ratios; "
+              "target: lookup >= 0.4 x raw TCP for 16k ids and more)\n", kDim);
   return 0;
 }
 
