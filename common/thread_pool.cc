@@ -42,6 +42,23 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
   }
   absl::MutexLock submit(&submit_mu_);
   Job job{fn, n, grain};
+  RunJob(job);
+}
+
+void ThreadPool::ParallelForOrInline(
+    int64_t n, int64_t grain, absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  grain = std::max<int64_t>(grain, 1);
+  if (workers_.empty() || grain >= n || !submit_mu_.TryLock()) {
+    fn(0, n);
+    return;
+  }
+  Job job{fn, n, grain};
+  RunJob(job);
+  submit_mu_.Unlock();
+}
+
+void ThreadPool::RunJob(Job& job) {
   {
     absl::MutexLock lock(&mu_);
     job_ = &job;
@@ -49,7 +66,8 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     ++generation_;
   }
   RunChunks(job);
-  // Wait until every worker has left the job: `job` lives on this stack.
+  // Wait until every worker has left the job: `job` lives on the caller's
+  // stack.
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](int* active) { return *active == 0; }, &active_));
@@ -89,6 +107,16 @@ void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain,
     return;
   }
   pool->ParallelFor(n, grain, fn);
+}
+
+void ParallelForOrInline(ThreadPool* pool, int64_t n, int64_t grain,
+                         absl::FunctionRef<void(int64_t, int64_t)> fn) {
+  if (n <= 0) return;
+  if (pool == nullptr) {
+    fn(0, n);
+    return;
+  }
+  pool->ParallelForOrInline(n, grain, fn);
 }
 
 }  // namespace recps

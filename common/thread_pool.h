@@ -36,6 +36,12 @@ class ThreadPool {
   void ParallelFor(int64_t n, int64_t grain,
                    absl::FunctionRef<void(int64_t, int64_t)> fn);
 
+  // Like ParallelFor, but when another call holds the pool, runs fn(0, n)
+  // on the calling thread instead of waiting for it: for callers that must
+  // not wait on other requests' work (a gRPC callback thread).
+  void ParallelForOrInline(int64_t n, int64_t grain,
+                           absl::FunctionRef<void(int64_t, int64_t)> fn);
+
   // One thread per hardware thread (at least 1).
   static int HardwareThreads();
 
@@ -48,6 +54,8 @@ class ThreadPool {
   };
 
   void WorkerLoop();
+  // Runs `job` on this thread and the workers. REQUIRES: submit_mu_ held.
+  void RunJob(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
   static void RunChunks(Job& job);
 
   absl::Mutex submit_mu_;  // serialises ParallelFor callers
@@ -63,6 +71,9 @@ class ThreadPool {
 // nullptr or the work is a single chunk.
 void ParallelFor(ThreadPool* pool, int64_t n, int64_t grain,
                  absl::FunctionRef<void(int64_t, int64_t)> fn);
+// The same with ThreadPool::ParallelForOrInline.
+void ParallelForOrInline(ThreadPool* pool, int64_t n, int64_t grain,
+                         absl::FunctionRef<void(int64_t, int64_t)> fn);
 
 }  // namespace recps
 

@@ -426,9 +426,14 @@ class HostEmbeddingStore final : public EmbeddingStore {
     MissingRows missing;
     ThreadPool* pool = n >= kParallelMinIds ? options_.pool : nullptr;
     const int64_t parts = pool == nullptr ? 1 : pool->num_threads();
-    ParallelFor(pool, n, (n + parts - 1) / parts, [&](int64_t lo, int64_t hi) {
-      CopyExistingRows(*t, ids, lo, hi, slots.data(), out, missing);
-    });
+    // The server calls Lookup on gRPC's threads: when a push or another
+    // lookup holds the pool, this one runs on its own thread rather than
+    // waiting for that request's work.
+    ParallelForOrInline(pool, n, (n + parts - 1) / parts,
+                        [&](int64_t lo, int64_t hi) {
+                          CopyExistingRows(*t, ids, lo, hi, slots.data(), out,
+                                           missing);
+                        });
     if (!missing.empty()) {
       RETURN_IF_ERROR(CreateMissingRows(*t, ids, std::move(slots),
                                         missing.Sorted(), out));

@@ -2,8 +2,10 @@
 
 #include <atomic>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace recps {
@@ -53,6 +55,39 @@ TEST(ThreadPool, ConcurrentCallersEachFinishTheirOwnWork) {
   }
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(total.load(), 4 * 50 * 1000);
+}
+
+TEST(ThreadPool, OrInlineRunsOnTheCallerWhileThePoolIsBusy) {
+  ThreadPool pool(2);
+  absl::Notification busy, release;
+  std::thread holder([&] {
+    pool.ParallelFor(2, 1, [&](int64_t lo, int64_t) {
+      if (lo == 0) {
+        busy.Notify();
+        release.WaitForNotification();
+      }
+    });
+  });
+  busy.WaitForNotification();
+  // The pool is held: the whole range runs here, at once, in one chunk.
+  const std::thread::id me = std::this_thread::get_id();
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  pool.ParallelForOrInline(100, 10, [&](int64_t lo, int64_t hi) {
+    EXPECT_EQ(std::this_thread::get_id(), me);
+    chunks.emplace_back(lo, hi);
+  });
+  EXPECT_EQ(chunks, (std::vector<std::pair<int64_t, int64_t>>{{0, 100}}));
+  release.Notify();
+  holder.join();
+  // Free again: split into grains over the pool.
+  std::atomic<int> calls{0};
+  std::atomic<int64_t> covered{0};
+  pool.ParallelForOrInline(100, 10, [&](int64_t lo, int64_t hi) {
+    calls.fetch_add(1);
+    covered.fetch_add(hi - lo);
+  });
+  EXPECT_EQ(calls.load(), 10);
+  EXPECT_EQ(covered.load(), 100);
 }
 
 TEST(ThreadPool, NullPoolRunsInline) {
