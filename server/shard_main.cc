@@ -75,7 +75,9 @@ ABSL_FLAG(int64_t, max_rows_per_table, int64_t{1} << 26,
 ABSL_FLAG(int64_t, max_ids_per_request, int64_t{1} << 22,
           "most ids one Lookup or PushGradients may carry");
 ABSL_FLAG(int, max_message_mb, 1024, "largest request accepted, in MiB");
-ABSL_FLAG(int, threads, 0, "threads for pushes and for lookups released by a step (0: one per core)");
+ABSL_FLAG(int, threads, 0,
+          "threads for pushes and for lookups released by a step (0: one per "
+          "core)");
 ABSL_FLAG(int, store_threads, 0,
           "threads one large store call (lookup or update of 4096+ ids) is "
           "split over (0: one per core; 1: the request's own thread)");

@@ -15,6 +15,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/column_groups.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -166,19 +167,8 @@ std::vector<float> ReadAll(EmbeddingClient& client, int world, int steps) {
 ShardMap ColumnSplit(const ShardMap& map, uint64_t epoch) {
   v1::ShardMap p = map.ToProto();
   p.set_epoch(epoch);
-  auto split = [&](const char* table, std::vector<uint32_t> bounds,
-                   std::vector<uint32_t> owners) {
-    v1::TableRouting* t = p.add_tables();
-    t->set_table(table);
-    for (size_t g = 0; g + 1 < bounds.size(); ++g) {
-      v1::ColumnGroupRouting* cg = t->add_column_groups();
-      cg->set_column_begin(bounds[g]);
-      cg->set_column_end(bounds[g + 1]);
-      cg->set_owner(owners[g]);
-    }
-  };
-  split("user", {0, 3, 5, 8}, {2, 0, 1});
-  split("item", {0, 4, 8}, {1, 2});
+  testing::AddColumnGroups(&p, "user", {0, 3, 5, 8}, {2, 0, 1});
+  testing::AddColumnGroups(&p, "item", {0, 4, 8}, {1, 2});
   absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
   EXPECT_TRUE(m.ok()) << m.status();
   return *m;
