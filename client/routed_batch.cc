@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
@@ -306,18 +307,20 @@ absl::Status Malformed(const char* what) {
 
 absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
                                         v1::RowEncoding encoding,
-                                        grpc::ByteBuffer* response) {
+                                        grpc::ByteBuffer* response) const {
   grpc::ProtoBufferReader reader(response);
   if (!reader.status().ok()) return Malformed("unreadable buffer");
   google::protobuf::io::CodedInputStream in(&reader);
   const size_t width = BytesPerElement(encoding);
 
-  // The part's tables, in request order.
-  shares_.clear();
+  // Scratch of this call only: parts are consumed concurrently.
+  absl::InlinedVector<TableShare, 4> shares;  // the part's tables, in order
+  std::string name_scratch;                   // a response's table name
+  std::vector<char> row_scratch;  // a row to decode (fp16 / bf16)
   ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
-    shares_.push_back({p, first, n});
+    shares.push_back({p, first, n});
   });
-  const int expected = static_cast<int>(shares_.size());
+  const int expected = static_cast<int>(shares.size());
 
   int j = 0;  // response table, in request order
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
@@ -329,15 +332,15 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
       return absl::InternalError(absl::StrCat(
           "response has more tables than the request's ", expected));
     }
-    const TablePlan& plan = plans[shares_[j].plan];
+    const TablePlan& plan = plans[shares[j].plan];
     const TablePlan& data = plans[plan.data];  // where its rows go
-    const int32_t n = shares_[j].n;
-    const int32_t* routed = plan.routed.data() + shares_[j].first;
+    const int32_t n = shares[j].n;
+    const int32_t* routed = plan.routed.data() + shares[j].first;
     ++j;
     uint32_t length;
     if (!in.ReadVarint32(&length)) return Malformed("bad table length");
     const auto limit = in.PushLimit(static_cast<int>(length));
-    name_scratch_.clear();
+    name_scratch.clear();
     int32_t dim = 0;  // proto3 defaults
     bool have_name = false;
     bool have_dim = false;
@@ -345,12 +348,12 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
     const size_t row_bytes = static_cast<size_t>(plan.dim) * width;
     auto wrong_table = [&] {
       return absl::InternalError(absl::StrCat(
-          "response table ", j - 1, " is '", name_scratch_, "' of dim ", dim,
+          "response table ", j - 1, " is '", name_scratch, "' of dim ", dim,
           ", expected '", *plan.name, "' of dim ", plan.dim));
     };
     for (uint32_t t = in.ReadTag(); t != 0; t = in.ReadTag()) {
       if (t == kTableTag) {
-        if (!WireFormatLite::ReadString(&in, &name_scratch_)) {
+        if (!WireFormatLite::ReadString(&in, &name_scratch)) {
           return Malformed("bad table name");
         }
         have_name = true;
@@ -362,7 +365,7 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
       } else if (t == kRowsTag) {
         // Name and dim come first from a real server (fields in number
         // order): refuse a wrong table before writing any of its rows.
-        if ((have_name && name_scratch_ != *plan.name) ||
+        if ((have_name && name_scratch != *plan.name) ||
             (have_dim && dim != plan.dim)) {
           return wrong_table();
         }
@@ -374,7 +377,7 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
               "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ",
               n, " ids of ", row_bytes, " bytes"));
         }
-        if (width != sizeof(float)) row_scratch_.resize(row_bytes);
+        if (width != sizeof(float)) row_scratch.resize(row_bytes);
         int32_t k = 0;
         while (k < n) {
           // float32 rows are copied straight from gRPC's slice, in runs:
@@ -423,10 +426,10 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
               return Malformed("truncated rows");
             }
           } else {
-            if (!in.ReadRaw(row_scratch_.data(), static_cast<int>(row_bytes))) {
+            if (!in.ReadRaw(row_scratch.data(), static_cast<int>(row_bytes))) {
               return Malformed("truncated rows");
             }
-            DecodeRow(row_scratch_.data(), plan.dim, encoding, first);
+            DecodeRow(row_scratch.data(), plan.dim, encoding, first);
           }
           for (int32_t d = data.dst_begin[u] + 1; d < data.dst_begin[u + 1];
                ++d) {
@@ -440,7 +443,7 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
     }
     if (!in.ConsumedEntireMessage()) return Malformed("bad table");
     in.PopLimit(limit);
-    if (name_scratch_ != *plan.name || dim != plan.dim) return wrong_table();
+    if (name_scratch != *plan.name || dim != plan.dim) return wrong_table();
     if (rows_bytes != row_bytes * n) {  // no rows field at all
       return absl::InternalError(absl::StrCat(
           "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ", n,

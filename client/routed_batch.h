@@ -103,10 +103,12 @@ struct RoutedBatch {
   // LookupResponse, parsed here so that rows go from gRPC's buffers straight
   // to the caller's) to the caller's buffers. INTERNAL when the response is
   // malformed or does not match the request; the caller's rows may then be
-  // partly written.
+  // partly written. Parts write disjoint bytes of the callers' buffers, so
+  // the client consumes each response on the gRPC thread that received it,
+  // several at once; Requeue may run meanwhile (it touches other fields).
   absl::Status ConsumeLookup(int server, int32_t begin, int32_t end,
                              v1::RowEncoding encoding,
-                             grpc::ByteBuffer* response);
+                             grpc::ByteBuffer* response) const;
 
   std::vector<TablePlan> plans;  // only the first num_plans are in use
   int num_plans = 0;
@@ -135,9 +137,6 @@ struct RoutedBatch {
 
   std::vector<int64_t> spec_pos_;  // per plan: next position while scattering
   std::vector<float> gather_;      // push: one server's rows of one plan
-  std::vector<char> row_scratch_;  // lookup: a row split across gRPC slices
-  std::string name_scratch_;       // lookup: a response's table name
-  std::vector<TableShare> shares_;  // lookup: the tables of one response
 };
 
 }  // namespace recps::client::internal

@@ -69,7 +69,7 @@ class StubCache {
 
 // Collects the completions of a round of `n` callback calls, so the calling
 // thread handles them one by one as they arrive while the rest are in
-// flight. gRPC's threads only record the status.
+// flight. The callback records the status and queues the call.
 class DoneQueue {
  public:
   explicit DoneQueue(int n) : n_(n) {}

@@ -2,8 +2,10 @@
 // buffers (RoutedBatch::ConsumeLookup).
 #include "client/routed_batch.h"
 
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/wire_format.h"
@@ -217,6 +219,40 @@ TEST_F(ConsumeLookupTest, MismatchesAndMalformedBytesAreInternal) {
   std::string whole = Response({user, item});
   expect_internal(Consume(0, 5, whole.substr(0, whole.size() - 9)),
                   "malformed");
+}
+
+// The client consumes each response on the gRPC thread that received it,
+// several at once: two parts of one batch, consumed concurrently (mixed
+// encodings, so that each needs its own scratch), write only their own rows.
+TEST_F(ConsumeLookupTest, PartsConsumedConcurrently) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  const auto f16 = v1::ROW_ENCODING_FLOAT16;
+  const std::string users =
+      Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f16))});
+  const std::string items =
+      Response({TableRows("item", 4, Rows("item", 4, {20, 21}, f32))});
+  for (int round = 0; round < 200; ++round) {
+    std::fill(out_u_.begin(), out_u_.end(), -1.0f);
+    std::fill(out_i_.begin(), out_i_.end(), -1.0f);
+    absl::Status user_status;
+    absl::Status item_status;
+    std::atomic<int> ready{0};
+    auto consume = [&](int32_t begin, int32_t end, const std::string& wire,
+                       v1::RowEncoding encoding, absl::Status* status) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      *status = Consume(begin, end, wire, encoding, /*slice=*/5);
+    };
+    std::thread user_thread(consume, 0, 3, std::cref(users), f16, &user_status);
+    std::thread item_thread(consume, 3, 5, std::cref(items), f32, &item_status);
+    user_thread.join();
+    item_thread.join();
+    ASSERT_TRUE(user_status.ok()) << user_status;
+    ASSERT_TRUE(item_status.ok()) << item_status;
+    ExpectFakeRows("user", users_, out_u_, 8, 1.0f / 2048);
+    ExpectFakeRows("item", items_, out_i_, 4);
+  }
 }
 
 }  // namespace
