@@ -121,7 +121,9 @@ class EmbeddingClient {
   const std::vector<TableSchema>& tables() const { return tables_; }
 
   // Fills every spec's `out`. Specs may name the same table; each distinct
-  // (table, id) is fetched once. On error, `out` may be partly written; the
+  // (table, id) is fetched once. gRPC's threads write each server's rows
+  // into `out` as its response arrives; every write is done when Lookup
+  // returns, whatever it returns. On error, `out` may be partly written; the
   // message names the server that failed. INVALID_ARGUMENT for a bad spec
   // (nothing sent), UNAVAILABLE / ABORTED once retries are used up,
   // otherwise the server's own code.
