@@ -104,6 +104,9 @@ struct PushSpec {
 
 // Thread-safe: Lookup and PushGradients may run concurrently (for example a
 // lookup of step t+1 while step t's push is in flight).
+// A process that moves megabytes per call should call TuneDataPlaneProcess()
+// (common/malloc_tuning.h) first; without it, a run may get every response's
+// receive buffers freshly mapped, at 2-3 times the client's CPU per call.
 class EmbeddingClient {
  public:
   // Checks the schemas (distinct non-empty names, dim > 0) and options, and
