@@ -42,7 +42,7 @@ for job in $JOBS; do
         out="$work/$job-$workers-$shards-$mode"
         failed=0
         for run in $(seq "$REPEAT"); do
-          if ! "$BUILD_DIR/client/recps" local --job="examples/$job.textproto" \
+          if ! "$BUILD_DIR/bin/recps" local --job="examples/$job.textproto" \
               --workers="$workers" --shards="$shards" --consistency="$mode" --staleness=1 \
               --steps="$steps" --result_dir="$out/run$run" --work_dir="$out/work$run" \
               >"$out.log" 2>&1; then

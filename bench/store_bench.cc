@@ -19,7 +19,7 @@
 
 #include "common/aligned_buffer.h"
 #include "common/thread_pool.h"
-#include "server/embedding_store.h"
+#include "server/shard/embedding_store.h"
 
 namespace recps {
 namespace {
@@ -58,7 +58,7 @@ int Main(int argc, char** argv) {
     if (a.rfind("--rows=", 0) == 0) rows = std::stoll(a.substr(7));
   }
   ThreadPool pool;
-  server::TableSpec spec;
+  config::TableSpec spec;
   spec.name = "t";
   spec.dim = kDim;
   spec.optimizer.kind = kernels::OptimizerKind::kSgd;

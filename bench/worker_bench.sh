@@ -15,11 +15,11 @@ printf '%-14s %6s %8s %11s | %8s %8s %8s %8s %8s %8s  (ms/step)\n' \
 for job in small criteo; do
   config=examples/$job.textproto
   rm -f "$work/ports"
-  "$BUILD_DIR/server/recps-shard" --job="$config" --standalone --world_size=1 \
+  "$BUILD_DIR/bin/recps-shard" --job="$config" --standalone --world_size=1 \
     --port_file="$work/ports" 2>/dev/null &
   for _ in $(seq 100); do [[ -s $work/ports ]] && break; sleep 0.1; done
   port=$(cut -d' ' -f1 "$work/ports")
-  "$BUILD_DIR/worker/recps-worker" --config="$config" --shards="127.0.0.1:$port" \
+  "$BUILD_DIR/bin/recps-worker" --config="$config" --shards="127.0.0.1:$port" \
     --steps="$STEPS" --result_json="$work/$job.json" 2>/dev/null
   kill -TERM %1; wait %1 || true
   /usr/bin/python3 - "$work/$job.json" "$job" "$config" <<'PY'

@@ -8,25 +8,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/rpc/channels.h"
+#include "common/rpc/retry.h"
+#include "common/rpc/status_conversion.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace recps::client {
 namespace {
-
-// Reconnect quickly once a restarted coordinator listens again (gRPC's
-// default backoff grows to two minutes).
-std::shared_ptr<grpc::Channel> MakeCoordinatorChannel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-
-void SetDeadline(absl::Time deadline, grpc::ClientContext* context) {
-  context->set_deadline(absl::ToChronoTime(deadline));
-}
 
 int64_t Millis(absl::Duration d) {
   return std::max<int64_t>(0, absl::ToInt64Milliseconds(d));
@@ -38,27 +27,10 @@ CoordinatorClient::CoordinatorClient(std::string address,
                                      CoordinatorClientOptions options)
     : address_(std::move(address)),
       options_(options),
-      stub_(v1::Coordinator::NewStub(MakeCoordinatorChannel(address_))) {}
+      stub_(v1::Coordinator::NewStub(rpc::MakeChannel(address_, rpc::ChannelKind::kControl))) {}
 
-template <typename Attempt>
-grpc::Status CoordinatorClient::Retry(absl::Time give_up, Attempt&& attempt) {
-  absl::Duration backoff = absl::Milliseconds(50);
-  for (;;) {
-    grpc::Status s = attempt();
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() >= give_up) {
-      return s;
-    }
-    absl::SleepFor(std::min(backoff, std::max(absl::ZeroDuration(),
-                                              give_up - absl::Now())));
-    backoff = std::min(backoff * 2, absl::Seconds(1));
-  }
-}
-
-absl::Status CoordinatorClient::ToStatus(const char* rpc, const grpc::Status& s) const {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat("coordinator ", address_, ": ", rpc, ": ",
-                                   s.error_message()));
+absl::Status CoordinatorClient::ToStatus(const char* rpc_name, const grpc::Status& s) const {
+  return rpc::FromGrpcStatus(s, absl::StrCat("coordinator ", address_), rpc_name);
 }
 
 absl::StatusOr<v1::RegisterResponse> CoordinatorClient::Register(
@@ -95,21 +67,21 @@ absl::Status CoordinatorClient::LeaveOnce(const std::string& member_id) {
 }
 
 template <typename Request, typename Response, typename Method>
-absl::Status CoordinatorClient::CallOnce(const char* rpc, Method method,
+absl::Status CoordinatorClient::CallOnce(const char* rpc_name, Method method,
                                          const Request& request,
                                          Response* response) {
   grpc::ClientContext context;
-  SetDeadline(absl::Now() + options_.call_timeout, &context);
-  return ToStatus(rpc, (stub_.get()->*method)(&context, request, response));
+  rpc::SetDeadline(absl::Now() + options_.call_timeout, &context);
+  return ToStatus(rpc_name, (stub_.get()->*method)(&context, request, response));
 }
 
 template <typename Request, typename Response, typename Method>
-absl::Status CoordinatorClient::CallWithRetry(const char* rpc, Method method,
+absl::Status CoordinatorClient::CallWithRetry(const char* rpc_name, Method method,
                                               const Request& request,
                                               Response* response) {
-  return ToStatus(rpc, Retry(absl::Now() + options_.retry_for, [&] {
+  return ToStatus(rpc_name, rpc::RetryUnavailable(absl::Now() + options_.retry_for, rpc::BackoffPolicy(), [&] {
                     grpc::ClientContext context;
-                    SetDeadline(absl::Now() + options_.call_timeout, &context);
+                    rpc::SetDeadline(absl::Now() + options_.call_timeout, &context);
                     return (stub_.get()->*method)(&context, request, response);
                   }));
 }
@@ -164,11 +136,11 @@ absl::StatusOr<std::string> CoordinatorClient::KvGet(const std::string& key,
   v1::KvGetRequest request;
   request.set_key(key);
   v1::KvGetResponse response;
-  grpc::Status s = Retry(start + std::max(wait, options_.retry_for), [&] {
+  grpc::Status s = rpc::RetryUnavailable(start + std::max(wait, options_.retry_for), rpc::BackoffPolicy(), [&] {
     const absl::Duration left = std::max(absl::ZeroDuration(), wait_end - absl::Now());
     request.set_wait_ms(Millis(left));
     grpc::ClientContext context;
-    SetDeadline(absl::Now() + left + options_.call_timeout, &context);
+    rpc::SetDeadline(absl::Now() + left + options_.call_timeout, &context);
     return stub_->KvGet(&context, request, &response);
   });
   if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
@@ -187,13 +159,13 @@ absl::Status CoordinatorClient::KvWait(const std::vector<std::string>& keys,
   v1::KvWaitRequest request;
   for (const std::string& key : keys) request.add_keys(key);
   v1::KvWaitResponse response;
-  grpc::Status s = Retry(start + std::max(timeout, options_.retry_for), [&] {
+  grpc::Status s = rpc::RetryUnavailable(start + std::max(timeout, options_.retry_for), rpc::BackoffPolicy(), [&] {
     // At least 1 ms: 0 would mean the server's default wait.
     const absl::Duration left =
         std::max(absl::Milliseconds(1), wait_end - absl::Now());
     request.set_timeout_ms(Millis(left));
     grpc::ClientContext context;
-    SetDeadline(absl::Now() + left + options_.call_timeout, &context);
+    rpc::SetDeadline(absl::Now() + left + options_.call_timeout, &context);
     return stub_->KvWait(&context, request, &response);
   });
   return ToStatus("KvWait", s);
@@ -208,12 +180,12 @@ absl::Status CoordinatorClient::Barrier(const std::string& name, int count, int 
   request.set_count(count);
   request.set_rank(rank);
   v1::BarrierResponse response;
-  grpc::Status s = Retry(start + std::max(timeout, options_.retry_for), [&] {
+  grpc::Status s = rpc::RetryUnavailable(start + std::max(timeout, options_.retry_for), rpc::BackoffPolicy(), [&] {
     const absl::Duration left =
         std::max(absl::Milliseconds(1), wait_end - absl::Now());
     request.set_timeout_ms(Millis(left));
     grpc::ClientContext context;
-    SetDeadline(absl::Now() + left + options_.call_timeout, &context);
+    rpc::SetDeadline(absl::Now() + left + options_.call_timeout, &context);
     return stub_->Barrier(&context, request, &response);
   });
   return ToStatus("Barrier", s);
@@ -221,7 +193,7 @@ absl::Status CoordinatorClient::Barrier(const std::string& name, int count, int 
 
 std::string CoordinatorClient::DescribeSilentWorkers(absl::Time since) {
   grpc::ClientContext context;
-  SetDeadline(absl::Now() + absl::Seconds(2), &context);
+  rpc::SetDeadline(absl::Now() + absl::Seconds(2), &context);
   v1::ListMembersResponse members;
   if (!stub_->ListMembers(&context, v1::ListMembersRequest(), &members).ok()) return "";
   const int64_t now_ms = absl::ToUnixMillis(absl::Now());
@@ -351,7 +323,7 @@ uint64_t ShardMapWatcher::epoch() const {
 }
 
 void ShardMapWatcher::Loop() {
-  absl::Duration backoff = absl::Milliseconds(100);
+  rpc::Backoff backoff({absl::Milliseconds(100), absl::Seconds(5), 0.2});
   bool warned = false;
   for (;;) {
     grpc::ClientContext context;
@@ -387,15 +359,14 @@ void ShardMapWatcher::Loop() {
     // The stream ended: the coordinator stopped or restarted. Re-open it
     // (the next one starts after the newest epoch seen).
     if (got_map) {
-      backoff = absl::Milliseconds(100);
+      backoff.Reset();
       warned = false;
     }
     if (!warned) {  // once per outage
       LogWarning("shard map watch ended (", s.ToString(), "); re-opening it");
       warned = true;
     }
-    if (stop_.WaitForNotificationWithTimeout(backoff)) return;
-    backoff = std::min(backoff * 2, absl::Seconds(5));
+    if (stop_.WaitForNotificationWithTimeout(backoff.Next())) return;
   }
 }
 

@@ -84,19 +84,15 @@ class CoordinatorClient {
   std::string DescribeSilentWorkers(absl::Time since);
 
  private:
-  // Runs `attempt(deadline_of_this_attempt)` until it returns anything but
-  // UNAVAILABLE, or `give_up` passes.
-  template <typename Attempt>
-  grpc::Status Retry(absl::Time give_up, Attempt&& attempt);
   // One attempt of a unary rpc, with call_timeout.
   template <typename Request, typename Response, typename Method>
-  absl::Status CallOnce(const char* rpc, Method method, const Request& request,
+  absl::Status CallOnce(const char* rpc_name, Method method, const Request& request,
                         Response* response);
   // One unary rpc, each attempt with call_timeout, retried for retry_for.
   template <typename Request, typename Response, typename Method>
-  absl::Status CallWithRetry(const char* rpc, Method method, const Request& request,
+  absl::Status CallWithRetry(const char* rpc_name, Method method, const Request& request,
                              Response* response);
-  absl::Status ToStatus(const char* rpc, const grpc::Status& s) const;
+  absl::Status ToStatus(const char* rpc_name, const grpc::Status& s) const;
 
   const std::string address_;
   const CoordinatorClientOptions options_;

@@ -7,9 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "client/routed_batch.h"
 #include "client/shard_fanout.h"
+#include "common/rpc/retry.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
-#include "common/wire_format.h"
+#include "common/wire/wire_format.h"
 
 namespace recps::client {
 namespace {
@@ -174,12 +175,11 @@ absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
   }
   // Servers may still be starting: retry UNAVAILABLE like a data call.
   absl::StatusOr<ShardMap> map = source->Fetch();
-  absl::Duration backoff = options.initial_backoff;
+  rpc::Backoff backoff({options.initial_backoff, options.max_backoff, 0.2});
   for (int attempt = 1; !map.ok() && absl::IsUnavailable(map.status()) &&
                         attempt < options.max_attempts;
        ++attempt) {
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, options.max_backoff);
+    absl::SleepFor(backoff.Next());
     map = source->Fetch();
   }
   if (!map.ok()) {
@@ -200,7 +200,7 @@ EmbeddingClient::EmbeddingClient(std::vector<TableSchema> tables,
       options_(std::move(options)),
       source_(std::move(source)),
       map_(std::make_shared<const ShardMap>(std::move(map))),
-      stubs_(std::make_unique<internal::StubCache>(options_.credentials)) {
+      stubs_(std::make_unique<internal::StubCache>(options_.security)) {
   for (size_t i = 0; i < tables_.size(); ++i) {
     table_index_[tables_[i].name] = static_cast<int>(i);
     table_keys_.push_back(StableNameKey(tables_[i].name));
@@ -377,7 +377,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     internal::DoneQueue done(static_cast<int>(calls.size()));
     for (size_t i = 0; i < calls.size(); ++i) {
       Call& c = *calls[i];
-      internal::SetDeadline(options_.rpc_timeout, &c.ctx);
+      rpc::SetTimeout(options_.rpc_timeout, &c.ctx);
       // An OK response is consumed (rows copied out) on the gRPC thread that
       // received it, while its bytes are still in that core's cache and
       // while other responses are in flight, not after a hop to this

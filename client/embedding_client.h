@@ -23,8 +23,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/shard_map.h"
-#include "grpcpp/security/credentials.h"
+#include "common/wire/shard_map.h"
+#include "common/rpc/channels.h"
 #include "recps/v1/shard.pb.h"
 
 namespace recps::client {
@@ -55,8 +55,8 @@ struct EmbeddingClientOptions {
   // +-20% jitter so that many workers do not retry in lockstep).
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(2);
-  // Channel credentials for every server; null means insecure.
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // How channels to the servers authenticate (common/rpc/channels.h).
+  rpc::TransportSecurity security;
   // Most ids (over all tables) in one Lookup request. A server's part of a
   // larger lookup is split into that many near-equal chunks, all sent at
   // once, so the server looks up one chunk while the previous one is on the
@@ -81,10 +81,10 @@ class ShardMapSource {
 
 // Asks every server in `servers` for its map (ShardAdmin.GetShardMap) and
 // returns the newest valid one; fails (UNAVAILABLE) only when none answers
-// with one. Null `creds` means insecure.
+// with one.
 std::unique_ptr<ShardMapSource> MakeServerShardMapSource(
     std::vector<std::string> servers,
-    std::shared_ptr<grpc::ChannelCredentials> creds = nullptr);
+    rpc::TransportSecurity security = rpc::TransportSecurity());
 
 // Rows of `ids` (which may repeat) of table index `table` go to `out`,
 // ids.size() x dim floats, row i for ids[i].

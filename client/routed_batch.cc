@@ -10,7 +10,7 @@
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "common/half.h"
-#include "common/wire_format.h"
+#include "common/wire/wire_format.h"
 
 namespace recps::client::internal {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "client/dedup.h"
 #include "client/embedding_client.h"
-#include "common/shard_map.h"
+#include "common/wire/shard_map.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "recps/v1/shard.pb.h"
 

@@ -23,11 +23,11 @@ constexpr absl::Duration kStragglerGrace = absl::Milliseconds(100);
 class ServerShardMapSource final : public ShardMapSource {
  public:
   ServerShardMapSource(std::vector<std::string> servers,
-                       const std::shared_ptr<grpc::ChannelCredentials>& creds)
+                       const rpc::TransportSecurity& security)
       : servers_(std::move(servers)) {
     for (const std::string& address : servers_) {
       stubs_.push_back(
-          v1::ShardAdmin::NewStub(internal::MakeChannel(address, creds)));
+          v1::ShardAdmin::NewStub(rpc::MakeChannel(address, rpc::ChannelKind::kControl, security)));
     }
   }
 
@@ -43,7 +43,7 @@ class ServerShardMapSource final : public ShardMapSource {
     std::vector<Call> calls(servers_.size());
     internal::DoneQueue done(static_cast<int>(calls.size()));
     for (size_t i = 0; i < calls.size(); ++i) {
-      internal::SetDeadline(kGetShardMapTimeout, &calls[i].ctx);
+      rpc::SetTimeout(kGetShardMapTimeout, &calls[i].ctx);
       stubs_[i]->async()->GetShardMap(
           &calls[i].ctx, &calls[i].request, &calls[i].response,
           done.Callback(static_cast<int>(i), &calls[i].status));
@@ -93,8 +93,8 @@ class ServerShardMapSource final : public ShardMapSource {
 
 std::unique_ptr<ShardMapSource> MakeServerShardMapSource(
     std::vector<std::string> servers,
-    std::shared_ptr<grpc::ChannelCredentials> creds) {
-  return std::make_unique<ServerShardMapSource>(std::move(servers), creds);
+    rpc::TransportSecurity security) {
+  return std::make_unique<ServerShardMapSource>(std::move(servers), security);
 }
 
 }  // namespace recps::client

@@ -7,50 +7,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/security/credentials.h"
+#include "common/rpc/status_conversion.h"
 #include "grpcpp/support/channel_arguments.h"
 
 namespace recps::client::internal {
 namespace {
 
-absl::Status ServerError(const std::string& address, const char* rpc,
+absl::Status ServerError(const std::string& address, const char* rpc_name,
                          const grpc::Status& status) {
-  // gRPC and absl share the canonical code numbers.
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat("shard server ", address, ": ", rpc, ": ",
-                                   status.error_message()));
+  return rpc::FromGrpcStatus(status, absl::StrCat("shard server ", address),
+                             rpc_name);
 }
 
 }  // namespace
 
-std::shared_ptr<grpc::Channel> MakeChannel(
-    const std::string& address,
-    const std::shared_ptr<grpc::ChannelCredentials>& creds) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  return grpc::CreateCustomChannel(
-      address, creds ? creds : grpc::InsecureChannelCredentials(), args);
-}
-
-void SetDeadline(absl::Duration timeout, grpc::ClientContext* ctx) {
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& ctx) {
-  const auto& trailers = ctx.GetServerTrailingMetadata();
-  const auto it = trailers.find(kShardMapEpochKey);
-  if (it == trailers.end()) return std::nullopt;
-  uint64_t epoch = 0;
-  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
-                        &epoch)) {
-    return std::nullopt;
-  }
-  return epoch;
-}
-
-StubCache::StubCache(std::shared_ptr<grpc::ChannelCredentials> creds)
-    : creds_(std::move(creds)) {}
+StubCache::StubCache(rpc::TransportSecurity security)
+    : security_(std::move(security)) {}
 
 const std::string& LookupMethodName() {
   static const std::string* const kName = new std::string(
@@ -62,7 +34,7 @@ const ServerStubs& StubCache::Get(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::unique_ptr<ServerStubs>& stubs = stubs_[address];
   if (stubs == nullptr) {
-    std::shared_ptr<grpc::Channel> channel = MakeChannel(address, creds_);
+    std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(address, rpc::ChannelKind::kData, security_);
     stubs = std::make_unique<ServerStubs>();
     stubs->shard = v1::EmbeddingShard::NewStub(channel);
     stubs->raw_lookup = std::make_unique<RawLookupStub>(std::move(channel));
@@ -96,7 +68,9 @@ int DoneQueue::Next(absl::Time deadline) {
 }
 
 RetryState::RetryState(const EmbeddingClientOptions& options, const char* rpc)
-    : options_(options), rpc_(rpc), backoff_(options.initial_backoff) {}
+    : options_(options),
+      rpc_(rpc),
+      backoff_({options.initial_backoff, options.max_backoff, 0.2}) {}
 
 void RetryState::Remember(const std::string& address,
                           const grpc::Status& status) {
@@ -115,7 +89,7 @@ CallVerdict RetryState::Judge(const std::string& address,
     return CallVerdict::kRetry;
   }
   if (status.error_code() == grpc::StatusCode::ABORTED) {
-    if (std::optional<uint64_t> epoch = ShardMapEpochOf(ctx)) {
+    if (std::optional<uint64_t> epoch = rpc::ShardMapEpochOf(ctx)) {
       // Our map is stale: refresh once for the round, then re-route.
       wanted_epoch_ = std::max(wanted_epoch_.value_or(0), *epoch);
       Remember(address, status);
@@ -159,8 +133,7 @@ absl::Status RetryState::BeforeNextRound(
   }
   if (want_backoff_) {
     want_backoff_ = false;
-    absl::SleepFor(backoff_ * absl::Uniform(rng_, 0.8, 1.2));
-    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+    absl::SleepFor(backoff_.Next());
   }
   return absl::OkStatus();
 }

@@ -18,7 +18,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/embedding_client.h"
-#include "common/wire_format.h"  // kShardMapEpochKey
+#include "common/rpc/channels.h"
+#include "common/rpc/retry.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -26,17 +27,6 @@
 #include "recps/v1/shard.grpc.pb.h"
 
 namespace recps::client::internal {
-
-// A channel with no message size limits (batches of rows are large).
-std::shared_ptr<grpc::Channel> MakeChannel(
-    const std::string& address,
-    const std::shared_ptr<grpc::ChannelCredentials>& creds);
-
-// Sets `ctx`'s deadline to now + timeout.
-void SetDeadline(absl::Duration timeout, grpc::ClientContext* ctx);
-
-// The epoch in an ABORTED reply's trailing metadata, if there is one.
-std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& ctx);
 
 // A stub for EmbeddingShard.Lookup that hands back the serialized response,
 // which the client parses itself (RoutedBatch::ConsumeLookup) so that rows are
@@ -56,12 +46,12 @@ struct ServerStubs {
 // life, across shard-map changes. Thread-safe.
 class StubCache {
  public:
-  explicit StubCache(std::shared_ptr<grpc::ChannelCredentials> creds);
+  explicit StubCache(rpc::TransportSecurity security);
   // The returned stubs live as long as the cache.
   const ServerStubs& Get(const std::string& address);
 
  private:
-  const std::shared_ptr<grpc::ChannelCredentials> creds_;
+  const rpc::TransportSecurity security_;
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<ServerStubs>> stubs_
       ABSL_GUARDED_BY(mu_);
@@ -123,12 +113,11 @@ class RetryState {
   const EmbeddingClientOptions& options_;
   const char* const rpc_;
   int attempts_ = 1;
-  absl::Duration backoff_;
+  rpc::Backoff backoff_;
   bool want_backoff_ = false;
   std::optional<uint64_t> wanted_epoch_;  // newest epoch a server reported
   absl::Status last_retryable_;           // for the "gave up" message
   absl::Status error_;
-  absl::BitGen rng_;
 };
 
 }  // namespace recps::client::internal

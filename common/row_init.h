@@ -15,7 +15,7 @@ struct RowInit {
   // Uniform: [a, b). Normal: mean a, standard deviation b.
   float a = -0.05f;
   float b = 0.05f;
-  // A column group of a table split column-wise (common/shard_map.h) holds
+  // A column group of a table split column-wise (common/wire/shard_map.h) holds
   // columns [column_offset, column_offset + dim) of the unsplit table with
   // key `source_key`, and starts with exactly their values. source_key 0:
   // the table's own key, column_offset 0.

@@ -1,4 +1,9 @@
 // Host-side CUDA helpers shared by the kernels (see cuda_util.cuh).
+#include <dlfcn.h>
+
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda_util.cuh"
 
@@ -28,9 +33,60 @@ absl::Status CudaErrorToStatus(cudaError_t err, const char* op) {
 
 absl::Status CublasStatusToStatus(cublasStatus_t status, const char* op) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  absl::StatusOr<const CublasApi*> api = Cublas();
+  if (!api.ok()) {
+    return absl::InternalError(absl::StrCat(op, " failed: cuBLAS status ",
+                                            static_cast<int>(status)));
+  }
   return absl::InternalError(
-      absl::StrCat(op, " failed: ", cublasGetStatusName(status), ": ",
-                   cublasGetStatusString(status)));
+      absl::StrCat(op, " failed: ", (*api)->status_name(status), ": ",
+                   (*api)->status_string(status)));
+}
+
+absl::StatusOr<const CublasApi*> Cublas() {
+  static const absl::StatusOr<const CublasApi*> loaded =
+      []() -> absl::StatusOr<const CublasApi*> {
+    const std::string name = absl::StrCat("libcublas.so.", CUBLAS_VER_MAJOR);
+    void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot load ", name, ": ", dlerror()));
+    }
+    auto* api = new CublasApi();
+    const std::pair<void**, const char*> symbols[] = {
+        {reinterpret_cast<void**>(&api->create), "cublasCreate_v2"},
+        {reinterpret_cast<void**>(&api->destroy), "cublasDestroy_v2"},
+        {reinterpret_cast<void**>(&api->set_stream), "cublasSetStream_v2"},
+        {reinterpret_cast<void**>(&api->sgemm_64), "cublasSgemm_v2_64"},
+        {reinterpret_cast<void**>(&api->status_name), "cublasGetStatusName"},
+        {reinterpret_cast<void**>(&api->status_string), "cublasGetStatusString"},
+    };
+    for (const auto& [slot, symbol] : symbols) {
+      *slot = dlsym(lib, symbol);
+      if (*slot == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(name, " has no ", symbol, ": ", dlerror()));
+      }
+    }
+    return api;
+  }();
+  return loaded;
+}
+
+absl::StatusOr<void*> CreateCublasHandle() {
+  absl::StatusOr<const CublasApi*> api = Cublas();
+  if (!api.ok()) return api.status();
+  cublasHandle_t handle = nullptr;
+  const cublasStatus_t s = (*api)->create(&handle);
+  if (s != CUBLAS_STATUS_SUCCESS) return CublasStatusToStatus(s, "cublasCreate");
+  return static_cast<void*>(handle);
+}
+
+void DestroyCublasHandle(void* handle) {
+  absl::StatusOr<const CublasApi*> api = Cublas();
+  if (api.ok() && handle != nullptr) {
+    (*api)->destroy(static_cast<cublasHandle_t>(handle));
+  }
 }
 
 absl::Status StreamBuffer::Allocate(size_t bytes, const char* what) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/half.h"
 #include "kernels/cuda_util.h"
 #include "kernels/exec_context.h"
@@ -21,6 +22,23 @@ namespace recps::kernels {
 absl::Status CudaErrorToStatus(cudaError_t err, const char* op);
 // Same for cuBLAS.
 absl::Status CublasStatusToStatus(cublasStatus_t status, const char* op);
+
+// The cuBLAS entry points the kernels use, loaded with dlopen on first use
+// rather than linked: libcublasLt's ~94 KiB of static TLS, added to
+// OpenBLAS's, leaves no room in the 100 KiB stacks of civetweb's threads
+// (the Prometheus exposer), so every binary that linked cuBLAS could not
+// serve metrics. Processes that never run a GEMM on the GPU never load it.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSgemm_v2_64) sgemm_64;
+  decltype(&cublasGetStatusName) status_name;
+  decltype(&cublasGetStatusString) status_string;
+};
+// The loaded API; FAILED_PRECONDITION naming the library and dlerror() when
+// it cannot be loaded. Thread-safe; loads once.
+absl::StatusOr<const CublasApi*> Cublas();
 
 // Returns an INTERNAL status from the enclosing function when `expr` (a
 // cudaError_t) fails; `op` names the operation in the message.

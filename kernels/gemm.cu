@@ -63,10 +63,12 @@ absl::Status GemmCuda(const GemmArgs& args, const ExecContext& ctx) {
     return absl::OkStatus();
   }
   const auto handle = static_cast<cublasHandle_t>(ctx.cublas_handle);
+  absl::StatusOr<const CublasApi*> cublas = Cublas();
+  if (!cublas.ok()) return cublas.status();
   // The handle is the caller's; it is left bound to this stream.
-  RETURN_IF_CUBLAS_ERROR(cublasSetStream(handle, stream), "cublasSetStream");
+  RETURN_IF_CUBLAS_ERROR((*cublas)->set_stream(handle, stream), "cublasSetStream");
   RETURN_IF_CUBLAS_ERROR(
-      cublasSgemm_64(handle, args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+      (*cublas)->sgemm_64(handle, args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                      args.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, args.n, args.m,
                      args.k, &args.alpha, args.b, args.ldb, args.a, args.lda,
                      &args.beta, args.c, args.ldc),

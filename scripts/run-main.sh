@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-exec "${BUILD_DIR:-build}/client/recps" local "$@"
+exec "${BUILD_DIR:-build}/bin/recps" local "$@"

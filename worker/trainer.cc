@@ -7,9 +7,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "kernels/dispatch.h"
 #include "kernels/loss.h"
-#include "server/table_config.h"
-#include "worker/job_config.h"
+#include "common/config/table_config.h"
+#include "common/config/job_config.h"
 
 namespace recps::worker {
 namespace {
@@ -26,9 +27,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     std::unique_ptr<BatchSource> train,
     std::function<absl::StatusOr<std::unique_ptr<BatchSource>>()> make_eval_source,
     TrainerOptions options) {
-  RETURN_IF_ERROR(ValidateJobConfig(job));
+  RETURN_IF_ERROR(config::ValidateJobConfig(job));
   if (client == nullptr || train == nullptr) {
     return absl::InvalidArgumentError("Trainer needs a client and a train source");
+  }
+  if (options.ctx.device != kernels::Device::kCpu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", kernels::DeviceName(options.ctx.device, options.ctx.cuda_device),
+        ": the trainer keeps its tensors in host memory so far (the GPU worker "
+        "is not built yet); run with --device=cpu"));
   }
   std::unique_ptr<Trainer> t(new Trainer());
   t->job_ = job;
@@ -36,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   t->client_ = std::move(client);
   t->train_ = std::move(train);
   t->make_eval_source_ = std::move(make_eval_source);
-  t->dim_ = EmbeddingDim(job);
+  t->dim_ = config::EmbeddingDim(job);
 
   std::vector<FeatureState> features;
   for (const v1::FeatureConfig& f : job.features()) {
@@ -64,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   model.num_dense = job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
   ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model));
   ASSIGN_OR_RETURN(const kernels::OptimizerParams dense_optimizer,
-                   server::OptimizerParamsFromConfig(job.training().dense_optimizer()));
+                   config::OptimizerParamsFromConfig(job.training().dense_optimizer()));
   ASSIGN_OR_RETURN(t->optimizer_,
                    DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters()));
   return t;
@@ -127,7 +134,7 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
     a.num_bags = b;
     a.pooling = fs.pooling;
     a.output = feature_buf_.data();
-    RETURN_IF_ERROR(kernels::EmbeddingBagForwardCpu(a, options_.ctx));
+    RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, options_.ctx));
     // Interleave into sample-major B x F x D for the interaction.
     for (int64_t i = 0; i < b; ++i) {
       std::memcpy(&pooled_[(i * num_features + f) * dim_], &feature_buf_[i * dim_],
@@ -170,7 +177,7 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   bce.labels = batch.labels.data();
   bce.loss = &loss;
   bce.grad_logits = grad_logits_.data();
-  RETURN_IF_ERROR(kernels::SigmoidBceCpu(bce, options_.ctx));
+  RETURN_IF_ERROR(kernels::SigmoidBce(bce, options_.ctx));
   Charge(start, &times->forward);
 
   // Each worker's loss is the mean over its batch; scaling by 1/W makes the
@@ -207,7 +214,7 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     a.pooling = fs.pooling;
     a.num_rows = num_rows;
     a.grad_rows = feature_buf_.data();
-    RETURN_IF_ERROR(kernels::EmbeddingBagBackwardCpu(a, options_.ctx));
+    RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, options_.ctx));
     // Features sharing a table add up, in feature order (deterministic).
     for (int64_t k = 0; k < num_rows * dim_; ++k) ts.grad_rows[k] += feature_buf_[k];
   }
@@ -253,7 +260,7 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
     bce.logits = logits_.data();
     bce.labels = batch.labels.data();
     bce.probabilities = probabilities_.data();
-    RETURN_IF_ERROR(kernels::SigmoidBceCpu(bce, options_.ctx));
+    RETURN_IF_ERROR(kernels::SigmoidBce(bce, options_.ctx));
     probabilities.insert(probabilities.end(), probabilities_.begin(), probabilities_.end());
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }

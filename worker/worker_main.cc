@@ -44,9 +44,12 @@
 #include "worker/data/criteo.h"
 #include "worker/data/prefetch.h"
 #include "worker/data/synthetic.h"
-#include "worker/job_config.h"
+#include "common/config/job_config.h"
 #include "worker/trainer.h"
 
+ABSL_FLAG(std::string, device, "cpu",
+          "where the dense model runs: cpu; cuda:N is refused until the GPU "
+          "worker exists");
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address, host:port: register there, take the job, the "
           "shard map and the rendezvous from it (replaces --config, --shards "
@@ -208,7 +211,7 @@ int Run() {
 
   absl::StatusOr<v1::JobConfig> job;
   if (!config_path.empty()) {
-    job = ReadJobConfig(config_path);
+    job = config::ReadJobConfig(config_path);
   } else if (registered.has_job()) {
     job = registered.job();
   } else {
@@ -354,6 +357,14 @@ int Run() {
   options.rank = rank;
   options.world_size = world;
   options.ctx.pool = &pool;
+  if (absl::StatusOr<kernels::Device> device =
+          kernels::ParseDevice(absl::GetFlag(FLAGS_device), &options.ctx.cuda_device);
+      device.ok()) {
+    options.ctx.device = *device;
+  } else {
+    LogError("--device: ", device.status().message());
+    return 2;
+  }
   const int64_t total_steps = job->training().steps();
   absl::Time last_print = absl::InfinitePast();
   double last_auc = -1;

@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/shard_fanout.h"
+#include "common/rpc/channels.h"
+#include "common/rpc/status_conversion.h"
 #include "common/status_macros.h"
 #include "recps/v1/coordinator.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
@@ -15,8 +17,7 @@ namespace recps::client::admin {
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
+  return rpc::FromGrpcStatus(status, what, "");
 }
 
 }  // namespace
@@ -37,7 +38,7 @@ std::shared_ptr<grpc::Channel> ClusterReader::Channel(
     const std::string& address) {
   std::shared_ptr<grpc::Channel>& channel = channels_[address];
   if (channel == nullptr) {
-    channel = internal::MakeChannel(address, options_.credentials);
+    channel = rpc::MakeChannel(address, rpc::ChannelKind::kControl, options_.security);
   }
   return channel;
 }
@@ -59,7 +60,7 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
   const std::string where = absl::StrCat("coordinator ", options_.coordinator);
   {
     grpc::ClientContext ctx;
-    internal::SetDeadline(options_.rpc_timeout, &ctx);
+    rpc::SetTimeout(options_.rpc_timeout, &ctx);
     v1::ListMembersResponse members;
     grpc::Status s =
         stub->ListMembers(&ctx, v1::ListMembersRequest(), &members);
@@ -68,7 +69,7 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
   }
   {
     grpc::ClientContext ctx;
-    internal::SetDeadline(options_.rpc_timeout, &ctx);
+    rpc::SetTimeout(options_.rpc_timeout, &ctx);
     v1::GetCoordinatorShardMapResponse map;
     grpc::Status s =
         stub->GetShardMap(&ctx, v1::GetCoordinatorShardMapRequest(), &map);
@@ -109,7 +110,7 @@ absl::Status ClusterReader::ReadMapFromServers(ClusterSnapshot* snapshot) {
   const v1::GetShardMapRequest request;
   for (size_t i = 0; i < calls.size(); ++i) {
     calls[i].stub = v1::ShardAdmin::NewStub(Channel(servers[i]));
-    internal::SetDeadline(options_.rpc_timeout, &calls[i].ctx);
+    rpc::SetTimeout(options_.rpc_timeout, &calls[i].ctx);
     calls[i].stub->async()->GetShardMap(
         &calls[i].ctx, &request, &calls[i].response,
         done.Callback(static_cast<int>(i), &calls[i].status));
@@ -156,7 +157,7 @@ void ClusterReader::ReadStats(bool include_slots, ClusterSnapshot* snapshot) {
   request.set_include_slots(include_slots);
   for (size_t i = 0; i < calls.size(); ++i) {
     calls[i].stub = v1::ShardAdmin::NewStub(Channel(servers[i]));
-    internal::SetDeadline(options_.rpc_timeout, &calls[i].ctx);
+    rpc::SetTimeout(options_.rpc_timeout, &calls[i].ctx);
     calls[i].stub->async()->Stats(
         &calls[i].ctx, &request, &calls[i].response,
         done.Callback(static_cast<int>(i), &calls[i].status));

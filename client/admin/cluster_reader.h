@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
-#include "grpcpp/security/credentials.h"
+#include "common/rpc/channels.h"
 #include "recps/v1/coordinator.pb.h"
 #include "recps/v1/shard_admin.pb.h"
 #include "recps/v1/shard_map.pb.h"
@@ -28,9 +28,8 @@ struct ClusterReaderOptions {
   std::vector<std::string> servers;
   // Deadline of every RPC.
   absl::Duration rpc_timeout = absl::Seconds(5);
-  // Channel credentials for the coordinator and every server; null means
-  // insecure.
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // How channels authenticate (common/rpc/channels.h).
+  rpc::TransportSecurity security;
 };
 
 // One look at the cluster.

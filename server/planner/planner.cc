@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/shard_map.h"
+#include "common/wire/shard_map.h"
 #include "common/status_macros.h"
 #include "server/planner/cost_model.h"
 #include "server/planner/proposer.h"

@@ -7,8 +7,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
-#include "server/embedding_store.h"
-#include "server/table_config.h"
+#include "server/shard/store_footprint.h"
+#include "common/config/table_config.h"
 
 namespace recps::planner {
 namespace {
@@ -130,8 +130,8 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     return absl::InvalidArgumentError("no tables to plan");
   absl::flat_hash_map<std::string, int> table_index;
   for (size_t t = 0; t < input.tables.size(); ++t) {
-    absl::StatusOr<server::TableSpec> spec =
-        server::TableSpecFromConfig(input.tables[t]);
+    absl::StatusOr<config::TableSpec> spec =
+        config::TableSpecFromConfig(input.tables[t]);
     if (!spec.ok()) return spec.status();
     if (!table_index.emplace(spec->name, static_cast<int>(t)).second) {
       return absl::InvalidArgumentError(

@@ -13,7 +13,7 @@
 
 #include "client/routed_batch.h"
 #include "common/hashing.h"
-#include "common/wire_format.h"
+#include "common/wire/wire_format.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"

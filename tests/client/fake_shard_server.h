@@ -17,12 +17,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/channels.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/hashing.h"
-#include "common/shard_map.h"
-#include "common/wire_format.h"
+#include "common/wire/shard_map.h"
+#include "common/wire/wire_format.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
@@ -52,7 +53,7 @@ class FakeShardServer {
       : tables_(std::move(tables)), data_(this), admin_(this) {
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+    builder.AddListeningPort("127.0.0.1:0", rpc::ServerCredentials(rpc::TransportSecurity()),
                              &port);
     builder.RegisterService(&data_);
     builder.RegisterService(&admin_);

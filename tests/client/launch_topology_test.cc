@@ -1,5 +1,5 @@
 // recps launch's ranks from flags, SLURM and a Kubernetes indexed Job.
-#include "client/launch_topology.h"
+#include "client/launcher/launch_topology.h"
 
 #include <map>
 #include <string>

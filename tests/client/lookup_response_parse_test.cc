@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/wire_format.h"
+#include "common/wire/wire_format.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"

@@ -1,6 +1,6 @@
 // Child processes: exit codes, logs, bad binaries, and that a child dies
 // with the thread that spawned it (no servers left behind by a crash).
-#include "client/process.h"
+#include "client/launcher/process.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/channels.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/embedding_client.h"
@@ -81,7 +82,7 @@ M ParseJson(const std::string& json) {
 
 v1::StatsResponse ServerStats(const std::string& address) {
   auto stub = v1::ShardAdmin::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::StatsResponse stats;

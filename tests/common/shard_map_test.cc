@@ -1,4 +1,4 @@
-#include "common/shard_map.h"
+#include "common/wire/shard_map.h"
 
 #include <map>
 #include <vector>

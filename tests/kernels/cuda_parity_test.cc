@@ -1,7 +1,6 @@
 // Every CUDA kernel against its CPU twin on random data: copy in, run both,
 // copy back, compare (1e-5 absolute + relative). Each case skips without a
 // GPU. Outputs are prefilled with NaN bits to catch unwritten elements.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -87,13 +86,16 @@ class CudaContext {
     ctx_.cuda_stream = stream_;
   }
   ~CudaContext() {
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_ != nullptr) DestroyCublasHandle(cublas_);
     cudaStreamDestroy(stream_);
   }
   const ExecContext& ctx() const { return ctx_; }
   const ExecContext& WithCublas() {
     if (cublas_ == nullptr) {
-      EXPECT_EQ(cublasCreate(&cublas_), CUBLAS_STATUS_SUCCESS);
+      // Through the kernels' own loader, as production code does.
+      absl::StatusOr<void*> handle = CreateCublasHandle();
+      EXPECT_TRUE(handle.ok()) << handle.status();
+      cublas_ = handle.value_or(nullptr);
       ctx_.cublas_handle = cublas_;
     }
     return ctx_;
@@ -101,7 +103,7 @@ class CudaContext {
 
  private:
   cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
+  void* cublas_ = nullptr;
   ExecContext ctx_;
 };
 

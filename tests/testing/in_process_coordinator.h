@@ -10,12 +10,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/channels.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/coordinator.h"
-#include "server/coordinator_service.h"
-#include "server/coordinator_store.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/coordinator_store.h"
 
 namespace recps::testing {
 
@@ -38,7 +39,7 @@ class InProcessCoordinator {
     c->service_ = std::make_unique<server::CoordinatorService>(c->coordinator_.get(), nullptr);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(absl::StrCat("127.0.0.1:", port),
-                             grpc::InsecureServerCredentials(), &c->port_);
+                             rpc::ServerCredentials(rpc::TransportSecurity()), &c->port_);
     builder.RegisterService(c->service_.get());
     c->server_ = builder.BuildAndStart();
     EXPECT_NE(c->port_, 0);

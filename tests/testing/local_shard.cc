@@ -1,4 +1,5 @@
 #include "tests/testing/local_shard.h"
+#include "common/rpc/channels.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -11,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/process.h"
-#include "common/shard_map.h"
+#include "client/launcher/process.h"
+#include "common/wire/shard_map.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 
@@ -123,7 +124,7 @@ absl::Status InstallShardMap(const std::vector<std::string>& servers,
   const ShardMap map = ShardMap::Uniform(epoch, num_slots, servers);
   for (const std::string& server : servers) {
     auto stub = v1::ShardAdmin::NewStub(
-        grpc::CreateChannel(server, grpc::InsecureChannelCredentials()));
+        rpc::MakeChannel(server, rpc::ChannelKind::kControl));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::SetShardMapRequest req;

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
-#include "client/process.h"
+#include "client/launcher/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/local_shard.h"

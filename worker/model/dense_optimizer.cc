@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/dispatch.h"
 #include "kernels/dense_optimizer.h"
 
 namespace recps::worker {
@@ -45,7 +46,7 @@ absl::Status DenseOptimizer::Step(absl::Span<float> weights,
   a.n = n_;
   a.step = step_ + 1;
   a.optimizer = params_;
-  RETURN_IF_ERROR(kernels::DenseOptimizerStepCpu(a, ctx));
+  RETURN_IF_ERROR(kernels::DenseOptimizerStep(a, ctx));
   ++step_;
   return absl::OkStatus();
 }

@@ -10,6 +10,7 @@
 #include "common/hashing.h"
 #include "common/row_init.h"
 #include "common/status_macros.h"
+#include "kernels/dispatch.h"
 #include "kernels/dense_layer.h"
 #include "kernels/gemm.h"
 #include "kernels/interaction.h"
@@ -181,14 +182,14 @@ absl::Status DlrmModel::LinearForward(size_t l,
   g.ldb = layer.in;
   g.c = act_[l].data();
   g.ldc = layer.out;
-  RETURN_IF_ERROR(kernels::GemmCpu(g, ctx));
+  RETURN_IF_ERROR(kernels::Gemm(g, ctx));
   kernels::BiasActivationForwardArgs b;
   b.y = act_[l].data();
   b.bias = params_.data() + layer.bias_offset;
   b.batch = batch_;
   b.n = layer.out;
   b.relu = layer.relu;
-  return kernels::BiasActivationForwardCpu(b, ctx);
+  return kernels::BiasActivationForward(b, ctx);
 }
 
 absl::Status DlrmModel::LinearBackward(size_t l, float* grad_x,
@@ -202,7 +203,7 @@ absl::Status DlrmModel::LinearBackward(size_t l, float* grad_x,
   b.batch = batch_;
   b.n = layer.out;
   b.relu = layer.relu;
-  RETURN_IF_ERROR(kernels::BiasActivationBackwardCpu(b, ctx));
+  RETURN_IF_ERROR(kernels::BiasActivationBackward(b, ctx));
   // grad_W [out x in] = dy^T x; beta = 0 overwrites (k = batch = 0 too).
   kernels::GemmArgs gw;
   gw.trans_a = true;
@@ -215,7 +216,7 @@ absl::Status DlrmModel::LinearBackward(size_t l, float* grad_x,
   gw.ldb = layer.in;
   gw.c = grads_.data() + layer.weight_offset;
   gw.ldc = layer.in;
-  RETURN_IF_ERROR(kernels::GemmCpu(gw, ctx));
+  RETURN_IF_ERROR(kernels::Gemm(gw, ctx));
   if (grad_x == nullptr) return absl::OkStatus();
   // grad_x [batch x in] = dy W.
   kernels::GemmArgs gx;
@@ -228,7 +229,7 @@ absl::Status DlrmModel::LinearBackward(size_t l, float* grad_x,
   gx.ldb = layer.in;
   gx.c = grad_x;
   gx.ldc = layer.in;
-  return kernels::GemmCpu(gx, ctx);
+  return kernels::Gemm(gx, ctx);
 }
 
 absl::Status DlrmModel::ForwardLayers(const kernels::ExecContext& ctx) {
@@ -242,7 +243,7 @@ absl::Status DlrmModel::ForwardLayers(const kernels::ExecContext& ctx) {
   ia.dense = act_[num_bottom_ - 1].data();
   ia.sparse = pooled_in_.data();
   ia.output = interaction_.data();
-  RETURN_IF_ERROR(kernels::DotInteractionForwardCpu(ia, ctx));
+  RETURN_IF_ERROR(kernels::DotInteractionForward(ia, ctx));
   for (size_t l = num_bottom_; l < layers_.size(); ++l) {
     RETURN_IF_ERROR(LinearForward(l, ctx));
   }
@@ -311,7 +312,7 @@ absl::Status DlrmModel::Backward(const float* grad_logits, float* grad_pooled,
   ia.grad_output = grad_interaction_.data();
   ia.grad_dense = grad_act_[num_bottom_ - 1].data();
   ia.grad_sparse = grad_pooled;
-  RETURN_IF_ERROR(kernels::DotInteractionBackwardCpu(ia, ctx));
+  RETURN_IF_ERROR(kernels::DotInteractionBackward(ia, ctx));
   for (size_t l = num_bottom_; l-- > 0;) {
     // The dense features are data: no gradient for them.
     RETURN_IF_ERROR(
@@ -346,7 +347,7 @@ absl::StatusOr<float> DlrmTrainStep(DlrmModel& model, int64_t batch,
   la.labels = labels;
   la.loss = &loss;
   la.grad_logits = model.grad_logits_.data();
-  RETURN_IF_ERROR(kernels::SigmoidBceCpu(la, ctx));
+  RETURN_IF_ERROR(kernels::SigmoidBce(la, ctx));
   RETURN_IF_ERROR(model.Backward(model.grad_logits_.data(), grad_pooled, ctx));
   if (logits_out != nullptr) {
     std::copy(model.logits_.begin(), model.logits_.begin() + batch, logits_out);

@@ -5,8 +5,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "common/shard_map.h"
-#include "common/text_proto.h"
+#include "common/wire/shard_map.h"
+#include "common/config/text_proto.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/planner/proposer.h"

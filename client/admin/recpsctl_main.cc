@@ -1,0 +1,596 @@
+// recpsctl: the admin CLI. Asks a running cluster (through its coordinator,
+// or shard servers directly) what it holds and how it is doing, and runs
+// the sharding planner offline. Tables for people, --json for scripts. See
+// docs/admin-cli.md.
+//
+// Flags are parsed here rather than with absl flags: every subcommand has
+// its own flags and --help, and the exit codes below must hold for usage
+// errors too (absl's parser exits with 1).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/admin/cluster_reader.h"
+#include "client/admin/cluster_report.h"
+#include "client/admin/report_text.h"
+#include "common/status_macros.h"
+#include "common/config/text_proto.h"
+#include "recps/v1/job.pb.h"
+#include "recps/v1/plan.pb.h"
+#include "server/planner/planner.h"
+
+namespace recps::client::admin {
+namespace {
+
+// Exit codes scripts can rely on (also in --help and docs/admin-cli.md).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitError = 1,      // the cluster could not be reached or asked
+  kExitUsage = 2,      // bad command line or input file
+  kExitUnhealthy = 3,  // answered, but something is wrong (see the output)
+};
+
+constexpr char kExitCodesHelp[] = R"(Exit codes:
+  0  success (status: the cluster is healthy)
+  1  the cluster could not be reached or asked (the message says which
+     address and why); plan: no plan fits (the message says what would)
+  2  usage error: unknown command or flag, bad value, unreadable or invalid
+     input file
+  3  unhealthy: an expired member, a shard server that does not answer or
+     routes by an old shard map, or no shard map yet
+)";
+
+constexpr char kConnectionHelp[] =
+    R"(Where the cluster is (every cluster command):
+  --coordinator=HOST:PORT  the coordinator (default: $RECPS_COORDINATOR)
+  --server=HOST:PORT       ask this shard server directly instead (repeat or
+                           comma-separate for several)
+  --timeout=DURATION       deadline of every RPC (default 5s)
+  --json                   print JSON (proto3 mapping of recps.v1 admin
+                           messages, see proto/recps/v1/admin.proto)
+)";
+
+struct FlagSpec {
+  std::string name;
+  bool takes_value;
+};
+
+struct CommandSpec {
+  std::string name;
+  std::string synopsis;
+  std::string summary;
+  std::string details;
+  std::vector<FlagSpec> flags;  // besides the connection flags and --help
+  int min_args = 0;
+  int max_args = 0;
+  bool uses_cluster = true;
+};
+
+const std::vector<CommandSpec>& Commands() {
+  static const auto* commands = new std::vector<CommandSpec>{
+      {"status",
+       "recpsctl status [--interval=1s] [--json]",
+       "members, health, shard map epoch, per-server rows, memory, request "
+       "rate and latency, imbalance",
+       R"(Asks the coordinator for its members and shard map, then every shard
+server for its statistics, twice --interval apart: request rates and
+latency percentiles (p50, p99; estimated from each server's latency
+histogram) cover that interval. --interval=0 takes one sample and reports
+averages since each server started. Imbalance is max/mean over the servers
+in the shard map, of rows and of lookup ids per second.
+Exits 3 when the cluster is unhealthy (the problems are listed).
+)",
+       {{"interval", true}}},
+      {"tables",
+       "recpsctl tables [--json]",
+       "embedding tables: rows, bytes, traffic, and each server's share",
+       R"(Sums every shard server's table statistics: rows, bytes of rows
+(weights and optimizer state), ids looked up and gradient rows applied since
+the servers started, and the rows each server holds. Exits 3 when a server
+does not answer (its rows are missing from the sums).
+)",
+       {}},
+      {"shards",
+       "recpsctl shards [--slots] [--json]",
+       "the shard map: which server owns which slots, with rows",
+       R"(Per server: its index in the shard map, the slots it owns (count and
+ranges) and its rows. --slots adds the rows of every slot. Exits 3 when a
+server does not answer.
+)",
+       {{"slots", false}}},
+      {"plan",
+       "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
+       "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
+       "the sharding plan the planner would make, with its cost estimates "
+       "(offline)",
+       R"(Runs the sharding planner on the tables of JOB (a text-format
+recps.v1.JobConfig) without touching a cluster, and prints per table its
+sharding type, placement, rows and bytes, and per server its bytes, traffic
+and predicted step time (cost model: docs/planner.md).
+
+The cluster comes from --spec (a text-format recps.v1.PlanSpec: topology and
+per-table hints, as recps-coordinator --plan_spec reads it) and the flags:
+  --servers=N       plan for N servers ("server-0" ...), each like the spec's
+                    entry without an address (or the defaults)
+  --memory=BYTES    memory for rows on each server: 64GiB, 512MiB, 1e9, ...
+  --workers=W       dense workers (default: the spec's, else 1)
+  --batch_size=B    samples per worker per step (default: the spec's, else
+                    the job's training.batch_size)
+  --device=cpu|gpu  where the servers keep rows (sets the default row cost)
+  --json            print the recps.v1.ShardingPlan as JSON
+A plan that the shard servers cannot serve yet (column-wise, fp16) is
+printed with a note saying so.
+)",
+       {{"spec", true},
+        {"servers", true},
+        {"memory", true},
+        {"workers", true},
+        {"batch_size", true},
+        {"device", true}},
+       1,
+       1,
+       false},
+  };
+  return *commands;
+}
+
+const CommandSpec* FindCommand(const std::string& name) {
+  for (const CommandSpec& c : Commands()) {
+    if (c.name == name) return &c;
+  }
+  return nullptr;
+}
+
+std::string MainHelp() {
+  std::string out =
+      "recpsctl: inspect a recps cluster.\n\n"
+      "Usage: recpsctl COMMAND [flags]   (recpsctl COMMAND --help for "
+      "details)\n\n"
+      "Commands:\n";
+  for (const CommandSpec& c : Commands()) {
+    out += absl::StrCat("  ", c.name, std::string(8 - c.name.size(), ' '),
+                        c.summary, "\n");
+  }
+  out += "  help    help on a command\n\n";
+  out += kConnectionHelp;
+  out += "\n";
+  out += kExitCodesHelp;
+  return out;
+}
+
+std::string CommandHelp(const CommandSpec& c) {
+  std::string out = absl::StrCat("Usage: ", c.synopsis, "\n\n", c.summary,
+                                 ".\n\n", c.details, "\n");
+  if (c.uses_cluster) out += absl::StrCat(kConnectionHelp, "\n");
+  out += kExitCodesHelp;
+  return out;
+}
+
+struct ParsedArgs {
+  const CommandSpec* command = nullptr;
+  std::vector<std::string> args;
+  std::map<std::string, std::string> flags;  // name -> value ("true" for bools)
+  std::vector<std::string> servers;          // every --server, split
+  bool help = false;
+};
+
+const FlagSpec* FindFlag(const CommandSpec* command, const std::string& name) {
+  static const auto* kCommon = new std::vector<FlagSpec>{{"coordinator", true},
+                                                         {"server", true},
+                                                         {"timeout", true},
+                                                         {"json", false}};
+  for (const FlagSpec& f : *kCommon) {
+    // Offline commands take --json but no connection flags.
+    if (f.name == name &&
+        (command == nullptr || command->uses_cluster || name == "json")) {
+      return &f;
+    }
+  }
+  if (command != nullptr) {
+    for (const FlagSpec& f : command->flags) {
+      if (f.name == name) return &f;
+    }
+  }
+  return nullptr;
+}
+
+// Flags may come before or after the command: --name=value, --name value,
+// --bool. Fails with a message for the user on a usage error.
+absl::StatusOr<ParsedArgs> ParseArgs(int argc, char** argv) {
+  ParsedArgs parsed;
+  std::vector<std::string> positional;
+  // Flags seen before the command could be the command's own: checked once
+  // it is known.
+  std::vector<std::pair<std::string, std::optional<std::string>>> flags;
+  bool flags_done = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (flags_done || arg.size() < 2 || arg[0] != '-') {
+      positional.push_back(arg);
+      if (parsed.command == nullptr && positional.size() == 1) {
+        parsed.command = FindCommand(arg);
+      }
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    if (arg == "-h" || arg == "--help" || arg == "-help") {
+      parsed.help = true;
+      continue;
+    }
+    const std::string body = arg.substr(absl::StartsWith(arg, "--") ? 2 : 1);
+    const size_t eq = body.find('=');
+    if (eq != std::string::npos) {
+      flags.emplace_back(body.substr(0, eq), body.substr(eq + 1));
+      continue;
+    }
+    const FlagSpec* spec = FindFlag(parsed.command, body);
+    if (spec != nullptr && spec->takes_value) {
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", body, " needs a value"));
+      }
+      flags.emplace_back(body, std::string(argv[++i]));
+    } else {
+      flags.emplace_back(body, std::nullopt);
+    }
+  }
+  if (positional.empty()) {
+    if (parsed.help) return parsed;
+    return absl::InvalidArgumentError("no command given");
+  }
+  if (positional[0] == "help") {
+    parsed.help = true;
+    if (positional.size() > 2) {
+      return absl::InvalidArgumentError("help takes at most one command");
+    }
+    if (positional.size() == 2) {
+      parsed.command = FindCommand(positional[1]);
+      if (parsed.command == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown command \"", positional[1], "\""));
+      }
+    }
+    return parsed;
+  }
+  if (parsed.command == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown command \"", positional[0], "\""));
+  }
+  if (parsed.help) return parsed;
+  parsed.args.assign(positional.begin() + 1, positional.end());
+  const CommandSpec& c = *parsed.command;
+  if (static_cast<int>(parsed.args.size()) < c.min_args ||
+      static_cast<int>(parsed.args.size()) > c.max_args) {
+    return absl::InvalidArgumentError(
+        parsed.args.size() > static_cast<size_t>(c.max_args)
+            ? absl::StrCat("unexpected argument \"", parsed.args[c.max_args],
+                           "\"")
+            : std::string("missing argument"));
+  }
+  for (auto& [name, value] : flags) {
+    const FlagSpec* spec = FindFlag(&c, name);
+    if (spec == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " for ", c.name));
+    }
+    if (spec->takes_value && !value.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " needs a value"));
+    }
+    std::string v = value.value_or("true");
+    if (!spec->takes_value && v != "true" && v != "false") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, "=", v, ": expected true or false"));
+    }
+    if (name == "server") {
+      for (absl::string_view s :
+           absl::StrSplit(v, ',', absl::SkipWhitespace())) {
+        parsed.servers.emplace_back(s);
+      }
+      if (parsed.servers.empty()) {
+        return absl::InvalidArgumentError("--server needs HOST:PORT");
+      }
+    }
+    parsed.flags[name] = std::move(v);
+  }
+  return parsed;
+}
+
+bool BoolFlag(const ParsedArgs& parsed, const std::string& name) {
+  auto it = parsed.flags.find(name);
+  return it != parsed.flags.end() && it->second == "true";
+}
+
+absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& parsed,
+                                            const std::string& name,
+                                            absl::Duration default_value) {
+  auto it = parsed.flags.find(name);
+  if (it == parsed.flags.end()) return default_value;
+  absl::Duration d;
+  if (!absl::ParseDuration(it->second, &d) || d < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", it->second,
+                     ": expected a duration such as 500ms or 2s"));
+  }
+  return d;
+}
+
+int UsageError(const ParsedArgs* parsed, const absl::Status& status) {
+  std::cerr << "recpsctl: " << status.message() << "\n";
+  if (parsed != nullptr && parsed->command != nullptr) {
+    std::cerr << "Run 'recpsctl " << parsed->command->name
+              << " --help' for usage.\n";
+  } else {
+    std::cerr << "Run 'recpsctl --help' for usage.\n";
+  }
+  return kExitUsage;
+}
+
+int Error(const absl::Status& status) {
+  std::cerr << "recpsctl: " << status.message() << "\n";
+  return kExitError;
+}
+
+// Prints `message` as JSON or `text`; returns `code` (or an error).
+int Print(const ParsedArgs& parsed, const google::protobuf::Message& message,
+          const std::string& text, int code) {
+  if (BoolFlag(parsed, "json")) {
+    absl::StatusOr<std::string> json = ToJson(message);
+    if (!json.ok()) return Error(json.status());
+    std::cout << *json;
+    if (json->empty() || json->back() != '\n') std::cout << "\n";
+  } else {
+    std::cout << text;
+  }
+  std::cout.flush();
+  return code;
+}
+
+int RunClusterCommand(const ParsedArgs& parsed) {
+  ClusterReaderOptions options;
+  options.servers = parsed.servers;
+  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
+    options.coordinator = it->second;
+  } else if (options.servers.empty()) {
+    if (const char* env = std::getenv("RECPS_COORDINATOR"); env != nullptr) {
+      options.coordinator = env;
+    }
+  }
+  if (!options.coordinator.empty() && !options.servers.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "give --coordinator or --server, not both"));
+  }
+  if (options.coordinator.empty() && options.servers.empty()) {
+    return UsageError(&parsed,
+                      absl::InvalidArgumentError(
+                          "where is the cluster? Give --coordinator=HOST:PORT "
+                          "(or set RECPS_COORDINATOR) or --server=HOST:PORT"));
+  }
+  absl::StatusOr<absl::Duration> timeout =
+      DurationFlag(parsed, "timeout", absl::Seconds(5));
+  if (!timeout.ok()) return UsageError(&parsed, timeout.status());
+  if (*timeout == absl::ZeroDuration()) {
+    return UsageError(&parsed,
+                      absl::InvalidArgumentError("--timeout must be positive"));
+  }
+  options.rpc_timeout = *timeout;
+  absl::StatusOr<absl::Duration> interval =
+      DurationFlag(parsed, "interval", absl::Seconds(1));
+  if (!interval.ok()) return UsageError(&parsed, interval.status());
+
+  absl::StatusOr<std::unique_ptr<ClusterReader>> reader =
+      ClusterReader::Create(std::move(options));
+  if (!reader.ok()) return UsageError(&parsed, reader.status());
+  const std::string& command = parsed.command->name;
+  const bool per_slot = BoolFlag(parsed, "slots");
+  absl::StatusOr<ClusterSnapshot> snapshot = (*reader)->Read(per_slot);
+  if (!snapshot.ok()) return Error(snapshot.status());
+
+  if (command == "status") {
+    std::optional<ClusterSnapshot> first;
+    if (*interval > absl::ZeroDuration()) {
+      first = *std::move(snapshot);
+      absl::SleepFor(*interval);
+      snapshot = (*reader)->Read(false);
+      if (!snapshot.ok()) return Error(snapshot.status());
+    }
+    const v1::ClusterStatus status =
+        BuildClusterStatus(first ? &*first : nullptr, *snapshot);
+    return Print(parsed, status, FormatClusterStatus(status),
+                 status.healthy() ? kExitOk : kExitUnhealthy);
+  }
+  if (command == "tables") {
+    const v1::TablesReport report = BuildTablesReport(*snapshot);
+    return Print(parsed, report, FormatTablesReport(report),
+                 report.unreachable().empty() ? kExitOk : kExitUnhealthy);
+  }
+  // shards
+  const v1::ShardsReport report = BuildShardsReport(*snapshot);
+  bool all_answered = true;
+  for (const v1::ServerShards& s : report.servers())
+    all_answered &= s.error().empty();
+  return Print(parsed, report, FormatShardsReport(report, per_slot),
+               all_answered ? kExitOk : kExitUnhealthy);
+}
+
+// "64GiB", "512MiB", "10G", "1.5e9", "4096": bytes.
+absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"KiB", 1024.0},
+      {"MiB", 1024.0 * 1024},
+      {"GiB", 1024.0 * 1024 * 1024},
+      {"TiB", 1024.0 * 1024 * 1024 * 1024},
+      {"K", 1e3},
+      {"M", 1e6},
+      {"G", 1e9},
+      {"T", 1e12},
+      {"KB", 1e3},
+      {"MB", 1e6},
+      {"GB", 1e9},
+      {"TB", 1e12},
+      {"B", 1}};
+  std::string number = text;
+  double scale = 1;
+  for (const auto& [unit, factor] : kUnits) {
+    if (absl::EndsWith(text, unit) && text.size() > strlen(unit)) {
+      const std::string head = text.substr(0, text.size() - strlen(unit));
+      double unused;
+      if (absl::SimpleAtod(head, &unused)) {
+        number = head;
+        scale = factor;
+        break;
+      }
+    }
+  }
+  double value;
+  if (!absl::SimpleAtod(number, &value) || value <= 0 || value * scale > 9e18) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", text, "\": expected a size such as 64GiB, 512MiB or 1e9"));
+  }
+  return static_cast<int64_t>(value * scale);
+}
+
+absl::StatusOr<int64_t> PositiveIntFlag(const ParsedArgs& parsed,
+                                        const std::string& name) {
+  auto it = parsed.flags.find(name);
+  if (it == parsed.flags.end()) return 0;
+  int64_t v;
+  if (!absl::SimpleAtoi(it->second, &v) || v <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", it->second, ": expected a positive integer"));
+  }
+  return v;
+}
+
+// The spec with the flags applied: --servers expands the spec's entry
+// without an address (or an empty one) into N named servers; --memory,
+// --device, --workers and --batch_size override every server's or the
+// topology's value.
+absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
+                                               const v1::JobConfig& job) {
+  v1::PlanSpec spec;
+  if (auto it = parsed.flags.find("spec"); it != parsed.flags.end()) {
+    RETURN_IF_ERROR(ReadTextProto(it->second, &spec));
+  }
+  v1::Topology* topo = spec.mutable_topology();
+  ASSIGN_OR_RETURN(const int64_t servers, PositiveIntFlag(parsed, "servers"));
+  if (servers > 0) {
+    v1::ServerSpec like;
+    for (const v1::ServerSpec& s : topo->servers()) {
+      if (s.address().empty()) like = s;
+    }
+    topo->clear_servers();
+    for (int64_t i = 0; i < servers; ++i) {
+      v1::ServerSpec* s = topo->add_servers();
+      *s = like;
+      s->set_address(absl::StrCat("server-", i));
+    }
+  }
+  if (topo->servers_size() == 0) {
+    return absl::InvalidArgumentError(
+        "how many shard servers? Give --servers=N (or servers in --spec)");
+  }
+  for (const v1::ServerSpec& s : topo->servers()) {
+    if (s.address().empty()) {
+      return absl::InvalidArgumentError(
+          "the spec's servers entry without an address is a template: give "
+          "--servers=N to say how many servers it stands for");
+    }
+  }
+  if (auto it = parsed.flags.find("memory"); it != parsed.flags.end()) {
+    ASSIGN_OR_RETURN(const int64_t bytes, ParseBytes(it->second));
+    for (v1::ServerSpec& s : *topo->mutable_servers())
+      s.set_memory_bytes(bytes);
+  }
+  if (auto it = parsed.flags.find("device"); it != parsed.flags.end()) {
+    if (it->second != "cpu" && it->second != "gpu") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device=", it->second, ": expected cpu or gpu"));
+    }
+    for (v1::ServerSpec& s : *topo->mutable_servers()) {
+      s.set_device(it->second == "gpu" ? v1::GPU : v1::CPU);
+    }
+  }
+  for (const v1::ServerSpec& s : topo->servers()) {
+    if (s.memory_bytes() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("how much memory does ", s.address(),
+                       " have? Give --memory=BYTES "
+                       "(or memory_bytes in --spec)"));
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t workers, PositiveIntFlag(parsed, "workers"));
+  if (workers > 0) topo->set_num_workers(static_cast<int32_t>(workers));
+  if (topo->num_workers() == 0) topo->set_num_workers(1);
+  ASSIGN_OR_RETURN(const int64_t batch, PositiveIntFlag(parsed, "batch_size"));
+  if (batch > 0) topo->set_batch_size(batch);
+  if (topo->batch_size() == 0)
+    topo->set_batch_size(job.training().batch_size());
+  return spec;
+}
+
+int RunPlan(const ParsedArgs& parsed) {
+  v1::JobConfig job;
+  if (absl::Status s = ReadTextProto(parsed.args[0], &job); !s.ok()) {
+    return UsageError(&parsed, s);
+  }
+  absl::StatusOr<v1::PlanSpec> spec = PlanSpecFromFlags(parsed, job);
+  if (!spec.ok()) return UsageError(&parsed, spec.status());
+  absl::StatusOr<v1::ShardingPlan> plan =
+      planner::PlanSharding(planner::PlannerInputFromJob(job, *spec));
+  if (absl::IsInvalidArgument(plan.status()))
+    return UsageError(&parsed, plan.status());
+  if (!plan.ok()) return Error(plan.status());
+  std::string text = planner::FormatPlan(*plan);
+  // Whether the data plane can serve it as a shard map.
+  if (absl::Status s = planner::PlanToShardMap(*plan, 1).status(); !s.ok()) {
+    text += absl::StrCat(
+        "\nnote: planned only, the shard servers cannot serve "
+        "this plan yet: ",
+        s.message(), "\n");
+  }
+  return Print(parsed, *plan, text, kExitOk);
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(argc, argv);
+  if (!parsed.ok()) {
+    // Point at the command's help when the command itself was recognised.
+    ParsedArgs hint;
+    for (int i = 1; i < argc && hint.command == nullptr; ++i) {
+      hint.command = FindCommand(argv[i]);
+    }
+    return UsageError(&hint, parsed.status());
+  }
+  if (parsed->help) {
+    std::cout << (parsed->command != nullptr ? CommandHelp(*parsed->command)
+                                             : MainHelp());
+    return kExitOk;
+  }
+  if (!parsed->command->uses_cluster) return RunPlan(*parsed);
+  return RunClusterCommand(*parsed);
+}
+
+}  // namespace
+}  // namespace recps::client::admin
+
+int main(int argc, char** argv) {
+  return recps::client::admin::Main(argc, argv);
+}

@@ -1,0 +1,492 @@
+// recps: the launcher.
+//
+//   recps local [--job=FILE] [--shards=2] [--workers=2] [--consistency=sync]
+//               [-- WORKER FLAGS]
+//
+//   recps launch --coordinator=HOST:PORT --nproc_per_node=N [--nnodes=M
+//                --node_rank=R] [CONFIG] [-- WORKER FLAGS]
+//
+// `local` starts a coordinator, S shard servers and W workers as processes on
+// 127.0.0.1 (ports picked by the OS), trains the job, shows one progress view
+// (rank 0's progress and every worker's evaluations; the servers log to files
+// in the work directory), and stops everything at the end or on Ctrl-C.
+// With no flags it trains examples/small.textproto with 2 shards and 2
+// workers in sync mode.
+//
+// `launch` starts this node's workers of a cluster whose coordinator and
+// shard servers run elsewhere, like torchrun: RANK, LOCAL_RANK, WORLD_SIZE
+// and LOCAL_WORLD_SIZE set, one GPU each; it forwards SIGINT/SIGTERM and
+// fails (stopping the rest) naming the first rank that failed.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/launcher/launch_topology.h"
+#include "client/launcher/process.h"
+#include "common/log.h"
+#include "common/rpc/channels.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "common/config/job_config.h"
+
+ABSL_FLAG(std::string, job, "",
+          "job config (text-format recps.v1.JobConfig); default: "
+          "examples/small.textproto");
+ABSL_FLAG(int, shards, 2, "shard servers to start");
+ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
+ABSL_FLAG(std::string, consistency, "",
+          "override the job's consistency: sync, bounded or async");
+ABSL_FLAG(int, staleness, 1, "steps of staleness with --consistency=bounded");
+ABSL_FLAG(int64_t, steps, 0, "override the job's training.steps (0: keep)");
+ABSL_FLAG(std::string, bin_dir, "",
+          "where recps-coordinator, recps-shard and recps-worker are (default: "
+          "next to this binary, or the build tree's server/ and worker/)");
+ABSL_FLAG(std::string, work_dir, "",
+          "directory for logs, the coordinator's state and the job copy "
+          "(default: a new /tmp/recps-local-* directory)");
+ABSL_FLAG(std::string, result_dir, "",
+          "local: each worker writes its --result_json to DIR/result<rank>.json "
+          "(samples/s, per-phase step times, evaluations)");
+ABSL_FLAG(std::string, coordinator, "",
+          "launch: the cluster's coordinator, host:port (required)");
+ABSL_FLAG(int, nproc_per_node, -1,
+          "launch: workers to start on this node (default 1; or one per SLURM "
+          "task, see docs/cluster.md)");
+ABSL_FLAG(int, nnodes, -1, "launch: nodes in the job (default: $SLURM_NNODES, else 1)");
+ABSL_FLAG(int, node_rank, -1,
+          "launch: this node's index (default: $SLURM_NODEID, else "
+          "$JOB_COMPLETION_INDEX, else 0 with one node)");
+ABSL_FLAG(std::string, gpus, "auto",
+          "launch: GPUs for the local ranks (CUDA_VISIBLE_DEVICES=one each): "
+          "auto (the inherited CUDA_VISIBLE_DEVICES, else every /dev/nvidiaN), "
+          "none, or a list such as 0,1,2,3");
+ABSL_FLAG(std::string, log_dir, "",
+          "launch: write each worker's output to DIR/worker<rank>.log (default: "
+          "this terminal)");
+ABSL_FLAG(absl::Duration, start_timeout, absl::Seconds(60),
+          "how long servers may take to start");
+
+namespace recps::client {
+namespace {
+
+std::string FindBinary(const std::string& name) {
+  std::vector<std::string> dirs;
+  if (const std::string d = absl::GetFlag(FLAGS_bin_dir); !d.empty()) dirs.push_back(d);
+  const std::string self = SelfDirectory();
+  dirs.push_back(self);  // the build puts all four binaries in build/bin
+  for (const std::string& d : dirs) {
+    const std::string path = d + "/" + name;
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
+}
+
+std::string DefaultJob() {
+  for (const std::string& p :
+       {std::string("examples/small.textproto"),
+        SelfDirectory() + "/../../examples/small.textproto"}) {
+    if (std::filesystem::exists(p)) return p;
+  }
+  return "examples/small.textproto";
+}
+
+std::string Tail(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  const size_t from = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
+  return absl::StrJoin(all.begin() + from, all.end(), "\n");
+}
+
+// Waits for a child's port file; fails if the child exits first.
+absl::StatusOr<int> WaitForPort(ChildProcess& child, const std::string& port_file,
+                                const std::string& log) {
+  const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_start_timeout);
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    int port = 0;
+    if (in >> port && port > 0) return port;
+    if (child.Poll().ok()) {
+      return absl::InternalError(absl::StrCat(child.name(), " exited during start-up:\n",
+                                              Tail(log, 20)));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(child.name(), " did not start; see ", log));
+}
+
+// Waits until `server` has a shard map (the coordinator pushes it once every
+// shard has registered).
+absl::Status WaitForShardMap(const std::string& server) {
+  auto stub = v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(server, rpc::ChannelKind::kControl));
+  const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_start_timeout);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext ctx;
+    rpc::SetTimeout(absl::Seconds(2), &ctx);
+    v1::GetShardMapRequest req;
+    v1::ShardMap map;
+    if (stub->GetShardMap(&ctx, req, &map).ok() && map.epoch() > 0) {
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "shard server ", server, " received no shard map from the coordinator"));
+}
+
+// Waits until every worker exited, one failed, a server exited, or a
+// SIGINT/SIGTERM arrived (blocked in main, taken here). On a failure the
+// other workers get SIGTERM; a signal is forwarded to the workers as it is.
+// Workers still running after a grace period are killed. Returns 0, 1 (a
+// worker or server failed: the log names which), or 128 + the signal.
+int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>& names,
+              std::vector<ChildProcess>* servers, const std::string& what) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  int exit_code = 0;
+  int stop_signal = SIGTERM;
+  size_t remaining = workers.size();
+  while (remaining > 0 && exit_code == 0) {
+    timespec tick{0, 100 * 1000 * 1000};
+    if (const int sig = sigtimedwait(&stop, nullptr, &tick); sig > 0) {
+      LogWarning("interrupted (", strsignal(sig), "): stopping ", what);
+      stop_signal = sig;
+      exit_code = 128 + sig;
+      break;
+    }
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (!workers[i].running()) continue;
+      absl::StatusOr<int> code = workers[i].Poll();
+      if (!code.ok()) continue;
+      --remaining;
+      if (*code != 0 && exit_code == 0) {
+        LogError(names[i], " failed with exit code ", *code, "; stopping ", what);
+        exit_code = 1;
+      }
+    }
+    if (servers == nullptr) continue;
+    for (ChildProcess& s : *servers) {
+      if (s.running() && s.Poll().ok() && exit_code == 0) {
+        LogError(s.name(), " exited unexpectedly; stopping ", what);
+        exit_code = 1;
+      }
+    }
+  }
+  for (ChildProcess& w : workers) w.Signal(stop_signal);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  for (ChildProcess& w : workers) {
+    if (w.running()) (void)w.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
+    if (w.running()) (void)w.Stop(absl::Seconds(1));
+  }
+  return exit_code;
+}
+
+int RunLocal(const std::vector<std::string>& worker_args) {
+  const int num_shards = absl::GetFlag(FLAGS_shards);
+  const int num_workers = absl::GetFlag(FLAGS_workers);
+  if (num_shards < 1 || num_workers < 1) {
+    LogError("--shards and --workers must be >= 1");
+    return 2;
+  }
+  std::string job_path = absl::GetFlag(FLAGS_job);
+  if (job_path.empty()) job_path = DefaultJob();
+  absl::StatusOr<v1::JobConfig> job = config::ReadJobConfig(job_path);
+  if (!job.ok()) {
+    LogError(job.status().message());
+    return 2;
+  }
+  if (const std::string mode = absl::GetFlag(FLAGS_consistency); !mode.empty()) {
+    v1::ConsistencyConfig* c = job->mutable_training()->mutable_consistency();
+    if (mode == "sync") {
+      c->set_mode(v1::ConsistencyConfig::SYNC);
+    } else if (mode == "bounded") {
+      c->set_mode(v1::ConsistencyConfig::BOUNDED);
+      c->set_staleness(absl::GetFlag(FLAGS_staleness));
+    } else if (mode == "async") {
+      c->set_mode(v1::ConsistencyConfig::ASYNC);
+    } else {
+      LogError("--consistency=", mode, ": expected sync, bounded or async");
+      return 2;
+    }
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
+
+  const std::string coordinator_bin = FindBinary("recps-coordinator");
+  const std::string shard_bin = FindBinary("recps-shard");
+  const std::string worker_bin = FindBinary("recps-worker");
+  if (coordinator_bin.empty() || shard_bin.empty() || worker_bin.empty()) {
+    LogError("cannot find recps-coordinator, recps-shard and recps-worker; "
+             "set --bin_dir");
+    return 2;
+  }
+  std::string work = absl::GetFlag(FLAGS_work_dir);
+  if (work.empty()) {
+    std::string tmpl = "/tmp/recps-local-XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      LogError("cannot create a work directory in /tmp");
+      return 1;
+    }
+    work = tmpl;
+  }
+  std::filesystem::create_directories(work);
+  const std::string job_copy = work + "/job.textproto";
+  {
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(*job, &text);
+    std::ofstream(job_copy) << text;
+  }
+  LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s), ",
+          num_workers, " worker(s); logs in ", work);
+
+  // Children stop in reverse order of start when this vector is destroyed;
+  // workers are stopped explicitly first.
+  std::vector<ChildProcess> servers;
+  auto fail = [&](const absl::Status& s) {
+    LogError(s.message());
+    LogError("logs are in ", work);
+    return 1;
+  };
+  const std::string coord_log = work + "/coordinator.log";
+  absl::StatusOr<ChildProcess> coordinator = ChildProcess::Spawn(
+      coordinator_bin,
+      {"--state_dir=" + work + "/coordinator", "--job=" + job_copy,
+       absl::StrCat("--num_shards=", num_shards), "--listen=127.0.0.1:0",
+       "--port_file=" + work + "/coordinator.ports"},
+      coord_log);
+  if (!coordinator.ok()) return fail(coordinator.status());
+  servers.push_back(*std::move(coordinator));
+  absl::StatusOr<int> coord_port =
+      WaitForPort(servers.back(), work + "/coordinator.ports", coord_log);
+  if (!coord_port.ok()) return fail(coord_port.status());
+
+  std::vector<std::string> shard_addresses;
+  for (int i = 0; i < num_shards; ++i) {
+    const std::string log = absl::StrCat(work, "/shard", i, ".log");
+    const std::string ports = absl::StrCat(work, "/shard", i, ".ports");
+    absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(
+        shard_bin,
+        {"--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
+         absl::StrCat("--coordinator=127.0.0.1:", *coord_port),
+         "--listen=127.0.0.1:0", "--port_file=" + ports},
+        log);
+    if (!shard.ok()) return fail(shard.status());
+    servers.push_back(*std::move(shard));
+    absl::StatusOr<int> port = WaitForPort(servers.back(), ports, log);
+    if (!port.ok()) return fail(port.status());
+    shard_addresses.push_back(absl::StrCat("127.0.0.1:", *port));
+  }
+  for (const std::string& s : shard_addresses) {
+    if (absl::Status st = WaitForShardMap(s); !st.ok()) return fail(st);
+  }
+
+  // Share the cores: each worker gets its part for its own pool and for
+  // OpenBLAS (whose threads would otherwise oversubscribe the machine).
+  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                                      num_workers);
+  setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), /*overwrite=*/0);
+  std::vector<ChildProcess> workers;
+  for (int r = 0; r < num_workers; ++r) {
+    std::vector<std::string> args = {
+        absl::StrCat("--coordinator=127.0.0.1:", *coord_port),
+        absl::StrCat("--rank=", r), absl::StrCat("--world_size=", num_workers),
+        absl::StrCat("--threads=", threads),
+        r == 0 ? "--progress_every=2s" : "--progress_every=1000h"};
+    if (const std::string dir = absl::GetFlag(FLAGS_result_dir); !dir.empty()) {
+      std::filesystem::create_directories(dir);
+      args.push_back(absl::StrCat("--result_json=", dir, "/result", r, ".json"));
+    }
+    args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
+    absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
+    if (!w.ok()) return fail(w.status());
+    workers.push_back(*std::move(w));
+  }
+
+  std::vector<std::string> names;
+  for (int r = 0; r < num_workers; ++r) names.push_back(absl::StrCat("worker ", r));
+  const int exit_code = Supervise(workers, names, &servers, "the cluster");
+  for (auto it = servers.rbegin(); it != servers.rend(); ++it) {
+    if (it->running()) (void)it->Stop(absl::Seconds(10));
+  }
+  if (exit_code != 0) LogError("logs are in ", work);
+  if (exit_code == 0) {
+    LogInfo("done; logs in ", work);
+    if (absl::GetFlag(FLAGS_work_dir).empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(work + "/coordinator", ec);
+    }
+  }
+  return exit_code;
+}
+
+// GPUs to hand out, one per local rank: --gpus, else the inherited
+// CUDA_VISIBLE_DEVICES, else the /dev/nvidiaN devices. Empty: CPU workers.
+std::vector<std::string> GpuList() {
+  const std::string flag = absl::GetFlag(FLAGS_gpus);
+  if (flag == "none") return {};
+  if (flag != "auto") return absl::StrSplit(flag, ',', absl::SkipEmpty());
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0') {
+    return absl::StrSplit(v, ',', absl::SkipEmpty());
+  }
+  std::vector<std::string> gpus;
+  for (int i = 0; std::filesystem::exists(absl::StrCat("/dev/nvidia", i)); ++i) {
+    gpus.push_back(absl::StrCat(i));
+  }
+  return gpus;
+}
+
+int RunLaunch(const std::vector<std::string>& positional,
+              const std::vector<std::string>& worker_args) {
+  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
+  if (coordinator.empty()) {
+    LogError("recps launch needs --coordinator=host:port (the cluster's coordinator)");
+    return 2;
+  }
+  if (positional.size() > 1) {
+    LogError("recps launch takes at most one job config, got ", positional.size());
+    return 2;
+  }
+  LaunchFlags flags;
+  flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  flags.nnodes = absl::GetFlag(FLAGS_nnodes);
+  flags.node_rank = absl::GetFlag(FLAGS_node_rank);
+  absl::StatusOr<LaunchTopology> topology =
+      ResolveLaunchTopology(flags, [](const char* name) { return std::getenv(name); });
+  if (!topology.ok()) {
+    LogError(topology.status().message());
+    return 2;
+  }
+  const std::string worker_bin = FindBinary("recps-worker");
+  if (worker_bin.empty()) {
+    LogError("cannot find recps-worker; set --bin_dir");
+    return 2;
+  }
+  const std::vector<std::string> gpus = GpuList();
+  const int local_workers = static_cast<int>(topology->workers.size());
+  if (!gpus.empty() && topology->local_world_size > static_cast<int>(gpus.size())) {
+    LogWarning(topology->local_world_size, " workers per node share ", gpus.size(),
+               " GPU(s)");
+  }
+  // CPU workers share the cores (their pools and OpenBLAS).
+  const int threads = std::max(
+      1, static_cast<int>(std::thread::hardware_concurrency()) / local_workers);
+  LogInfo("node ", topology->node_rank, " of ", topology->nnodes, " (from ",
+          topology->source, "): starting ", local_workers, " worker(s) of ",
+          topology->world_size, ", coordinator ", coordinator,
+          gpus.empty() ? ", no GPUs" : ", GPUs " + absl::StrJoin(gpus, ","));
+
+  std::vector<ChildProcess> workers;
+  std::vector<std::string> names;
+  for (const LaunchedWorker& w : topology->workers) {
+    std::vector<std::string> env = {
+        absl::StrCat("RANK=", w.rank), absl::StrCat("LOCAL_RANK=", w.local_rank),
+        absl::StrCat("WORLD_SIZE=", topology->world_size),
+        absl::StrCat("LOCAL_WORLD_SIZE=", topology->local_world_size),
+        absl::StrCat("GROUP_RANK=", topology->node_rank)};
+    std::string where = "CPU";
+    if (!gpus.empty()) {
+      const std::string& gpu = gpus[w.local_rank % gpus.size()];
+      env.push_back("CUDA_VISIBLE_DEVICES=" + gpu);
+      where = "GPU " + gpu;
+    }
+    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+      env.push_back(absl::StrCat("OPENBLAS_NUM_THREADS=", threads));
+    }
+    std::vector<std::string> args = {"--coordinator=" + coordinator,
+                                     absl::StrCat("--threads=", threads),
+                                     w.rank == 0 ? "--progress_every=2s"
+                                                 : "--progress_every=1000h"};
+    if (!positional.empty()) args.push_back("--config=" + positional[0]);
+    args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
+    std::string log;
+    if (const std::string dir = absl::GetFlag(FLAGS_log_dir); !dir.empty()) {
+      std::filesystem::create_directories(dir);
+      log = absl::StrCat(dir, "/worker", w.rank, ".log");
+    }
+    absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(worker_bin, args, log, env);
+    if (!child.ok()) {
+      LogError(child.status().message());
+      return 1;  // the ones already started stop with `workers`
+    }
+    LogInfo("rank ", w.rank, " (local rank ", w.local_rank, ", ", where, "): pid ",
+            child->pid(), log.empty() ? "" : ", log " + log);
+    workers.push_back(*std::move(child));
+    names.push_back(absl::StrCat("rank ", w.rank, " (local rank ", w.local_rank, ")"));
+  }
+  const int exit_code = Supervise(workers, names, nullptr, "the workers on this node");
+  if (exit_code == 0) LogInfo("all ", local_workers, " worker(s) finished");
+  return exit_code;
+}
+
+// absl flags are spelled with '_'; accept torchrun's '-' spelling too
+// (--nproc-per-node). Stops at "--": what follows goes to the workers.
+void NormalizeFlagNames(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* a = argv[i];
+    if (std::strcmp(a, "--") == 0) return;
+    if (a[0] != '-' || a[1] != '-') continue;
+    for (char* c = a + 2; *c != '\0' && *c != '='; ++c) {
+      if (*c == '-') *c = '_';
+    }
+  }
+}
+
+}  // namespace
+}  // namespace recps::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "recps launcher.\n"
+      "  recps local [--job=FILE] [--shards=N] [--workers=N] "
+      "[--consistency=sync|bounded|async] [--steps=N] [-- WORKER FLAGS]\n"
+      "    start a coordinator, shard servers and workers on 127.0.0.1 and "
+      "train the job (default: examples/small.textproto, 2 shards, 2 workers, "
+      "sync)\n"
+      "  recps launch --coordinator=HOST:PORT [--nproc_per_node=N] [--nnodes=M "
+      "--node_rank=R] [--gpus=auto|none|0,1,..] [CONFIG] [-- WORKER FLAGS]\n"
+      "    start this node's workers of a cluster (RANK, LOCAL_RANK, WORLD_SIZE, "
+      "LOCAL_WORLD_SIZE set; node rank also from SLURM or JOB_COMPLETION_INDEX)");
+  // Signals are taken with sigtimedwait; block them before any thread starts.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  // Everything after "--" is for the workers (recps launch).
+  std::vector<std::string> worker_args;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") != 0) continue;
+    worker_args.assign(argv + i + 1, argv + argc);
+    argc = i;
+    break;
+  }
+  recps::client::NormalizeFlagNames(argc, argv);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  recps::SetLogTag("recps");
+  const std::string command = args.size() >= 2 ? args[1] : "";
+  if (command == "local" && args.size() == 2) return recps::client::RunLocal(worker_args);
+  if (command == "launch") {
+    return recps::client::RunLaunch(std::vector<std::string>(args.begin() + 2, args.end()),
+                                    worker_args);
+  }
+  std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+  return 2;
+}

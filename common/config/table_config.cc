@@ -1,0 +1,113 @@
+#include "common/config/table_config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/config/text_proto.h"
+
+namespace recps::config {
+namespace {
+
+absl::Status Bad(const v1::TableConfig& c, absl::string_view field,
+                 absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "table '", c.name(), "': ", field, " ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
+    const v1::OptimizerConfig& o) {
+  kernels::OptimizerParams p;
+  switch (o.kind()) {
+    case v1::OptimizerConfig::SGD:
+      p.kind = kernels::OptimizerKind::kSgd;
+      break;
+    case v1::OptimizerConfig::ADAGRAD:
+      p.kind = kernels::OptimizerKind::kAdagrad;
+      break;
+    case v1::OptimizerConfig::ROWWISE_ADAGRAD:
+      p.kind = kernels::OptimizerKind::kRowWiseAdagrad;
+      break;
+    case v1::OptimizerConfig::ADAM:
+      p.kind = kernels::OptimizerKind::kAdam;
+      break;
+    case v1::OptimizerConfig::ADAMW:
+      p.kind = kernels::OptimizerKind::kAdamW;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          "kind is not set; choose SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM or ADAMW");
+  }
+  if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate is ", o.learning_rate(), "; it must be > 0"));
+  }
+  p.learning_rate = o.learning_rate();
+  p.eps = o.eps() == 0 ? 1e-8f : o.eps();
+  p.beta1 = o.beta1() == 0 ? 0.9f : o.beta1();
+  p.beta2 = o.beta2() == 0 ? 0.999f : o.beta2();
+  p.weight_decay = o.weight_decay();
+  if (absl::Status s = kernels::ValidateOptimizerParams(p); !s.ok()) {
+    return absl::InvalidArgumentError(s.message());
+  }
+  return p;
+}
+
+absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
+  TableSpec spec;
+  spec.name = c.name();
+  if (c.name().empty()) return Bad(c, "name", "is empty");
+  if (c.dim() < 1 || c.dim() > 4096) {
+    return Bad(c, "dim", absl::StrCat("is ", c.dim(), "; it must be in 1..4096"));
+  }
+  spec.dim = c.dim();
+  if (c.num_rows() < 0) {
+    return Bad(c, "num_rows", absl::StrCat("is ", c.num_rows(),
+                                           "; use 0 for a dynamic table"));
+  }
+  spec.num_rows = c.num_rows();
+  absl::StatusOr<kernels::OptimizerParams> optimizer =
+      OptimizerParamsFromConfig(c.optimizer());
+  if (!optimizer.ok()) return Bad(c, "optimizer:", optimizer.status().message());
+  spec.optimizer = *optimizer;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(c.dim()));
+  spec.init = RowInit{RowInit::Distribution::kUniform, -bound, bound};
+  if (c.init().has_uniform()) {
+    const auto& u = c.init().uniform();
+    if (!(u.low() < u.high())) {
+      return Bad(c, "init.uniform", absl::StrCat("needs low < high, got [", u.low(),
+                                                 ", ", u.high(), ")"));
+    }
+    spec.init = RowInit{RowInit::Distribution::kUniform, u.low(), u.high()};
+  } else if (c.init().has_normal()) {
+    const auto& n = c.init().normal();
+    if (!(n.stddev() > 0)) {
+      return Bad(c, "init.normal.stddev", absl::StrCat("is ", n.stddev(), "; it must be > 0"));
+    }
+    spec.init = RowInit{RowInit::Distribution::kNormal, n.mean(), n.stddev()};
+  }
+  return spec;
+}
+
+absl::StatusOr<std::vector<TableSpec>> TableSpecsFromConfig(
+    const v1::TablesConfig& config) {
+  if (config.tables_size() == 0) {
+    return absl::InvalidArgumentError("the tables config declares no tables");
+  }
+  std::vector<TableSpec> specs;
+  for (const v1::TableConfig& t : config.tables()) {
+    absl::StatusOr<TableSpec> spec = TableSpecFromConfig(t);
+    if (!spec.ok()) return spec.status();
+    specs.push_back(*std::move(spec));
+  }
+  return specs;
+}
+
+absl::StatusOr<v1::TablesConfig> ReadTablesConfig(const std::string& path) {
+  v1::TablesConfig config;
+  if (absl::Status s = ReadTextProto(path, &config); !s.ok()) return s;
+  return config;
+}
+
+}  // namespace recps::config

@@ -1,0 +1,27 @@
+// A table as the store, the worker and the planner see it: name, row width,
+// row count, optimizer and initialisation, validated from its config by
+// common/config/table_config.h.
+#ifndef RECPS_COMMON_CONFIG_TABLE_SPEC_H_
+#define RECPS_COMMON_CONFIG_TABLE_SPEC_H_
+
+#include <cstdint>
+#include <string>
+
+#include "common/row_init.h"
+#include "kernels/optimizer.h"
+
+namespace recps::config {
+
+struct TableSpec {
+  std::string name;
+  int dim = 0;
+  // 0: dynamic (any int64 id, rows created on first touch); N > 0: ids in
+  // [0, N), others refused.
+  int64_t num_rows = 0;
+  kernels::OptimizerParams optimizer;
+  RowInit init;
+};
+
+}  // namespace recps::config
+
+#endif  // RECPS_COMMON_CONFIG_TABLE_SPEC_H_

@@ -1,0 +1,51 @@
+#include "common/rpc/status_conversion.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace recps::rpc {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  std::string message(status.message());
+  if (message.empty()) message = absl::StatusCodeToString(status.code());
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::move(message));
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status,
+                          grpc::ServerContextBase* context) {
+  if (context != nullptr) {
+    if (absl::optional<absl::Cord> epoch = status.GetPayload(kShardMapEpochKey)) {
+      context->AddTrailingMetadata(kShardMapEpochKey, std::string(*epoch));
+    }
+  }
+  return ToGrpcStatus(status);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view peer,
+                            absl::string_view rpc) {
+  if (status.ok()) return absl::OkStatus();
+  const std::string message = status.error_message();  // a copy: gRPC returns it by value
+  return absl::Status(
+      static_cast<absl::StatusCode>(status.error_code()),
+      absl::StrCat(peer, ": ", rpc, rpc.empty() ? "" : ": ",
+                   message.empty()
+                       ? absl::StatusCodeToString(
+                             static_cast<absl::StatusCode>(status.error_code()))
+                       : message));
+}
+
+std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  const auto it = trailers.find(kShardMapEpochKey);
+  if (it == trailers.end()) return std::nullopt;
+  uint64_t epoch = 0;
+  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
+                        &epoch)) {
+    return std::nullopt;
+  }
+  return epoch;
+}
+
+}  // namespace recps::rpc

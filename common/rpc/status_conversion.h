@@ -1,0 +1,40 @@
+// absl::Status <-> grpc::Status, in one place. The codes are the same
+// numbers; a status carrying the shard-map epoch payload (kShardMapEpochKey,
+// "your map is stale, the current epoch is N") sends it as trailing
+// metadata, where the client reads it back.
+#ifndef RECPS_COMMON_RPC_STATUS_CONVERSION_H_
+#define RECPS_COMMON_RPC_STATUS_CONVERSION_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/wire/wire_format.h"  // kShardMapEpochKey
+#include "grpcpp/client_context.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/status.h"
+
+namespace recps::rpc {
+
+// The status as gRPC sends it. An empty message gets the code's name, so
+// that no caller ever prints an empty error.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// ToGrpcStatus, and the epoch payload (if any) added to `context`'s
+// trailing metadata.
+grpc::Status ToGrpcStatus(const absl::Status& status,
+                          grpc::ServerContextBase* context);
+
+// A finished call as an absl::Status whose message starts with who failed:
+// "<peer>: <rpc>: <gRPC's message>" (no "<rpc>: " when rpc is empty).
+absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view peer,
+                            absl::string_view rpc);
+
+// The shard map epoch a server sent in `context`'s trailing metadata, if any.
+std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& context);
+
+}  // namespace recps::rpc
+
+#endif  // RECPS_COMMON_RPC_STATUS_CONVERSION_H_

@@ -1,0 +1,244 @@
+#include "common/wire/shard_map.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+
+namespace recps {
+namespace {
+
+// Far above any table width (the store's limit is 4096); keeps column
+// numbers well inside int.
+constexpr uint32_t kMaxColumns = uint32_t{1} << 16;
+
+}  // namespace
+
+std::string ColumnGroupTableName(absl::string_view table, int column_begin,
+                                 int column_end) {
+  return absl::StrCat(table, ".cols", column_begin, "-", column_end);
+}
+
+absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
+  if (proto.num_slots() == 0) {
+    return absl::InvalidArgumentError("shard map: num_slots must be > 0");
+  }
+  if (proto.servers_size() == 0) {
+    return absl::InvalidArgumentError("shard map: no servers");
+  }
+  absl::flat_hash_set<std::string> seen;
+  for (const std::string& s : proto.servers()) {
+    if (s.empty()) return absl::InvalidArgumentError("shard map: empty server address");
+    if (!seen.insert(s).second) {
+      return absl::InvalidArgumentError(absl::StrCat("shard map: server ", s, " listed twice"));
+    }
+  }
+  if (proto.slot_owner_size() != static_cast<int>(proto.num_slots())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map: ", proto.slot_owner_size(), " slot owners for ",
+        proto.num_slots(), " slots"));
+  }
+  ShardMap m;
+  m.epoch_ = proto.epoch();
+  m.num_slots_ = proto.num_slots();
+  m.servers_.assign(proto.servers().begin(), proto.servers().end());
+  m.slot_owner_.reserve(m.num_slots_);
+  for (uint32_t slot = 0; slot < m.num_slots_; ++slot) {
+    const uint32_t owner = proto.slot_owner(slot);
+    if (owner >= m.servers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map: slot ", slot, " owned by server index ", owner, " of ",
+          m.servers_.size()));
+    }
+    m.slot_owner_.push_back(owner);
+  }
+  absl::flat_hash_set<std::string> tables;
+  for (const v1::TableRouting& t : proto.tables()) {
+    if (t.table().empty()) {
+      return absl::InvalidArgumentError("shard map: a table routing has no table name");
+    }
+    if (!tables.insert(t.table()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard map: table ", t.table(), " is routed twice"));
+    }
+    TableRouting r;
+    r.key = StableNameKey(t.table());
+    r.name = t.table();
+    if (t.column_groups_size() > 0) {
+      if (t.slot_owner_size() > 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map: table ", t.table(),
+            " has both column groups and slot owners"));
+      }
+      uint32_t next = 0;  // the column the next group must start at
+      for (const v1::ColumnGroupRouting& g : t.column_groups()) {
+        if (g.column_begin() != next || g.column_end() <= g.column_begin() ||
+            g.column_end() > kMaxColumns) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "shard map: table ", t.table(), " has column group [",
+              g.column_begin(), ", ", g.column_end(), ") where [", next,
+              ", ...) was due: groups must be non-empty, contiguous, start "
+              "at column 0 and end by column ", kMaxColumns));
+        }
+        if (g.owner() >= m.servers_.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "shard map: column group [", g.column_begin(), ", ",
+              g.column_end(), ") of table ", t.table(),
+              " is owned by server index ", g.owner(), " of ",
+              m.servers_.size()));
+        }
+        next = g.column_end();
+        ColumnGroup group;
+        group.begin = static_cast<int>(g.column_begin());
+        group.end = static_cast<int>(g.column_end());
+        group.owner = static_cast<int>(g.owner());
+        group.table = ColumnGroupTableName(t.table(), group.begin, group.end);
+        group.key = StableNameKey(group.table);
+        r.groups.push_back(std::move(group));
+      }
+      // Each group routes its own name to its owner.
+      for (const ColumnGroup& g : r.groups) {
+        TableRouting gr;
+        gr.key = g.key;
+        gr.name = g.table;
+        gr.owner = g.owner;
+        gr.is_group = true;
+        m.tables_.push_back(std::move(gr));
+      }
+    } else if (t.slot_owner_size() == 0) {
+      if (t.owner() >= m.servers_.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map: table ", t.table(), " owned by server index ", t.owner(),
+            " of ", m.servers_.size()));
+      }
+      r.owner = static_cast<int>(t.owner());
+    } else {
+      if (t.slot_owner_size() != static_cast<int>(m.num_slots_)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map: table ", t.table(), " has ", t.slot_owner_size(),
+            " slot owners for ", m.num_slots_, " slots"));
+      }
+      for (uint32_t owner : t.slot_owner()) {
+        if (owner >= m.servers_.size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "shard map: a slot of table ", t.table(), " is owned by server index ",
+              owner, " of ", m.servers_.size()));
+        }
+      }
+      r.slot_owner.assign(t.slot_owner().begin(), t.slot_owner().end());
+    }
+    m.tables_.push_back(std::move(r));
+  }
+  std::sort(m.tables_.begin(), m.tables_.end(),
+            [](const TableRouting& a, const TableRouting& b) { return a.key < b.key; });
+  for (size_t i = 1; i < m.tables_.size(); ++i) {
+    if (m.tables_[i].key == m.tables_[i - 1].key) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map: tables ", m.tables_[i - 1].name, " and ", m.tables_[i].name,
+          " have the same name key"));
+    }
+  }
+  return m;
+}
+
+const ShardMap::TableRouting* ShardMap::Find(uint64_t table_key) const {
+  auto it = std::lower_bound(
+      tables_.begin(), tables_.end(), table_key,
+      [](const TableRouting& r, uint64_t key) { return r.key < key; });
+  return it != tables_.end() && it->key == table_key ? &*it : nullptr;
+}
+
+TableRoute ShardMap::RouteOf(uint64_t table_key) const {
+  TableRoute route;
+  route.key_ = table_key;
+  route.num_slots_ = num_slots_;
+  route.owners_ = slot_owner_.data();
+  if (tables_.empty()) return route;
+  if (const TableRouting* r = Find(table_key); r != nullptr) {
+    if (r->owner >= 0) {
+      route.owners_ = nullptr;
+      route.single_owner_ = r->owner;
+      route.column_group_ = r->is_group;
+    } else if (!r->groups.empty()) {
+      route.owners_ = nullptr;  // OwnerOf: -1
+      route.column_split_ = true;
+    } else {
+      route.owners_ = r->slot_owner.data();
+    }
+  }
+  return route;
+}
+
+absl::Span<const ColumnGroup> ShardMap::ColumnGroupsOf(
+    uint64_t table_key) const {
+  if (tables_.empty()) return {};
+  const TableRouting* r = Find(table_key);
+  return r == nullptr ? absl::Span<const ColumnGroup>() : r->groups;
+}
+
+absl::Status ShardMap::CheckWidth(absl::string_view table, int dim) const {
+  const absl::Span<const ColumnGroup> groups =
+      ColumnGroupsOf(StableNameKey(table));
+  if (groups.empty() || groups.back().end == dim) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "shard map epoch ", epoch_, ": the column groups of table ", table,
+      " cover columns [0, ", groups.back().end, ") but the table has dim ",
+      dim));
+}
+
+ShardMap ShardMap::Uniform(uint64_t epoch, uint32_t num_slots,
+                           std::vector<std::string> servers) {
+  ShardMap m;
+  m.epoch_ = epoch;
+  m.num_slots_ = num_slots;
+  m.servers_ = std::move(servers);
+  const uint64_t n = m.servers_.size();
+  m.slot_owner_.resize(num_slots);
+  for (uint32_t slot = 0; slot < num_slots; ++slot) {
+    m.slot_owner_[slot] = static_cast<uint32_t>(slot * n / num_slots);
+  }
+  return m;
+}
+
+v1::ShardMap ShardMap::ToProto() const {
+  v1::ShardMap p;
+  p.set_epoch(epoch_);
+  p.set_num_slots(num_slots_);
+  for (const std::string& s : servers_) p.add_servers(s);
+  p.mutable_slot_owner()->Add(slot_owner_.begin(), slot_owner_.end());
+  for (const TableRouting& r : tables_) {
+    if (r.is_group) continue;  // written with its table
+    v1::TableRouting* t = p.add_tables();
+    t->set_table(r.name);
+    if (!r.groups.empty()) {
+      for (const ColumnGroup& g : r.groups) {
+        v1::ColumnGroupRouting* gp = t->add_column_groups();
+        gp->set_column_begin(static_cast<uint32_t>(g.begin));
+        gp->set_column_end(static_cast<uint32_t>(g.end));
+        gp->set_owner(static_cast<uint32_t>(g.owner));
+      }
+    } else if (r.owner >= 0) {
+      t->set_owner(static_cast<uint32_t>(r.owner));
+    } else {
+      t->mutable_slot_owner()->Add(r.slot_owner.begin(), r.slot_owner.end());
+    }
+  }
+  return p;
+}
+
+int ShardMap::IndexOf(absl::string_view server) const {
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (servers_[i] == server) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<uint32_t> ShardMap::SlotsOf(int server) const {
+  std::vector<uint32_t> out;
+  for (uint32_t slot = 0; slot < num_slots_; ++slot) {
+    if (slot_owner_[slot] == static_cast<uint32_t>(server)) out.push_back(slot);
+  }
+  return out;
+}
+
+}  // namespace recps

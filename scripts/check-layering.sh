@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Checks that layers only point down (docs/architecture.md):
+#   base (common/*) <- kernels <- config (common/config) ; wire (common/wire)
+#   <- rpc (common/rpc) <- server/*, client/*, worker/
+# by the #include lines of every source file, and, given a build directory,
+# that each binary links only the libraries of its own role.
+#   scripts/check-layering.sh [BUILD_DIR]
+# Prints every broken rule and exits 1 if there is one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-}
+broken=0
+
+# includes DIR REGEX WHY: no file under DIR may include a quoted path
+# matching REGEX.
+forbid() {
+  local where=$1 pattern=$2 why=$3 hits
+  hits=$(grep -rnE --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' \
+           "^#include \"($pattern)" $where 2>/dev/null || true)
+  if [[ -n $hits ]]; then
+    echo "layering: $why:"
+    echo "$hits" | sed 's/^/  /'
+    broken=1
+  fi
+}
+# Top-level files of common/ only (the base library), not its subfolders.
+base_files=$(find common -maxdepth 1 -type f \( -name '*.h' -o -name '*.cc' \))
+
+forbid "$base_files" 'common/[a-z_]+/|kernels/|server/|client/|worker/|recps/v1/|google/protobuf/|grpcpp/|prometheus/|rocksdb/' \
+  "the base library (common/*.h) includes only itself, abseil and the standard library"
+forbid kernels 'common/[a-z_]+/|server/|client/|worker/|recps/v1/|google/protobuf/|grpcpp/|prometheus/|rocksdb/' \
+  "kernels include only kernels/ and the base library"
+forbid common/wire 'common/(config|rpc)/|kernels/|server/|client/|worker/|grpcpp/' \
+  "the wire library includes only the base library and the protos"
+forbid common/config 'common/(wire|rpc)/|server/|client/|worker/|grpcpp/' \
+  "the config library includes only the base library, kernels' parameter types and the protos"
+forbid common/rpc 'common/config/|kernels/|server/|client/|worker/' \
+  "the RPC layer includes only the base and wire libraries and gRPC"
+forbid worker 'server/|client/launcher/|client/admin/' \
+  "the worker includes no server internals, launcher or admin CLI"
+forbid server/shard 'server/coordinator/|server/planner/|worker/|client/launcher/|client/admin/' \
+  "the shard server includes no coordinator, planner, worker, launcher or admin code"
+forbid server/coordinator 'server/shard/|worker/|client/' \
+  "the coordinator reaches shard servers through the protos only"
+forbid server/planner 'server/coordinator/|worker/|client/' \
+  "the planner sees the store only through server/shard/store_footprint.h"
+forbid client 'server/(shard|coordinator)/|worker/' \
+  "client code includes no server or worker internals"
+forbid client/launcher 'server/|client/admin/' \
+  "the launcher starts the daemons as processes and links none of them"
+
+# grep -E has no look-ahead: the planner rule above would refuse
+# store_footprint.h too; check it precisely here instead.
+planner_hits=$(grep -rnE '^#include "server/shard/' server/planner | grep -v 'server/shard/store_footprint.h' || true)
+if [[ -n $planner_hits ]]; then
+  echo "layering: the planner includes store internals:"; echo "$planner_hits" | sed 's/^/  /'
+  broken=1
+fi
+
+if [[ -n $build_dir ]]; then
+  # links BINARY_LINK_TXT FORBIDDEN_LIB...: the binary's link line names none.
+  links() {
+    local link_txt=$build_dir/$1; shift
+    if [[ ! -f $link_txt ]]; then
+      echo "layering: $link_txt missing (is $build_dir a recps build?)"; broken=1; return
+    fi
+    for lib in "$@"; do
+      if grep -qE "(^| |/)lib$lib\.(a|so)( |$)" "$link_txt"; then
+        echo "layering: $(dirname "$1") links lib$lib, which it does not use"
+        broken=1
+      fi
+    done
+  }
+  links worker/CMakeFiles/recps-worker.dir/link.txt recps_server_store recps_server recps_coordinator recps_planner recps_launcher recps_admin
+  links client/launcher/CMakeFiles/recps.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator recps_client
+  links client/admin/CMakeFiles/recpsctl.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator
+  links server/shard/CMakeFiles/recps-shard.dir/link.txt recps_worker recps_coordinator recps_planner recps_admin
+  links server/coordinator/CMakeFiles/recps-coordinator.dir/link.txt recps_worker recps_server recps_server_store recps_admin
+  # The kernels' own tests link no protobuf or gRPC.
+  links tests/CMakeFiles/recps_kernels_test.dir/link.txt recps_proto protobuf grpc++
+fi
+
+if [[ $broken == 0 ]]; then echo "layering: all rules hold"; fi
+exit $broken

@@ -1,0 +1,506 @@
+// Members, leases, the shard map and the job. Key-value store, waits and
+// barriers: coordinator_rendezvous.cc.
+#include "server/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/wire/shard_map.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+
+namespace recps::server {
+namespace {
+
+constexpr char kMemberPrefix[] = "member/";
+constexpr char kShardMapKey[] = "shard_map";
+constexpr char kJobKey[] = "job";
+constexpr char kKvPrefix[] = "kv/";
+
+const char* RoleName(v1::MemberRole role) {
+  switch (role) {
+    case v1::SHARD_SERVER: return "shard";
+    case v1::WORKER: return "worker";
+    default: return "unknown";
+  }
+}
+
+int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+}  // namespace
+
+struct Coordinator::Metrics {
+  explicit Metrics(prometheus::Registry& registry)
+      : members(prometheus::BuildGauge()
+                    .Name("recps_coordinator_members")
+                    .Help("Registered members by role and lease state")
+                    .Register(registry)),
+        expirations(prometheus::BuildCounter()
+                        .Name("recps_coordinator_lease_expirations_total")
+                        .Help("Members whose lease ran out, by role")
+                        .Register(registry)),
+        epoch(prometheus::BuildGauge()
+                  .Name("recps_coordinator_shard_map_epoch")
+                  .Help("Epoch of the current shard map (0: none yet)")
+                  .Register(registry)
+                  .Add({})) {}
+  prometheus::Family<prometheus::Gauge>& members;
+  prometheus::Family<prometheus::Counter>& expirations;
+  prometheus::Gauge& epoch;
+};
+
+void Coordinator::Deferred::Run(Coordinator* c) {
+  for (auto& call : calls) std::move(call)();
+  for (const v1::ShardMap& map : published) c->Publish(map);
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
+    std::unique_ptr<CoordinatorStore> store, CoordinatorOptions options,
+    prometheus::Registry* registry) {
+  if (store == nullptr) return absl::InvalidArgumentError("no store");
+  if (options.num_shards < 0) {
+    return absl::InvalidArgumentError("num_shards must be >= 0");
+  }
+  if (options.num_slots == 0) return absl::InvalidArgumentError("num_slots must be > 0");
+  if (options.lease <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lease must be positive");
+  }
+  if (!options.clock) options.clock = [] { return absl::Now(); };
+  std::unique_ptr<Coordinator> c(
+      new Coordinator(std::move(store), std::move(options), registry));
+  RETURN_IF_ERROR(c->Load());
+  return c;
+}
+
+Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
+                         CoordinatorOptions options, prometheus::Registry* registry)
+    : store_(std::move(store)), options_(std::move(options)) {
+  if (registry != nullptr) metrics_ = std::make_unique<Metrics>(*registry);
+}
+
+Coordinator::~Coordinator() { CancelWaits(absl::CancelledError("coordinator closed")); }
+
+absl::Status Coordinator::Load() {
+  absl::MutexLock lock(&mu_);
+  // A restarted coordinator gives every live member a fresh lease: it cannot
+  // know what it missed while down.
+  const absl::Time now = Now();
+  ASSIGN_OR_RETURN(auto members, store_->Scan(kMemberPrefix));
+  for (const auto& [key, value] : members) {
+    MemberEntry entry;
+    if (!entry.record.ParseFromString(value)) {
+      return absl::DataLossError(absl::StrCat("coordinator state in ", store_->path(),
+                                              ": cannot parse ", key));
+    }
+    entry.last_heartbeat = now;
+    next_sequence_ = std::max(next_sequence_, entry.record.sequence() + 1);
+    members_[entry.record.member_id()] = std::move(entry);
+  }
+  absl::StatusOr<std::string> map = store_->Get(kShardMapKey);
+  if (map.ok()) {
+    if (!map_.ParseFromString(*map) || !ShardMap::FromProto(map_).ok()) {
+      return absl::DataLossError(absl::StrCat("coordinator state in ", store_->path(),
+                                              ": the stored shard map is malformed"));
+    }
+    if (map_.num_slots() != options_.num_slots) {
+      LogWarning("the stored shard map has ", map_.num_slots(), " slots, not ",
+                 options_.num_slots, " as asked: keeping the stored map");
+    }
+  } else if (!absl::IsNotFound(map.status())) {
+    return map.status();
+  }
+  absl::StatusOr<std::string> job = store_->Get(kJobKey);
+  if (job.ok()) {
+    if (!job_.ParseFromString(*job)) {
+      return absl::DataLossError(absl::StrCat("coordinator state in ", store_->path(),
+                                              ": the stored job is malformed"));
+    }
+    has_job_ = true;
+  } else if (!absl::IsNotFound(job.status())) {
+    return job.status();
+  }
+  RETURN_IF_ERROR(LoadPlan());
+  ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
+  for (auto& [key, value] : kv) {
+    kv_[key.substr(sizeof(kKvPrefix) - 1)] = std::move(value);
+  }
+  if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map_.epoch()));
+  UpdateMemberGauges();
+  return absl::OkStatus();
+}
+
+void Coordinator::SetMapPusher(MapPusher pusher) {
+  absl::MutexLock lock(&mu_);
+  pusher_ = std::move(pusher);
+}
+
+absl::Status Coordinator::SetJob(const v1::JobConfig& job) {
+  absl::MutexLock lock(&mu_);
+  if (has_job_) {
+    if (google::protobuf::util::MessageDifferencer::Equals(job_, job)) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the state in ", store_->path(), " holds a different job; run without "
+        "--job to keep it, or start a new cluster with a fresh --state_dir"));
+  }
+  RETURN_IF_ERROR(store_->Put(kJobKey, job.SerializeAsString()));
+  job_ = job;
+  has_job_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobConfig> Coordinator::GetJob() const {
+  absl::MutexLock lock(&mu_);
+  if (!has_job_) {
+    return absl::FailedPreconditionError(
+        "the coordinator has no job: start it with --job=FILE");
+  }
+  return job_;
+}
+
+absl::Status Coordinator::PutMember(const v1::MemberRecord& record) {
+  return store_->Put(absl::StrCat(kMemberPrefix, record.member_id()),
+                     record.SerializeAsString());
+}
+
+Coordinator::MemberEntry* Coordinator::FindSameMember(
+    const v1::RegisterRequest& request) {
+  for (auto& [id, entry] : members_) {
+    const v1::MemberRecord& r = entry.record;
+    if (r.role() != request.role()) continue;
+    if (request.role() == v1::SHARD_SERVER && r.address() == request.address()) {
+      return &entry;
+    }
+    if (request.role() == v1::WORKER && request.rank() >= 0 &&
+        r.rank() == request.rank()) {
+      return &entry;
+    }
+  }
+  return nullptr;
+}
+
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
+    const v1::RegisterRequest& request) {
+  if (request.role() != v1::SHARD_SERVER && request.role() != v1::WORKER) {
+    return absl::InvalidArgumentError("register: role must be SHARD_SERVER or WORKER");
+  }
+  if (request.role() == v1::SHARD_SERVER && request.address().empty()) {
+    return absl::InvalidArgumentError("register: a shard server must give its address");
+  }
+  Deferred deferred;
+  v1::RegisterResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    MemberEntry* entry = FindSameMember(request);
+    v1::MemberRecord record;
+    if (entry != nullptr) {
+      record = entry->record;
+    } else {
+      int per_role = 0;
+      for (const auto& [id, e] : members_) per_role += e.record.role() == request.role();
+      record.set_member_id(absl::StrCat(RoleName(request.role()), "-", per_role));
+      record.set_role(request.role());
+      record.set_sequence(next_sequence_);
+    }
+    record.set_address(request.address());
+    record.set_rank(request.role() == v1::WORKER ? request.rank() : -1);
+    record.set_state(v1::ALIVE);
+    record.set_registered_unix_ms(ToUnixMs(now));
+    RETURN_IF_ERROR(PutMember(record));
+    if (entry == nullptr) {
+      ++next_sequence_;
+      entry = &members_[record.member_id()];
+    }
+    entry->record = record;
+    entry->last_heartbeat = now;
+    LogInfo("registered ", record.member_id(), " (", RoleName(record.role()), " at ",
+            record.address().empty() ? "-" : record.address(),
+            record.role() == v1::WORKER ? absl::StrCat(", rank ", record.rank()) : "",
+            ")");
+    if (request.role() == v1::SHARD_SERVER) {
+      if (map_.epoch() == 0) {
+        RETURN_IF_ERROR(MaybeBuildMap(&deferred));
+      } else if (ShardMap::FromProto(map_)->IndexOf(record.address()) >= 0) {
+        // It may have restarted without its map: give it the current one.
+        if (pusher_) {
+          deferred.calls.push_back(
+              [pusher = pusher_, address = record.address(), map = map_] {
+                pusher(address, map);
+              });
+        }
+      } else {
+        LogWarning(record.member_id(), " at ", record.address(),
+                   " is not in shard map epoch ", map_.epoch(),
+                   "; it serves nothing until a rebalance adds it");
+      }
+    }
+    UpdateMemberGauges();
+    response.set_member_id(record.member_id());
+    response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+    if (has_job_) *response.mutable_job() = job_;
+    response.set_shard_map_epoch(map_.epoch());
+  }
+  deferred.Run(this);
+  return response;
+}
+
+absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
+  if (options_.num_shards == 0) return absl::OkStatus();
+  std::vector<std::string> servers;
+  for (const auto& [id, e] : members_) {
+    if (e.record.role() == v1::SHARD_SERVER && e.record.state() == v1::ALIVE) {
+      servers.push_back(e.record.address());
+    }
+  }
+  if (static_cast<int>(servers.size()) < options_.num_shards) return absl::OkStatus();
+  // Sorted, not in arrival order: the same servers always give the same map.
+  std::sort(servers.begin(), servers.end());
+  servers.resize(options_.num_shards);
+  v1::ShardMap map;
+  if (options_.plan_spec.has_value()) {
+    absl::StatusOr<v1::ShardMap> planned = BuildPlannedMap(servers);
+    if (!planned.ok()) {
+      // No map until the spec or the cluster changes: a member's Register
+      // must not fail for it; GetShardMap and GetPlan say why.
+      plan_error_ = std::string(planned.status().message());
+      LogError("cannot plan the shard map: ", plan_error_);
+      return absl::OkStatus();
+    }
+    map = *std::move(planned);
+  } else {
+    map = ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
+  }
+  RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
+  map_ = map;
+  if (metrics_ != nullptr) metrics_->epoch.Set(1);
+  LogInfo("built shard map epoch 1: ", options_.num_slots, " slots over ",
+          absl::StrJoin(servers, ", "));
+  if (pusher_) {
+    for (const std::string& address : servers) {
+      deferred->calls.push_back(
+          [pusher = pusher_, address, map] { pusher(address, map); });
+    }
+  }
+  deferred->published.push_back(map);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("heartbeat: no member '",
+                                            request.member_id(), "'; register first"));
+  }
+  if (it->second.record.state() == v1::EXPIRED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heartbeat: the lease of ", request.member_id(), " ran out (no heartbeat for ",
+        absl::FormatDuration(options_.lease), "); register again"));
+  }
+  if (it->second.record.state() == v1::LEFT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "heartbeat: ", request.member_id(), " left the cluster; register again"));
+  }
+  it->second.last_heartbeat = Now();
+  v1::HeartbeatResponse response;
+  response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
+  response.set_shard_map_epoch(map_.epoch());
+  return response;
+}
+
+absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(request.member_id());
+  if (it == members_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("leave: no member '", request.member_id(), "'"));
+  }
+  if (it->second.record.state() == v1::LEFT) return absl::OkStatus();
+  v1::MemberRecord record = it->second.record;
+  record.set_state(v1::LEFT);
+  RETURN_IF_ERROR(PutMember(record));
+  it->second.record = record;
+  UpdateMemberGauges();
+  LogInfo(request.member_id(), " (", RoleName(record.role()),
+          record.role() == v1::WORKER ? absl::StrCat(" rank ", record.rank())
+                                      : absl::StrCat(" at ", record.address()),
+          ") left the cluster");
+  return absl::OkStatus();
+}
+
+v1::ListMembersResponse Coordinator::ListMembers() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const MemberEntry*> sorted;
+  for (const auto& [id, e] : members_) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](const MemberEntry* a, const MemberEntry* b) {
+    return a->record.sequence() < b->record.sequence();
+  });
+  v1::ListMembersResponse response;
+  for (const MemberEntry* e : sorted) {
+    v1::Member* m = response.add_members();
+    m->set_member_id(e->record.member_id());
+    m->set_role(e->record.role());
+    m->set_address(e->record.address());
+    m->set_rank(e->record.rank());
+    m->set_state(e->record.state());
+    m->set_registered_unix_ms(e->record.registered_unix_ms());
+    m->set_last_heartbeat_unix_ms(ToUnixMs(e->last_heartbeat));
+  }
+  response.set_shard_map_epoch(map_.epoch());
+  response.set_expected_shard_servers(options_.num_shards);
+  response.set_lease_expirations(lease_expirations_);
+  return response;
+}
+
+absl::StatusOr<v1::ShardMap> Coordinator::GetShardMap() const {
+  absl::MutexLock lock(&mu_);
+  if (map_.epoch() == 0) {
+    int alive = 0;
+    for (const auto& [id, e] : members_) {
+      alive += e.record.role() == v1::SHARD_SERVER && e.record.state() == v1::ALIVE;
+    }
+    if (!plan_error_.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          "no shard map yet: the sharding planner failed: ", plan_error_));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "no shard map yet: ", alive, " of ", options_.num_shards,
+        " shard servers registered", options_.num_shards == 0
+                                         ? " (the coordinator runs without --num_shards)"
+                                         : ""));
+  }
+  return map_;
+}
+
+absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
+  ASSIGN_OR_RETURN(const ShardMap parsed, ShardMap::FromProto(map));
+  if (parsed.num_slots() != options_.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map has ", parsed.num_slots(), " slots; this cluster has ",
+        options_.num_slots));
+  }
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    if (map_.epoch() == 0) {
+      return absl::FailedPreconditionError(
+          "no shard map yet: the first one is built when enough shard "
+          "servers registered");
+    }
+    if (map.epoch() <= map_.epoch()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard map epoch ", map.epoch(),
+                       " is not newer than the current ", map_.epoch()));
+    }
+    RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
+    map_ = map;
+    if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map.epoch()));
+    if (pusher_) {
+      for (const std::string& address : parsed.servers()) {
+        deferred.calls.push_back(
+            [pusher = pusher_, address, map] { pusher(address, map); });
+      }
+    }
+    deferred.published.push_back(map);
+  }
+  LogInfo("shard map epoch ", map.epoch(), " set over ",
+          absl::StrJoin(parsed.servers(), ", "));
+  deferred.Run(this);
+  return absl::OkStatus();
+}
+
+uint64_t Coordinator::shard_map_epoch() const {
+  absl::MutexLock lock(&mu_);
+  return map_.epoch();
+}
+
+int64_t Coordinator::Watch(uint64_t after_epoch, WatchFn fn) {
+  // watch_mu_ before reading the map: a Publish either sees this watcher or
+  // happened before, in which case the map read here is the new one.
+  absl::MutexLock lock(&watch_mu_);
+  v1::ShardMap current;
+  {
+    absl::MutexLock state_lock(&mu_);
+    current = map_;
+  }
+  if (current.epoch() > after_epoch) fn(current);
+  const int64_t id = next_watch_id_++;
+  watchers_[id] = std::move(fn);
+  return id;
+}
+
+void Coordinator::Unwatch(int64_t id) {
+  absl::MutexLock lock(&watch_mu_);
+  watchers_.erase(id);
+}
+
+void Coordinator::Publish(const v1::ShardMap& map) {
+  absl::MutexLock lock(&watch_mu_);
+  for (auto& [id, fn] : watchers_) fn(map);
+}
+
+void Coordinator::UpdateMemberGauges() {
+  if (metrics_ == nullptr) return;
+  for (v1::MemberRole role : {v1::SHARD_SERVER, v1::WORKER}) {
+    for (v1::MemberState state : {v1::ALIVE, v1::EXPIRED, v1::LEFT}) {
+      int n = 0;
+      for (const auto& [id, e] : members_) {
+        n += e.record.role() == role && e.record.state() == state;
+      }
+      metrics_->members
+          .Add({{"role", RoleName(role)},
+                {"state", state == v1::ALIVE     ? "alive"
+                          : state == v1::EXPIRED ? "expired"
+                                                 : "left"}})
+          .Set(n);
+    }
+  }
+}
+
+void Coordinator::Tick() {
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    bool changed = false;
+    for (auto& [id, e] : members_) {
+      if (e.record.state() != v1::ALIVE || now - e.last_heartbeat <= options_.lease) {
+        continue;
+      }
+      v1::MemberRecord record = e.record;
+      record.set_state(v1::EXPIRED);
+      // The in-memory state changes even when the write fails: the member
+      // is gone either way, and a restart hands out fresh leases.
+      if (absl::Status s = PutMember(record); !s.ok()) {
+        LogError("cannot store the expiry of ", id, ": ", s.message());
+      }
+      e.record = record;
+      ++lease_expirations_;
+      changed = true;
+      if (metrics_ != nullptr) {
+        metrics_->expirations.Add({{"role", RoleName(record.role())}}).Increment();
+      }
+      LogWarning("lease of ", id, " (", RoleName(record.role()),
+                 record.role() == v1::WORKER ? absl::StrCat(" rank ", record.rank())
+                                             : absl::StrCat(" at ", record.address()),
+                 ") ran out: no heartbeat for ",
+                 absl::FormatDuration(now - e.last_heartbeat), "; marked expired");
+    }
+    if (changed) UpdateMemberGauges();
+    ExpireKvWaiters(now, &deferred);
+    ExpireBarrierWaiters(now, &deferred);
+  }
+  deferred.Run(this);
+}
+
+}  // namespace recps::server

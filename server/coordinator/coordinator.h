@@ -1,0 +1,216 @@
+// The coordinator's domain logic, without gRPC: members and their leases,
+// the shard map (built once --num_shards servers registered, then pushed and
+// watched), the job config, and a key-value store with waits and barriers
+// for rendezvous. State that must survive a restart (members, map, job, KV
+// entries) is written through to a CoordinatorStore before a call returns;
+// leases, waits and barriers live in memory.
+//
+// Time comes from an injectable clock and nothing happens on its own: the
+// owner calls Tick() periodically (a timer thread in production, the test
+// after moving a fake clock), which expires leases and times out waits.
+//
+// Thread-safe. Callbacks (`done`, watchers, the map pusher) never run under
+// the coordinator's state lock, so they may call back into it.
+#ifndef RECPS_SERVER_COORDINATOR_COORDINATOR_H_
+#define RECPS_SERVER_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "recps/v1/coordinator.pb.h"
+#include "server/coordinator/coordinator_store.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace recps::server {
+
+struct CoordinatorOptions {
+  // Shard servers to wait for before building the first shard map (epoch 1
+  // over their addresses, sorted). 0: never build one automatically.
+  int num_shards = 0;
+  // Slots of the cluster (fixed for its life); a stored map keeps its own.
+  uint32_t num_slots = 4096;
+  // A member that sends no heartbeat for this long is marked expired.
+  absl::Duration lease = absl::Seconds(10);
+  // Waits and barriers that give no timeout use this one.
+  absl::Duration default_wait = absl::Minutes(5);
+  // Time source; default absl::Now. Tests inject a fake.
+  std::function<absl::Time()> clock;
+  // When set, the first map comes from the sharding planner (job tables +
+  // this topology and hints, the registered servers' addresses) instead of
+  // uniform slots; the plan is stored and served by GetPlan. See
+  // docs/planner.md.
+  std::optional<v1::PlanSpec> plan_spec;
+};
+
+class Coordinator {
+ public:
+  // Delivers `map` to the shard server at `address` (ShardAdmin.SetShardMap
+  // in production). Must not block: called from RPC threads.
+  using MapPusher =
+      std::function<void(const std::string& address, const v1::ShardMap& map)>;
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+  using ValueDone = absl::AnyInvocable<void(absl::StatusOr<std::string>) &&>;
+  using WatchFn = std::function<void(const v1::ShardMap&)>;
+
+  // Loads the state kept in `store` (DATA_LOSS when a record does not
+  // parse). `registry` (may be null) receives the coordinator's metrics.
+  static absl::StatusOr<std::unique_ptr<Coordinator>> Create(
+      std::unique_ptr<CoordinatorStore> store, CoordinatorOptions options,
+      prometheus::Registry* registry);
+  ~Coordinator();
+
+  // Set before serving; null or unset: maps are only watched, not pushed.
+  void SetMapPusher(MapPusher pusher);
+
+  // Stores the job. FAILED_PRECONDITION when a different job is stored
+  // already (a running cluster does not switch jobs).
+  absl::Status SetJob(const v1::JobConfig& job);
+  // FAILED_PRECONDITION when there is no job.
+  absl::StatusOr<v1::JobConfig> GetJob() const;
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request);
+  // Marks the member LEFT (a clean exit); its lease no longer runs.
+  absl::Status Leave(const v1::LeaveRequest& request);
+  v1::ListMembersResponse ListMembers() const;
+
+  // UNAVAILABLE (naming how many servers are still missing) before the
+  // first map is built.
+  absl::StatusOr<v1::ShardMap> GetShardMap() const;
+  // Replaces the map with a newer one (an operator's or a rebalance's):
+  // stores it, pushes it to the servers it lists and publishes it to
+  // watchers. INVALID_ARGUMENT when it is malformed or has another slot
+  // count; FAILED_PRECONDITION before the first map or when its epoch is
+  // not newer.
+  absl::Status SetShardMap(const v1::ShardMap& map);
+  uint64_t shard_map_epoch() const;
+
+  // The stored sharding plan. NOT_FOUND when the coordinator does not plan
+  // (no plan_spec) and none is stored; UNAVAILABLE, with the planner's
+  // error if it failed, before the first map is built.
+  absl::StatusOr<v1::ShardingPlan> GetPlan() const;
+
+  // Calls `fn` with every map newer than `after_epoch`: the current one (if
+  // newer) before Watch returns, then each new epoch. Calls may come from
+  // any thread and, rarely, out of order: receivers drop older epochs.
+  // After Unwatch(id) returns, `fn` is not running and never runs again.
+  int64_t Watch(uint64_t after_epoch, WatchFn fn);
+  void Unwatch(int64_t id);
+
+  // INVALID_ARGUMENT for an empty key.
+  absl::Status KvSet(const std::string& key, std::string value);
+  // done(value) once `key` exists; NOT_FOUND at once when wait <= 0 and it
+  // is absent; DEADLINE_EXCEEDED when the wait runs out.
+  void KvGet(const std::string& key, absl::Duration wait, ValueDone done);
+  // done(OK) once every key exists; DEADLINE_EXCEEDED naming the missing.
+  void KvWait(std::vector<std::string> keys, absl::Duration timeout, Done done);
+  // done(OK) once request.count distinct arrivals met; DEADLINE_EXCEEDED
+  // naming the missing ranks or workers when the timeout runs out.
+  void Barrier(const v1::BarrierRequest& request, Done done);
+
+  // Expires leases that ran out and fails waits whose deadline passed.
+  void Tick();
+  // Fails every pending wait and barrier with `status` (at shutdown).
+  void CancelWaits(const absl::Status& status);
+
+ private:
+  struct Metrics;
+  struct MemberEntry {
+    v1::MemberRecord record;
+    absl::Time last_heartbeat;
+  };
+  struct KvWaiter {
+    std::vector<std::string> keys;
+    absl::Time deadline;
+    ValueDone done;  // gets the value of keys.back()
+  };
+  struct BarrierWaiter {
+    std::string who;  // "rank 3" or "member worker-1"
+    int32_t rank = -1;
+    absl::Time deadline;
+    Done done;
+  };
+  struct BarrierState {
+    int32_t count = 0;
+    std::map<std::string, int32_t> arrived;  // who -> rank
+    std::vector<BarrierWaiter> waiters;
+  };
+  // Work to run after the state lock is released.
+  struct Deferred {
+    std::vector<absl::AnyInvocable<void() &&>> calls;
+    std::vector<v1::ShardMap> published;
+    void Run(Coordinator* c);
+  };
+
+  Coordinator(std::unique_ptr<CoordinatorStore> store, CoordinatorOptions options,
+              prometheus::Registry* registry);
+  absl::Status Load();
+  absl::Time Now() const { return options_.clock(); }
+  absl::Status PutMember(const v1::MemberRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  MemberEntry* FindSameMember(const v1::RegisterRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Builds the first map once enough shard servers are alive.
+  absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The planned map over `servers` (sorted addresses); stores the plan
+  // (coordinator_plan.cc).
+  absl::StatusOr<v1::ShardMap> BuildPlannedMap(const std::vector<std::string>& servers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateMemberGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Publish(const v1::ShardMap& map);
+  void CompleteKvWaiters(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string MissingFromBarrier(const std::string& name,
+                                 const BarrierState& barrier) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireKvWaiters(absl::Time now, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireBarrierWaiters(absl::Time now, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<CoordinatorStore> store_;
+  CoordinatorOptions options_;
+  std::unique_ptr<Metrics> metrics_;
+
+  mutable absl::Mutex mu_;
+  // By member id; ordered by MemberRecord.sequence when listed.
+  absl::flat_hash_map<std::string, MemberEntry> members_ ABSL_GUARDED_BY(mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t lease_expirations_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
+  bool has_job_ ABSL_GUARDED_BY(mu_) = false;
+  v1::JobConfig job_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  std::vector<KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
+  MapPusher pusher_ ABSL_GUARDED_BY(mu_);
+  // The plan the map was built from (plan_id 0: none), and why the last
+  // planning failed.
+  v1::ShardingPlan plan_ ABSL_GUARDED_BY(mu_);
+  std::string plan_error_ ABSL_GUARDED_BY(mu_);
+
+  // Separate from mu_ so watchers run outside it, and Unwatch can wait for
+  // a delivery in progress.
+  absl::Mutex watch_mu_;
+  std::map<int64_t, WatchFn> watchers_ ABSL_GUARDED_BY(watch_mu_);
+  int64_t next_watch_id_ ABSL_GUARDED_BY(watch_mu_) = 1;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_COORDINATOR_COORDINATOR_H_

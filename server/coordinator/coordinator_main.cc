@@ -1,0 +1,201 @@
+// recps-coordinator: cluster membership with leases, the shard map, the job
+// config and a rendezvous key-value store, over gRPC; Prometheus metrics
+// over HTTP. State lives in RocksDB under --state_dir, so a restarted
+// coordinator carries on with the same map and epoch.
+//
+//   recps-coordinator --state_dir=/var/lib/recps/coord --job=job.textproto
+//       --num_shards=2
+//
+// Stops gracefully on SIGTERM or SIGINT: watch streams and waits end with
+// UNAVAILABLE, calls in flight finish, the state is closed.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/log.h"
+#include "common/rpc/channels.h"
+#include "common/port_file.h"
+#include "common/config/text_proto.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_service.h"
+#include "server/coordinator/coordinator_store.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC address to listen on, host:port; port 0 lets the OS pick");
+ABSL_FLAG(std::string, state_dir, "",
+          "directory of the coordinator's RocksDB state (members, shard map, "
+          "job, key-value entries); required. Reuse it to restart with the "
+          "same map and epoch");
+ABSL_FLAG(std::string, job, "",
+          "path of the job (text-format recps.v1.JobConfig) handed to every "
+          "member; optional when the state dir already holds one (it must "
+          "then be the same job)");
+ABSL_FLAG(int, num_shards, 0,
+          "shard servers to wait for: once this many registered, the "
+          "coordinator builds shard map epoch 1 over them and pushes it. "
+          "0: never build a map automatically");
+ABSL_FLAG(std::string, plan_spec, "",
+          "path of a text-format recps.v1.PlanSpec (topology: server memory, "
+          "bandwidth, workers, batch; per-table hints). When set, shard map "
+          "epoch 1 comes from the sharding planner instead of uniform slots, "
+          "and GetPlan serves the plan (docs/planner.md)");
+ABSL_FLAG(uint32_t, num_slots, 4096,
+          "slots of the cluster (fixed for its life; a stored map keeps its own)");
+ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
+          "a member that sends no heartbeat for this long is marked expired");
+ABSL_FLAG(absl::Duration, tick, absl::Milliseconds(50),
+          "how often leases and wait timeouts are checked");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics HTTP address, host:port (port 0: OS picks); "
+          "empty disables metrics");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(1),
+          "on SIGTERM, how long calls in flight may take to finish (and "
+          "clients to close their connections; watches and waits end at once)");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, write '<grpc port> <metrics port>' here once serving (for "
+          "launchers and tests)");
+
+namespace recps::server {
+namespace {
+
+int Run() {
+  // Signals are taken by sigwait below; block them before any thread starts
+  // so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) {
+    LogError("--state_dir is required (the directory of the coordinator's state)");
+    return 2;
+  }
+  v1::JobConfig job;
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (!job_path.empty()) {
+    if (absl::Status s = ReadTextProto(job_path, &job); !s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorStore>> store =
+      CoordinatorStore::Open(state_dir);
+  if (!store.ok()) {
+    LogError(store.status().message());
+    return 2;
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  CoordinatorOptions options;
+  options.num_shards = absl::GetFlag(FLAGS_num_shards);
+  options.num_slots = absl::GetFlag(FLAGS_num_slots);
+  options.lease = absl::GetFlag(FLAGS_lease);
+  if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
+    v1::PlanSpec spec;
+    if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+    options.plan_spec = std::move(spec);
+  }
+  absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
+      Coordinator::Create(*std::move(store), options, registry.get());
+  if (!coordinator.ok()) {
+    LogError(coordinator.status().message());
+    return 2;
+  }
+  if (!job_path.empty()) {
+    if (absl::Status s = (*coordinator)->SetJob(job); !s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+  } else if (!(*coordinator)->GetJob().ok()) {
+    LogWarning("no job yet (no --job, none in ", state_dir,
+               "): members get none and GetJob fails");
+  }
+  ShardMapPusher pusher;
+  (*coordinator)
+      ->SetMapPusher([&pusher](const std::string& address, const v1::ShardMap& map) {
+        pusher.Push(address, map);
+      });
+
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = 0;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    exposer = std::make_unique<prometheus::Exposer>(addr);
+    exposer->RegisterCollectable(registry);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    metrics_port = ports.empty() ? 0 : ports[0];
+  }
+
+  CoordinatorService service(coordinator->get(), registry.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    LogError("cannot listen on ", listen);
+    return 1;
+  }
+  auto ticker =
+      std::make_unique<CoordinatorTicker>(coordinator->get(), absl::GetFlag(FLAGS_tick));
+  LogInfo("serving on port ", grpc_port, ", metrics on port ", metrics_port,
+          ", state in ", state_dir, ", shard map epoch ",
+          (*coordinator)->shard_map_epoch(), ", waiting for ", options.num_shards,
+          " shard server(s)");
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {
+      LogError(s.message());
+      return 1;
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  LogInfo("received signal ", signal_number, "; stopping");
+  ticker.reset();
+  service.Stop();  // ends watch streams and waits, which would never finish
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
+  server->Wait();
+  coordinator->reset();  // closes RocksDB
+  LogInfo("stopped");
+  // The state is closed. Skip the metrics exposer's destructor (civetweb
+  // polls its threads down for about a second) and the pusher's last retries.
+  std::fflush(nullptr);
+  _exit(0);
+}
+
+}  // namespace
+}  // namespace recps::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "recps coordinator: membership and leases, the shard map, the job and a "
+      "rendezvous key-value store for a recps cluster.\n"
+      "  recps-coordinator --state_dir=DIR [--job=FILE] [--num_shards=N] "
+      "[--num_slots=4096] [--lease=10s]");
+  absl::ParseCommandLine(argc, argv);
+  recps::SetLogTag("recps-coordinator");
+  return recps::server::Run();
+}

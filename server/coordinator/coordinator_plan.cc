@@ -1,0 +1,106 @@
+// The coordinator's use of the sharding planner: plan the first shard map
+// from the job's tables and the plan spec, store the plan, serve it.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "server/coordinator/coordinator.h"
+#include "server/planner/planner.h"
+
+namespace recps::server {
+namespace {
+
+constexpr char kPlanKey[] = "plan";
+
+// The topology for `servers`: each address's ServerSpec from the spec, or
+// the spec's entry without an address (the default for every server).
+absl::StatusOr<v1::Topology> TopologyFor(
+    const v1::PlanSpec& spec, const std::vector<std::string>& servers,
+    const v1::JobConfig& job, uint32_t num_slots) {
+  const v1::Topology& given = spec.topology();
+  const v1::ServerSpec* fallback = nullptr;
+  for (const v1::ServerSpec& s : given.servers()) {
+    if (s.address().empty()) fallback = &s;
+  }
+  v1::Topology topo = given;
+  topo.clear_servers();
+  for (const std::string& address : servers) {
+    const v1::ServerSpec* found = fallback;
+    for (const v1::ServerSpec& s : given.servers()) {
+      if (s.address() == address) found = &s;
+    }
+    if (found == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan spec: no servers entry for ", address,
+                       " and no default (an entry without address)"));
+    }
+    v1::ServerSpec* s = topo.add_servers();
+    *s = *found;
+    s->set_address(address);
+  }
+  if (topo.batch_size() == 0) topo.set_batch_size(job.training().batch_size());
+  if (topo.num_workers() == 0) topo.set_num_workers(1);
+  topo.set_num_slots(num_slots);
+  return topo;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ShardMap> Coordinator::BuildPlannedMap(
+    const std::vector<std::string>& servers) {
+  if (!has_job_) {
+    return absl::FailedPreconditionError(
+        "planning needs the job's tables: start the coordinator with "
+        "--job=FILE");
+  }
+  v1::PlanSpec spec = *options_.plan_spec;
+  ASSIGN_OR_RETURN(*spec.mutable_topology(),
+                   TopologyFor(spec, servers, job_, options_.num_slots));
+  ASSIGN_OR_RETURN(
+      v1::ShardingPlan plan,
+      planner::PlanSharding(planner::PlannerInputFromJob(job_, spec)));
+  plan.set_plan_id(plan_.plan_id() + 1);
+  ASSIGN_OR_RETURN(v1::ShardMap map, planner::PlanToShardMap(plan, 1));
+  RETURN_IF_ERROR(store_->Put(kPlanKey, plan.SerializeAsString()));
+  plan_ = std::move(plan);
+  plan_error_.clear();
+  LogInfo("planned the shard map (plan ", plan_.plan_id(), ", ",
+          plan_.proposer(), "): predicted step ",
+          plan_.predicted_step_seconds() * 1e3, " ms\n",
+          planner::FormatPlan(plan_));
+  return map;
+}
+
+absl::Status Coordinator::LoadPlan() {
+  absl::StatusOr<std::string> stored = store_->Get(kPlanKey);
+  if (absl::IsNotFound(stored.status())) return absl::OkStatus();
+  RETURN_IF_ERROR(stored.status());
+  if (!plan_.ParseFromString(*stored)) {
+    return absl::DataLossError(absl::StrCat("coordinator state in ",
+                                            store_->path(),
+                                            ": the stored plan is malformed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ShardingPlan> Coordinator::GetPlan() const {
+  absl::MutexLock lock(&mu_);
+  if (plan_.plan_id() != 0) return plan_;
+  if (!options_.plan_spec.has_value()) {
+    return absl::NotFoundError(
+        "no sharding plan: the coordinator builds a uniform row-wise map "
+        "(start it "
+        "with --plan_spec=FILE to plan)");
+  }
+  if (!plan_error_.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("the sharding planner failed: ", plan_error_));
+  }
+  return absl::UnavailableError(
+      "no plan yet: the coordinator plans once enough shard servers "
+      "registered");
+}
+
+}  // namespace recps::server

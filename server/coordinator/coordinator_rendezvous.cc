@@ -1,0 +1,240 @@
+// The coordinator's key-value store, waits and barriers (rendezvous for
+// NCCL and Gloo). Waits are pending callbacks, finished by KvSet, a
+// completing arrival, Tick() (timeouts) or CancelWaits(): no thread blocks.
+#include <algorithm>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "server/coordinator/coordinator.h"
+
+namespace recps::server {
+namespace {
+
+constexpr char kKvPrefix[] = "kv/";
+
+}  // namespace
+
+absl::Status Coordinator::KvSet(const std::string& key, std::string value) {
+  if (key.empty()) return absl::InvalidArgumentError("kv set: empty key");
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(store_->Put(absl::StrCat(kKvPrefix, key), value));
+    kv_[key] = std::move(value);
+    CompleteKvWaiters(&deferred);
+  }
+  deferred.Run(this);
+  return absl::OkStatus();
+}
+
+void Coordinator::CompleteKvWaiters(Deferred* deferred) {
+  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end();) {
+    bool all = true;
+    for (const std::string& key : it->keys) all = all && kv_.contains(key);
+    if (!all) {
+      ++it;
+      continue;
+    }
+    deferred->calls.push_back([done = std::move(it->done),
+                               value = kv_[it->keys.back()]]() mutable {
+      std::move(done)(std::move(value));
+    });
+    it = kv_waiters_.erase(it);
+  }
+}
+
+void Coordinator::KvGet(const std::string& key, absl::Duration wait,
+                        ValueDone done) {
+  if (key.empty()) {
+    std::move(done)(absl::InvalidArgumentError("kv get: empty key"));
+    return;
+  }
+  absl::StatusOr<std::string> result;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = kv_.find(key);
+    if (it != kv_.end()) {
+      result = it->second;
+    } else if (wait <= absl::ZeroDuration()) {
+      result = absl::NotFoundError(absl::StrCat("kv get: no key '", key, "'"));
+    } else {
+      kv_waiters_.push_back({{key}, Now() + wait, std::move(done)});
+      return;
+    }
+  }
+  std::move(done)(std::move(result));
+}
+
+void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
+                         Done done) {
+  if (keys.empty()) {
+    std::move(done)(absl::OkStatus());
+    return;
+  }
+  for (const std::string& key : keys) {
+    if (key.empty()) {
+      std::move(done)(absl::InvalidArgumentError("kv wait: empty key"));
+      return;
+    }
+  }
+  if (timeout <= absl::ZeroDuration()) timeout = options_.default_wait;
+  Deferred deferred;
+  {
+    absl::MutexLock lock(&mu_);
+    kv_waiters_.push_back(
+        {std::move(keys), Now() + timeout,
+         [done = std::move(done)](absl::StatusOr<std::string> v) mutable {
+           std::move(done)(v.status());
+         }});
+    CompleteKvWaiters(&deferred);  // maybe every key is there already
+  }
+  deferred.Run(this);
+}
+
+void Coordinator::ExpireKvWaiters(absl::Time now, Deferred* deferred) {
+  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    std::vector<std::string> missing;
+    for (const std::string& key : it->keys) {
+      if (!kv_.contains(key)) missing.push_back(key);
+    }
+    absl::Status error = absl::DeadlineExceededError(
+        absl::StrCat("kv: timed out waiting for key(s) ", absl::StrJoin(missing, ", ")));
+    deferred->calls.push_back([done = std::move(it->done), error]() mutable {
+      std::move(done)(error);
+    });
+    it = kv_waiters_.erase(it);
+  }
+}
+
+void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
+  const std::string& name = request.name();
+  absl::Status invalid;
+  if (name.empty()) {
+    invalid = absl::InvalidArgumentError("barrier: empty name");
+  } else if (request.count() < 1) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("barrier '", name, "': count must be >= 1"));
+  } else if (request.rank() >= request.count()) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier '", name, "': rank ", request.rank(), " is not below count ",
+        request.count()));
+  } else if (request.rank() < 0 && request.member_id().empty()) {
+    invalid = absl::InvalidArgumentError(
+        absl::StrCat("barrier '", name, "': give a rank or a member_id"));
+  }
+  if (!invalid.ok()) {
+    std::move(done)(invalid);
+    return;
+  }
+  const std::string who = request.rank() >= 0
+                              ? absl::StrCat("rank ", request.rank())
+                              : absl::StrCat("member ", request.member_id());
+  const absl::Duration timeout = request.timeout_ms() > 0
+                                     ? absl::Milliseconds(request.timeout_ms())
+                                     : options_.default_wait;
+  std::vector<Done> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    BarrierState& barrier = barriers_[name];
+    if (barrier.count == 0) barrier.count = request.count();
+    if (barrier.count != request.count()) {
+      invalid = absl::InvalidArgumentError(
+          absl::StrCat("barrier '", name, "': count ", request.count(),
+                       " differs from the ", barrier.count, " of earlier arrivals"));
+    } else {
+      barrier.arrived[who] = request.rank();
+      barrier.waiters.push_back({who, request.rank(), Now() + timeout, std::move(done)});
+      if (static_cast<int32_t>(barrier.arrived.size()) >= barrier.count) {
+        for (BarrierWaiter& w : barrier.waiters) ready.push_back(std::move(w.done));
+        barriers_.erase(name);  // complete: the name can be used again
+      }
+    }
+  }
+  if (!invalid.ok()) {
+    std::move(done)(invalid);
+    return;
+  }
+  for (Done& d : ready) std::move(d)(absl::OkStatus());
+}
+
+std::string Coordinator::MissingFromBarrier(const std::string& name,
+                                            const BarrierState& barrier) const {
+  std::vector<std::string> arrived;
+  std::set<int32_t> ranks;
+  for (const auto& [who, rank] : barrier.arrived) {
+    arrived.push_back(who);
+    if (rank >= 0) ranks.insert(rank);
+  }
+  std::string message = absl::StrCat(
+      "barrier '", name, "': ", barrier.arrived.size(), " of ", barrier.count,
+      " arrived (", absl::StrJoin(arrived, ", "), ")");
+  if (!ranks.empty()) {
+    std::vector<int32_t> missing;
+    for (int32_t r = 0; r < barrier.count; ++r) {
+      if (ranks.count(r) == 0) missing.push_back(r);
+    }
+    absl::StrAppend(&message, "; missing rank(s) ", absl::StrJoin(missing, ", "));
+  } else {
+    // Arrivals by member id: name the workers that did not come.
+    std::vector<std::string> absent;
+    for (const auto& [id, e] : members_) {
+      if (e.record.role() == v1::WORKER && barrier.arrived.count("member " + id) == 0) {
+        absent.push_back(absl::StrCat(id, e.record.state() == v1::EXPIRED ? " (expired)" : ""));
+      }
+    }
+    std::sort(absent.begin(), absent.end());
+    absl::StrAppend(&message, "; missing ", barrier.count - barrier.arrived.size(),
+                    absent.empty() ? "" : ", workers not arrived: ",
+                    absl::StrJoin(absent, ", "));
+  }
+  return message;
+}
+
+void Coordinator::ExpireBarrierWaiters(absl::Time now, Deferred* deferred) {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    BarrierState& barrier = it->second;
+    const std::string message = MissingFromBarrier(it->first, barrier);
+    std::vector<BarrierWaiter> kept;
+    for (BarrierWaiter& w : barrier.waiters) {
+      if (w.deadline > now) {
+        kept.push_back(std::move(w));
+        continue;
+      }
+      LogWarning(message, ": ", w.who, " timed out");
+      deferred->calls.push_back(
+          [done = std::move(w.done), error = absl::DeadlineExceededError(message)]() mutable {
+            std::move(done)(error);
+          });
+    }
+    barrier.waiters = std::move(kept);
+    // Whoever timed out no longer waits, so no longer counts as arrived.
+    std::map<std::string, int32_t> still;
+    for (const BarrierWaiter& w : barrier.waiters) still[w.who] = w.rank;
+    barrier.arrived = std::move(still);
+    it = barrier.waiters.empty() ? barriers_.erase(it) : std::next(it);
+  }
+}
+
+void Coordinator::CancelWaits(const absl::Status& status) {
+  std::vector<KvWaiter> kv;
+  std::map<std::string, BarrierState> barriers;
+  {
+    absl::MutexLock lock(&mu_);
+    kv.swap(kv_waiters_);
+    barriers.swap(barriers_);
+  }
+  for (KvWaiter& w : kv) std::move(w.done)(status);
+  for (auto& [name, barrier] : barriers) {
+    for (BarrierWaiter& w : barrier.waiters) std::move(w.done)(status);
+  }
+}
+
+}  // namespace recps::server

@@ -1,0 +1,361 @@
+#include "server/coordinator/coordinator_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/rpc/channels.h"
+#include "common/rpc/status_conversion.h"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+
+namespace recps::server {
+namespace {
+
+absl::Duration Ms(int64_t ms) { return absl::Milliseconds(std::max<int64_t>(ms, 0)); }
+
+}  // namespace
+
+struct CoordinatorService::Metrics {
+  explicit Metrics(prometheus::Registry& registry)
+      : requests(prometheus::BuildCounter()
+                     .Name("recps_coordinator_requests_total")
+                     .Help("Coordinator RPCs by method and status code")
+                     .Register(registry)) {}
+  prometheus::Family<prometheus::Counter>& requests;
+};
+
+// One WatchShardMap stream: writes each newer map, one write at a time,
+// skipping maps superseded while a write was in flight.
+class WatchReactor final : public grpc::ServerWriteReactor<v1::ShardMap> {
+ public:
+  WatchReactor(CoordinatorService* service, uint64_t after_epoch)
+      : service_(service) {
+    watch_id_ = service_->coordinator_->Watch(
+        after_epoch, [this](const v1::ShardMap& map) { Offer(map); });
+  }
+
+  void Offer(const v1::ShardMap& map) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || map.epoch() <= offered_epoch_) return;
+    offered_epoch_ = map.epoch();
+    next_ = map;
+    has_next_ = true;
+    if (!writing_) WriteNextLocked();
+  }
+
+  // Ends the stream with `status` once the write in flight is done.
+  void Stop(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    stop_status_ = status;
+    stop_ = true;
+    if (!writing_) FinishLocked(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream broken"));
+    } else if (stop_) {
+      FinishLocked(stop_status_);
+    } else if (has_next_) {
+      WriteNextLocked();
+    }
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    // After Unwatch no Offer runs, so `this` may go.
+    service_->coordinator_->Unwatch(watch_id_);
+    service_->Forget(this);
+    delete this;
+  }
+
+ private:
+  // gRPC runs user reactions on its own threads, never inline from
+  // StartWrite/Finish, so calling them under mu_ cannot deadlock.
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    current_ = std::move(next_);
+    has_next_ = false;
+    writing_ = true;
+    StartWrite(&current_);
+  }
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  CoordinatorService* const service_;
+  int64_t watch_id_ = 0;
+  absl::Mutex mu_;
+  uint64_t offered_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::ShardMap current_ ABSL_GUARDED_BY(mu_);  // the write in flight
+  v1::ShardMap next_ ABSL_GUARDED_BY(mu_);
+  bool has_next_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status stop_status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+CoordinatorService::CoordinatorService(Coordinator* coordinator,
+                                       prometheus::Registry* registry)
+    : coordinator_(coordinator) {
+  if (registry != nullptr) metrics_ = std::make_unique<Metrics>(*registry);
+}
+
+CoordinatorService::~CoordinatorService() { Stop(); }
+
+void CoordinatorService::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) {
+      stopping_ = true;
+      // Forget() waits on mu_, so no reactor is deleted during this loop.
+      const grpc::Status stopping(grpc::StatusCode::UNAVAILABLE,
+                                  "the coordinator is stopping");
+      for (WatchReactor* r : watchers_) r->Stop(stopping);
+    }
+  }
+  coordinator_->CancelWaits(absl::UnavailableError("the coordinator is stopping"));
+}
+
+void CoordinatorService::Forget(WatchReactor* reactor) {
+  absl::MutexLock lock(&mu_);
+  watchers_.erase(reactor);
+}
+
+void CoordinatorService::Finish(const char* rpc, grpc::ServerUnaryReactor* reactor,
+                                const absl::Status& status) {
+  if (metrics_ != nullptr) {
+    metrics_->requests
+        .Add({{"rpc", rpc}, {"code", absl::StatusCodeToString(status.code())}})
+        .Increment();
+  }
+  reactor->Finish(rpc::ToGrpcStatus(status));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Register(
+    grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
+    v1::RegisterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request);
+  if (r.ok()) *response = *std::move(r);
+  Finish("Register", reactor, r.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(*request);
+  if (r.ok()) *response = *std::move(r);
+  Finish("Heartbeat", reactor, r.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext* context,
+                                                    const v1::LeaveRequest* request,
+                                                    v1::LeaveResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish("Leave", reactor, coordinator_->Leave(*request));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetShardMap(
+    grpc::CallbackServerContext* context, const v1::GetCoordinatorShardMapRequest*,
+    v1::GetCoordinatorShardMapResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
+  if (map.ok()) *response->mutable_shard_map() = *std::move(map);
+  Finish("GetShardMap", reactor, map.status());
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::ShardMap>* CoordinatorService::WatchShardMap(
+    grpc::CallbackServerContext*, const v1::WatchShardMapRequest* request) {
+  auto* reactor = new WatchReactor(this, request->after_epoch());
+  absl::MutexLock lock(&mu_);
+  watchers_.insert(reactor);
+  if (stopping_) {
+    reactor->Stop(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "the coordinator is stopping"));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvSet(
+    grpc::CallbackServerContext* context, const v1::KvSetRequest* request,
+    v1::KvSetResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Finish("KvSet", reactor, coordinator_->KvSet(request->key(), request->value()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvGet(
+    grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
+    v1::KvGetResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->KvGet(request->key(), Ms(request->wait_ms()),
+                      [this, reactor, response](absl::StatusOr<std::string> v) {
+                        if (v.ok()) response->set_value(*std::move(v));
+                        Finish("KvGet", reactor, v.status());
+                      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::KvWait(
+    grpc::CallbackServerContext* context, const v1::KvWaitRequest* request,
+    v1::KvWaitResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->KvWait({request->keys().begin(), request->keys().end()},
+                       Ms(request->timeout_ms()), [this, reactor](absl::Status s) {
+                         Finish("KvWait", reactor, s);
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::Barrier(
+    grpc::CallbackServerContext* context, const v1::BarrierRequest* request,
+    v1::BarrierResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->Barrier(*request, [this, reactor](absl::Status s) {
+    Finish("Barrier", reactor, s);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetJob(
+    grpc::CallbackServerContext* context, const v1::GetJobRequest*,
+    v1::GetJobResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
+  if (job.ok()) *response->mutable_job() = *std::move(job);
+  Finish("GetJob", reactor, job.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListMembers(
+    grpc::CallbackServerContext* context, const v1::ListMembersRequest*,
+    v1::ListMembersResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  *response = coordinator_->ListMembers();
+  Finish("ListMembers", reactor, absl::OkStatus());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
+    grpc::CallbackServerContext* context, const v1::GetPlanRequest*,
+    v1::GetPlanResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::ShardingPlan> plan = coordinator_->GetPlan();
+  if (plan.ok()) *response->mutable_plan() = *std::move(plan);
+  Finish("GetPlan", reactor, plan.status());
+  return reactor;
+}
+
+// --- ShardMapPusher ---------------------------------------------------------
+
+ShardMapPusher::ShardMapPusher() : thread_([this] { Loop(); }) {}
+
+ShardMapPusher::~ShardMapPusher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void ShardMapPusher::Push(const std::string& address, const v1::ShardMap& map) {
+  absl::MutexLock lock(&mu_);
+  v1::ShardMap& slot = pending_[address];
+  if (map.epoch() >= slot.epoch()) slot = map;
+}
+
+void ShardMapPusher::Loop() {
+  // A server that cannot be reached is retried with a growing delay, up to
+  // about a minute; meanwhile other servers are served.
+  std::map<std::string, std::pair<int, absl::Time>> retries;  // attempts, next
+  constexpr int kMaxAttempts = 30;
+  while (true) {
+    std::string address;
+    v1::ShardMap map;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](ShardMapPusher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return p->stop_ || !p->pending_.empty();
+                               },
+                               this),
+                           absl::Milliseconds(100));
+      if (stop_) return;
+      const absl::Time now = absl::Now();
+      for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+        auto r = retries.find(it->first);
+        if (r == retries.end() || r->second.second <= now) {
+          address = it->first;
+          map = std::move(it->second);
+          pending_.erase(it);
+          break;
+        }
+      }
+    }
+    if (address.empty()) continue;
+    auto stub = v1::ShardAdmin::NewStub(
+        rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+    grpc::ClientContext context;
+    rpc::SetTimeout(absl::Seconds(5), &context);
+    v1::SetShardMapRequest request;
+    *request.mutable_shard_map() = map;
+    request.set_self(address);
+    v1::SetShardMapResponse response;
+    const grpc::Status s = stub->SetShardMap(&context, request, &response);
+    // FAILED_PRECONDITION: it has this epoch or a newer one already.
+    if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      LogInfo("shard map epoch ", map.epoch(), " is on ", address);
+      retries.erase(address);
+      continue;
+    }
+    int& attempts = retries[address].first;
+    if (++attempts >= kMaxAttempts || s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      LogError("giving up pushing shard map epoch ", map.epoch(), " to ", address,
+               ": ", s.error_message());
+      retries.erase(address);
+      continue;
+    }
+    LogWarning("pushing shard map epoch ", map.epoch(), " to ", address, " failed (",
+               s.error_message(), "); retrying");
+    retries[address].second =
+        absl::Now() + std::min(absl::Milliseconds(100) * (1 << std::min(attempts, 5)),
+                               absl::Seconds(2));
+    absl::MutexLock lock(&mu_);
+    pending_.emplace(address, std::move(map));  // unless a newer one came
+  }
+}
+
+// --- CoordinatorTicker ------------------------------------------------------
+
+CoordinatorTicker::CoordinatorTicker(Coordinator* coordinator, absl::Duration interval)
+    : thread_([this, coordinator, interval] {
+        while (!stop_.WaitForNotificationWithTimeout(interval)) coordinator->Tick();
+      }) {}
+
+CoordinatorTicker::~CoordinatorTicker() {
+  stop_.Notify();
+  thread_.join();
+}
+
+}  // namespace recps::server

@@ -1,0 +1,108 @@
+// The shard server's table store: rows of the slots this server owns, each
+// holding weights and optimizer state side by side. The service talks to
+// this interface only, so a GPU-resident store or a RocksDB-backed tier can
+// replace or wrap the host-memory one without touching request handling.
+//
+// Thread-safety: every method may be called concurrently.
+#ifndef RECPS_SERVER_SHARD_EMBEDDING_STORE_H_
+#define RECPS_SERVER_SHARD_EMBEDDING_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/config/table_spec.h"
+#include "common/row_init.h"
+#include "common/thread_pool.h"
+#include "kernels/exec_context.h"
+#include "kernels/optimizer.h"
+
+namespace recps::server {
+
+struct StoreOptions {
+  // Seed of the deterministic row initialisation (the job's seed).
+  uint64_t seed = 0;
+  // The cluster's slot count (common/hashing.h SlotOf); rows are indexed by
+  // slot so that stats and, later, migration work per slot.
+  uint32_t num_slots = 4096;
+  // Most rows a dynamic table may hold on this server; address space for
+  // them is reserved up front, memory is committed as rows appear.
+  int64_t max_rows_per_table = int64_t{1} << 26;
+  // Splits large batches over cores; nullptr runs on the calling thread.
+  ThreadPool* pool = nullptr;
+  // Where rows live and the update kernels run (kernels/exec_context.h).
+  // CreateEmbeddingStore picks the implementation from it.
+  kernels::Device device = kernels::Device::kCpu;
+  int cuda_device = 0;
+};
+
+struct TableInfo {
+  std::string name;
+  int dim = 0;
+  int64_t rows = 0;        // rows stored
+  int64_t row_bytes = 0;   // bytes per stored row (weights + state, padded)
+  // Bytes of the id -> row index (per-slot index arrays and bookkeeping).
+  int64_t index_bytes = 0;
+  int64_t lookup_ids = 0;  // ids served since start
+  int64_t update_ids = 0;  // gradient rows applied since start
+};
+
+class EmbeddingStore {
+ public:
+  virtual ~EmbeddingStore() = default;
+
+  virtual int num_tables() const = 0;
+  virtual const config::TableSpec& spec(int table) const = 0;
+  // Index of table `name`; NOT_FOUND naming it (and the known tables).
+  virtual absl::StatusOr<int> FindTable(absl::string_view name) const = 0;
+
+  // Writes the weights of `ids` to out (ids.size() x dim floats, in order),
+  // creating missing rows with their initial value. Duplicate ids are fine.
+  // INVALID_ARGUMENT naming the id when one is outside a fixed table; then
+  // no row is created. RESOURCE_EXHAUSTED when a dynamic table is full.
+  virtual absl::Status Lookup(int table, absl::Span<const int64_t> ids,
+                              float* out) = 0;
+
+  // Checks a gradient push without changing anything: ids distinct and in
+  // range, every value finite. INVALID_ARGUMENT names the table, the id and
+  // what is wrong.
+  virtual absl::Status ValidateGradients(int table,
+                                         absl::Span<const int64_t> ids,
+                                         const float* grads) const = 0;
+
+  // Applies one gradient row per id (ids.size() x dim floats) with the
+  // table's fused optimizer; rows that do not exist yet are created first.
+  // REQUIRES: ValidateGradients(table, ids, grads) is OK.
+  virtual absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
+                                      const float* grads) = 0;
+
+  // Copies the whole stored rows (weights and optimizer state,
+  // FusedRowStride floats each) of `ids` to out; NOT_FOUND naming the first
+  // id that has no row. For tests, checkpoints and migration.
+  virtual absl::Status ReadRows(int table, absl::Span<const int64_t> ids,
+                                float* out) const = 0;
+
+  virtual TableInfo Info(int table) const = 0;
+  // Rows stored per slot, summed over tables (num_slots entries).
+  virtual std::vector<int64_t> RowsPerSlot() const = 0;
+};
+
+// A store in host memory: per table, one arena of fused rows (address space
+// reserved up front, in huge pages where possible) and a hash index per slot,
+// guarded by striped locks. INVALID_ARGUMENT for a bad spec (empty or
+// duplicate name, dim outside 1..4096, bad optimizer parameters).
+// The store for options.device: the host store for CPU. A GPU-resident
+// store does not exist yet: kCuda is FAILED_PRECONDITION saying so.
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
+    std::vector<config::TableSpec> tables, const StoreOptions& options);
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
+    std::vector<config::TableSpec> tables, const StoreOptions& options);
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_EMBEDDING_STORE_H_

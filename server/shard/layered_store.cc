@@ -1,0 +1,131 @@
+#include "server/shard/layered_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace recps::server {
+
+LayeredStore::LayeredStore(std::unique_ptr<EmbeddingStore> base)
+    : base_(std::move(base)),
+      num_base_(base_->num_tables()),
+      capacity_(std::max(kMaxTables, num_base_)),
+      entries_(new Entry[capacity_]),
+      num_tables_(num_base_) {
+  for (int t = 0; t < num_base_; ++t) {
+    entries_[t] = Entry{base_.get(), t};
+    base_names_.emplace(base_->spec(t).name, t);
+  }
+}
+
+absl::Status LayeredStore::Add(std::unique_ptr<EmbeddingStore> store) {
+  if (store == nullptr) return absl::InvalidArgumentError("Add: store is null");
+  absl::MutexLock lock(&mu_);
+  const int first = num_tables_.load(std::memory_order_relaxed);
+  const int n = store->num_tables();
+  if (first + n > capacity_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adding ", n, " table(s) to ", first, " would pass the limit of ",
+        capacity_));
+  }
+  for (int t = 0; t < n; ++t) {
+    const std::string& name = store->spec(t).name;
+    if (added_names_.contains(name) || base_names_.contains(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table '", name, "' already exists on this server"));
+    }
+  }
+  for (int t = 0; t < n; ++t) {
+    entries_[first + t] = Entry{store.get(), t};
+    added_names_.emplace(store->spec(t).name, first + t);
+  }
+  added_.push_back(std::move(store));
+  num_tables_.store(first + n, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+const LayeredStore::Entry* LayeredStore::Get(int table) const {
+  if (table < 0 || table >= num_tables_.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
+  return &entries_[table];
+}
+
+absl::Status LayeredStore::NoTable(int table) const {
+  return absl::NotFoundError(absl::StrCat("no table with index ", table,
+                                          " (the store has ", num_tables(),
+                                          " tables)"));
+}
+
+int LayeredStore::num_tables() const {
+  return num_tables_.load(std::memory_order_acquire);
+}
+
+const config::TableSpec& LayeredStore::spec(int table) const {
+  const Entry* e = Get(table);
+  return e == nullptr ? base_->spec(-1) : e->store->spec(e->local);
+}
+
+absl::StatusOr<int> LayeredStore::FindTable(absl::string_view name) const {
+  if (auto it = base_names_.find(name); it != base_names_.end()) {
+    return it->second;
+  }
+  if (num_tables() == num_base_) return base_->FindTable(name);  // its error
+  absl::ReaderMutexLock lock(&mu_);
+  if (auto it = added_names_.find(name); it != added_names_.end()) {
+    return it->second;
+  }
+  std::vector<absl::string_view> names;
+  for (int t = 0; t < num_tables(); ++t) names.push_back(spec(t).name);
+  return absl::NotFoundError(absl::StrCat("unknown table '", name,
+                                          "'; this store has ",
+                                          absl::StrJoin(names, ", ")));
+}
+
+absl::Status LayeredStore::Lookup(int table, absl::Span<const int64_t> ids,
+                                  float* out) {
+  const Entry* e = Get(table);
+  return e == nullptr ? NoTable(table) : e->store->Lookup(e->local, ids, out);
+}
+
+absl::Status LayeredStore::ValidateGradients(int table,
+                                             absl::Span<const int64_t> ids,
+                                             const float* grads) const {
+  const Entry* e = Get(table);
+  return e == nullptr ? NoTable(table)
+                      : e->store->ValidateGradients(e->local, ids, grads);
+}
+
+absl::Status LayeredStore::ApplyGradients(int table,
+                                          absl::Span<const int64_t> ids,
+                                          const float* grads) {
+  const Entry* e = Get(table);
+  return e == nullptr ? NoTable(table)
+                      : e->store->ApplyGradients(e->local, ids, grads);
+}
+
+absl::Status LayeredStore::ReadRows(int table, absl::Span<const int64_t> ids,
+                                    float* out) const {
+  const Entry* e = Get(table);
+  return e == nullptr ? NoTable(table) : e->store->ReadRows(e->local, ids, out);
+}
+
+TableInfo LayeredStore::Info(int table) const {
+  const Entry* e = Get(table);
+  return e == nullptr ? TableInfo() : e->store->Info(e->local);
+}
+
+std::vector<int64_t> LayeredStore::RowsPerSlot() const {
+  std::vector<int64_t> out = base_->RowsPerSlot();
+  absl::ReaderMutexLock lock(&mu_);
+  for (const std::unique_ptr<EmbeddingStore>& s : added_) {
+    const std::vector<int64_t> more = s->RowsPerSlot();
+    if (more.size() > out.size()) out.resize(more.size(), 0);
+    for (size_t i = 0; i < more.size(); ++i) out[i] += more[i];
+  }
+  return out;
+}
+
+}  // namespace recps::server

@@ -1,0 +1,61 @@
+// A v1::LookupResponse serialized by hand into one pooled buffer, so that a
+// lookup's rows are written once, by the store, where gRPC sends them from:
+// no zero-filled protobuf string, no copy at serialization, no fresh
+// megabytes per request. The bytes are exactly what the generated code
+// would write (fields in number order, proto3 defaults omitted), so any
+// client parses them.
+#ifndef RECPS_SERVER_SHARD_LOOKUP_RESPONSE_H_
+#define RECPS_SERVER_SHARD_LOOKUP_RESPONSE_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "common/buffer_pool.h"
+
+namespace recps::server {
+
+class SerializedLookupResponse {
+ public:
+  // One TableRows entry: its fields, and the length of its rows.
+  struct Table {
+    absl::string_view name;
+    int dim = 0;
+    size_t rows_bytes = 0;
+  };
+  // A byte range of the buffer; the message is the concatenation of the
+  // segments, in order.
+  struct Segment {
+    size_t offset = 0;
+    size_t length = 0;
+  };
+
+  // Lays out `tables` in a buffer from `pool` and writes everything but the
+  // rows, which the caller then writes through rows(i). RESOURCE_EXHAUSTED
+  // when the message would pass protobuf's 2 GiB limit or memory runs out.
+  absl::Status Init(BufferPool& pool, absl::Span<const Table> tables);
+
+  // Table i's rows_bytes bytes of rows, 64-byte aligned.
+  char* rows(int table) const { return buffer_.data() + rows_offset_[table]; }
+
+  const char* data() const { return buffer_.data(); }
+  absl::Span<const Segment> segments() const { return segments_; }
+  // The serialized message, copied into one string.
+  std::string ToString() const;
+
+  // The buffer, for whoever sends the segments (the object keeps its
+  // segment list but no longer its bytes).
+  PooledBuffer TakeBuffer() { return std::move(buffer_); }
+
+ private:
+  PooledBuffer buffer_;
+  std::vector<size_t> rows_offset_;
+  std::vector<Segment> segments_;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_LOOKUP_RESPONSE_H_

@@ -1,0 +1,315 @@
+// recps-shard: a shard server. Serves the EmbeddingShard data plane and the
+// ShardAdmin operations service over gRPC, and Prometheus metrics over HTTP.
+//
+//   recps-shard --tables=tables.textproto --world_size=2 --standalone
+//
+// Stops gracefully on SIGTERM or SIGINT: no new calls are accepted, calls in
+// flight finish (up to --grace_period).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "client/coordinator_client.h"
+#include "common/log.h"
+#include "common/rpc/channels.h"
+#include "common/malloc_tuning.h"
+#include "common/port_file.h"
+#include "common/config/text_proto.h"
+#include "common/thread_pool.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "recps/v1/coordinator.grpc.pb.h"
+#include "server/shard/shard_service.h"
+#include "recps/v1/job.pb.h"
+#include "common/config/table_config.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "gRPC address to listen on, host:port; port 0 lets the OS pick");
+ABSL_FLAG(std::string, advertise, "",
+          "this server's address in shard maps (default: the listen host with "
+          "the bound port)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
+          "Prometheus /metrics HTTP address, host:port (port 0: OS picks); "
+          "empty disables metrics");
+ABSL_FLAG(std::string, tables, "",
+          "path of the tables config (text-format recps.v1.TablesConfig); "
+          "this or --job is required");
+ABSL_FLAG(std::string, job, "",
+          "path of a job config (text-format recps.v1.JobConfig): serve its "
+          "tables, seeded by its training.seed");
+ABSL_FLAG(std::string, consistency, "",
+          "sync (BSP: wait for every worker each step), bounded (lookups run "
+          "up to --staleness steps ahead) or async (apply on arrival); "
+          "default: the job's training.consistency with --job, else sync");
+ABSL_FLAG(int, staleness, -1,
+          "steps a lookup may run ahead in bounded mode (default: the job's, "
+          "else 1)");
+ABSL_FLAG(int, world_size, 1, "number of workers in the job");
+ABSL_FLAG(absl::Duration, step_timeout, absl::Seconds(60),
+          "how long a lookup waits for its step before failing with the "
+          "missing workers named");
+ABSL_FLAG(uint64_t, seed, 0,
+          "seed of the deterministic row initialisation (with --job: the "
+          "job's training.seed)");
+ABSL_FLAG(uint32_t, num_slots, 4096, "slots of the cluster (fixed for its life)");
+ABSL_FLAG(bool, standalone, false,
+          "serve every slot alone (shard map epoch 1 with this server only); "
+          "otherwise wait for ShardAdmin.SetShardMap");
+ABSL_FLAG(int64_t, max_rows_per_table, int64_t{1} << 26,
+          "most rows a dynamic table may hold on this server");
+ABSL_FLAG(int64_t, max_ids_per_request, int64_t{1} << 22,
+          "most ids one Lookup or PushGradients may carry");
+ABSL_FLAG(std::string, device, "cpu",
+          "where rows live: cpu (host memory); cuda:N is refused until the "
+          "GPU-resident store exists");
+ABSL_FLAG(int, max_message_mb, 1024, "largest request accepted, in MiB");
+ABSL_FLAG(int, threads, 0,
+          "threads for pushes and for lookups released by a step (0: one per "
+          "core)");
+ABSL_FLAG(int, store_threads, 0,
+          "threads one large store call (lookup or update of 4096+ ids) is "
+          "split over (0: one per core; 1: the request's own thread)");
+ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
+          "on SIGTERM, how long calls in flight may take to finish");
+ABSL_FLAG(std::string, coordinator, "",
+          "coordinator address, host:port: register there as a shard server, "
+          "keep the lease by heartbeat and take the shard map it pushes");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, write '<grpc port> <metrics port>' here once serving (for "
+          "launchers and tests)");
+
+namespace recps::server {
+namespace {
+
+// Flags win; unset ones come from the job (when there is one).
+absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
+    const v1::ConsistencyConfig* job) {
+  ConsistencyOptions c;
+  std::string mode = absl::GetFlag(FLAGS_consistency);
+  int staleness = absl::GetFlag(FLAGS_staleness);
+  if (mode.empty()) {
+    mode = "sync";
+    if (job != nullptr && job->mode() == v1::ConsistencyConfig::BOUNDED) mode = "bounded";
+    if (job != nullptr && job->mode() == v1::ConsistencyConfig::ASYNC) mode = "async";
+  }
+  if (staleness < 0) {
+    staleness = job != nullptr && job->staleness() > 0 ? job->staleness() : 1;
+  }
+  if (mode == "sync") {
+    c.mode = ConsistencyMode::kSync;
+  } else if (mode == "bounded") {
+    c.mode = ConsistencyMode::kBounded;
+  } else if (mode == "async") {
+    c.mode = ConsistencyMode::kAsync;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--consistency=", mode, ": expected sync, bounded or async"));
+  }
+  c.staleness = staleness;
+  c.world_size = absl::GetFlag(FLAGS_world_size);
+  c.step_timeout = absl::GetFlag(FLAGS_step_timeout);
+  if (c.staleness < 0) return absl::InvalidArgumentError("--staleness must be >= 0");
+  if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
+  return c;
+}
+
+int Run() {
+  // Signals are taken by sigwait below; block them before any thread starts
+  // so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::string tables_path = absl::GetFlag(FLAGS_tables);
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (tables_path.empty() == job_path.empty()) {
+    LogError("give exactly one of --tables (a text-format recps.v1.TablesConfig) "
+             "or --job (a recps.v1.JobConfig)");
+    return 2;
+  }
+  uint64_t seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<v1::TablesConfig> config;
+  v1::JobConfig job;
+  if (!job_path.empty()) {
+    if (absl::Status s = ReadTextProto(job_path, &job); !s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+    config = v1::TablesConfig();
+    *config->mutable_tables() = job.tables();
+    seed = job.training().seed();
+  } else {
+    config = config::ReadTablesConfig(tables_path);
+  }
+  if (!config.ok()) {
+    LogError(config.status().message());
+    return 2;
+  }
+  absl::StatusOr<std::vector<config::TableSpec>> specs = config::TableSpecsFromConfig(*config);
+  absl::StatusOr<ConsistencyOptions> consistency = ConsistencyFromFlags(
+      job_path.empty() ? nullptr : &job.training().consistency());
+  for (const absl::Status& s : {specs.status(), consistency.status()}) {
+    if (!s.ok()) {
+      LogError(s.message());
+      return 2;
+    }
+  }
+
+  ThreadPool compute_pool(std::max(0, absl::GetFlag(FLAGS_store_threads)));
+  StoreOptions store_options;
+  store_options.seed = seed;
+  store_options.num_slots = absl::GetFlag(FLAGS_num_slots);
+  store_options.max_rows_per_table = absl::GetFlag(FLAGS_max_rows_per_table);
+  store_options.pool = &compute_pool;
+  absl::StatusOr<kernels::Device> device =
+      kernels::ParseDevice(absl::GetFlag(FLAGS_device), &store_options.cuda_device);
+  if (!device.ok()) {
+    LogError("--device: ", device.status().message());
+    return 2;
+  }
+  store_options.device = *device;
+  absl::StatusOr<std::unique_ptr<EmbeddingStore>> store =
+      CreateEmbeddingStore(*specs, store_options);
+  if (!store.ok()) {
+    LogError(store.status().message());
+    return 2;
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  ShardMetrics metrics(*registry);
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = 0;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    exposer = std::make_unique<prometheus::Exposer>(addr);
+    exposer->RegisterCollectable(registry);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    metrics_port = ports.empty() ? 0 : ports[0];
+  }
+
+  ShardServerOptions options;
+  options.num_slots = store_options.num_slots;
+  options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
+  options.consistency = *consistency;
+  options.work_threads = absl::GetFlag(FLAGS_threads);
+  // Column groups of column-wise tables: same seed, slots and limits.
+  options.create_store = [store_options](std::vector<config::TableSpec> groups) {
+    return CreateEmbeddingStore(std::move(groups), store_options);
+  };
+  absl::StatusOr<std::unique_ptr<ShardServer>> shard =
+      ShardServer::Create(*std::move(store), ShardMap(), options, &metrics);
+  if (!shard.ok()) {
+    LogError(shard.status().message());
+    return 2;
+  }
+
+  EmbeddingShardService data_service(shard->get(), &metrics);
+  ShardAdminService admin_service(shard->get(), &metrics);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()),
+                           &grpc_port);
+  builder.RegisterService(&data_service);
+  builder.RegisterService(&admin_service);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_mb) << 20);
+  builder.SetMaxSendMessageSize(-1);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    LogError("cannot listen on ", listen);
+    return 1;
+  }
+
+  std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (advertise.empty()) {
+    const std::vector<std::string> host_port = absl::StrSplit(listen, ':');
+    advertise = absl::StrCat(host_port.empty() ? "127.0.0.1" : host_port[0], ":",
+                             grpc_port);
+  }
+  if (absl::GetFlag(FLAGS_standalone)) {
+    v1::SetShardMapRequest set;
+    *set.mutable_shard_map() =
+        ShardMap::Uniform(1, store_options.num_slots, {advertise}).ToProto();
+    set.set_self(advertise);
+    if (absl::Status s = (*shard)->SetShardMap(set); !s.ok()) {
+      LogError(s.message());
+      return 1;
+    }
+  } else {
+    (*shard)->SetSelfAddress(advertise);  // for maps that do not name `self`
+  }
+  LogInfo("serving ", specs->size(), " table(s) on ", advertise, " (",
+          ConsistencyModeName(consistency->mode), ", world size ",
+          consistency->world_size, "), metrics on port ", metrics_port,
+          absl::GetFlag(FLAGS_standalone) ? ", standalone" : ", waiting for a shard map");
+  // Registers in the background (the coordinator may start later) and
+  // keeps the lease; the map arrives via ShardAdmin.SetShardMap.
+  std::unique_ptr<client::CoordinatorClient> coordinator;
+  std::unique_ptr<client::CoordinatorLease> lease;
+  if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
+    client::CoordinatorClientOptions options;
+    options.call_timeout = absl::Seconds(5);  // also bounds the wait at shutdown
+    coordinator = std::make_unique<client::CoordinatorClient>(c, options);
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address(advertise);
+    request.set_rank(-1);
+    lease = std::make_unique<client::CoordinatorLease>(coordinator.get(), request);
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {
+      LogError(s.message());
+      return 1;
+    }
+  }
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  LogInfo("received signal ", signal_number, "; finishing calls in flight");
+  if (lease != nullptr) lease->Leave();
+  lease.reset();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
+  server->Wait();
+  shard->reset();
+  LogInfo("stopped");
+  // Everything that holds data is closed. Skip the metrics exposer's
+  // destructor: civetweb polls its threads down for about a second, which
+  // would only delay a restart or a rolling update.
+  std::fflush(nullptr);
+  _exit(0);
+}
+
+}  // namespace
+}  // namespace recps::server
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "recps shard server: owns the rows of its slots and serves batched "
+      "lookups and fused gradient updates.\n"
+      "  recps-shard --tables=FILE [--world_size=N] [--consistency=sync] "
+      "[--standalone]");
+  absl::ParseCommandLine(argc, argv);
+  recps::SetLogTag("recps-shard");
+  recps::TuneDataPlaneProcess();
+  return recps::server::Run();
+}

@@ -1,0 +1,151 @@
+#include "server/shard/shard_metrics.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace recps::server {
+namespace {
+
+// 50 us .. ~100 s, doubling: RPC latencies and sync waits.
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  prometheus::Histogram::BucketBoundaries b;
+  for (double v = 50e-6; v < 120; v *= 2) b.push_back(v);
+  return b;
+}
+
+}  // namespace
+
+ShardMetrics::ShardMetrics(prometheus::Registry& registry)
+    : requests_(prometheus::BuildCounter()
+                    .Name("recps_shard_requests_total")
+                    .Help("RPCs finished, by method and gRPC status code")
+                    .Register(registry)),
+      latency_(prometheus::BuildHistogram()
+                   .Name("recps_shard_request_seconds")
+                   .Help("RPC latency from arrival to reply, by method")
+                   .Register(registry)),
+      lookup_ids_(prometheus::BuildCounter()
+                      .Name("recps_shard_lookup_ids_total")
+                      .Help("Ids served by Lookup")
+                      .Register(registry)
+                      .Add({})),
+      lookup_bytes_(prometheus::BuildCounter()
+                        .Name("recps_shard_lookup_bytes_total")
+                        .Help("Row payload bytes returned by Lookup")
+                        .Register(registry)
+                        .Add({})),
+      update_ids_(prometheus::BuildCounter()
+                      .Name("recps_shard_updated_rows_total")
+                      .Help("Gradient rows applied by the fused optimizer")
+                      .Register(registry)
+                      .Add({})),
+      sync_wait_(prometheus::BuildHistogram()
+                     .Name("recps_shard_sync_wait_seconds")
+                     .Help("Time a lookup waited for its step to be ready")
+                     .Register(registry)
+                     .Add({}, LatencyBuckets())),
+      table_rows_(prometheus::BuildGauge()
+                      .Name("recps_shard_table_rows")
+                      .Help("Rows stored, by table")
+                      .Register(registry)),
+      table_bytes_(prometheus::BuildGauge()
+                       .Name("recps_shard_table_bytes")
+                       .Help("Bytes of rows (weights and optimizer state), by table")
+                       .Register(registry)),
+      resident_bytes_(prometheus::BuildGauge()
+                          .Name("recps_shard_resident_bytes")
+                          .Help("Resident memory of the process")
+                          .Register(registry)
+                          .Add({})) {}
+
+void ShardMetrics::RecordRequest(const std::string& rpc, absl::StatusCode code,
+                                 double seconds) {
+  const std::string code_name = absl::StatusCodeToString(code);
+  prometheus::Counter* counter;
+  prometheus::Histogram* histogram;
+  {
+    absl::MutexLock lock(&mu_);
+    const std::string key = absl::StrCat(rpc, "/", code_name);
+    auto it = request_counters_.find(key);
+    if (it == request_counters_.end()) {
+      it = request_counters_
+               .emplace(key, &requests_.Add({{"rpc", rpc}, {"code", code_name}}))
+               .first;
+    }
+    counter = it->second;
+    auto lit = latencies_.find(rpc);
+    if (lit == latencies_.end()) {
+      lit = latencies_.emplace(rpc, &latency_.Add({{"rpc", rpc}}, LatencyBuckets()))
+                .first;
+    }
+    histogram = lit->second;
+  }
+  counter->Increment();
+  histogram->Observe(seconds);
+}
+
+void ShardMetrics::AppendRpcStats(v1::StatsResponse* response) {
+  // Copy the pointers out: the children live as long as the registry, and
+  // collecting them needs no lock of ours.
+  std::vector<std::pair<std::string, prometheus::Histogram*>> histograms;
+  std::vector<std::pair<std::string, prometheus::Counter*>> counters;
+  {
+    absl::MutexLock lock(&mu_);
+    histograms.assign(latencies_.begin(), latencies_.end());
+    counters.assign(request_counters_.begin(), request_counters_.end());
+  }
+  std::sort(histograms.begin(), histograms.end());
+  const std::string ok_suffix = absl::StrCat("/", absl::StatusCodeToString(absl::StatusCode::kOk));
+  for (const auto& [rpc, histogram] : histograms) {
+    const prometheus::ClientMetric metric = histogram->Collect();
+    v1::RpcStats* stats = response->add_rpcs();
+    stats->set_rpc(rpc);
+    stats->set_count(static_cast<int64_t>(metric.histogram.sample_count));
+    stats->set_latency_seconds_sum(metric.histogram.sample_sum);
+    uint64_t below = 0;
+    for (const prometheus::ClientMetric::Bucket& b : metric.histogram.bucket) {
+      // The last bucket is +Inf: it becomes the overflow count.
+      if (b.upper_bound != std::numeric_limits<double>::infinity()) {
+        stats->add_bucket_upper_seconds(b.upper_bound);
+      }
+      stats->add_bucket_counts(static_cast<int64_t>(b.cumulative_count - below));
+      below = b.cumulative_count;
+    }
+    int64_t errors = 0;
+    const std::string prefix = absl::StrCat(rpc, "/");
+    for (const auto& [key, counter] : counters) {
+      if (absl::StartsWith(key, prefix) && !absl::EndsWith(key, ok_suffix)) {
+        errors += static_cast<int64_t>(counter->Value());
+      }
+    }
+    stats->set_errors(errors);
+  }
+}
+
+void ShardMetrics::AddLookedUpIds(int64_t ids, int64_t bytes) {
+  lookup_ids_.Increment(static_cast<double>(ids));
+  lookup_bytes_.Increment(static_cast<double>(bytes));
+}
+
+void ShardMetrics::AddUpdatedIds(int64_t ids) {
+  update_ids_.Increment(static_cast<double>(ids));
+}
+
+void ShardMetrics::RecordSyncWait(double seconds) { sync_wait_.Observe(seconds); }
+
+void ShardMetrics::SetTableRows(const std::string& table, int64_t rows,
+                                int64_t bytes) {
+  table_rows_.Add({{"table", table}}).Set(static_cast<double>(rows));
+  table_bytes_.Add({{"table", table}}).Set(static_cast<double>(bytes));
+}
+
+void ShardMetrics::SetResidentBytes(int64_t bytes) {
+  resident_bytes_.Set(static_cast<double>(bytes));
+}
+
+}  // namespace recps::server

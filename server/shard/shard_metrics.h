@@ -1,0 +1,59 @@
+// Prometheus metrics of a shard server (prometheus-cpp). The server exposes
+// them over HTTP at /metrics. Thread-safe.
+#ifndef RECPS_SERVER_SHARD_SHARD_METRICS_H_
+#define RECPS_SERVER_SHARD_SHARD_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/container/flat_hash_map.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "recps/v1/shard_admin.pb.h"
+
+namespace recps::server {
+
+class ShardMetrics {
+ public:
+  explicit ShardMetrics(prometheus::Registry& registry);
+
+  // One finished RPC: counts it by method and status code and records its
+  // latency.
+  void RecordRequest(const std::string& rpc, absl::StatusCode code,
+                     double seconds);
+  void AddLookedUpIds(int64_t ids, int64_t bytes);
+  void AddUpdatedIds(int64_t ids);
+  // Time a lookup waited for its step (sync and bounded modes).
+  void RecordSyncWait(double seconds);
+  void SetTableRows(const std::string& table, int64_t rows, int64_t bytes);
+  void SetResidentBytes(int64_t bytes);
+  // Appends one RpcStats per method seen so far (sorted by name): counts,
+  // errors and the latency histogram, for ShardAdmin.Stats.
+  void AppendRpcStats(v1::StatsResponse* response);
+
+ private:
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Counter& lookup_ids_;
+  prometheus::Counter& lookup_bytes_;
+  prometheus::Counter& update_ids_;
+  prometheus::Histogram& sync_wait_;
+  prometheus::Family<prometheus::Gauge>& table_rows_;
+  prometheus::Family<prometheus::Gauge>& table_bytes_;
+  prometheus::Gauge& resident_bytes_;
+
+  absl::Mutex mu_;  // caches the per-label children (Family::Add locks too)
+  absl::flat_hash_map<std::string, prometheus::Counter*> request_counters_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, prometheus::Histogram*> latencies_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_SHARD_METRICS_H_

@@ -1,0 +1,459 @@
+#include "server/shard/shard_server.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "common/hashing.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "common/wire/wire_format.h"
+#include "server/shard/shard_metrics.h"
+
+namespace recps::server {
+namespace {
+
+// Free response buffers kept for reuse: enough for a few concurrent lookups
+// of the largest batches the benchmarks and the worker send.
+constexpr size_t kMaxFreeResponseBytes = size_t{256} << 20;
+
+// A column group of `table` as a table of its own: the group's columns, the
+// same rows, optimizer and initial values.
+config::TableSpec ColumnGroupSpec(const config::TableSpec& table, const ColumnGroup& group) {
+  config::TableSpec spec = table;
+  spec.name = group.table;
+  spec.dim = group.end - group.begin;
+  if (spec.init.source_key == 0) spec.init.source_key = StableNameKey(table.name);
+  spec.init.column_offset += group.begin;
+  return spec;
+}
+
+int64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0;
+  return pages_resident * sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace
+
+absl::Status StaleEpochError(absl::string_view message, uint64_t epoch) {
+  absl::Status s = absl::AbortedError(message);
+  s.SetPayload(kShardMapEpochKey, absl::Cord(absl::StrCat(epoch)));
+  return s;
+}
+
+absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
+    std::unique_ptr<EmbeddingStore> store, ShardMap initial_map,
+    ShardServerOptions options, ShardMetrics* metrics) {
+  if (store == nullptr) return absl::InvalidArgumentError("store is null");
+  const ConsistencyOptions& c = options.consistency;
+  if (c.world_size < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "world_size must be >= 1, got ", c.world_size));
+  }
+  if (c.mode == ConsistencyMode::kBounded && c.staleness < 0) {
+    return absl::InvalidArgumentError("staleness must be >= 0");
+  }
+  if (initial_map.num_servers() > 0 &&
+      initial_map.num_slots() != options.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial shard map has ", initial_map.num_slots(), " slots, expected ",
+        options.num_slots));
+  }
+  if (options.max_ids_per_request < 1) {
+    return absl::InvalidArgumentError("max_ids_per_request must be >= 1");
+  }
+  std::unique_ptr<ShardServer> server(new ShardServer(
+      std::move(store), std::move(initial_map), std::move(options), metrics));
+  const MapView view = server->CurrentMap();
+  if (view->self >= 0) {
+    RETURN_IF_ERROR(server->AddColumnGroupTables(view->map, view->self));
+  }
+  return server;
+}
+
+ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
+                         ShardServerOptions options, ShardMetrics* metrics)
+    : store_(std::make_unique<LayeredStore>(std::move(store))),
+      options_(std::move(options)),
+      metrics_(metrics),
+      start_time_(absl::Now()),
+      response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)) {
+  const int self = map.IndexOf(options_.self_address);
+  routing_ = std::make_shared<const Routing>(
+      Routing{std::move(map), self, options_.self_address});
+  clock_ = std::make_unique<StepClock>(
+      options_.consistency, [this](GradientPush& push) -> absl::Status {
+        for (TableGradients& tg : push) {
+          RETURN_IF_ERROR(store_->ApplyGradients(tg.table, tg.ids, tg.grads.data()));
+          if (metrics_ != nullptr) metrics_->AddUpdatedIds(tg.ids.size());
+        }
+        return absl::OkStatus();
+      });
+  work_ = std::make_unique<WorkQueue>(options_.work_threads);
+}
+
+ShardServer::~ShardServer() = default;
+
+ShardServer::MapView ShardServer::CurrentMap() const {
+  absl::MutexLock lock(&map_mu_);
+  return routing_;
+}
+
+absl::Status ShardServer::CheckHeader(const v1::RequestHeader& header,
+                                      const MapView& view) const {
+  const uint64_t epoch = view->map.epoch();
+  if (view->self < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "shard server ", view->self_address,
+        " has no shard map that lists it yet (epoch ", epoch, ")"));
+  }
+  if (header.shard_map_epoch() < epoch) {
+    return StaleEpochError(
+        absl::StrCat("stale shard map: request routed with epoch ",
+                     header.shard_map_epoch(), ", this server is at epoch ",
+                     epoch, "; refresh the map and retry"),
+        epoch);
+  }
+  if (header.shard_map_epoch() > epoch) {
+    return absl::UnavailableError(absl::StrCat(
+        "this server is at shard map epoch ", epoch,
+        ", behind the request's ", header.shard_map_epoch(), "; retry shortly"));
+  }
+  const int world = options_.consistency.world_size;
+  if (header.worker_rank() < 0 || header.worker_rank() >= world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", header.worker_rank(), " is outside the job's ranks [0, ",
+        world, ")"));
+  }
+  if (header.step() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative step ", header.step()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::CheckOwned(const MapView& view, const config::TableSpec& spec,
+                                     absl::Span<const int64_t> ids) const {
+  const uint64_t key = StableNameKey(spec.name);
+  const TableRoute route = view->map.RouteOf(key);
+  if (route.column_split()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "table ", spec.name, " is split column-wise at shard map epoch ",
+        view->map.epoch(), ": request its column groups (table ",
+        view->map.ColumnGroupsOf(key)[0].table,
+        " and the others of the map's column_groups)"));
+  }
+  for (int64_t id : ids) {
+    if (route.OwnerOf(id) != view->self) {
+      return StaleEpochError(
+          absl::StrCat("id ", id, " of table ", spec.name, " (slot ",
+                       SlotOf(key, id, view->map.num_slots()),
+                       ") is not owned by ", view->self_address,
+                       " at shard map epoch ", view->map.epoch()),
+          view->map.epoch());
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ShardServer::Lookup(const v1::LookupRequest* request,
+                         SerializedLookupResponse* response, Done done) {
+  lookup_requests_.fetch_add(1, std::memory_order_relaxed);
+  // Runs on the caller's thread (the gRPC callback thread): a lookup that
+  // may run is pure CPU work, and the hop to a work thread cost 8-33% of the
+  // server's CPU per 16k-id lookup (A/B runs, busy and quiet hours). One
+  // that must wait for its step is parked in the step clock, not waited for.
+  const MapView view = CurrentMap();
+  absl::Status s = CheckHeader(request->header(), view);
+  if (s.ok() && request->tables_size() == 0) {
+    s = absl::InvalidArgumentError("empty lookup: no tables in the request");
+  }
+  if (s.ok() && BytesPerElement(request->row_encoding()) == 0) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "unknown row encoding ", request->row_encoding()));
+  }
+  if (!s.ok()) {
+    std::move(done)(s);
+    return;
+  }
+  const absl::Time wait_start = absl::Now();
+  // True while AwaitLookup runs on this thread: a callback from it then is
+  // the "ready at once" case and runs the lookup here.
+  auto awaiting = std::make_shared<std::atomic<bool>>(true);
+  const std::thread::id caller = std::this_thread::get_id();
+  clock_->AwaitLookup(
+      request->header().step(),
+      [this, request, response, wait_start, awaiting, caller,
+       done = std::move(done)](absl::Status ready) mutable {
+        if (!ready.ok()) {
+          std::move(done)(ready);
+          return;
+        }
+        if (metrics_ != nullptr) {
+          metrics_->RecordSyncWait(absl::ToDoubleSeconds(absl::Now() - wait_start));
+        }
+        if (awaiting->load() && std::this_thread::get_id() == caller) {
+          std::move(done)(RunLookup(*request, response));
+          return;
+        }
+        // Released by a push: off the thread that applies the step.
+        work_->Schedule([this, request, response, done = std::move(done)]() mutable {
+          std::move(done)(RunLookup(*request, response));
+        });
+      });
+  awaiting->store(false);
+}
+
+absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
+                                    SerializedLookupResponse* response) {
+  const MapView view = CurrentMap();  // the map may have moved while waiting
+  RETURN_IF_ERROR(CheckHeader(request.header(), view));
+  // Check everything before touching the store: a refused request creates
+  // no rows.
+  struct Part {
+    int table;
+    absl::Span<const int64_t> ids;
+  };
+  std::vector<Part> parts;
+  std::vector<SerializedLookupResponse::Table> layout;
+  std::vector<std::vector<int64_t>> scratch(request.tables_size());
+  absl::flat_hash_set<int> seen_tables;
+  int64_t total_ids = 0;
+  const size_t width = BytesPerElement(request.row_encoding());
+  for (int i = 0; i < request.tables_size(); ++i) {
+    const v1::TableIds& t = request.tables(i);
+    ASSIGN_OR_RETURN(const int table, store_->FindTable(t.table()));
+    if (!seen_tables.insert(table).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", t.table(), " appears twice in one lookup"));
+    }
+    Part part{table, {}};
+    RETURN_IF_ERROR(DecodeIds(t.ids(), t.table().c_str(), &scratch[i], &part.ids));
+    total_ids += part.ids.size();
+    if (total_ids > options_.max_ids_per_request) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "lookup carries more than max_ids_per_request=",
+          options_.max_ids_per_request, " ids; split the batch"));
+    }
+    const config::TableSpec& spec = store_->spec(table);
+    RETURN_IF_ERROR(CheckOwned(view, spec, part.ids));
+    parts.push_back(part);
+    layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width});
+  }
+  RETURN_IF_ERROR(response->Init(*response_buffers_, layout));
+  std::vector<float> converted;
+  int64_t bytes = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& part = parts[i];
+    const size_t n = part.ids.size() * store_->spec(part.table).dim;
+    if (width == sizeof(float)) {
+      // Rows land straight in the response buffer (64-byte aligned).
+      RETURN_IF_ERROR(store_->Lookup(
+          part.table, part.ids, reinterpret_cast<float*>(response->rows(i))));
+    } else {
+      converted.resize(n);
+      RETURN_IF_ERROR(store_->Lookup(part.table, part.ids, converted.data()));
+      EncodeRows(converted.data(), n, request.row_encoding(), response->rows(i));
+    }
+    bytes += layout[i].rows_bytes;
+  }
+  if (metrics_ != nullptr) metrics_->AddLookedUpIds(total_ids, bytes);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GradientPush> ShardServer::DecodePush(
+    const v1::PushGradientsRequest& request) {
+  const MapView view = CurrentMap();
+  RETURN_IF_ERROR(CheckHeader(request.header(), view));
+  GradientPush push;
+  absl::flat_hash_set<int> seen_tables;
+  int64_t total_ids = 0;
+  std::vector<int64_t> scratch;
+  for (const v1::TableGradients& t : request.tables()) {
+    ASSIGN_OR_RETURN(const int table, store_->FindTable(t.table()));
+    if (!seen_tables.insert(table).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table ", t.table(), " appears twice in one push"));
+    }
+    const config::TableSpec& spec = store_->spec(table);
+    absl::Span<const int64_t> ids;
+    RETURN_IF_ERROR(DecodeIds(t.ids(), t.table().c_str(), &scratch, &ids));
+    total_ids += ids.size();
+    if (total_ids > options_.max_ids_per_request) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "push carries more than max_ids_per_request=",
+          options_.max_ids_per_request, " ids; split the batch"));
+    }
+    RETURN_IF_ERROR(CheckOwned(view, spec, ids));
+    TableGradients tg;
+    tg.table = table;
+    tg.dim = spec.dim;
+    tg.ids.assign(ids.begin(), ids.end());
+    tg.grads.resize(ids.size() * spec.dim);
+    RETURN_IF_ERROR(DecodeRows(
+        t.grads(), t.encoding(), tg.grads.size(),
+        absl::StrCat("gradients of table ", spec.name, " (", ids.size(),
+                     " ids x dim ", spec.dim, ")").c_str(),
+        tg.grads.data()));
+    RETURN_IF_ERROR(store_->ValidateGradients(table, tg.ids, tg.grads.data()));
+    push.push_back(std::move(tg));
+  }
+  return push;
+}
+
+void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
+                                v1::PushGradientsResponse* response, Done done) {
+  push_requests_.fetch_add(1, std::memory_order_relaxed);
+  // On a work thread: in sync mode the push that completes a step applies
+  // the whole step (every worker's gradients summed), tens of milliseconds
+  // for large steps, too long to hold a gRPC thread. (Running pushes inline
+  // as lookups do saved no CPU.)
+  work_->Schedule([this, request, response, done = std::move(done)]() mutable {
+    absl::StatusOr<GradientPush> push = DecodePush(*request);
+    absl::Status s = push.status();
+    if (s.ok()) {
+      s = clock_->Push(request->header().worker_rank(), request->header().step(),
+                       *std::move(push));
+    }
+    response->set_applied_step(clock_->applied_step());
+    std::move(done)(s);
+  });
+}
+
+absl::Status ShardServer::Stats(const v1::StatsRequest& request,
+                                v1::StatsResponse* response) const {
+  int64_t total_rows = 0, row_bytes = 0;
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const TableInfo info = store_->Info(t);
+    v1::TableStats* ts = response->add_tables();
+    ts->set_name(info.name);
+    ts->set_dim(info.dim);
+    ts->set_rows(info.rows);
+    ts->set_bytes(info.rows * info.row_bytes);
+    ts->set_index_bytes(info.index_bytes);
+    ts->set_lookup_ids(info.lookup_ids);
+    ts->set_update_ids(info.update_ids);
+    total_rows += info.rows;
+    row_bytes += info.rows * info.row_bytes;
+    if (metrics_ != nullptr) metrics_->SetTableRows(info.name, info.rows, info.rows * info.row_bytes);
+  }
+  response->set_total_rows(total_rows);
+  response->set_row_bytes(row_bytes);
+  response->set_resident_bytes(ResidentBytes());
+  const MapView view = CurrentMap();
+  response->set_shard_map_epoch(view->map.epoch());
+  response->set_applied_step(clock_->applied_step());
+  response->set_lookup_requests(lookup_requests_.load());
+  response->set_push_requests(push_requests_.load());
+  response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  if (metrics_ != nullptr) metrics_->AppendRpcStats(response);
+  if (request.include_slots() && view->self >= 0) {
+    const std::vector<int64_t> per_slot = store_->RowsPerSlot();
+    for (uint32_t slot : view->map.SlotsOf(view->self)) {
+      v1::SlotStats* ss = response->add_slots();
+      ss->set_slot(slot);
+      ss->set_rows(slot < per_slot.size() ? per_slot[slot] : 0);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
+  std::vector<config::TableSpec> specs;
+  for (int t = 0; t < store_->num_base_tables(); ++t) {
+    const config::TableSpec& table = store_->spec(t);
+    const absl::Span<const ColumnGroup> groups =
+        map.ColumnGroupsOf(StableNameKey(table.name));
+    if (groups.empty()) continue;
+    RETURN_IF_ERROR(map.CheckWidth(table.name, table.dim));
+    for (const ColumnGroup& g : groups) {
+      if (g.owner != self) continue;
+      const absl::StatusOr<int> existing = store_->FindTable(g.table);
+      if (existing.ok() && *existing < store_->num_base_tables()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map epoch ", map.epoch(), ": column group ", g.table,
+            " of table ", table.name,
+            " has the name of a configured table; rename that table"));
+      }
+      if (!existing.ok()) specs.push_back(ColumnGroupSpec(table, g));
+    }
+  }
+  if (specs.empty()) return absl::OkStatus();
+  if (!options_.create_store) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), " gives this server column group ",
+        specs[0].name, ", but it was built without a store factory "
+        "(ShardServerOptions.create_store)"));
+  }
+  absl::StatusOr<std::unique_ptr<EmbeddingStore>> added =
+      options_.create_store(specs);
+  if (!added.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), ": creating column group table ",
+        specs[0].name, (specs.size() > 1 ? " and others" : ""), ": ",
+        added.status().message()));
+  }
+  RETURN_IF_ERROR(store_->Add(*std::move(added)));
+  for (const config::TableSpec& spec : specs) {
+    LogInfo("created column group table ", spec.name, " (dim ", spec.dim,
+            ", columns from ", spec.init.column_offset, ")");
+  }
+  return absl::OkStatus();
+}
+
+void ShardServer::SetSelfAddress(std::string address) {
+  absl::MutexLock install(&install_mu_);
+  const MapView view = CurrentMap();
+  const int self = view->map.IndexOf(address);
+  if (self >= 0) {
+    if (absl::Status s = AddColumnGroupTables(view->map, self); !s.ok()) {
+      LogError(s.message());
+    }
+  }
+  absl::MutexLock lock(&map_mu_);
+  routing_ = std::make_shared<const Routing>(
+      Routing{routing_->map, self, std::move(address)});
+}
+
+v1::ShardMap ShardServer::GetShardMap() const { return CurrentMap()->map.ToProto(); }
+
+absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
+  ASSIGN_OR_RETURN(ShardMap map, ShardMap::FromProto(request.shard_map()));
+  if (map.num_slots() != options_.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map has ", map.num_slots(), " slots; this cluster has ",
+        options_.num_slots));
+  }
+  absl::MutexLock install(&install_mu_);
+  const MapView current = CurrentMap();  // changes only under install_mu_
+  const std::string self =
+      request.self().empty() ? current->self_address : request.self();
+  const int index = map.IndexOf(self);
+  if (index < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), " does not list this server (",
+        self.empty() ? "address unknown: set SetShardMapRequest.self" : self,
+        ")"));
+  }
+  if (current->map.num_servers() > 0 && map.epoch() <= current->map.epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard map epoch ", map.epoch(), " is not newer than the current ",
+        current->map.epoch()));
+  }
+  // Before the map: a request routed by it finds its tables.
+  RETURN_IF_ERROR(AddColumnGroupTables(map, index));
+  absl::MutexLock lock(&map_mu_);
+  routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
+  return absl::OkStatus();
+}
+
+}  // namespace recps::server

@@ -1,0 +1,149 @@
+// The shard server's request handling, without gRPC: checks a request
+// (epoch, rank, tables, ids, sizes), orders it by the step clock, and runs it
+// against the table store. The gRPC services (shard_service.h) are thin
+// adapters over this class, which tests drive directly.
+//
+// A lookup that may run at once runs on the calling thread (gRPC's callback
+// thread); pushes, and lookups a push releases, run on the server's work
+// queue. Every method that takes a `done` callback calls it exactly once,
+// from some thread (possibly before it returns).
+#ifndef RECPS_SERVER_SHARD_SHARD_SERVER_H_
+#define RECPS_SERVER_SHARD_SHARD_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/buffer_pool.h"
+#include "common/wire/shard_map.h"
+#include "common/wire/wire_format.h"  // kShardMapEpochKey
+#include "common/work_queue.h"
+#include "recps/v1/shard.pb.h"
+#include "recps/v1/shard_admin.pb.h"
+#include "server/shard/embedding_store.h"
+#include "server/shard/lookup_response.h"
+#include "server/shard/layered_store.h"
+#include "server/shard/step_clock.h"
+
+namespace recps::server {
+
+class ShardMetrics;
+
+struct ShardServerOptions {
+  // This server's address as it appears in shard maps (SetShardMap may set
+  // it when the server learns its port only after binding).
+  std::string self_address;
+  // The cluster's slot count; every shard map must use it (and the store
+  // must have been built with it).
+  uint32_t num_slots = 4096;
+  // Most ids (summed over tables) one request may carry.
+  int64_t max_ids_per_request = int64_t{1} << 22;
+  ConsistencyOptions consistency;
+  // Threads that run pushes and the lookups a step's apply releases.
+  int work_threads = 0;  // 0: one per hardware thread
+  // Builds a store for tables the server gains from a shard map: the column
+  // groups it owns of a table split column-wise. Give it the options of the
+  // server's own store (seed, num_slots, row limit), e.g. a
+  // CreateHostEmbeddingStore call. Unset: maps that give this server a
+  // column group are refused.
+  std::function<absl::StatusOr<std::unique_ptr<EmbeddingStore>>(
+      std::vector<config::TableSpec>)>
+      create_store;
+};
+
+class ShardServer {
+ public:
+  // `initial_map` may be empty (no servers): data requests then get
+  // UNAVAILABLE until SetShardMap installs one. `metrics` may be null.
+  static absl::StatusOr<std::unique_ptr<ShardServer>> Create(
+      std::unique_ptr<EmbeddingStore> store, ShardMap initial_map,
+      ShardServerOptions options, ShardMetrics* metrics);
+  ~ShardServer();
+
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+
+  // Fills `response` (owned by the caller, alive until done), a serialized
+  // v1::LookupResponse, once the step clock lets the lookup run.
+  void Lookup(const v1::LookupRequest* request,
+              SerializedLookupResponse* response, Done done);
+  // Checks the push completely, then hands it to the step clock; done(OK)
+  // means it was accepted (applied at once in async mode).
+  void PushGradients(const v1::PushGradientsRequest* request,
+                     v1::PushGradientsResponse* response, Done done);
+
+  absl::Status Stats(const v1::StatsRequest& request,
+                     v1::StatsResponse* response) const;
+  v1::ShardMap GetShardMap() const;
+  // Installs a newer map; FAILED_PRECONDITION when its epoch is not newer,
+  // INVALID_ARGUMENT when it is malformed or does not list `self`. Column
+  // groups the map gives this server are created first (as tables named
+  // ColumnGroupTableName, initialised as the unsplit table's columns);
+  // INVALID_ARGUMENT when that fails (a group of a table this server does
+  // not have, groups that do not cover the table's dim, no create_store).
+  absl::Status SetShardMap(const v1::SetShardMapRequest& request);
+
+  // The address SetShardMap looks for when its request names no `self`.
+  void SetSelfAddress(std::string address);
+
+  const EmbeddingStore& store() const { return *store_; }
+  int64_t applied_step() const { return clock_->applied_step(); }
+
+ private:
+  ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
+              ShardServerOptions options, ShardMetrics* metrics);
+
+  // The map, this server's index in it (-1: not listed) and its address.
+  struct Routing {
+    ShardMap map;
+    int self = -1;
+    std::string self_address;
+  };
+  using MapView = std::shared_ptr<const Routing>;
+  MapView CurrentMap() const;
+  absl::Status CheckHeader(const v1::RequestHeader& header,
+                           const MapView& view) const;
+  absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,
+                          absl::Span<const int64_t> ids) const;
+  absl::Status RunLookup(const v1::LookupRequest& request,
+                         SerializedLookupResponse* response);
+  absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
+  // Creates the tables of the column groups that `map` gives server index
+  // `self` and that do not exist yet.
+  absl::Status AddColumnGroupTables(const ShardMap& map, int self);
+
+  std::unique_ptr<LayeredStore> store_;
+  ShardServerOptions options_;
+  ShardMetrics* metrics_;
+  const absl::Time start_time_;
+
+  // Held by SetShardMap and SetSelfAddress throughout (they may create
+  // tables); map_mu_ only guards the swap, so requests do not wait for that.
+  absl::Mutex install_mu_;
+  mutable absl::Mutex map_mu_;
+  MapView routing_ ABSL_GUARDED_BY(map_mu_);
+
+  // Lookup responses' buffers, reused across requests.
+  const std::shared_ptr<BufferPool> response_buffers_;
+
+  std::atomic<int64_t> lookup_requests_{0};
+  std::atomic<int64_t> push_requests_{0};
+
+  // Declared last: destroyed first, so no task outlives the members above.
+  std::unique_ptr<StepClock> clock_;
+  std::unique_ptr<WorkQueue> work_;
+};
+
+// An ABORTED status telling the caller to refresh its map to `epoch`.
+absl::Status StaleEpochError(absl::string_view message, uint64_t epoch);
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_SHARD_SERVER_H_

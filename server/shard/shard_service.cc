@@ -1,0 +1,123 @@
+#include "server/shard/shard_service.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/rpc/status_conversion.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
+
+namespace recps::server {
+namespace {
+
+// Finishes one RPC: trailing metadata for a stale epoch, metrics, status.
+void Finish(const char* rpc, grpc::CallbackServerContext* context,
+            grpc::ServerUnaryReactor* reactor, const absl::Status& status,
+            absl::Time start, ShardMetrics* metrics) {
+  if (metrics != nullptr) {
+    metrics->RecordRequest(rpc, status.code(),
+                           absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  reactor->Finish(rpc::ToGrpcStatus(status, context));
+}
+
+// A lookup in flight: the parsed request and the response being built.
+struct LookupCall {
+  v1::LookupRequest request;
+  SerializedLookupResponse response;
+};
+
+// The response's segments as slices of its buffer, without copying: the
+// buffer goes back to its pool when gRPC drops the last slice.
+grpc::ByteBuffer ToByteBuffer(SerializedLookupResponse& response) {
+  auto* buffer = new PooledBuffer(response.TakeBuffer());
+  const grpc::Slice whole(
+      buffer->data(), buffer->size(),
+      [](void* b) { delete static_cast<PooledBuffer*>(b); }, buffer);
+  std::vector<grpc::Slice> slices;
+  slices.reserve(response.segments().size());
+  for (const SerializedLookupResponse::Segment& s : response.segments()) {
+    slices.push_back(whole.sub(s.offset, s.offset + s.length));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  auto call = std::make_unique<LookupCall>();
+  // Parsed as the generated handler would, with the same error. The copy
+  // shares the slices; Deserialize clears the buffer it reads.
+  grpc::ByteBuffer bytes(*request);
+  const grpc::Status parsed =
+      grpc::SerializationTraits<v1::LookupRequest>::Deserialize(&bytes,
+                                                                &call->request);
+  if (!parsed.ok()) {
+    Finish("Lookup", context, reactor,
+           absl::Status(static_cast<absl::StatusCode>(parsed.error_code()),
+                        parsed.error_message()),
+           start, metrics_);
+    return reactor;
+  }
+  LookupCall* c = call.get();
+  server_->Lookup(&c->request, &c->response,
+                  [this, context, reactor, start, response,
+                   call = std::move(call)](absl::Status s) {
+                    if (s.ok()) *response = ToByteBuffer(call->response);
+                    Finish("Lookup", context, reactor, s, start, metrics_);
+                  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
+    grpc::CallbackServerContext* context,
+    const v1::PushGradientsRequest* request,
+    v1::PushGradientsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  server_->PushGradients(request, response,
+                         [this, context, reactor, start](absl::Status s) {
+                           Finish("PushGradients", context, reactor, s, start,
+                                  metrics_);
+                         });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardAdminService::Stats(
+    grpc::CallbackServerContext* context, const v1::StatsRequest* request,
+    v1::StatsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  Finish("Stats", context, reactor, server_->Stats(*request, response), start,
+         metrics_);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardAdminService::GetShardMap(
+    grpc::CallbackServerContext* context, const v1::GetShardMapRequest*,
+    v1::ShardMap* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  *response = server_->GetShardMap();
+  Finish("GetShardMap", context, reactor, absl::OkStatus(), start, metrics_);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardAdminService::SetShardMap(
+    grpc::CallbackServerContext* context, const v1::SetShardMapRequest* request,
+    v1::SetShardMapResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  Finish("SetShardMap", context, reactor, server_->SetShardMap(*request), start,
+         metrics_);
+  return reactor;
+}
+
+}  // namespace recps::server

@@ -1,0 +1,63 @@
+// gRPC adapters of the shard server: read the request, call ShardServer,
+// convert the status in one place (status_conversion), record metrics.
+#ifndef RECPS_SERVER_SHARD_SHARD_SERVICE_H_
+#define RECPS_SERVER_SHARD_SHARD_SERVICE_H_
+
+#include "grpcpp/grpcpp.h"
+#include "recps/v1/shard.grpc.pb.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "server/shard/shard_metrics.h"
+#include "server/shard/shard_server.h"
+
+namespace recps::server {
+
+// Lookup is registered raw: its response is sent from the buffer the rows
+// were written to (SerializedLookupResponse) instead of a protobuf
+// message that gRPC would serialize, copying every row again. The wire
+// format stays v1::LookupResponse.
+class EmbeddingShardService final
+    : public v1::EmbeddingShard::WithRawCallbackMethod_Lookup<
+          v1::EmbeddingShard::WithCallbackMethod_PushGradients<
+              v1::EmbeddingShard::Service>> {
+ public:
+  // Neither pointer is owned; metrics may be null.
+  EmbeddingShardService(ShardServer* server, ShardMetrics* metrics)
+      : server_(server), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PushGradients(
+      grpc::CallbackServerContext* context,
+      const v1::PushGradientsRequest* request,
+      v1::PushGradientsResponse* response) override;
+
+ private:
+  ShardServer* server_;
+  ShardMetrics* metrics_;
+};
+
+class ShardAdminService final : public v1::ShardAdmin::CallbackService {
+ public:
+  ShardAdminService(ShardServer* server, ShardMetrics* metrics)
+      : server_(server), metrics_(metrics) {}
+
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
+                                  const v1::StatsRequest* request,
+                                  v1::StatsResponse* response) override;
+  grpc::ServerUnaryReactor* GetShardMap(grpc::CallbackServerContext* context,
+                                        const v1::GetShardMapRequest* request,
+                                        v1::ShardMap* response) override;
+  grpc::ServerUnaryReactor* SetShardMap(
+      grpc::CallbackServerContext* context,
+      const v1::SetShardMapRequest* request,
+      v1::SetShardMapResponse* response) override;
+
+ private:
+  ShardServer* server_;
+  ShardMetrics* metrics_;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_SHARD_SERVICE_H_

@@ -1,0 +1,251 @@
+#include "server/shard/step_clock.h"
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace recps::server {
+
+const char* ConsistencyModeName(ConsistencyMode mode) {
+  switch (mode) {
+    case ConsistencyMode::kSync:
+      return "sync";
+    case ConsistencyMode::kBounded:
+      return "bounded";
+    case ConsistencyMode::kAsync:
+      return "async";
+  }
+  return "unknown";
+}
+
+StepClock::StepClock(const ConsistencyOptions& options, ApplyFn apply)
+    : options_(options), apply_(std::move(apply)) {
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+StepClock::~StepClock() {
+  std::vector<Waiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    waiters.swap(waiters_);
+  }
+  for (Waiter& w : waiters) {
+    std::move(w.done)(absl::UnavailableError("shard server is shutting down"));
+  }
+  timer_.join();
+}
+
+bool StepClock::LookupReady(int64_t step) const {
+  switch (options_.mode) {
+    case ConsistencyMode::kAsync:
+      return true;
+    case ConsistencyMode::kSync:
+      return step <= applied_step_ + 1;
+    case ConsistencyMode::kBounded:
+      return step <= applied_step_ + 1 + options_.staleness;
+  }
+  return true;
+}
+
+int64_t StepClock::applied_step() const {
+  absl::MutexLock lock(&mu_);
+  return applied_step_;
+}
+
+int StepClock::waiting_lookups() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(waiters_.size());
+}
+
+absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
+  if (rank < 0 || rank >= options_.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", rank, " is outside the job's ranks [0, ",
+        options_.world_size, ")"));
+  }
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
+  }
+  if (options_.mode == ConsistencyMode::kAsync) {
+    absl::Status s = apply_(push);
+    absl::MutexLock lock(&mu_);
+    if (step > applied_step_) applied_step_ = step;
+    return s;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!apply_error_.ok()) return apply_error_;
+    if (step <= applied_step_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " was already applied (this server has applied "
+          "steps up to ", applied_step_, "); pushes cannot go to the past"));
+    }
+    const int64_t window = options_.mode == ConsistencyMode::kBounded
+                               ? options_.staleness
+                               : 0;
+    if (step > applied_step_ + 1 + window) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step ", step, " is ahead of the ", ConsistencyModeName(options_.mode),
+          " window: this server has applied up to step ", applied_step_,
+          " and accepts steps up to ", applied_step_ + 1 + window));
+    }
+    PendingStep& pending = pending_[step];
+    if (pending.by_rank.empty()) pending.by_rank.resize(options_.world_size);
+    if (pending.by_rank[rank].has_value()) return absl::OkStatus();  // retry
+    pending.by_rank[rank] = std::move(push);
+    ++pending.arrived;
+  }
+  return DrainCompleteSteps();
+}
+
+absl::Status StepClock::DrainCompleteSteps() {
+  for (;;) {
+    std::vector<GradientPush> pushes;
+    int64_t step;
+    {
+      absl::MutexLock lock(&mu_);
+      if (applying_) return absl::OkStatus();  // that thread will continue
+      auto it = pending_.find(applied_step_ + 1);
+      if (it == pending_.end() || it->second.arrived < options_.world_size) {
+        return absl::OkStatus();
+      }
+      applying_ = true;
+      step = it->first;
+      pushes.reserve(options_.world_size);
+      for (auto& p : it->second.by_rank) pushes.push_back(std::move(*p));
+      pending_.erase(it);
+    }
+    GradientPush summed = SumInRankOrder(pushes);
+    absl::Status status = apply_(summed);
+    std::vector<Waiter> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      applying_ = false;
+      applied_step_ = step;
+      if (!status.ok() && apply_error_.ok()) {
+        apply_error_ = absl::Status(
+            status.code(),
+            absl::StrCat("applying step ", step, " failed: ", status.message()));
+      }
+      for (size_t i = 0; i < waiters_.size();) {
+        if (!apply_error_.ok() || LookupReady(waiters_[i].step)) {
+          ready.push_back(std::move(waiters_[i]));
+          waiters_[i] = std::move(waiters_.back());
+          waiters_.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    }
+    const absl::Status for_waiters = status.ok() ? absl::OkStatus() : status;
+    for (Waiter& w : ready) std::move(w.done)(for_waiters);
+    if (!status.ok()) return status;
+  }
+}
+
+void StepClock::AwaitLookup(int64_t step,
+                            absl::AnyInvocable<void(absl::Status) &&> done) {
+  if (step < 0) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat("negative step ", step)));
+    return;
+  }
+  absl::Status result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!apply_error_.ok()) {
+      result = apply_error_;
+    } else if (LookupReady(step)) {
+      result = absl::OkStatus();
+    } else if (stopping_) {
+      result = absl::UnavailableError("shard server is shutting down");
+    } else {
+      waiters_.push_back(
+          Waiter{step, absl::Now() + options_.step_timeout, std::move(done)});
+      return;
+    }
+  }
+  std::move(done)(result);
+}
+
+std::string StepClock::Missing(int64_t step) const {
+  std::vector<int> missing;
+  int arrived = 0;
+  auto it = pending_.find(step);
+  for (int r = 0; r < options_.world_size; ++r) {
+    if (it != pending_.end() && it->second.by_rank[r].has_value()) {
+      ++arrived;
+    } else {
+      missing.push_back(r);
+    }
+  }
+  return absl::StrCat("step ", step, " is missing pushes from worker rank(s) ",
+                      absl::StrJoin(missing, ", "), " (", arrived, " of ",
+                      options_.world_size, " arrived)");
+}
+
+void StepClock::TimerLoop() {
+  for (;;) {
+    std::vector<std::pair<Waiter, std::string>> expired;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      for (size_t i = 0; i < waiters_.size();) {
+        if (waiters_[i].deadline <= now) {
+          std::string why = absl::StrCat(
+              "lookup for step ", waiters_[i].step, " waited ",
+              absl::FormatDuration(options_.step_timeout), " (", 
+              ConsistencyModeName(options_.mode), " mode): ",
+              Missing(applied_step_ + 1));
+          expired.emplace_back(std::move(waiters_[i]), std::move(why));
+          waiters_[i] = std::move(waiters_.back());
+          waiters_.pop_back();
+        } else {
+          ++i;
+        }
+      }
+    }
+    for (auto& [w, why] : expired) {
+      std::move(w.done)(absl::DeadlineExceededError(why));
+    }
+  }
+}
+
+GradientPush SumInRankOrder(std::vector<GradientPush>& pushes) {
+  if (pushes.size() == 1) return std::move(pushes[0]);
+  // table -> position in `out`
+  absl::flat_hash_map<int, size_t> table_pos;
+  GradientPush out;
+  std::vector<absl::flat_hash_map<int64_t, int64_t>> id_pos;
+  for (GradientPush& push : pushes) {
+    for (TableGradients& tg : push) {
+      auto [it, inserted] = table_pos.try_emplace(tg.table, out.size());
+      if (inserted) {
+        out.push_back(TableGradients{tg.table, tg.dim, {}, {}});
+        id_pos.emplace_back();
+      }
+      TableGradients& sum = out[it->second];
+      auto& pos = id_pos[it->second];
+      pos.reserve(pos.size() + tg.ids.size());
+      const int dim = tg.dim;
+      for (size_t i = 0; i < tg.ids.size(); ++i) {
+        const float* g = tg.grads.data() + i * dim;
+        auto [pit, fresh] = pos.try_emplace(tg.ids[i], sum.ids.size());
+        if (fresh) {
+          sum.ids.push_back(tg.ids[i]);
+          sum.grads.insert(sum.grads.end(), g, g + dim);
+        } else {
+          float* acc = sum.grads.data() + pit->second * dim;
+          for (int j = 0; j < dim; ++j) acc[j] += g[j];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace recps::server

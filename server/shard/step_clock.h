@@ -1,0 +1,126 @@
+// The shard server's step clock: the consistency model of DESIGN.md.
+//
+//  - kSync (staleness 0, BSP): pushes of step t from all W workers are
+//    buffered, summed per id in rank order and applied once; a lookup for
+//    step t waits until step t-1 is applied.
+//  - kBounded (staleness k, SSP): the same aggregation, but a lookup for step
+//    t only waits for step t-1-k.
+//  - kAsync: each push is applied on arrival; lookups never wait.
+//
+// A step that waits longer than step_timeout fails its waiting lookups with
+// DEADLINE_EXCEEDED naming the workers whose pushes are missing.
+//
+// Plain class, no gRPC: the service calls it from its request threads.
+// Thread-safe.
+#ifndef RECPS_SERVER_SHARD_STEP_CLOCK_H_
+#define RECPS_SERVER_SHARD_STEP_CLOCK_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace recps::server {
+
+enum class ConsistencyMode { kSync, kBounded, kAsync };
+
+// "sync", "bounded", "async".
+const char* ConsistencyModeName(ConsistencyMode mode);
+
+struct ConsistencyOptions {
+  ConsistencyMode mode = ConsistencyMode::kSync;
+  // kBounded: how many steps a lookup may run ahead of the applied step.
+  int staleness = 0;
+  // Workers in the job; pushes name their rank in [0, world_size).
+  int world_size = 1;
+  // Longest a lookup waits for its step to become ready.
+  absl::Duration step_timeout = absl::Seconds(60);
+};
+
+// One table's part of a push: distinct ids and one gradient row each.
+struct TableGradients {
+  int table = 0;
+  int dim = 0;
+  std::vector<int64_t> ids;
+  std::vector<float> grads;  // ids.size() x dim
+};
+using GradientPush = std::vector<TableGradients>;
+
+class StepClock {
+ public:
+  // Applies one push (async) or one step's summed pushes (sync, bounded).
+  // Called for one step at a time, in step order.
+  using ApplyFn = absl::AnyInvocable<absl::Status(GradientPush&)>;
+
+  StepClock(const ConsistencyOptions& options, ApplyFn apply);
+  // Fails every waiting lookup with UNAVAILABLE, then stops the timer.
+  ~StepClock();
+
+  const ConsistencyOptions& options() const { return options_; }
+
+  // Records worker `rank`'s push for `step`, and applies every step that is
+  // now complete (on the calling thread). A repeated push of the same
+  // (rank, step) is ignored, so a client may retry. Errors:
+  // INVALID_ARGUMENT for a rank outside the job; FAILED_PRECONDITION for a
+  // step already applied or beyond the staleness window; the apply error if
+  // applying fails.
+  absl::Status Push(int rank, int64_t step, GradientPush push);
+
+  // Calls done(OK) when a lookup for `step` may run: at once (inline) when it
+  // already may, later from the thread that applies the step it waits for,
+  // or done(DEADLINE_EXCEEDED) after step_timeout. INVALID_ARGUMENT for a
+  // negative step.
+  void AwaitLookup(int64_t step, absl::AnyInvocable<void(absl::Status) &&> done);
+
+  // Newest applied step; -1 before the first.
+  int64_t applied_step() const;
+  // Lookups currently waiting.
+  int waiting_lookups() const;
+
+ private:
+  struct PendingStep {
+    std::vector<std::optional<GradientPush>> by_rank;
+    int arrived = 0;
+  };
+  struct Waiter {
+    int64_t step;
+    absl::Time deadline;
+    absl::AnyInvocable<void(absl::Status) &&> done;
+  };
+
+  bool LookupReady(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies complete steps in order while no other thread is applying.
+  absl::Status DrainCompleteSteps() ABSL_LOCKS_EXCLUDED(mu_);
+  // Describes what step `step` still waits for (the missing ranks).
+  std::string Missing(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TimerLoop();
+
+  const ConsistencyOptions options_;
+  ApplyFn apply_;
+
+  mutable absl::Mutex mu_;
+  int64_t applied_step_ ABSL_GUARDED_BY(mu_) = -1;
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status apply_error_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, PendingStep> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread timer_;
+};
+
+// Sums pushes per table and per id in rank order (pushes[0] first): the
+// deterministic aggregation of a sync step. Ids keep first-seen order.
+GradientPush SumInRankOrder(std::vector<GradientPush>& pushes);
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_STEP_CLOCK_H_

@@ -1,0 +1,19 @@
+#include "server/shard/store_footprint.h"
+
+#include "server/shard/id_index.h"
+
+namespace recps::server {
+
+int64_t HostIndexBytesPerSlot() {
+  return static_cast<int64_t>(sizeof(IdIndex) + sizeof(int64_t));
+}
+
+int64_t HostIndexAllocBytes(int64_t capacity) {
+  return capacity <= 0 ? 0 : IdIndex::AllocBytes(capacity);
+}
+
+int64_t HostIndexBytesForRows(int64_t rows) {
+  return HostIndexAllocBytes(IdIndex::CapacityForRows(rows));
+}
+
+}  // namespace recps::server

@@ -1,0 +1,22 @@
+// What the host store's rows and index cost in memory, published for the
+// sharding planner (server/planner/) so that it need not include the store.
+// One owner for each formula: the store reports its own sizes with these.
+#ifndef RECPS_SERVER_SHARD_STORE_FOOTPRINT_H_
+#define RECPS_SERVER_SHARD_STORE_FOOTPRINT_H_
+
+#include <cstdint>
+
+namespace recps::server {
+
+// Memory of the host store's id index, for TableInfo.index_bytes and the
+// sharding planner's estimate (one owner for the formula). Every table keeps
+// one IdIndex (server/id_index.h) and one row counter per slot of the cluster:
+// HostIndexBytesPerSlot() each, plus what a slot's map allocates for `rows`
+// rows (HostIndexBytesForRows) or at `capacity` (HostIndexAllocBytes).
+int64_t HostIndexBytesPerSlot();
+int64_t HostIndexBytesForRows(int64_t rows);
+int64_t HostIndexAllocBytes(int64_t capacity);
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_STORE_FOOTPRINT_H_

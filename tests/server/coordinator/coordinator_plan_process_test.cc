@@ -1,0 +1,217 @@
+// A real recps-coordinator with --plan_spec and two real recps-shard
+// processes: the coordinator plans epoch 1, pushes it (with a table-wise
+// table's routing), serves GetPlan, and a client's lookups of the table-wise
+// table all land on its one server.
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/rpc/channels.h"
+#include "client/embedding_client.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recps/v1/coordinator.grpc.pb.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+using testing::LocalShard;
+using testing::TempDir;
+
+constexpr char kJob[] = R"(
+tables { name: "user" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } }
+tables { name: "item" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
+training { batch_size: 32 steps: 10 seed: 7 consistency { mode: ASYNC } }
+)";
+
+constexpr char kSpec[] = R"(
+topology { servers { memory_bytes: 1073741824 } num_workers: 1 }
+hints { table: "user" expected_distinct_ids: 100000 pinned_type: ROW_WISE }
+hints { table: "item" pinned_type: TABLE_WISE }
+)";
+
+void SetDeadline(grpc::ClientContext* context) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(10));
+}
+
+using ::recps::testing::Eventually;
+
+// An embedding client for the test job's tables, routed by the servers' map.
+absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> ClientFor(
+    const std::vector<std::string>& addresses) {
+  client::EmbeddingClientOptions options;
+  options.rpc_timeout = absl::Seconds(20);
+  return client::EmbeddingClient::Create(
+      {{"user", 8}, {"item", 8}}, client::MakeServerShardMapSource(addresses), options);
+}
+
+// A coordinator that plans from `spec`, and two shard servers that join it.
+struct PlannedCluster {
+  std::unique_ptr<LocalShard> coordinator;
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;  // of the shards
+};
+
+void StartPlannedCluster(const TempDir& dir, const std::string& job,
+                         const std::string& spec, PlannedCluster* cluster) {
+  auto coordinator =
+      LocalShard::Start(RECPS_COORDINATOR_BINARY,
+                        {"--state_dir=" + dir.path() + "/state",
+                         "--num_shards=2", "--num_slots=256", "--job=" + job,
+                         "--plan_spec=" + spec, "--tick=20ms"});
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  cluster->coordinator = *std::move(coordinator);
+  for (int i = 0; i < 2; ++i) {
+    auto shard = LocalShard::Start(
+        RECPS_SHARD_BINARY,
+        {"--job=" + job, "--num_slots=256", "--threads=1",
+         "--coordinator=" + cluster->coordinator->address()});
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    cluster->addresses.push_back((*shard)->address());
+    cluster->shards.push_back(*std::move(shard));
+  }
+}
+
+std::unique_ptr<v1::ShardAdmin::Stub> AdminOf(const std::string& address) {
+  return v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+}
+
+// Waits until every server installed the planned map (epoch 1) and, when
+// `table_routings` >= 0, its map routes that many tables.
+void WaitForPlannedMap(const std::vector<std::string>& addresses,
+                       int table_routings = -1) {
+  for (const std::string& address : addresses) {
+    auto admin = AdminOf(address);
+    ASSERT_TRUE(Eventually([&] {
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      v1::ShardMap map;
+      return admin->GetShardMap(&context, v1::GetShardMapRequest(), &map)
+                 .ok() &&
+             map.epoch() == 1 &&
+             (table_routings < 0 || map.tables_size() == table_routings);
+    })) << address;
+  }
+}
+
+void GetStats(const std::string& address, v1::StatsResponse* stats) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  ASSERT_TRUE(AdminOf(address)->Stats(&context, v1::StatsRequest(), stats).ok())
+      << address;
+}
+
+TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  const std::string spec = dir.WriteFile("plan.textproto", kSpec);
+  PlannedCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartPlannedCluster(dir, job, spec, &cluster));
+  const std::vector<std::string>& addresses = cluster.addresses;
+  auto stub = v1::Coordinator::NewStub(rpc::MakeChannel(cluster.coordinator->address(), rpc::ChannelKind::kControl));
+
+  v1::GetPlanResponse plan;
+  ASSERT_TRUE(Eventually([&] {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return stub->GetPlan(&context, v1::GetPlanRequest(), &plan).ok();
+  }));
+  EXPECT_EQ(plan.plan().plan_id(), 1u);
+  const v1::TablePlan* item = nullptr;
+  for (const v1::TablePlan& t : plan.plan().tables()) {
+    if (t.table() == "item") item = &t;
+  }
+  ASSERT_NE(item, nullptr);
+  ASSERT_EQ(item->type(), v1::TABLE_WISE);
+  const std::string owner = plan.plan().servers(item->server());
+
+  // Both shards installed the planned map.
+  ASSERT_NO_FATAL_FAILURE(WaitForPlannedMap(addresses, /*table_routings=*/1));
+
+  auto c = ClientFor(addresses);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<int64_t> ids(1000);
+  for (int i = 0; i < 1000; ++i) ids[i] = i;
+  std::vector<float> rows(ids.size() * 8);
+  absl::Status s =
+      (*c)->Lookup(0, {{{1, ids, rows.data()}, {0, ids, rows.data()}}});
+  ASSERT_TRUE(s.ok()) << s;
+
+  for (const std::string& address : addresses) {
+    v1::StatsResponse stats;
+    ASSERT_NO_FATAL_FAILURE(GetStats(address, &stats));
+    for (const v1::TableStats& t : stats.tables()) {
+      if (t.name() == "item") {
+        EXPECT_EQ(t.rows(), address == owner ? 1000 : 0) << address;
+      }
+      if (t.name() == "user") {
+        EXPECT_GT(t.rows(), 300) << address;
+      }
+    }
+  }
+}
+
+// Item pinned column-wise: the coordinator plans two column groups, the
+// shards create them when the map arrives, and a client's lookups return
+// the same rows as a standalone shard holding the table whole.
+TEST(CoordinatorPlanProcessTest, APlannedColumnWiseTableIsServedByItsGroups) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  const std::string spec = dir.WriteFile("plan.textproto", R"(
+topology { servers { memory_bytes: 1073741824 } num_workers: 1 }
+hints { table: "user" expected_distinct_ids: 100000 pinned_type: ROW_WISE }
+hints { table: "item" column_groups: 2 }
+)");
+  PlannedCluster cluster;
+  ASSERT_NO_FATAL_FAILURE(StartPlannedCluster(dir, job, spec, &cluster));
+  const std::vector<std::string>& addresses = cluster.addresses;
+  ASSERT_NO_FATAL_FAILURE(WaitForPlannedMap(addresses));
+
+  auto c = ClientFor(addresses);
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<int64_t> ids(1000);
+  for (int i = 0; i < 1000; ++i) ids[i] = (i * 7) % 1000;
+  std::vector<float> rows(ids.size() * 8);
+  absl::Status s = (*c)->Lookup(0, {{{1, ids, rows.data()}}});
+  ASSERT_TRUE(s.ok()) << s;
+
+  // Each server holds one group of 4 columns, with every row.
+  std::set<std::string> groups;
+  for (const std::string& address : addresses) {
+    v1::StatsResponse stats;
+    ASSERT_NO_FATAL_FAILURE(GetStats(address, &stats));
+    for (const v1::TableStats& t : stats.tables()) {
+      if (t.name().rfind("item.cols", 0) == 0) {
+        groups.insert(t.name());
+        EXPECT_EQ(t.dim(), 4);
+        EXPECT_EQ(t.rows(), 1000);
+      }
+      if (t.name() == "item") {
+        EXPECT_EQ(t.rows(), 0);
+      }
+    }
+  }
+  EXPECT_EQ(groups, (std::set<std::string>{"item.cols0-4", "item.cols4-8"}));
+
+  // The same rows as the unsplit table (same job seed).
+  auto whole = LocalShard::Start(RECPS_SHARD_BINARY,
+                                 {"--job=" + job, "--num_slots=256",
+                                  "--threads=1", "--standalone"});
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  auto w = ClientFor({(*whole)->address()});
+  ASSERT_TRUE(w.ok()) << w.status();
+  std::vector<float> want(rows.size());
+  ASSERT_TRUE((*w)->Lookup(0, {{{1, ids, want.data()}}}).ok());
+  EXPECT_EQ(rows, want);
+}
+
+}  // namespace
+}  // namespace recps

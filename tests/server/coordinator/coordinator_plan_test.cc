@@ -1,0 +1,148 @@
+// The coordinator with a plan spec: the first shard map comes from the
+// sharding planner, the plan is stored (kept across a restart) and served.
+#include <memory>
+#include <string>
+
+#include "common/wire/shard_map.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_store.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CoordinatorPlanTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Coordinator> Open(std::optional<v1::PlanSpec> spec) {
+    auto store = CoordinatorStore::Open(dir_.path() + "/state");
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return nullptr;
+    CoordinatorOptions options;
+    options.num_shards = 2;
+    options.num_slots = 64;
+    options.plan_spec = std::move(spec);
+    auto c = Coordinator::Create(*std::move(store), options, nullptr);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  static v1::JobConfig Job() {
+    v1::JobConfig job;
+    for (const char* name : {"user", "item"}) {
+      v1::TableConfig* t = job.add_tables();
+      t->set_name(name);
+      t->set_dim(8);
+      t->set_num_rows(name[0] == 'i' ? 1000 : 0);
+      t->mutable_optimizer()->set_kind(v1::OptimizerConfig::SGD);
+      t->mutable_optimizer()->set_learning_rate(0.1f);
+    }
+    job.mutable_training()->set_batch_size(64);
+    return job;
+  }
+
+  // Every server 1 GiB (a default entry); item pinned table-wise on b:2.
+  static v1::PlanSpec Spec() {
+    v1::PlanSpec spec;
+    spec.mutable_topology()->add_servers()->set_memory_bytes(int64_t{1} << 30);
+    v1::TableHint* user = spec.add_hints();
+    user->set_table("user");
+    user->set_expected_distinct_ids(100000);
+    v1::TableHint* item = spec.add_hints();
+    item->set_table("item");
+    item->set_pinned_type(v1::TABLE_WISE);
+    item->add_pinned_servers("b:2");
+    return spec;
+  }
+
+  static v1::RegisterRequest Shard(const std::string& address) {
+    v1::RegisterRequest r;
+    r.set_role(v1::SHARD_SERVER);
+    r.set_address(address);
+    return r;
+  }
+
+  testing::TempDir dir_;
+};
+
+TEST_F(CoordinatorPlanTest, FirstMapComesFromThePlanAndThePlanIsKept) {
+  {
+    auto c = Open(Spec());
+    ASSERT_TRUE(c->SetJob(Job()).ok());
+    EXPECT_EQ(c->GetPlan().status().code(), absl::StatusCode::kUnavailable);
+    ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+    ASSERT_TRUE(c->Register(Shard("a:1")).ok());
+    absl::StatusOr<v1::ShardingPlan> plan = c->GetPlan();
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->plan_id(), 1u);
+    EXPECT_THAT(plan->servers(), ::testing::ElementsAre("a:1", "b:2"));
+    absl::StatusOr<v1::ShardMap> proto = c->GetShardMap();
+    ASSERT_TRUE(proto.ok()) << proto.status();
+    EXPECT_EQ(proto->epoch(), 1u);
+    absl::StatusOr<ShardMap> map = ShardMap::FromProto(*proto);
+    ASSERT_TRUE(map.ok()) << map.status();
+    const TableRoute item = map->RouteOf(StableNameKey("item"));
+    EXPECT_EQ(map->servers()[item.single_owner()], "b:2");
+  }
+  // A restarted coordinator serves the stored plan.
+  auto again = Open(Spec());
+  absl::StatusOr<v1::ShardingPlan> plan = again->GetPlan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->plan_id(), 1u);
+}
+
+TEST_F(CoordinatorPlanTest, WithoutASpecThereIsNoPlan) {
+  auto c = Open(std::nullopt);
+  ASSERT_TRUE(c->Register(Shard("a:1")).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+  EXPECT_TRUE(c->GetShardMap().ok());
+  EXPECT_EQ(c->GetPlan().status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorPlanTest, AColumnWisePinBecomesColumnGroupsInTheMap) {
+  v1::PlanSpec spec = Spec();
+  spec.mutable_hints(1)->clear_pinned_servers();
+  spec.mutable_hints(1)->set_pinned_type(v1::COLUMN_WISE);
+  auto c = Open(spec);
+  ASSERT_TRUE(c->SetJob(Job()).ok());
+  ASSERT_TRUE(c->Register(Shard("a:1")).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+  absl::StatusOr<v1::ShardMap> proto = c->GetShardMap();
+  ASSERT_TRUE(proto.ok()) << proto.status();
+  absl::StatusOr<ShardMap> map = ShardMap::FromProto(*proto);
+  ASSERT_TRUE(map.ok()) << map.status();
+  const absl::Span<const ColumnGroup> groups =
+      map->ColumnGroupsOf(StableNameKey("item"));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].end, 4);
+  EXPECT_NE(groups[0].owner, groups[1].owner);
+  EXPECT_TRUE(map->CheckWidth("item", 8).ok());
+}
+
+TEST_F(CoordinatorPlanTest, APlanThatCannotBeAppliedLeavesNoMapAndSaysWhy) {
+  v1::PlanSpec spec = Spec();
+  spec.mutable_hints(1)->set_precision(v1::FP16);
+  auto c = Open(spec);
+  ASSERT_TRUE(c->SetJob(Job()).ok());
+  ASSERT_TRUE(c->Register(Shard("a:1")).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+  EXPECT_THAT(c->GetShardMap().status().message(), HasSubstr("planned-only"));
+  EXPECT_THAT(c->GetPlan().status().message(), HasSubstr("FP16"));
+}
+
+TEST_F(CoordinatorPlanTest, ServersMissingFromTheSpecAreNamed) {
+  v1::PlanSpec spec = Spec();
+  spec.mutable_topology()->mutable_servers(0)->set_address("a:1");
+  auto c = Open(spec);
+  ASSERT_TRUE(c->SetJob(Job()).ok());
+  ASSERT_TRUE(c->Register(Shard("a:1")).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+  EXPECT_THAT(c->GetShardMap().status().message(),
+              HasSubstr("no servers entry for b:2"));
+}
+
+}  // namespace
+}  // namespace recps::server

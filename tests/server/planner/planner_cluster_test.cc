@@ -1,0 +1,244 @@
+// The planner against real recps-shard processes (127.0.0.1, OS-picked
+// ports): a plan's table-wise table really is served by its one server, and
+// the planner's bytes-stored estimate matches what a server reports.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/channels.h"
+#include "client/embedding_client.h"
+#include "common/hashing.h"
+#include "google/protobuf/text_format.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "server/planner/cost_model.h"
+#include "server/planner/planner.h"
+#include "common/config/table_config.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+using testing::LocalShard;
+using testing::TempDir;
+
+std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
+  return v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+}
+
+std::chrono::system_clock::time_point Deadline() {
+  return std::chrono::system_clock::now() + std::chrono::seconds(20);
+}
+
+void Install(const std::vector<std::unique_ptr<LocalShard>>& shards,
+             const v1::ShardMap& map) {
+  for (const auto& shard : shards) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Deadline());
+    v1::SetShardMapRequest req;
+    *req.mutable_shard_map() = map;
+    req.set_self(shard->address());
+    v1::SetShardMapResponse resp;
+    grpc::Status s = Admin(shard->address())->SetShardMap(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+}
+
+v1::StatsResponse Stats(const std::string& address) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Deadline());
+  v1::StatsResponse resp;
+  grpc::Status s = Admin(address)->Stats(&ctx, v1::StatsRequest(), &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return resp;
+}
+
+const v1::TableStats* TableStatsOf(const v1::StatsResponse& stats,
+                                   const std::string& name) {
+  for (const v1::TableStats& t : stats.tables()) {
+    if (t.name() == name) return &t;
+  }
+  return nullptr;
+}
+
+struct Cluster {
+  TempDir dir;
+  v1::TablesConfig tables;
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;
+
+  Cluster(const std::string& tables_text, int count, uint32_t num_slots) {
+    EXPECT_TRUE(
+        google::protobuf::TextFormat::ParseFromString(tables_text, &tables));
+    const std::string path = dir.WriteFile("tables.textproto", tables_text);
+    auto started = testing::StartShardCluster(
+        RECPS_SHARD_BINARY,
+        {"--tables=" + path, "--world_size=1", "--consistency=async",
+         "--seed=3", "--threads=2"},
+        count, num_slots);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return;
+    shards = *std::move(started);
+    for (const auto& s : shards) addresses.push_back(s->address());
+  }
+
+  std::unique_ptr<client::EmbeddingClient> NewClient() {
+    std::vector<client::TableSchema> schemas;
+    for (const v1::TableConfig& t : tables.tables())
+      schemas.push_back({t.name(), t.dim()});
+    auto c = client::EmbeddingClient::Create(
+        schemas, client::MakeServerShardMapSource(addresses), {});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+};
+
+absl::Status LookupAll(client::EmbeddingClient& c, int table, int dim,
+                       const std::vector<int64_t>& ids) {
+  std::vector<float> rows(ids.size() * dim);
+  return c.Lookup(0, {{{table, ids, rows.data()}}});
+}
+
+std::vector<int64_t> DynamicIds(int64_t n, uint64_t salt) {
+  std::vector<int64_t> ids;
+  ids.reserve(n);
+  for (int64_t i = 0; i < n; ++i)
+    ids.push_back(static_cast<int64_t>(Mix64(i * 977 + salt)));
+  return ids;
+}
+
+std::vector<int64_t> FixedIds(int64_t n) {
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
+constexpr char kRoutingTables[] = R"(
+tables { name: "user" dim: 8 optimizer { kind: ADAGRAD learning_rate: 0.1 } }
+tables { name: "item" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
+)";
+
+TEST(PlannerCluster, TableWiseTableIsServedByItsOneServer) {
+  constexpr uint32_t kSlots = 128;
+  Cluster cluster(kRoutingTables, 3, kSlots);
+  ASSERT_EQ(cluster.shards.size(), 3u);
+  planner::PlannerInput in;
+  in.tables.assign(cluster.tables.tables().begin(),
+                   cluster.tables.tables().end());
+  for (const std::string& a : cluster.addresses) {
+    v1::ServerSpec* s = in.topology.add_servers();
+    s->set_address(a);
+    s->set_memory_bytes(int64_t{1} << 30);
+  }
+  in.topology.set_num_workers(1);
+  in.topology.set_batch_size(256);
+  in.topology.set_num_slots(kSlots);
+  v1::TableHint* user = &in.hints.emplace_back();
+  user->set_table("user");
+  user->set_expected_distinct_ids(100000);
+  user->set_pinned_type(v1::ROW_WISE);
+  v1::TableHint* item = &in.hints.emplace_back();
+  item->set_table("item");
+  item->set_pinned_type(v1::TABLE_WISE);
+  item->add_pinned_servers(cluster.addresses[1]);
+  absl::StatusOr<v1::ShardingPlan> plan = planner::PlanSharding(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<v1::ShardMap> map = planner::PlanToShardMap(*plan, 2);
+  ASSERT_TRUE(map.ok()) << map.status();
+  ASSERT_EQ(map->tables_size(), 1);
+  Install(cluster.shards, *map);
+
+  auto c = cluster.NewClient();
+  ASSERT_NE(c, nullptr);
+  // Every id of item goes to server 1 (a server refuses ids it does not
+  // own, so success alone proves the routing), user's spread as before.
+  ASSERT_TRUE(LookupAll(*c, 1, 8, FixedIds(1000)).ok());
+  ASSERT_TRUE(LookupAll(*c, 0, 8, DynamicIds(3000, 1)).ok());
+  EXPECT_EQ(c->shard_map_epoch(), 2u);
+  for (int s = 0; s < 3; ++s) {
+    const v1::StatsResponse stats = Stats(cluster.addresses[s]);
+    EXPECT_EQ(stats.shard_map_epoch(), 2u);
+    const v1::TableStats* it = TableStatsOf(stats, "item");
+    const v1::TableStats* us = TableStatsOf(stats, "user");
+    ASSERT_NE(it, nullptr);
+    ASSERT_NE(us, nullptr);
+    EXPECT_EQ(it->rows(), s == 1 ? 1000 : 0) << cluster.addresses[s];
+    EXPECT_GT(us->rows(), 500) << cluster.addresses[s];
+  }
+}
+
+constexpr char kByteTables[] = R"(
+tables { name: "sgd16" dim: 16 optimizer { kind: SGD learning_rate: 0.1 } }
+tables { name: "adagrad32" dim: 32 num_rows: 30000 optimizer { kind: ADAGRAD learning_rate: 0.1 } }
+tables { name: "rowwise64" dim: 64 optimizer { kind: ROWWISE_ADAGRAD learning_rate: 0.1 } }
+tables { name: "adam8" dim: 8 optimizer { kind: ADAM learning_rate: 0.1 } }
+)";
+
+TEST(PlannerCluster, BytesStoredEstimateIsWithinTenPercentOfTheServersStats) {
+  constexpr uint32_t kSlots = 1024;
+  constexpr int64_t kIds = 30000;
+  Cluster cluster(kByteTables, 1, kSlots);
+  ASSERT_EQ(cluster.shards.size(), 1u);
+  auto c = cluster.NewClient();
+  ASSERT_NE(c, nullptr);
+  for (int t = 0; t < cluster.tables.tables_size(); ++t) {
+    const v1::TableConfig& tc = cluster.tables.tables(t);
+    const std::vector<int64_t> ids =
+        tc.num_rows() > 0 ? FixedIds(kIds) : DynamicIds(kIds, t);
+    ASSERT_TRUE(LookupAll(*c, t, tc.dim(), ids).ok()) << tc.name();
+  }
+  const v1::StatsResponse stats = Stats(cluster.addresses[0]);
+
+  planner::PlannerInput in;
+  in.tables.assign(cluster.tables.tables().begin(),
+                   cluster.tables.tables().end());
+  v1::ServerSpec* s = in.topology.add_servers();
+  s->set_address(cluster.addresses[0]);
+  s->set_memory_bytes(int64_t{1} << 32);
+  in.topology.set_num_workers(1);
+  in.topology.set_batch_size(1024);
+  in.topology.set_num_slots(kSlots);
+  for (const v1::TableConfig& tc : cluster.tables.tables()) {
+    if (tc.num_rows() > 0) continue;
+    v1::TableHint& h = in.hints.emplace_back();
+    h.set_table(tc.name());
+    h.set_expected_distinct_ids(kIds);
+  }
+  absl::StatusOr<v1::ShardingPlan> plan = planner::PlanSharding(in);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+
+  double reported_total = 0;
+  for (const v1::TablePlan& tp : plan->tables()) {
+    const v1::TableStats* ts = TableStatsOf(stats, tp.table());
+    ASSERT_NE(ts, nullptr) << tp.table();
+    EXPECT_EQ(ts->rows(), kIds);
+    const double reported =
+        static_cast<double>(ts->bytes() + ts->index_bytes());
+    // The table's estimate plus the per-slot bookkeeping every table has.
+    const double estimated = static_cast<double>(tp.estimate().bytes_stored()) +
+                             planner::FixedTableBytes(kSlots);
+    EXPECT_NEAR(estimated, reported, 0.10 * reported)
+        << tp.table() << ": rows+state " << ts->bytes() << " index "
+        << ts->index_bytes() << "; estimate "
+        << tp.estimate().ShortDebugString();
+    // Rows and state alone are exact.
+    EXPECT_EQ(tp.estimate().weight_bytes() + tp.estimate().optimizer_bytes(),
+              ts->bytes())
+        << tp.table();
+    reported_total += reported;
+  }
+  const double server_estimate =
+      static_cast<double>(plan->server_estimates(0).load().bytes_stored());
+  EXPECT_NEAR(server_estimate, reported_total, 0.10 * reported_total);
+  std::printf(
+      "bytes stored: server reports %.0f, planner estimates %.0f (%+.2f%%)\n",
+      reported_total, server_estimate,
+      100 * (server_estimate - reported_total) / reported_total);
+}
+
+}  // namespace
+}  // namespace recps

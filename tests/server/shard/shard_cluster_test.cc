@@ -1,0 +1,328 @@
+// Multi-process tests: real recps-shard processes on 127.0.0.1 (OS-picked
+// ports) driven through the embedding client library.
+#include <signal.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/channels.h"
+#include "client/embedding_client.h"
+#include "common/hashing.h"
+#include "common/wire/shard_map.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/column_groups.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+using client::EmbeddingClient;
+using client::LookupSpec;
+using client::PushSpec;
+using testing::LocalShard;
+using testing::TempDir;
+
+constexpr int kDim = 8;
+constexpr uint32_t kSlots = 256;
+
+constexpr char kTables[] = R"(
+tables {
+  name: "user"
+  dim: 8
+  optimizer { kind: ADAGRAD learning_rate: 0.1 }
+}
+tables {
+  name: "item"
+  dim: 8
+  num_rows: 1000
+  optimizer { kind: SGD learning_rate: 0.05 }
+}
+)";
+
+// S shard servers sharing one shard map, and clients for them.
+class Cluster {
+ public:
+  Cluster(int num_servers, int world_size, const std::string& consistency = "sync") {
+    const std::string tables = dir_.WriteFile("tables.textproto", kTables);
+    std::vector<std::string> addresses;
+    for (int i = 0; i < num_servers; ++i) {
+      auto shard = LocalShard::Start(
+          RECPS_SHARD_BINARY,
+          {"--tables=" + tables, absl::StrCat("--world_size=", world_size),
+           "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
+           "--seed=7", "--step_timeout=20s", "--threads=2"});
+      EXPECT_TRUE(shard.ok()) << shard.status();
+      if (!shard.ok()) return;
+      addresses.push_back((*shard)->address());
+      shards_.push_back(*std::move(shard));
+    }
+    map_ = ShardMap::Uniform(1, kSlots, addresses);
+    SetMap(map_);
+  }
+
+  // Installs `map` on every server.
+  void SetMap(const ShardMap& map) {
+    for (const auto& shard : shards_) {
+      auto stub = v1::ShardAdmin::NewStub(rpc::MakeChannel(shard->address(), rpc::ChannelKind::kControl));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::SetShardMapRequest req;
+      *req.mutable_shard_map() = map.ToProto();
+      req.set_self(shard->address());
+      v1::SetShardMapResponse resp;
+      grpc::Status s = stub->SetShardMap(&ctx, req, &resp);
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+
+  std::unique_ptr<EmbeddingClient> NewClient(int rank) {
+    std::vector<std::string> addresses;
+    for (const auto& s : shards_) addresses.push_back(s->address());
+    client::EmbeddingClientOptions options;
+    options.worker_rank = rank;
+    options.rpc_timeout = absl::Seconds(30);
+    auto c = EmbeddingClient::Create({{"user", kDim}, {"item", kDim}},
+                                     client::MakeServerShardMapSource(addresses),
+                                     options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  std::vector<std::unique_ptr<LocalShard>>& shards() { return shards_; }
+  const ShardMap& map() const { return map_; }
+
+ private:
+  TempDir dir_;
+  std::vector<std::unique_ptr<LocalShard>> shards_;
+  ShardMap map_;
+};
+
+// Ids of a deterministic toy job: step s, worker r.
+std::vector<int64_t> UserIds(int step, int rank) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 40; ++i) {
+    ids.push_back(static_cast<int64_t>(Mix64(step * 131 + rank * 17 + i) % 97) -
+                  48 + (i % 3 == 0 ? (int64_t{1} << 40) : 0));
+  }
+  return ids;
+}
+std::vector<int64_t> ItemIds(int step, int rank) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 25; ++i) ids.push_back((step * 7 + rank * 3 + i * 11) % 1000);
+  return ids;
+}
+
+std::vector<int64_t> Unique(std::vector<int64_t> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+// Runs `steps` steps of the toy job for worker `rank`: look up, push a
+// gradient that depends on the rows it saw.
+void RunWorker(EmbeddingClient& client, int rank, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int64_t> users = Unique(UserIds(step, rank));
+    std::vector<int64_t> items = Unique(ItemIds(step, rank));
+    std::vector<float> user_rows(users.size() * kDim), item_rows(items.size() * kDim);
+    std::vector<LookupSpec> lookups = {{0, users, user_rows.data()},
+                                       {1, items, item_rows.data()}};
+    ASSERT_TRUE(client.Lookup(step, lookups).ok());
+    // Gradient = row * 0.5 + 0.01 * (rank + 1): deterministic in the rows.
+    for (float& v : user_rows) v = v * 0.5f + 0.01f * (rank + 1);
+    for (float& v : item_rows) v = v * -0.25f + 0.02f;
+    std::vector<PushSpec> pushes = {{0, users, user_rows.data()},
+                                    {1, items, item_rows.data()}};
+    absl::Status s = client.PushGradients(step, pushes);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+}
+
+// Every row the job touched, read at step `steps` (after the last step).
+std::vector<float> ReadAll(EmbeddingClient& client, int world, int steps) {
+  std::vector<int64_t> users, items;
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < world; ++r) {
+      for (int64_t id : UserIds(s, r)) users.push_back(id);
+      for (int64_t id : ItemIds(s, r)) items.push_back(id);
+    }
+  }
+  users = Unique(users);
+  items = Unique(items);
+  std::vector<float> out((users.size() + items.size()) * kDim);
+  std::vector<LookupSpec> lookups = {{0, users, out.data()},
+                                     {1, items, out.data() + users.size() * kDim}};
+  EXPECT_TRUE(client.Lookup(steps, lookups).ok());
+  return out;
+}
+
+// `map` with "user" (Adagrad) split column-wise into [0, 3) [3, 5) [5, 8)
+// and "item" (SGD) into [0, 4) [4, 8), over three servers, at `epoch`.
+ShardMap ColumnSplit(const ShardMap& map, uint64_t epoch) {
+  v1::ShardMap p = map.ToProto();
+  p.set_epoch(epoch);
+  testing::AddColumnGroups(&p, "user", {0, 3, 5, 8}, {2, 0, 1});
+  testing::AddColumnGroups(&p, "item", {0, 4, 8}, {1, 2});
+  absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return *m;
+}
+
+std::vector<float> RunJob(int num_servers, int world, int steps,
+                          bool column_split = false) {
+  Cluster cluster(num_servers, world);
+  if (column_split) cluster.SetMap(ColumnSplit(cluster.map(), 2));
+  std::vector<std::unique_ptr<EmbeddingClient>> clients;
+  for (int r = 0; r < world; ++r) clients.push_back(cluster.NewClient(r));
+  std::vector<std::thread> workers;
+  for (int r = 0; r < world; ++r) {
+    workers.emplace_back([&, r] { RunWorker(*clients[r], r, steps); });
+  }
+  for (auto& w : workers) w.join();
+  return ReadAll(*clients[0], world, steps);
+}
+
+TEST(ShardCluster, OneAndThreeShardsEndWithBitIdenticalRows) {
+  const std::vector<float> one = RunJob(1, 2, 6);
+  const std::vector<float> three = RunJob(3, 2, 6);
+  ASSERT_EQ(one.size(), three.size());
+  EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)));
+}
+
+TEST(ShardCluster, ColumnWiseTablesEndBitIdenticalToOneShard) {
+  // Two workers in sync mode, both tables split column-wise over three
+  // servers, against one server holding them whole.
+  const std::vector<float> one = RunJob(1, 2, 6);
+  const std::vector<float> split = RunJob(3, 2, 6, /*column_split=*/true);
+  ASSERT_EQ(one.size(), split.size());
+  EXPECT_EQ(0, std::memcmp(one.data(), split.data(), one.size() * sizeof(float)));
+}
+
+TEST(ShardCluster, ColumnGroupsLiveOnTheirOwnersOnly) {
+  Cluster cluster(3, 1);
+  const ShardMap split = ColumnSplit(cluster.map(), 2);
+  cluster.SetMap(split);
+  auto client = cluster.NewClient(0);
+  ASSERT_NE(client, nullptr);
+  std::vector<int64_t> ids = {1, 2, 3, 4, 5};
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}, {1, ids, rows.data()}}}).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  // Which group tables each server holds, with their rows.
+  for (int s = 0; s < 3; ++s) {
+    auto admin = v1::ShardAdmin::NewStub(rpc::MakeChannel(cluster.shards()[s]->address(), rpc::ChannelKind::kControl));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::StatsResponse stats;
+    ASSERT_TRUE(admin->Stats(&ctx, v1::StatsRequest(), &stats).ok());
+    std::map<std::string, std::pair<int, int64_t>> tables;  // dim, rows
+    for (const v1::TableStats& t : stats.tables()) {
+      tables[t.name()] = {t.dim(), t.rows()};
+    }
+    // The whole tables stay empty; each server has exactly its groups.
+    EXPECT_EQ(tables["user"].second, 0);
+    EXPECT_EQ(tables["item"].second, 0);
+    std::map<std::string, std::pair<int, int64_t>> want;
+    for (uint64_t key : {StableNameKey("user"), StableNameKey("item")}) {
+      for (const ColumnGroup& g : split.ColumnGroupsOf(key)) {
+        if (g.owner == s) want[g.table] = {g.end - g.begin, 5};
+      }
+    }
+    tables.erase("user");
+    tables.erase("item");
+    EXPECT_EQ(tables, want) << "server " << s;
+  }
+}
+
+TEST(ShardCluster, LookupsComeBackInCallerOrderAcrossThreeServers) {
+  Cluster cluster(3, 1);
+  auto client = cluster.NewClient(0);
+  ASSERT_NE(client, nullptr);
+  std::vector<int64_t> ids = {5, -5, 5, int64_t{1} << 62, 0, 5};
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  // Duplicates get the same row; distinct ids differ.
+  EXPECT_EQ(0, std::memcmp(&rows[0], &rows[2 * kDim], kDim * 4));
+  EXPECT_EQ(0, std::memcmp(&rows[0], &rows[5 * kDim], kDim * 4));
+  EXPECT_NE(0, std::memcmp(&rows[0], &rows[1 * kDim], kDim * 4));
+  // The ids really are spread over several servers.
+  std::set<int> owners;
+  for (int64_t id : ids) owners.insert(cluster.map().OwnerOf(StableNameKey("user"), id));
+  EXPECT_GE(owners.size(), 2u);
+}
+
+TEST(ShardCluster, StaleEpochIsRefreshedAndRetried) {
+  Cluster cluster(3, 1);
+  auto client = cluster.NewClient(0);
+  std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> rows(ids.size() * kDim), again(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{1, ids, rows.data()}}}).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 1u);
+  // A new epoch (same owners): the client's next call is refused as stale,
+  // refreshes the map and succeeds.
+  std::vector<std::string> addresses = cluster.map().servers();
+  cluster.SetMap(ShardMap::Uniform(2, kSlots, addresses));
+  ASSERT_TRUE(client->Lookup(0, {{{1, ids, again.data()}}}).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  EXPECT_EQ(rows, again);
+}
+
+TEST(ShardCluster, SyncModeWithTwoWorkersAppliesEachStepOnce) {
+  Cluster cluster(2, 2);
+  auto c0 = cluster.NewClient(0);
+  auto c1 = cluster.NewClient(1);
+  std::vector<int64_t> ids = {42};
+  std::vector<float> w0(kDim), w1(kDim);
+  ASSERT_TRUE(c0->Lookup(0, {{{1, ids, w0.data()}}}).ok());
+  std::vector<float> g0(kDim, 1.0f), g1(kDim, 3.0f);
+  ASSERT_TRUE(c0->PushGradients(0, {{{1, ids, g0.data()}}}).ok());
+  // Worker 1's step-1 lookup waits for worker 1's step-0 push; run it in a
+  // thread and push from here.
+  std::thread late([&] { ASSERT_TRUE(c1->Lookup(1, {{{1, ids, w1.data()}}}).ok()); });
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(c1->PushGradients(0, {{{1, ids, g1.data()}}}).ok());
+  late.join();
+  // SGD lr 0.05 on the summed gradient 1 + 3.
+  for (int j = 0; j < kDim; ++j) EXPECT_FLOAT_EQ(w1[j], w0[j] - 0.05f * 4.0f);
+}
+
+TEST(ShardCluster, SigtermStopsTheServerCleanly) {
+  Cluster cluster(1, 1);
+  auto client = cluster.NewClient(0);
+  std::vector<int64_t> ids = {1, 2, 3};
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  absl::StatusOr<int> code = cluster.shards()[0]->Terminate();
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+}
+
+TEST(ShardCluster, MetricsAreServedOverHttp) {
+  Cluster cluster(1, 1);
+  auto client = cluster.NewClient(0);
+  std::vector<int64_t> ids = {1, 2, 3};
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  const int port = cluster.shards()[0]->metrics_port();
+  ASSERT_GT(port, 0);
+  const std::string cmd = absl::StrCat("curl -sf http://127.0.0.1:", port, "/metrics");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) body.append(buf, n);
+  pclose(pipe);
+  EXPECT_NE(body.find("recps_shard_requests_total{code=\"OK\",rpc=\"Lookup\"} 1"),
+            std::string::npos) << body.substr(0, 2000);
+  EXPECT_NE(body.find("recps_shard_lookup_ids_total 3"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace recps

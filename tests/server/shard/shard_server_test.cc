@@ -1,0 +1,606 @@
+// ShardServer without gRPC: every kind of bad input is refused with a clear
+// status and leaves every row untouched; lookups and pushes go through.
+#include "server/shard/shard_server.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "absl/synchronization/notification.h"
+#include "common/wire/wire_format.h"
+#include "prometheus/registry.h"
+#include "server/shard/shard_metrics.h"
+#include "kernels/embedding_optimizer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/column_groups.h"
+
+namespace recps::server {
+namespace {
+
+constexpr char kSelf[] = "127.0.0.1:1";
+constexpr uint32_t kSlots = 64;
+
+std::unique_ptr<ShardServer> MakeServer(int world_size = 1,
+                                        ShardMap map = ShardMap::Uniform(
+                                            3, kSlots, {kSelf})) {
+  config::TableSpec fixed;
+  fixed.name = "fixed";
+  fixed.dim = 4;
+  fixed.num_rows = 100;
+  fixed.optimizer.kind = kernels::OptimizerKind::kSgd;
+  fixed.optimizer.learning_rate = 0.5f;
+  config::TableSpec dynamic = fixed;
+  dynamic.name = "dynamic";
+  dynamic.num_rows = 0;
+  dynamic.dim = 3;
+  StoreOptions store_options;
+  store_options.num_slots = kSlots;
+  store_options.max_rows_per_table = 1000;
+  auto store = CreateHostEmbeddingStore({fixed, dynamic}, store_options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  ShardServerOptions options;
+  options.self_address = kSelf;
+  options.num_slots = kSlots;
+  options.max_ids_per_request = 1000;
+  options.consistency.world_size = world_size;
+  options.consistency.step_timeout = absl::Seconds(5);
+  options.work_threads = 2;
+  auto server = ShardServer::Create(*std::move(store), std::move(map), options, nullptr);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return *std::move(server);
+}
+
+v1::RequestHeader Header(int64_t step = 0, int rank = 0, uint64_t epoch = 3) {
+  v1::RequestHeader h;
+  h.set_shard_map_epoch(epoch);
+  h.set_step(step);
+  h.set_worker_rank(rank);
+  return h;
+}
+
+std::string Ids(std::vector<int64_t> ids) {
+  std::string s;
+  EncodeIds(ids, &s);
+  return s;
+}
+
+std::string Floats(std::vector<float> v) {
+  std::string s;
+  EncodeRows(v.data(), v.size(), v1::ROW_ENCODING_FLOAT32, &s);
+  return s;
+}
+
+// Also checks that the hand-serialized response parses as a
+// v1::LookupResponse.
+absl::Status LookupSync(ShardServer& server, const v1::LookupRequest& req,
+                        v1::LookupResponse* resp) {
+  absl::Notification done;
+  absl::Status status;
+  SerializedLookupResponse serialized;
+  server.Lookup(&req, &serialized, [&](absl::Status s) {
+    status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  if (status.ok() && !resp->ParseFromString(serialized.ToString())) {
+    return absl::InternalError("the lookup response does not parse");
+  }
+  return status;
+}
+
+absl::Status PushSync(ShardServer& server, const v1::PushGradientsRequest& req) {
+  absl::Notification done;
+  absl::Status status;
+  v1::PushGradientsResponse resp;
+  server.PushGradients(&req, &resp, [&](absl::Status s) {
+    status = s;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+v1::LookupRequest Lookup(const std::string& table, std::vector<int64_t> ids,
+                         int64_t step = 0) {
+  v1::LookupRequest req;
+  *req.mutable_header() = Header(step);
+  auto* t = req.add_tables();
+  t->set_table(table);
+  t->set_ids(Ids(ids));
+  return req;
+}
+
+v1::PushGradientsRequest Push(const std::string& table, std::vector<int64_t> ids,
+                              std::vector<float> grads, int64_t step = 0) {
+  v1::PushGradientsRequest req;
+  *req.mutable_header() = Header(step);
+  auto* t = req.add_tables();
+  t->set_table(table);
+  t->set_ids(Ids(ids));
+  t->set_grads(Floats(grads));
+  return req;
+}
+
+std::vector<float> RowsOf(const v1::LookupResponse& resp, int i = 0) {
+  const std::string& b = resp.tables(i).rows();
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+TEST(ShardServer, LookupThenPushAppliesSgd) {
+  auto server = MakeServer();
+  v1::LookupResponse before;
+  ASSERT_TRUE(LookupSync(*server, Lookup("fixed", {1, 2}), &before).ok());
+  ASSERT_EQ(before.tables(0).dim(), 4);
+  ASSERT_TRUE(PushSync(*server, Push("fixed", {2}, {1, 2, 3, 4})).ok());
+  v1::LookupResponse after;
+  ASSERT_TRUE(LookupSync(*server, Lookup("fixed", {1, 2}, 1), &after).ok());
+  std::vector<float> b = RowsOf(before), a = RowsOf(after);
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(a[j], b[j]);                           // id 1 untouched
+    EXPECT_EQ(a[4 + j], b[4 + j] - 0.5f * (j + 1));  // id 2: w - lr * g
+  }
+}
+
+TEST(ShardServer, Fp16LookupHalvesThePayload) {
+  auto server = MakeServer();
+  v1::LookupRequest req = Lookup("dynamic", {5, -5, std::numeric_limits<int64_t>::max()});
+  req.set_row_encoding(v1::ROW_ENCODING_FLOAT16);
+  v1::LookupResponse resp;
+  ASSERT_TRUE(LookupSync(*server, req, &resp).ok());
+  EXPECT_EQ(resp.tables(0).rows().size(), 3u * 3 * 2);
+}
+
+// Each bad request: its status code, a phrase of its message, and no row
+// may change (checked by looking up every touched row before and after).
+struct BadCase {
+  const char* name;
+  absl::StatusCode code;
+  const char* phrase;
+};
+
+class ShardServerBadInput : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = MakeServer(2);
+    ASSERT_TRUE(LookupSync(*server_, Lookup("fixed", {1, 2, 3}), &before_).ok());
+  }
+  void ExpectRowsUnchanged() {
+    // Read at step 0 again (still allowed: nothing applied in this test).
+    v1::LookupResponse now;
+    ASSERT_TRUE(LookupSync(*server_, Lookup("fixed", {1, 2, 3}), &now).ok());
+    EXPECT_EQ(RowsOf(now), RowsOf(before_));
+    EXPECT_EQ(server_->store().Info(0).rows, 3);
+  }
+  void ExpectPushRefused(const v1::PushGradientsRequest& req,
+                         absl::StatusCode code, const char* phrase) {
+    const absl::Status s = PushSync(*server_, req);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(phrase), absl::string_view::npos) << s;
+    ExpectRowsUnchanged();
+  }
+  void ExpectLookupRefused(const v1::LookupRequest& req, absl::StatusCode code,
+                           const char* phrase) {
+    v1::LookupResponse resp;
+    const absl::Status s = LookupSync(*server_, req, &resp);
+    EXPECT_EQ(s.code(), code) << s;
+    EXPECT_NE(s.message().find(phrase), absl::string_view::npos) << s;
+    ExpectRowsUnchanged();
+  }
+  std::unique_ptr<ShardServer> server_;
+  v1::LookupResponse before_;
+};
+
+TEST_F(ShardServerBadInput, UnknownTable) {
+  ExpectLookupRefused(Lookup("nope", {1}), absl::StatusCode::kNotFound, "nope");
+  ExpectPushRefused(Push("nope", {1}, {1, 1, 1, 1}), absl::StatusCode::kNotFound, "nope");
+}
+
+TEST_F(ShardServerBadInput, IdBeyondFixedTable) {
+  ExpectLookupRefused(Lookup("fixed", {1, 100}), absl::StatusCode::kInvalidArgument, "100");
+  ExpectPushRefused(Push("fixed", {100}, {1, 1, 1, 1}),
+                    absl::StatusCode::kInvalidArgument, "100");
+}
+
+TEST_F(ShardServerBadInput, GradientWidthOrLengthMismatch) {
+  ExpectPushRefused(Push("fixed", {1}, {1, 1, 1}), absl::StatusCode::kInvalidArgument,
+                    "expected 4 values");
+  v1::PushGradientsRequest odd = Push("fixed", {1}, {1, 1, 1, 1});
+  odd.mutable_tables(0)->mutable_grads()->push_back('x');
+  ExpectPushRefused(odd, absl::StatusCode::kInvalidArgument, "17 bytes");
+}
+
+TEST_F(ShardServerBadInput, NanAndInfGradients) {
+  ExpectPushRefused(Push("fixed", {1}, {1, std::nanf(""), 1, 1}),
+                    absl::StatusCode::kInvalidArgument, "1");
+  ExpectPushRefused(Push("fixed", {2}, {1, 1, INFINITY, 1}),
+                    absl::StatusCode::kInvalidArgument, "2");
+}
+
+TEST_F(ShardServerBadInput, DuplicateIdsInOnePush) {
+  ExpectPushRefused(Push("fixed", {3, 3}, {1, 1, 1, 1, 1, 1, 1, 1}),
+                    absl::StatusCode::kInvalidArgument, "3");
+}
+
+TEST_F(ShardServerBadInput, RequestOverTheSizeLimit) {
+  std::vector<int64_t> many(1001);
+  for (int i = 0; i < 1001; ++i) many[i] = i;
+  ExpectLookupRefused(Lookup("dynamic", many), absl::StatusCode::kResourceExhausted,
+                      "max_ids_per_request=1000");
+}
+
+TEST_F(ShardServerBadInput, StaleEpochCarriesTheCurrentOne) {
+  v1::LookupRequest req = Lookup("fixed", {1});
+  req.mutable_header()->set_shard_map_epoch(2);
+  v1::LookupResponse resp;
+  const absl::Status s = LookupSync(*server_, req, &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(s.GetPayload(kShardMapEpochKey).has_value());
+  EXPECT_EQ(std::string(*s.GetPayload(kShardMapEpochKey)), "3");
+  ExpectRowsUnchanged();
+}
+
+TEST_F(ShardServerBadInput, StepFromThePastInSyncMode) {
+  v1::PushGradientsRequest r0 = Push("fixed", {1}, {0, 0, 0, 0});
+  ASSERT_TRUE(PushSync(*server_, r0).ok());
+  r0.mutable_header()->set_worker_rank(1);
+  ASSERT_TRUE(PushSync(*server_, r0).ok());  // step 0 applied (zero grads)
+  ExpectPushRefused(Push("fixed", {1}, {1, 1, 1, 1}, 0),
+                    absl::StatusCode::kFailedPrecondition, "already applied");
+}
+
+TEST_F(ShardServerBadInput, RankOutsideTheJob) {
+  v1::PushGradientsRequest req = Push("fixed", {1}, {1, 1, 1, 1});
+  req.mutable_header()->set_worker_rank(2);
+  ExpectPushRefused(req, absl::StatusCode::kInvalidArgument, "rank 2");
+}
+
+TEST_F(ShardServerBadInput, MalformedIdBytes) {
+  v1::LookupRequest req = Lookup("fixed", {1});
+  req.mutable_tables(0)->mutable_ids()->append("abc");
+  ExpectLookupRefused(req, absl::StatusCode::kInvalidArgument, "11 bytes of ids");
+}
+
+TEST_F(ShardServerBadInput, EmptyLookup) {
+  v1::LookupRequest req;
+  *req.mutable_header() = Header();
+  ExpectLookupRefused(req, absl::StatusCode::kInvalidArgument, "empty lookup");
+}
+
+TEST(ShardServer, IdsOfAnotherServersSlotsAreRefusedWithTheEpoch) {
+  ShardMap map = ShardMap::Uniform(3, kSlots, {kSelf, "127.0.0.1:2"});
+  auto server = MakeServer(1, map);
+  // Find an id the other server owns.
+  int64_t foreign = 0;
+  while (map.OwnerOf(StableNameKey("dynamic"), foreign) == 0) ++foreign;
+  v1::LookupResponse resp;
+  const absl::Status s = LookupSync(*server, Lookup("dynamic", {foreign}), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_NE(s.message().find("not owned"), absl::string_view::npos) << s;
+}
+
+TEST(ShardServer, NoMapYetMeansUnavailable) {
+  auto server = MakeServer(1, ShardMap());
+  v1::LookupResponse resp;
+  EXPECT_EQ(LookupSync(*server, Lookup("fixed", {1}), &resp).code(),
+            absl::StatusCode::kUnavailable);
+  v1::SetShardMapRequest set;
+  *set.mutable_shard_map() = ShardMap::Uniform(3, kSlots, {kSelf}).ToProto();
+  ASSERT_TRUE(server->SetShardMap(set).ok());
+  EXPECT_TRUE(LookupSync(*server, Lookup("fixed", {1}), &resp).ok());
+  // An older or equal epoch is refused.
+  EXPECT_EQ(server->SetShardMap(set).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ShardServer, StatsReportRowsAndSlots) {
+  auto server = MakeServer();
+  v1::LookupResponse resp;
+  ASSERT_TRUE(LookupSync(*server, Lookup("dynamic", {1, 2, 3, 4}), &resp).ok());
+  v1::StatsRequest req;
+  req.set_include_slots(true);
+  v1::StatsResponse stats;
+  ASSERT_TRUE(server->Stats(req, &stats).ok());
+  EXPECT_EQ(stats.total_rows(), 4);
+  EXPECT_EQ(stats.slots_size(), static_cast<int>(kSlots));
+  int64_t slot_rows = 0;
+  for (const auto& s : stats.slots()) slot_rows += s.rows();
+  EXPECT_EQ(slot_rows, 4);
+  EXPECT_EQ(stats.shard_map_epoch(), 3u);
+  EXPECT_GT(stats.resident_bytes(), 0);
+}
+
+// Stats carries each RPC's count, errors and latency histogram.
+TEST(ShardMetricsTest, RpcStatsForStats) {
+  prometheus::Registry registry;
+  ShardMetrics metrics(registry);
+  for (int i = 0; i < 3; ++i) metrics.RecordRequest("Lookup", absl::StatusCode::kOk, 0.001);
+  metrics.RecordRequest("Lookup", absl::StatusCode::kNotFound, 0.2);
+  metrics.RecordRequest("PushGradients", absl::StatusCode::kOk, 1000.0);
+  v1::StatsResponse response;
+  metrics.AppendRpcStats(&response);
+  ASSERT_EQ(response.rpcs_size(), 2);
+  const v1::RpcStats& lookup = response.rpcs(0);
+  EXPECT_EQ(lookup.rpc(), "Lookup");
+  EXPECT_EQ(lookup.count(), 4);
+  EXPECT_EQ(lookup.errors(), 1);
+  EXPECT_NEAR(lookup.latency_seconds_sum(), 0.203, 1e-9);
+  ASSERT_EQ(lookup.bucket_counts_size(), lookup.bucket_upper_seconds_size() + 1);
+  int64_t total = 0;
+  for (int i = 0; i < lookup.bucket_counts_size(); ++i) {
+    total += lookup.bucket_counts(i);
+    if (i > 0 && i < lookup.bucket_upper_seconds_size()) {
+      EXPECT_LT(lookup.bucket_upper_seconds(i - 1), lookup.bucket_upper_seconds(i));
+    }
+  }
+  EXPECT_EQ(total, 4);
+  const v1::RpcStats& push = response.rpcs(1);
+  EXPECT_EQ(push.rpc(), "PushGradients");
+  EXPECT_EQ(push.errors(), 0);
+  EXPECT_EQ(push.bucket_counts(push.bucket_counts_size() - 1), 1);  // overflow
+}
+
+// Column-wise: table "wide" (dim 10, Adam, normal init) split into columns
+// [0, 3) and [7, 10) on kSelf and [3, 7) on kOther.
+constexpr char kOther[] = "127.0.0.1:2";
+
+config::TableSpec WideSpec() {
+  config::TableSpec wide;
+  wide.name = "wide";
+  wide.dim = 10;
+  wide.optimizer.kind = kernels::OptimizerKind::kAdam;
+  wide.optimizer.learning_rate = 0.01f;
+  wide.optimizer.beta1 = 0.9f;
+  wide.optimizer.beta2 = 0.999f;
+  wide.optimizer.eps = 1e-8f;
+  wide.init = RowInit{RowInit::Distribution::kNormal, 0.0f, 0.3f};
+  return wide;
+}
+
+std::unique_ptr<ShardServer> MakeWideServer(const std::string& self,
+                                            ShardMap map,
+                                            bool factory = true) {
+  StoreOptions store_options;
+  store_options.seed = 17;
+  store_options.num_slots = kSlots;
+  store_options.max_rows_per_table = 1000;
+  auto store = CreateHostEmbeddingStore({WideSpec()}, store_options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  ShardServerOptions options;
+  options.self_address = self;
+  options.num_slots = kSlots;
+  options.consistency.world_size = 1;
+  options.consistency.step_timeout = absl::Seconds(5);
+  options.work_threads = 2;
+  if (factory) {
+    options.create_store = [store_options](std::vector<config::TableSpec> specs) {
+      return CreateHostEmbeddingStore(std::move(specs), store_options);
+    };
+  }
+  auto server =
+      ShardServer::Create(*std::move(store), std::move(map), options, nullptr);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+// Epoch `epoch` over kSelf and kOther with "wide" split at `bounds`, group g
+// owned by owners[g].
+v1::ShardMap WideSplit(uint64_t epoch, std::vector<uint32_t> bounds,
+                       std::vector<uint32_t> owners) {
+  v1::ShardMap p = ShardMap::Uniform(epoch, kSlots, {kSelf, kOther}).ToProto();
+  testing::AddColumnGroups(&p, "wide", bounds, owners);
+  return p;
+}
+
+v1::LookupRequest LookupAt(const std::string& table, std::vector<int64_t> ids,
+                           int64_t step, uint64_t epoch) {
+  v1::LookupRequest req = Lookup(table, std::move(ids), step);
+  req.mutable_header()->set_shard_map_epoch(epoch);
+  return req;
+}
+
+v1::PushGradientsRequest PushAt(const std::string& table,
+                                std::vector<int64_t> ids,
+                                std::vector<float> grads, int64_t step,
+                                uint64_t epoch) {
+  v1::PushGradientsRequest req =
+      Push(table, std::move(ids), std::move(grads), step);
+  req.mutable_header()->set_shard_map_epoch(epoch);
+  return req;
+}
+
+TEST(LayeredStore, AddedTablesFollowTheBaseOnesAndNamesStayUnique) {
+  config::TableSpec a = WideSpec();
+  a.name = "a";
+  config::TableSpec b = a;
+  b.name = "b";
+  StoreOptions store_options;
+  store_options.num_slots = kSlots;
+  store_options.max_rows_per_table = 100;
+  LayeredStore store(*CreateHostEmbeddingStore({a, b}, store_options));
+  EXPECT_EQ(store.num_tables(), 2);
+  EXPECT_EQ(*store.FindTable("b"), 1);
+  EXPECT_FALSE(store.FindTable("c").ok());
+  config::TableSpec c = a;
+  c.name = "c";
+  c.dim = 3;
+  ASSERT_TRUE(store.Add(*CreateHostEmbeddingStore({c}, store_options)).ok());
+  EXPECT_EQ(store.num_tables(), 3);
+  EXPECT_EQ(store.num_base_tables(), 2);
+  ASSERT_EQ(*store.FindTable("c"), 2);
+  EXPECT_EQ(store.spec(2).dim, 3);
+  std::vector<float> row(3);
+  ASSERT_TRUE(store.Lookup(2, {7}, row.data()).ok());
+  EXPECT_EQ(store.Info(2).rows, 1);
+  int64_t rows = 0;
+  for (int64_t n : store.RowsPerSlot()) rows += n;
+  EXPECT_EQ(rows, 1);
+  // A taken name (base or added) is refused and nothing is added.
+  for (const char* taken : {"a", "c"}) {
+    config::TableSpec again = a;
+    again.name = taken;
+    EXPECT_EQ(store.Add(*CreateHostEmbeddingStore({again}, store_options)).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(store.num_tables(), 3);
+  EXPECT_EQ(store.Lookup(3, {1}, row.data()).code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(store.FindTable("zz").status().message()),
+              ::testing::HasSubstr("a, b, c"));
+}
+
+TEST(ShardServerColumnWise, GroupsTrainBitIdenticalToTheUnsplitTable) {
+  auto whole = MakeWideServer(kSelf, ShardMap::Uniform(3, kSlots, {kSelf}));
+  // Groups arrive with a map, as from the coordinator.
+  auto a = MakeWideServer(kSelf, ShardMap());
+  auto b = MakeWideServer(kOther, ShardMap());
+  v1::SetShardMapRequest set;
+  *set.mutable_shard_map() = WideSplit(4, {0, 3, 7, 10}, {0, 1, 0});
+  ASSERT_TRUE(a->SetShardMap(set).ok());
+  ASSERT_TRUE(b->SetShardMap(set).ok());
+  struct Group {
+    ShardServer* server;
+    int begin, end;
+    std::string name;
+  };
+  const std::vector<Group> groups = {{a.get(), 0, 3, "wide.cols0-3"},
+                                     {b.get(), 3, 7, "wide.cols3-7"},
+                                     {a.get(), 7, 10, "wide.cols7-10"}};
+  for (const Group& g : groups) {
+    absl::StatusOr<int> t = g.server->store().FindTable(g.name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(g.server->store().spec(*t).dim, g.end - g.begin);
+  }
+  EXPECT_FALSE(b->store().FindTable("wide.cols0-3").ok());  // not b's
+
+  const std::vector<int64_t> ids = {3, -8, 1000000007, 42};
+  for (int64_t step = 0; step < 4; ++step) {
+    v1::LookupResponse full;
+    ASSERT_TRUE(LookupSync(*whole, LookupAt("wide", ids, step, 3), &full).ok());
+    const std::vector<float> want = RowsOf(full);
+    for (const Group& g : groups) {
+      v1::LookupResponse part;
+      ASSERT_TRUE(
+          LookupSync(*g.server, LookupAt(g.name, ids, step, 4), &part).ok());
+      const std::vector<float> got = RowsOf(part);
+      const int w = g.end - g.begin;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        for (int c = g.begin; c < g.end; ++c) {
+          ASSERT_EQ(got[i * w + c - g.begin], want[i * 10 + c])
+              << "step " << step << " id " << ids[i] << " col " << c;
+        }
+      }
+    }
+    // The same gradients, each group its columns (a row of 0 for id 42 at
+    // even steps: Adam still counts the step).
+    std::vector<float> grads(ids.size() * 10);
+    for (size_t k = 0; k < grads.size(); ++k) {
+      grads[k] = (k / 10 == 3 && step % 2 == 0)
+                     ? 0.0f
+                     : std::sin(0.37f * static_cast<float>(k + 11 * step));
+    }
+    ASSERT_TRUE(PushSync(*whole, PushAt("wide", ids, grads, step, 3)).ok());
+    // One push per server and step (a second is taken for a retry), with
+    // all of its groups, as the client sends it.
+    v1::PushGradientsRequest to_a = PushAt("wide", {}, {}, step, 4);
+    v1::PushGradientsRequest to_b = to_a;
+    to_a.clear_tables();
+    to_b.clear_tables();
+    for (const Group& g : groups) {
+      std::vector<float> part;
+      for (size_t i = 0; i < ids.size(); ++i) {
+        part.insert(part.end(), grads.begin() + i * 10 + g.begin,
+                    grads.begin() + i * 10 + g.end);
+      }
+      v1::TableGradients* t =
+          (g.server == a.get() ? to_a : to_b).add_tables();
+      t->set_table(g.name);
+      t->set_ids(Ids(ids));
+      t->set_grads(Floats(part));
+    }
+    ASSERT_TRUE(PushSync(*a, to_a).ok());
+    ASSERT_TRUE(PushSync(*b, to_b).ok());
+  }
+  // Weights, both moments and the step count match column by column.
+  auto read = [](ShardServer& s, const std::string& table, int dim) {
+    const int t = *s.store().FindTable(table);
+    const int64_t stride = kernels::FusedRowStride(kernels::OptimizerKind::kAdam, dim);
+    std::vector<float> rows(4 * stride);
+    EXPECT_TRUE(s.store().ReadRows(t, {3, -8, 1000000007, 42}, rows.data()).ok());
+    return std::make_pair(rows, stride);
+  };
+  const auto [full, full_stride] = read(*whole, "wide", 10);
+  for (const Group& g : groups) {
+    const int w = g.end - g.begin;
+    const auto [part, stride] = read(*g.server, g.name, w);
+    for (int i = 0; i < 4; ++i) {
+      const float* f = full.data() + i * full_stride;
+      const float* p = part.data() + i * stride;
+      for (int k = 0; k < 3; ++k) {  // weights, m, v
+        for (int c = g.begin; c < g.end; ++c) {
+          ASSERT_EQ(p[k * w + c - g.begin], f[k * 10 + c]) << k << " " << c;
+        }
+      }
+      uint32_t full_step, part_step;
+      std::memcpy(&full_step, f + 30, 4);
+      std::memcpy(&part_step, p + 3 * w, 4);
+      EXPECT_EQ(full_step, 4u);
+      EXPECT_EQ(part_step, 4u);
+    }
+  }
+}
+
+TEST(ShardServerColumnWise, TheSplitTableAndBadGroupsAreRefused) {
+  auto a = MakeWideServer(kSelf, ShardMap());
+  v1::SetShardMapRequest set;
+  // Groups that stop short of the dim: refused, no map installed.
+  *set.mutable_shard_map() = WideSplit(4, {0, 5, 9}, {0, 1});
+  absl::Status s = a->SetShardMap(set);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("has dim 10"), absl::string_view::npos) << s;
+  EXPECT_EQ(a->GetShardMap().epoch(), 0u);
+  // A configured table already named like a group.
+  {
+    StoreOptions store_options;
+    store_options.num_slots = kSlots;
+    config::TableSpec clash = WideSpec();
+    clash.name = "wide.cols0-5";
+    auto store = CreateHostEmbeddingStore({WideSpec(), clash}, store_options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ShardServerOptions options;
+    options.self_address = kSelf;
+    options.num_slots = kSlots;
+    options.create_store = [store_options](std::vector<config::TableSpec> specs) {
+      return CreateHostEmbeddingStore(std::move(specs), store_options);
+    };
+    auto server = ShardServer::Create(*std::move(store), ShardMap(), options, nullptr);
+    ASSERT_TRUE(server.ok()) << server.status();
+    *set.mutable_shard_map() = WideSplit(4, {0, 5, 10}, {0, 1});
+    s = (*server)->SetShardMap(set);
+    EXPECT_NE(s.message().find("name of a configured table"), absl::string_view::npos) << s;
+  }
+  // A server without a store factory cannot take a group.
+  auto bare = MakeWideServer(kSelf, ShardMap(), /*factory=*/false);
+  *set.mutable_shard_map() = WideSplit(4, {0, 5, 10}, {0, 1});
+  s = bare->SetShardMap(set);
+  EXPECT_NE(s.message().find("create_store"), absl::string_view::npos) << s;
+  // The whole table is no longer served; the group is.
+  ASSERT_TRUE(a->SetShardMap(set).ok());
+  v1::LookupResponse resp;
+  s = LookupSync(*a, LookupAt("wide", {1}, 0, 4), &resp);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("split column-wise"), absl::string_view::npos) << s;
+  EXPECT_TRUE(LookupSync(*a, LookupAt("wide.cols0-5", {1}, 0, 4), &resp).ok());
+  // A later map that moves nothing keeps the group's rows.
+  *set.mutable_shard_map() = WideSplit(5, {0, 5, 10}, {0, 1});
+  ASSERT_TRUE(a->SetShardMap(set).ok());
+  EXPECT_EQ(a->store().Info(*a->store().FindTable("wide.cols0-5")).rows, 1);
+  // The group table shows in the stats.
+  v1::StatsResponse stats;
+  ASSERT_TRUE(a->Stats(v1::StatsRequest(), &stats).ok());
+  EXPECT_EQ(stats.tables_size(), 2);
+  EXPECT_EQ(stats.total_rows(), 1);
+}
+
+}  // namespace
+}  // namespace recps::server

@@ -1,0 +1,194 @@
+#include "server/shard/step_clock.h"
+
+#include <atomic>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace recps::server {
+namespace {
+
+GradientPush OnePush(int table, std::vector<int64_t> ids, std::vector<float> grads,
+                     int dim = 1) {
+  return {TableGradients{table, dim, std::move(ids), std::move(grads)}};
+}
+
+// Records what the clock applies.
+struct Applied {
+  std::vector<GradientPush> pushes;
+  StepClock::ApplyFn Fn() {
+    return [this](GradientPush& p) {
+      pushes.push_back(p);
+      return absl::OkStatus();
+    };
+  }
+};
+
+// Lookup readiness as seen by a callback.
+struct Ready {
+  absl::Notification done;
+  absl::Status status;
+  absl::AnyInvocable<void(absl::Status) &&> Fn() {
+    return [this](absl::Status s) {
+      status = s;
+      done.Notify();
+    };
+  }
+};
+
+ConsistencyOptions Sync(int world) {
+  ConsistencyOptions o;
+  o.world_size = world;
+  return o;
+}
+
+TEST(StepClock, SyncLookupWaitsForEveryWorkersPushOfThePreviousStep) {
+  Applied applied;
+  StepClock clock(Sync(2), applied.Fn());
+  Ready step0;
+  clock.AwaitLookup(0, step0.Fn());
+  ASSERT_TRUE(step0.done.HasBeenNotified());  // nothing to wait for
+
+  Ready step1;
+  clock.AwaitLookup(1, step1.Fn());
+  EXPECT_FALSE(step1.done.HasBeenNotified());
+  ASSERT_TRUE(clock.Push(1, 0, OnePush(0, {7}, {1.0f})).ok());
+  EXPECT_FALSE(step1.done.HasBeenNotified());
+  EXPECT_TRUE(applied.pushes.empty());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {7}, {2.0f})).ok());
+  ASSERT_TRUE(step1.done.HasBeenNotified());
+  EXPECT_TRUE(step1.status.ok());
+  EXPECT_EQ(clock.applied_step(), 0);
+  ASSERT_EQ(applied.pushes.size(), 1u);  // applied once, summed
+  EXPECT_EQ(applied.pushes[0][0].grads, std::vector<float>{3.0f});
+}
+
+TEST(StepClock, WorkerWithNoIdsStillCompletesTheStep) {
+  Applied applied;
+  StepClock clock(Sync(2), applied.Fn());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f})).ok());
+  ASSERT_TRUE(clock.Push(1, 0, GradientPush{}).ok());
+  EXPECT_EQ(clock.applied_step(), 0);
+}
+
+TEST(StepClock, RefusesPastStepsFutureStepsAndStrangers) {
+  Applied applied;
+  StepClock clock(Sync(1), applied.Fn());
+  ASSERT_TRUE(clock.Push(0, 0, {}).ok());
+  absl::Status past = clock.Push(0, 0, {});
+  EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(past.message().find("already applied"), absl::string_view::npos);
+  absl::Status ahead = clock.Push(0, 5, {});
+  EXPECT_EQ(ahead.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(ahead.message().find("ahead"), absl::string_view::npos);
+  absl::Status stranger = clock.Push(3, 1, {});
+  EXPECT_EQ(stranger.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(stranger.message().find("rank 3"), absl::string_view::npos);
+  EXPECT_EQ(clock.Push(0, -1, {}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepClock, RepeatedPushOfAStepIsIgnored) {
+  Applied applied;
+  StepClock clock(Sync(2), applied.Fn());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f})).ok());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {100.0f})).ok());  // a retry
+  ASSERT_TRUE(clock.Push(1, 0, {}).ok());
+  ASSERT_EQ(applied.pushes.size(), 1u);
+  EXPECT_EQ(applied.pushes[0][0].grads, std::vector<float>{1.0f});
+}
+
+TEST(StepClock, BoundedLetsLookupsRunAheadByTheStaleness) {
+  Applied applied;
+  ConsistencyOptions o = Sync(1);
+  o.mode = ConsistencyMode::kBounded;
+  o.staleness = 2;
+  StepClock clock(o, applied.Fn());
+  Ready s2, s3;
+  clock.AwaitLookup(2, s2.Fn());
+  clock.AwaitLookup(3, s3.Fn());
+  EXPECT_TRUE(s2.done.HasBeenNotified());
+  EXPECT_FALSE(s3.done.HasBeenNotified());
+  // Steps may be pushed out of order within the window; applied in order.
+  ASSERT_TRUE(clock.Push(0, 1, OnePush(0, {1}, {10.0f})).ok());
+  EXPECT_TRUE(applied.pushes.empty());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f})).ok());
+  ASSERT_EQ(applied.pushes.size(), 2u);
+  EXPECT_EQ(applied.pushes[0][0].grads[0], 1.0f);
+  EXPECT_EQ(applied.pushes[1][0].grads[0], 10.0f);
+  EXPECT_TRUE(s3.done.HasBeenNotified());
+}
+
+TEST(StepClock, AsyncAppliesOnArrivalAndNeverWaits) {
+  Applied applied;
+  ConsistencyOptions o = Sync(2);
+  o.mode = ConsistencyMode::kAsync;
+  StepClock clock(o, applied.Fn());
+  ASSERT_TRUE(clock.Push(1, 4, OnePush(0, {1}, {1.0f})).ok());
+  EXPECT_EQ(applied.pushes.size(), 1u);
+  Ready r;
+  clock.AwaitLookup(100, r.Fn());
+  EXPECT_TRUE(r.done.HasBeenNotified());
+}
+
+TEST(StepClock, StuckStepTimesOutNamingTheMissingWorkers) {
+  Applied applied;
+  ConsistencyOptions o = Sync(3);
+  o.step_timeout = absl::Milliseconds(100);
+  StepClock clock(o, applied.Fn());
+  ASSERT_TRUE(clock.Push(1, 0, {}).ok());
+  Ready r;
+  clock.AwaitLookup(1, r.Fn());
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r.status.message().find("rank(s) 0, 2 (1 of 3 arrived)"),
+            absl::string_view::npos)
+      << r.status;
+}
+
+TEST(StepClock, ApplyFailureIsReportedToWaitersAndLaterCalls) {
+  StepClock clock(Sync(1), [](GradientPush&) {
+    return absl::ResourceExhaustedError("table t is full");
+  });
+  Ready r;
+  clock.AwaitLookup(1, r.Fn());
+  absl::Status s = clock.Push(0, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(r.done.HasBeenNotified());
+  EXPECT_FALSE(r.status.ok());
+  Ready later;
+  clock.AwaitLookup(1, later.Fn());
+  EXPECT_NE(later.status.message().find("applying step 0 failed"),
+            absl::string_view::npos);
+}
+
+TEST(StepClock, ShutdownFailsWaitingLookups) {
+  Ready r;
+  {
+    StepClock clock(Sync(2), [](GradientPush&) { return absl::OkStatus(); });
+    clock.AwaitLookup(1, r.Fn());
+  }
+  ASSERT_TRUE(r.done.HasBeenNotified());
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(SumInRankOrder, SumsPerIdInRankOrderAcrossTables) {
+  std::vector<GradientPush> pushes(3);
+  pushes[0] = {TableGradients{0, 2, {5, 6}, {1, 2, 3, 4}}};
+  pushes[1] = {TableGradients{1, 1, {5}, {7}},
+               TableGradients{0, 2, {6, 9}, {10, 20, 30, 40}}};
+  pushes[2] = {TableGradients{0, 2, {6}, {0.1f, 0.2f}}};
+  GradientPush sum = SumInRankOrder(pushes);
+  ASSERT_EQ(sum.size(), 2u);
+  EXPECT_EQ(sum[0].table, 0);
+  EXPECT_EQ(sum[0].ids, (std::vector<int64_t>{5, 6, 9}));
+  // Id 6: ((3 + 10) + 0.1), in rank order, then 4 + 20 + 0.2.
+  const std::vector<float> want = {1, 2, (3.0f + 10.0f) + 0.1f,
+                                   (4.0f + 20.0f) + 0.2f, 30, 40};
+  EXPECT_EQ(sum[0].grads, want);
+  EXPECT_EQ(sum[1].table, 1);
+  EXPECT_EQ(sum[1].grads, std::vector<float>{7});
+}
+
+}  // namespace
+}  // namespace recps::server
