@@ -44,7 +44,14 @@ if(RECPS_CUDA)
     find_package(CUDAToolkit REQUIRED)
     find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
     find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
-    if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND NOT TARGET NCCL::nccl)
+    # A CUDA tree without NCCL would build GPU workers that cannot allreduce,
+    # and its NCCL tests would only skip: refuse it here.
+    if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+      message(FATAL_ERROR "CUDA was found but NCCL was not (looked for nccl.h "
+                          "and libnccl near ${CUDAToolkit_LIBRARY_DIR}); install "
+                          "NCCL or build a CPU-only tree with -DRECPS_CUDA=OFF.")
+    endif()
+    if(NOT TARGET NCCL::nccl)
       add_library(NCCL::nccl UNKNOWN IMPORTED)
       set_target_properties(NCCL::nccl PROPERTIES
         IMPORTED_LOCATION "${NCCL_LIBRARY}"

@@ -18,7 +18,8 @@ namespace {
 TEST(NcclCollectivesTest, OneRankOnOneGpu) {
   if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
 #if !defined(RECPS_HAVE_NCCL)
-  GTEST_SKIP() << "built without NCCL";
+  FAIL() << "a GPU is present but this build has no NCCL (CMake refuses a "
+            "CUDA tree without NCCL; how was this built?)";
 #else
   InMemoryKeyValueStore store;
   absl::StatusOr<std::unique_ptr<Collectives>> c =
