@@ -424,6 +424,11 @@ uint64_t Coordinator::shard_map_epoch() const {
   return map_.epoch();
 }
 
+int64_t Coordinator::pending_kv_waits() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(kv_waiters_.size());
+}
+
 int64_t Coordinator::Watch(uint64_t after_epoch, WatchFn fn) {
   // watch_mu_ before reading the map: a Publish either sees this watcher or
   // happened before, in which case the map read here is the new one.

@@ -99,6 +99,8 @@ class Coordinator {
   // not newer.
   absl::Status SetShardMap(const v1::ShardMap& map);
   uint64_t shard_map_epoch() const;
+  // KvGet calls parked until their key is set (for tests and metrics).
+  int64_t pending_kv_waits() const;
 
   // The stored sharding plan. NOT_FOUND when the coordinator does not plan
   // (no plan_spec) and none is stored; UNAVAILABLE, with the planner's

@@ -44,12 +44,14 @@ TEST(CoordinatorKeyValueStore, SetGetWaitAndDeadlines) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(*a, std::string("x\0y", 3));
 
-  // A get that waits for a later set.
+  // A get that waits for a later set: the key is set only once the
+  // coordinator holds the get parked.
   std::thread setter([&] {
-    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_TRUE(testing::Eventually(
+        [&] { return coordinator->coordinator().pending_kv_waits() == 1; }));
     ASSERT_TRUE(store.Set("run/b", "later").ok());
   });
-  absl::StatusOr<std::string> b = store.Get("run/b", absl::Seconds(10));
+  absl::StatusOr<std::string> b = store.Get("run/b", absl::Seconds(30));
   setter.join();
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(*b, "later");
@@ -78,9 +80,10 @@ TEST(CoordinatorKeyValueStore, AGetWaitingAcrossACoordinatorRestartReturnsTheVal
 
   absl::StatusOr<std::string> waited;
   std::thread waiter([&] { waited = store.Get("set-after-restart", absl::Seconds(30)); });
-  absl::SleepFor(absl::Milliseconds(200));
+  // Restart only once the wait is parked in the old incarnation.
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return coordinator->coordinator().pending_kv_waits() == 1; }));
   coordinator.reset();  // the pending wait ends with UNAVAILABLE: the client retries
-  absl::SleepFor(absl::Milliseconds(500));
   coordinator = InProcessCoordinator::Start(state, port);
   ASSERT_NE(coordinator, nullptr);
 

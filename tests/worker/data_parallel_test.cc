@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "client/embedding_client.h"
+#include "common/rpc/channels.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/testing/local_shard.h"
 
@@ -160,7 +162,22 @@ TEST(DataParallel, KilledWorkerMakesThePeerFailInsteadOfHanging) {
   };
   const pid_t survivor = start(0);
   const pid_t victim = start(1);
-  absl::SleepFor(absl::Seconds(3));
+  // Kill the victim only once both ranks train: in sync mode the shard
+  // applies gradient rows only after every rank pushed its step.
+  auto admin = v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(shards, rpc::ChannelKind::kControl));
+  auto rows_updated = [&] {
+    grpc::ClientContext context;
+    rpc::SetTimeout(absl::Seconds(5), &context);
+    v1::StatsRequest request;
+    v1::StatsResponse stats;
+    if (!admin->Stats(&context, request, &stats).ok()) return false;
+    int64_t updated = 0;
+    for (const v1::TableStats& t : stats.tables()) updated += t.update_ids();
+    return updated > 0;
+  };
+  ASSERT_TRUE(testing::Eventually(rows_updated, absl::Seconds(60)))
+      << "the two workers never completed a step together";
   kill(victim, SIGKILL);
   waitpid(victim, nullptr, 0);
   int status = 0;
