@@ -3,7 +3,9 @@
 // this interface only, so a GPU-resident store or a RocksDB-backed tier can
 // replace or wrap the host-memory one without touching request handling.
 //
-// Thread-safety: every method may be called concurrently.
+// Thread-safety: every method may be called concurrently, the slot transfer
+// methods (ExportSlot, ImportRows, DropSlot) too: they run while lookups and
+// pushes go on; each says what it blocks and what it may miss.
 #ifndef RECPS_SERVER_SHARD_EMBEDDING_STORE_H_
 #define RECPS_SERVER_SHARD_EMBEDDING_STORE_H_
 
@@ -156,16 +158,17 @@ class EmbeddingStore {
   virtual absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) = 0;
 };
 
-// A store in host memory: per table, one arena of fused rows (address space
-// reserved up front, in huge pages where possible) and a hash index per slot,
-// guarded by striped locks. Rows are packed at the arena's start; DropSlot
-// compacts them and returns the freed tail pages (madvise MADV_DONTNEED). INVALID_ARGUMENT for a bad spec (empty or
-// duplicate name, dim outside 1..4096, bad optimizer parameters).
 // The store for options.device: the host store for CPU. A GPU-resident
 // store does not exist yet: kCuda is FAILED_PRECONDITION saying so.
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options);
 
+// A store in host memory: per table, one arena of fused rows (address space
+// reserved up front, in huge pages where possible) and a hash index per slot,
+// guarded by striped locks. Rows are packed at the arena's start; DropSlot
+// compacts them and returns the freed tail pages (madvise MADV_DONTNEED).
+// INVALID_ARGUMENT for a bad spec (empty or duplicate name, dim outside
+// 1..4096, bad optimizer parameters).
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options);
 

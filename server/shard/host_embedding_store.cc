@@ -778,8 +778,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
       if (fresh > t->capacity - next) {
         return absl::ResourceExhaustedError(absl::StrCat(
             t->FullError().message(), "; importing ", fresh,
-            " new rows into slot ", slot, " needs ", fresh - (t->capacity - next),
-            " more"));
+            " new rows into slot ", slot, " needs ",
+            fresh - (t->capacity - next), " more"));
       }
     } while (!t->next_row.compare_exchange_weak(next, next + fresh,
                                                 std::memory_order_relaxed));
