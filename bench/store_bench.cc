@@ -209,7 +209,8 @@ int Transfer(server::EmbeddingStore& store, const config::TableSpec& spec,
     absl::StatusOr<int64_t> n = (*copy)->DropSlot(0, slot);
     const double took = Now() - t0;
     if (!n.ok()) {
-      std::fprintf(stderr, "drop %u: %s\n", slot, n.status().ToString().c_str());
+      std::fprintf(stderr, "drop %u: %s\n", slot,
+                   n.status().ToString().c_str());
       return 1;
     }
     drop_s += took;

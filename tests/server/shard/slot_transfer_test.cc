@@ -322,7 +322,8 @@ TEST_F(SlotTransferTest, CursorResumesAndSeesRowsCreatedAboveIt) {
   SlotCursor cursor;
   SlotChunk chunk;
   ASSERT_TRUE(a_->ExportSlot(t, slot, &cursor, 2, &chunk).ok());
-  EXPECT_EQ(chunk.ids, std::vector<int64_t>(before.begin(), before.begin() + 2));
+  EXPECT_EQ(chunk.ids,
+            std::vector<int64_t>(before.begin(), before.begin() + 2));
   EXPECT_FALSE(cursor.done);
   // New ids of this slot: one below the cursor (missed by this export), one
   // above every id so far (seen).
@@ -441,7 +442,9 @@ TEST_F(SlotTransferTest, BadImportsChangeNothing) {
     const std::vector<float> before = ReadAll(*a_, t, ids_[t]);
     const absl::Status s = a_->ImportRows(t, slot, e.ids, e.rows.data());
     EXPECT_EQ(s.code(), c.code) << s;
-    for (const std::string& m : c.message) EXPECT_THAT(s.message(), HasSubstr(m));
+    for (const std::string& m : c.message) {
+      EXPECT_THAT(s.message(), HasSubstr(m));
+    }
     EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("id ", e.ids.back())));
     EXPECT_EQ(a_->RowsPerSlot(), per_slot);
     EXPECT_EQ(a_->Info(t).rows, rows_before);
