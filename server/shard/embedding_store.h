@@ -148,8 +148,9 @@ class EmbeddingStore {
 
   // DropSlot's `table` for every table of the store.
   static constexpr int kAllTables = -1;
-  // Removes every row of `slot` from `table` (or from every table) and
-  // gives their memory back to the system; returns the rows removed. Ids of
+  // Removes every row of `slot` from `table` (or from every table, one
+  // after the other) and gives their memory back to the system; returns the
+  // rows removed. Ids of
   // the slot looked up later start again from their initial value. Blocks
   // the table's lookups and pushes while it compacts (moves the last rows
   // into the freed places), about a memcpy of the dropped bytes.
