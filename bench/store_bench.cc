@@ -6,7 +6,9 @@
 // same run: memcpy of the same bytes (sequential), and a bare gather of the
 // same rows by row number with a software prefetch (no index, no locks):
 // the best the store's probe loop could do. Prints ns per id, GB/s of rows
-// and the ratios.
+// and the ratios. Then the slot transfer of the same table (4096 slots):
+// exporting every slot in chunks, importing them into a fresh store, and
+// dropping half the slots (compaction and memory returned).
 //
 //   recps_store_bench [--seconds_per_case=1] [--rows=1048576]
 #include <algorithm>
@@ -16,6 +18,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "common/aligned_buffer.h"
 #include "common/thread_pool.h"
@@ -49,6 +53,9 @@ double MedianSeconds(double seconds, Prepare&& prepare, Fn&& fn) {
   return times[times.size() / 2];
 }
 
+int Transfer(server::EmbeddingStore& store, const config::TableSpec& spec,
+             const server::StoreOptions& options, int64_t rows);
+
 int Main(int argc, char** argv) {
   double seconds_per_case = 1.0;
   int64_t rows = int64_t{1} << 20;
@@ -76,6 +83,7 @@ int Main(int argc, char** argv) {
   std::vector<int64_t> all(rows);
   for (int64_t i = 0; i < rows; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
   std::vector<float> out(size_t{65536} * kDim);
+  const double fill_start = Now();
   for (int64_t lo = 0; lo < rows; lo += 65536) {
     const auto ids = absl::MakeConstSpan(all).subspan(lo, std::min<int64_t>(65536, rows - lo));
     if (!(*store)->Lookup(0, ids, out.data()).ok() ||
@@ -84,6 +92,8 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
+  // Both stores filled: the creation cost per row, twice.
+  const double fill_s = Now() - fill_start;
   // The floor: the same number of random rows gathered from a plain array.
   absl::StatusOr<AlignedBuffer> plain =
       AlignedBuffer::Allocate(static_cast<size_t>(rows) * kRowBytes);
@@ -97,6 +107,8 @@ int Main(int argc, char** argv) {
   std::printf("store lookup, %ld rows of %d floats (%.0f MiB), %d threads in the pool\n\n",
               static_cast<long>(rows), kDim, rows * kRowBytes / 1048576.0,
               pool.num_threads());
+  std::printf("fill (rows created by lookups): %.1f ns per row\n\n",
+              fill_s / (2.0 * rows) * 1e9);
   std::printf("%6s %10s %10s %10s %10s %10s %12s %12s\n", "ids", "memcpy",
               "gather", "store 1t", "store pool", "1t/gather", "GB/s 1t",
               "GB/s pool");
@@ -135,6 +147,83 @@ int Main(int argc, char** argv) {
                 n * kRowBytes / pool_s / 1e9);
   }
   std::printf("\n(ns per id; median of repeated calls, ids drawn untimed)\n");
+  return Transfer(**store, spec, single, rows);
+}
+
+int64_t ResidentBytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
+}
+
+// Slot transfer of the filled table: export all slots, import them into a
+// fresh store, drop every other slot of the copy.
+int Transfer(server::EmbeddingStore& store, const config::TableSpec& spec,
+             const server::StoreOptions& options, int64_t rows) {
+  auto copy = server::CreateHostEmbeddingStore({spec}, options);
+  if (!copy.ok()) {
+    std::fprintf(stderr, "%s\n", copy.status().ToString().c_str());
+    return 1;
+  }
+  const double mib = rows * kRowBytes / 1048576.0;
+  std::printf("\nslot transfer, %u slots, chunks of 4096 rows\n",
+              options.num_slots);
+  // Twice: the first import creates the rows (index growth, first touch of
+  // the arena's pages), the second overwrites them.
+  for (const char* what : {"creates", "overwrites"}) {
+    double export_s = 0, import_s = 0;
+    int64_t moved = 0;
+    server::SlotChunk chunk;
+    for (uint32_t slot = 0; slot < options.num_slots; ++slot) {
+      server::SlotCursor cursor;
+      while (!cursor.done) {
+        double t0 = Now();
+        absl::Status s = store.ExportSlot(0, slot, &cursor, 4096, &chunk);
+        export_s += Now() - t0;
+        t0 = Now();
+        if (s.ok()) {
+          s = (*copy)->ImportRows(0, slot, chunk.ids, chunk.rows.data());
+        }
+        import_s += Now() - t0;
+        if (!s.ok()) {
+          std::fprintf(stderr, "slot %u: %s\n", slot, s.ToString().c_str());
+          return 1;
+        }
+        moved += static_cast<int64_t>(chunk.ids.size());
+      }
+    }
+    std::printf("export %ld rows: %.1f ms (%.2f GB/s); import (%s): %.1f ms "
+                "(%.2f GB/s)\n",
+                static_cast<long>(moved), export_s * 1e3,
+                moved * kRowBytes / export_s / 1e9, what, import_s * 1e3,
+                moved * kRowBytes / import_s / 1e9);
+  }
+  const int64_t rss_before = ResidentBytes();
+  double drop_s = 0, worst_s = 0;
+  int64_t dropped = 0;
+  for (uint32_t slot = 0; slot < options.num_slots; slot += 2) {
+    const double t0 = Now();
+    absl::StatusOr<int64_t> n = (*copy)->DropSlot(0, slot);
+    const double took = Now() - t0;
+    if (!n.ok()) {
+      std::fprintf(stderr, "drop %u: %s\n", slot,
+                   n.status().ToString().c_str());
+      return 1;
+    }
+    drop_s += took;
+    worst_s = std::max(worst_s, took);
+    dropped += *n;
+  }
+  const int64_t rss_after = ResidentBytes();
+  std::printf("drop every other slot (%ld rows, %.0f of %.0f MiB): %.1f ms in "
+              "all, %.2f ms the longest (the table blocked); RSS %.0f -> "
+              "%.0f MiB\n",
+              static_cast<long>(dropped), dropped * kRowBytes / 1048576.0, mib,
+              drop_s * 1e3, worst_s * 1e3, rss_before / 1048576.0,
+              rss_after / 1048576.0);
   return 0;
 }
 

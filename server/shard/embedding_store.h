@@ -3,7 +3,9 @@
 // this interface only, so a GPU-resident store or a RocksDB-backed tier can
 // replace or wrap the host-memory one without touching request handling.
 //
-// Thread-safety: every method may be called concurrently.
+// Thread-safety: every method may be called concurrently, the slot transfer
+// methods (ExportSlot, ImportRows, DropSlot) too: they run while lookups and
+// pushes go on; each says what it blocks and what it may miss.
 #ifndef RECPS_SERVER_SHARD_EMBEDDING_STORE_H_
 #define RECPS_SERVER_SHARD_EMBEDDING_STORE_H_
 
@@ -38,6 +40,26 @@ struct StoreOptions {
   // CreateEmbeddingStore picks the implementation from it.
   kernels::Device device = kernels::Device::kCpu;
   int cuda_device = 0;
+};
+
+// Where a slot export (EmbeddingStore::ExportSlot) stands: the next chunk
+// holds ids > last_id, or the slot's smallest ids while !started. Plain
+// data, so a checkpoint writer or a migration can keep it between calls.
+struct SlotCursor {
+  bool started = false;
+  int64_t last_id = 0;  // largest id exported so far (when started)
+  bool done = false;    // no id > last_id was stored at the last chunk
+};
+
+// One chunk of a slot export: ids in ascending order and their whole fused
+// rows (row_stride floats each: weights, optimizer state, padding; see
+// kernels/embedding_optimizer.h). The optimizer state includes Adam's
+// per-row step count, kept inside the row (a uint32 in the float after m
+// and v), so it travels with the row as is.
+struct SlotChunk {
+  int64_t row_stride = 0;    // kernels::FusedRowStride(kind, dim)
+  std::vector<int64_t> ids;  // ascending
+  std::vector<float> rows;   // ids.size() x row_stride
 };
 
 struct TableInfo {
@@ -89,17 +111,65 @@ class EmbeddingStore {
   virtual TableInfo Info(int table) const = 0;
   // Rows stored per slot, summed over tables (num_slots entries).
   virtual std::vector<int64_t> RowsPerSlot() const = 0;
+
+  // ---- Slot transfer: the base of checkpoints and slot migration. ----
+  // Rows move as (id, fused row) pairs in the layout of ReadRows
+  // (FusedRowStride floats), so any store can read what another wrote.
+
+  // Sets `out` to the rows of `slot` in `table` whose id is greater than the
+  // cursor's (all ids when !cursor->started), the smallest max_rows of them,
+  // in ascending id order, and advances the cursor past the last one;
+  // cursor->done once no larger id is left. Call again with the same cursor
+  // until done. Each call holds the slot's lock (the reader side: lookups go
+  // on, pushes to this slot wait) only for itself and scans the slot's whole
+  // index, so its cost is O(rows in the slot + max_rows * row bytes).
+  // Concurrent writes: each row is copied whole, between two updates, never
+  // half-applied. A row created or updated after its chunk was taken is not
+  // seen again: rows created with an id below the cursor during an export
+  // are missed (a migration forwards those writes; a checkpoint taken while
+  // training runs is fuzzy per row, exact per chunk). INVALID_ARGUMENT for a
+  // slot >= num_slots or max_rows < 1; NOT_FOUND for an unknown table.
+  virtual absl::Status ExportSlot(int table, uint32_t slot, SlotCursor* cursor,
+                                  int64_t max_rows, SlotChunk* out) const = 0;
+
+  // Stores `rows` (ids.size() x FusedRowStride floats, as ExportSlot gives
+  // them) under `ids`, creating rows that do not exist and overwriting
+  // those that do (weights and optimizer state; padding is stored as 0).
+  // Everything is checked before anything changes: INVALID_ARGUMENT naming
+  // the table, the id, its position and what is wrong when an id is outside
+  // a fixed table, does not hash to `slot`, appears twice, or its row holds
+  // a non-finite value or a negative second moment (Adagrad's and row-wise
+  // Adagrad's sum of squares, Adam's v); RESOURCE_EXHAUSTED when the new
+  // rows do not fit in the table. The rows are written in one hold of the
+  // slot's lock, so a Lookup sees all of them or none.
+  virtual absl::Status ImportRows(int table, uint32_t slot,
+                                  absl::Span<const int64_t> ids,
+                                  const float* rows) = 0;
+
+  // DropSlot's `table` for every table of the store.
+  static constexpr int kAllTables = -1;
+  // Removes every row of `slot` from `table` (or from every table, one
+  // after the other) and gives their memory back to the system; returns the
+  // rows removed. Ids of
+  // the slot looked up later start again from their initial value. Blocks
+  // the table's lookups and pushes while it compacts (moves the last rows
+  // into the freed places), about a memcpy of the dropped bytes.
+  // INVALID_ARGUMENT for a slot >= num_slots, NOT_FOUND for an unknown
+  // table.
+  virtual absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) = 0;
 };
 
-// A store in host memory: per table, one arena of fused rows (address space
-// reserved up front, in huge pages where possible) and a hash index per slot,
-// guarded by striped locks. INVALID_ARGUMENT for a bad spec (empty or
-// duplicate name, dim outside 1..4096, bad optimizer parameters).
 // The store for options.device: the host store for CPU. A GPU-resident
 // store does not exist yet: kCuda is FAILED_PRECONDITION saying so.
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options);
 
+// A store in host memory: per table, one arena of fused rows (address space
+// reserved up front, in huge pages where possible) and a hash index per slot,
+// guarded by striped locks. Rows are packed at the arena's start; DropSlot
+// compacts them and returns the freed tail pages (madvise MADV_DONTNEED).
+// INVALID_ARGUMENT for a bad spec (empty or duplicate name, dim outside
+// 1..4096, bad optimizer parameters).
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options);
 

@@ -1,22 +1,32 @@
 // The host-memory EmbeddingStore (see embedding_store.h for the contract).
 //
 // Per table: one arena of fused rows handed out by a bump counter (no
-// allocation per row, no row is ever freed, so a row number stays valid once
-// resolved), and one id -> row index per slot (server/id_index.h). Slots are
-// grouped into kStripes lock stripes; a batch is bucketed by stripe so each
-// call takes every stripe lock at most once, and stripes run in parallel on the
-// pool. A row is only read or written under its stripe lock.
+// allocation per row), and one id -> row index per slot (server/id_index.h).
+// Slots are grouped into kStripes lock stripes; a batch is bucketed by stripe
+// so each call takes every stripe lock at most once, and stripes run in
+// parallel on the pool. A row is only read or written under its stripe lock,
+// and a row number is only used under the lock it was found under: DropSlot
+// frees rows by compacting the arena (the last rows move into the freed
+// places, their index entries are repointed through the table's row -> id
+// array, the freed tail pages go back to the system), with every stripe of
+// the table held as a writer.
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/numeric/bits.h"
@@ -117,7 +127,11 @@ struct Table {
   int64_t stride = 0;    // floats per fused row
   int64_t capacity = 0;  // rows the arena can hold
   AlignedBuffer arena;
-  std::atomic<int64_t> next_row{0};  // rows handed out == rows stored
+  // The id of each row (capacity int64s, committed as rows appear): written
+  // once when a row is created, read when DropSlot moves the row.
+  AlignedBuffer row_ids;
+  // Rows handed out == rows stored (rows [0, next_row) are all in use).
+  std::atomic<int64_t> next_row{0};
   std::atomic<int64_t> lookup_ids{0};
   std::atomic<int64_t> update_ids{0};
   // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].
@@ -128,6 +142,7 @@ struct Table {
   std::vector<int64_t> slot_rows;
 
   float* Row(int64_t r) const { return arena.as<float>() + r * stride; }
+  int64_t* RowIds() const { return row_ids.as<int64_t>(); }
 
   bool InRange(int64_t id) const {
     return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
@@ -160,6 +175,7 @@ struct Table {
       float* row = Row(r);
       InitRow(spec.init, seed, key, id, spec.dim, row);
       kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
+      RowIds()[r] = id;
       ++slot_rows[slot];
       return r;
     });
@@ -293,6 +309,23 @@ class StripeReaderLocks {
   const uint64_t mask_;
 };
 
+// The writer side of every stripe of a table, in ascending order (as
+// StripeReaderLocks): nobody else reads or writes any row of it meanwhile.
+class AllStripesLock {
+ public:
+  explicit AllStripesLock(const Table& t) : t_(t) {
+    for (absl::Mutex& m : t_.stripes) m.Lock();
+  }
+  ~AllStripesLock() {
+    for (absl::Mutex& m : t_.stripes) m.Unlock();
+  }
+  AllStripesLock(const AllStripesLock&) = delete;
+  AllStripesLock& operator=(const AllStripesLock&) = delete;
+
+ private:
+  const Table& t_;
+};
+
 // Positions of a lookup whose ids had no row yet, gathered from parallel
 // tasks (rare once a table is warm).
 class MissingRows {
@@ -382,6 +415,66 @@ std::optional<std::pair<size_t, size_t>> FindRepeatedId(
     table[i] = p + 1;
   }
   return std::nullopt;
+}
+
+// OK when `row` (a whole fused row of table t) may be stored: weights and
+// optimizer state finite, second moments >= 0. Adam's step count (uint32
+// bits) takes any value; padding is not read.
+absl::Status ValidateImportedRow(const Table& t, const float* row, int64_t id,
+                                 size_t position) {
+  const int dim = t.spec.dim;
+  // (first column, columns, what they are, whether they must be >= 0)
+  using Part = std::tuple<int64_t, int64_t, const char*, bool>;
+  Part parts[3];
+  int num_parts = 0;
+  parts[num_parts++] = Part{0, dim, "weight", false};
+  switch (t.spec.optimizer.kind) {
+    case kernels::OptimizerKind::kSgd:
+      break;
+    case kernels::OptimizerKind::kAdagrad:
+      parts[num_parts++] = Part{dim, dim, "Adagrad sum of squares", true};
+      break;
+    case kernels::OptimizerKind::kRowWiseAdagrad:
+      parts[num_parts++] =
+          Part{dim, 1, "row-wise Adagrad sum of mean squares", true};
+      break;
+    case kernels::OptimizerKind::kAdam:
+    case kernels::OptimizerKind::kAdamW:
+      parts[num_parts++] = Part{dim, dim, "Adam first moment m", false};
+      parts[num_parts++] = Part{2 * dim, dim, "Adam second moment v", true};
+      break;
+  }
+  for (int k = 0; k < num_parts; ++k) {
+    const auto [first, n, what, non_negative] = parts[k];
+    for (int64_t c = first; c < first + n; ++c) {
+      const float v = row[c];
+      if (std::isfinite(v) && (!non_negative || v >= 0)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t.spec.name, "': row of id ", id, " (position ",
+          position, ") has ", what, " ", v, " at column ", c,
+          non_negative ? "; it must be finite and >= 0"
+                       : "; it must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Gives back the memory of bytes [from, to) of `buffer` that no longer
+// holds anything: whole pages to the system (they read as zeros when
+// touched again), the part of the first page before them zeroed, so a row
+// created there later starts from zeroed padding as in a fresh arena.
+void ReleaseBytes(const AlignedBuffer& buffer, int64_t from, int64_t to) {
+  if (to <= from) return;
+  static const int64_t kPage = sysconf(_SC_PAGESIZE);
+  char* base = buffer.as<char>();
+  const int64_t first_page = (from + kPage - 1) / kPage * kPage;
+  std::memset(base + from, 0, std::min(first_page, to) - from);
+  // The page holding `to` past its end holds nothing either.
+  const int64_t end_page = std::min<int64_t>(
+      (to + kPage - 1) / kPage * kPage, static_cast<int64_t>(buffer.size()));
+  if (end_page > first_page) {
+    madvise(base + first_page, end_page - first_page, MADV_DONTNEED);
+  }
 }
 
 class HostEmbeddingStore final : public EmbeddingStore {
@@ -579,7 +672,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
     info.rows = t.next_row.load(std::memory_order_relaxed);
     info.row_bytes = t.stride * static_cast<int64_t>(sizeof(float));
     info.index_bytes =
-        static_cast<int64_t>(t.index.size()) * HostIndexBytesPerSlot();
+        static_cast<int64_t>(t.index.size()) * HostIndexBytesPerSlot() +
+        HostRowIdBytes(info.rows);
     for (int s = 0; s < kStripes; ++s) {
       absl::MutexLock lock(&t.stripes[s]);
       for (size_t slot = s; slot < t.index.size(); slot += kStripes) {
@@ -590,6 +684,130 @@ class HostEmbeddingStore final : public EmbeddingStore {
     info.lookup_ids = t.lookup_ids.load(std::memory_order_relaxed);
     info.update_ids = t.update_ids.load(std::memory_order_relaxed);
     return info;
+  }
+
+  absl::Status ExportSlot(int table, uint32_t slot, SlotCursor* cursor,
+                          int64_t max_rows, SlotChunk* out) const override {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    RETURN_IF_ERROR(CheckSlot(*t, slot));
+    if (cursor == nullptr || out == nullptr) {
+      return absl::InvalidArgumentError("ExportSlot: cursor or out is null");
+    }
+    if (max_rows < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ExportSlot: max_rows is ", max_rows, "; it must be >= 1"));
+    }
+    out->row_stride = t->stride;
+    out->ids.clear();
+    out->rows.clear();
+    if (cursor->done) return absl::OkStatus();
+    // (id, row) of the slot's ids past the cursor; the row numbers are only
+    // used under this lock.
+    std::vector<std::pair<int64_t, int64_t>> found;
+    bool done = true;
+    {
+      absl::ReaderMutexLock lock(&t->stripes[slot % kStripes]);
+      const IdIndex& index = t->index[slot];
+      found.reserve(index.size());
+      index.ForEach([&](int64_t id, int64_t row) {
+        if (!cursor->started || id > cursor->last_id) {
+          found.emplace_back(id, row);
+        }
+      });
+      if (static_cast<int64_t>(found.size()) > max_rows) {
+        done = false;
+        std::nth_element(found.begin(), found.begin() + max_rows, found.end());
+        found.resize(max_rows);
+      }
+      std::sort(found.begin(), found.end());
+      out->ids.resize(found.size());
+      out->rows.resize(found.size() * t->stride);
+      for (size_t k = 0; k < found.size(); ++k) {
+        out->ids[k] = found[k].first;
+        std::memcpy(out->rows.data() + k * t->stride, t->Row(found[k].second),
+                    sizeof(float) * t->stride);
+      }
+    }
+    if (!found.empty()) {
+      cursor->started = true;
+      cursor->last_id = found.back().first;
+    }
+    cursor->done = done;
+    return absl::OkStatus();
+  }
+
+  absl::Status ImportRows(int table, uint32_t slot,
+                          absl::Span<const int64_t> ids,
+                          const float* rows) override {
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    RETURN_IF_ERROR(CheckSlot(*t, slot));
+    if (ids.empty()) return absl::OkStatus();
+    if (rows == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': no rows for ", ids.size(), " ids"));
+    }
+    // Everything is checked before the lock: a refused import changes
+    // nothing.
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const uint32_t s = SlotOf(t->key, ids[p], t->num_slots);
+      if (s != slot) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", t->spec.name, "': id ", ids[p], " (position ", p,
+            ") belongs to slot ", s, ", not to slot ", slot));
+      }
+      RETURN_IF_ERROR(
+          ValidateImportedRow(*t, rows + p * t->stride, ids[p], p));
+    }
+    if (const auto twice = FindRepeatedId(ids)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': id ", ids[twice->second],
+          " appears twice in one import (positions ", twice->first, " and ",
+          twice->second, ")"));
+    }
+    const int64_t used = t->spec.dim + kernels::FusedRowStateWidth(
+                                           t->spec.optimizer.kind, t->spec.dim);
+    absl::MutexLock lock(&t->stripes[slot % kStripes]);
+    IdIndex& index = t->index[slot];
+    int64_t fresh = 0;
+    for (int64_t id : ids) fresh += index.Find(id) < 0 ? 1 : 0;
+    // Reserve the new rows in one step, so that a full table refuses the
+    // whole import before any row changes.
+    int64_t next = t->next_row.load(std::memory_order_relaxed);
+    do {
+      if (fresh > t->capacity - next) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            t->FullError().message(), "; importing ", fresh,
+            " new rows into slot ", slot, " needs ",
+            fresh - (t->capacity - next), " more"));
+      }
+    } while (!t->next_row.compare_exchange_weak(next, next + fresh,
+                                                std::memory_order_relaxed));
+    // Rows are written under the lock, before anyone can find them.
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const float* src = rows + p * t->stride;
+      const int64_t r = index.FindOrInsert(ids[p], [&]() -> int64_t {
+        const int64_t created = next++;
+        t->RowIds()[created] = ids[p];
+        ++t->slot_rows[slot];
+        return created;
+      });
+      float* dst = t->Row(r);
+      std::memcpy(dst, src, sizeof(float) * used);
+      std::fill(dst + used, dst + t->stride, 0.0f);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override {
+    if (slot >= options_.num_slots) return BadSlot(slot);
+    if (table == kAllTables) {
+      int64_t dropped = 0;
+      for (const auto& t : tables_) dropped += DropSlotOf(*t, slot);
+      return dropped;
+    }
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    return DropSlotOf(*t, slot);
   }
 
   std::vector<int64_t> RowsPerSlot() const override {
@@ -617,6 +835,70 @@ class HostEmbeddingStore final : public EmbeddingStore {
           " tables)"));
     }
     return tables_[table].get();
+  }
+
+  absl::Status BadSlot(uint32_t slot) const {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, " is outside [0, ", options_.num_slots,
+        ") (StoreOptions.num_slots)"));
+  }
+  absl::Status CheckSlot(const Table& t, uint32_t slot) const {
+    return slot < t.num_slots ? absl::OkStatus() : BadSlot(slot);
+  }
+
+  // Removes the rows of `slot` from t and compacts t's arena: the live rows
+  // at its end move into the freed places, so rows stay packed in
+  // [0, next_row) and the tail pages can go back to the system.
+  static int64_t DropSlotOf(Table& t, uint32_t slot) {
+    {
+      // Nothing to drop: no need to stop the whole table.
+      absl::ReaderMutexLock lock(&t.stripes[slot % kStripes]);
+      if (t.index[slot].size() == 0) return 0;
+    }
+    const AllStripesLock lock(t);
+    IdIndex& index = t.index[slot];
+    const int64_t n = index.size();
+    std::vector<int64_t> holes;
+    holes.reserve(n);
+    index.ForEach([&](int64_t, int64_t row) { holes.push_back(row); });
+    std::sort(holes.begin(), holes.end());
+    index = IdIndex();  // frees its array
+    t.slot_rows[slot] = 0;
+    const int64_t end = t.next_row.load(std::memory_order_relaxed);
+    const int64_t new_end = end - n;
+    const size_t row_bytes = sizeof(float) * t.stride;
+    int64_t* const row_ids = t.RowIds();
+    // Holes below new_end are exactly as many as live rows at or above it:
+    // fill them with those, taken from the end.
+    int64_t tail = end - 1;
+    size_t top = holes.size();  // holes[top - 1]: the largest not passed
+    for (size_t h = 0; h < holes.size() && holes[h] < new_end; ++h) {
+      while (top > 0 && holes[top - 1] == tail) {
+        --top;
+        --tail;
+      }
+      const int64_t to = holes[h];
+      const int64_t id = row_ids[tail];
+      std::memcpy(t.Row(to), t.Row(tail), row_bytes);
+      row_ids[to] = id;
+      const bool moved =
+          t.index[SlotOf(t.key, id, t.num_slots)].SetRow(id, to);
+      if (!moved) {
+        // The row -> id array and the index disagree: a bug, and rows
+        // would be lost silently if it went on.
+        std::fprintf(stderr, "store: table '%s': row %lld (id %lld) is not "
+                     "in its slot's index\n", t.spec.name.c_str(),
+                     static_cast<long long>(tail), static_cast<long long>(id));
+        std::abort();
+      }
+      --tail;
+    }
+    t.next_row.store(new_end, std::memory_order_relaxed);
+    ReleaseBytes(t.arena, new_end * static_cast<int64_t>(row_bytes),
+                 end * static_cast<int64_t>(row_bytes));
+    ReleaseBytes(t.row_ids, new_end * static_cast<int64_t>(sizeof(int64_t)),
+                 end * static_cast<int64_t>(sizeof(int64_t)));
+    return n;
   }
 
   // Lookup's second phase: creates the rows of ids[positions] that nobody
@@ -709,6 +991,14 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
           arena.status().message()));
     }
     t->arena = *std::move(arena);
+    auto row_ids = AlignedBuffer::Allocate(
+        static_cast<size_t>(t->capacity) * sizeof(int64_t));
+    if (!row_ids.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", spec.name, "': reserving the ids of ", t->capacity,
+          " rows: ", row_ids.status().message()));
+    }
+    t->row_ids = *std::move(row_ids);
     t->index.resize(options.num_slots);
     t->slot_rows.assign(options.num_slots, 0);
     t->spec = std::move(spec);

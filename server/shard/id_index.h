@@ -3,8 +3,10 @@
 // capacity, at most 7/10 full. Built for the store's batched lookups: one
 // prefetch of the id's home entry brings in the whole probe sequence in the
 // usual case (4 entries per cache line), where abseil's map needed the
-// header, a control group and a slot (3 lines). Insert-only (rows are never
-// freed). Not thread-safe: the store calls it under the slot's stripe lock.
+// header, a control group and a slot (3 lines). No erase: a slot's rows go
+// all at once (the store replaces the whole index, which frees its array);
+// SetRow repoints an id when the store compacts its arena. Not thread-safe:
+// the store calls it under the slot's stripe lock.
 #ifndef RECPS_SERVER_SHARD_ID_INDEX_H_
 #define RECPS_SERVER_SHARD_ID_INDEX_H_
 
@@ -100,6 +102,29 @@ class IdIndex {
     entries_[i] = {id, row + 1};
     ++size_;
     return row;
+  }
+
+  // Points the entry of `id` at `row`; false (nothing changed) when `id`
+  // has no entry.
+  bool SetRow(int64_t id, int64_t row) {
+    if (entries_ == nullptr) return false;
+    for (uint64_t i = Home(id);; i = (i + 1) & mask_) {
+      Entry& e = entries_[i];
+      if (e.row_plus_one == 0) return false;
+      if (e.id == id) {
+        e.row_plus_one = row + 1;
+        return true;
+      }
+    }
+  }
+
+  // Calls fn(id, row) for every entry, in no particular order.
+  template <typename Fn>
+  void ForEach(Fn&& fn) const {
+    for (int64_t k = 0; k < capacity(); ++k) {
+      const Entry& e = entries_[k];
+      if (e.row_plus_one != 0) fn(e.id, e.row_plus_one - 1);
+    }
   }
 
  private:

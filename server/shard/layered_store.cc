@@ -128,4 +128,45 @@ std::vector<int64_t> LayeredStore::RowsPerSlot() const {
   return out;
 }
 
+absl::Status LayeredStore::ExportSlot(int table, uint32_t slot,
+                                      SlotCursor* cursor, int64_t max_rows,
+                                      SlotChunk* out) const {
+  const Entry* e = Get(table);
+  return e == nullptr
+             ? NoTable(table)
+             : e->store->ExportSlot(e->local, slot, cursor, max_rows, out);
+}
+
+absl::Status LayeredStore::ImportRows(int table, uint32_t slot,
+                                      absl::Span<const int64_t> ids,
+                                      const float* rows) {
+  const Entry* e = Get(table);
+  return e == nullptr ? NoTable(table)
+                      : e->store->ImportRows(e->local, slot, ids, rows);
+}
+
+absl::StatusOr<int64_t> LayeredStore::DropSlot(int table, uint32_t slot) {
+  if (table != kAllTables) {
+    const Entry* e = Get(table);
+    if (e == nullptr) return NoTable(table);
+    return e->store->DropSlot(e->local, slot);
+  }
+  // Stores are never removed: their pointers stay valid without mu_, which
+  // is not held across the (long) drops.
+  std::vector<EmbeddingStore*> stores = {base_.get()};
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const std::unique_ptr<EmbeddingStore>& s : added_) {
+      stores.push_back(s.get());
+    }
+  }
+  int64_t dropped = 0;
+  for (EmbeddingStore* s : stores) {
+    absl::StatusOr<int64_t> n = s->DropSlot(kAllTables, slot);
+    if (!n.ok()) return n.status();
+    dropped += *n;
+  }
+  return dropped;
+}
+
 }  // namespace recps::server

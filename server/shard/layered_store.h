@@ -49,6 +49,14 @@ class LayeredStore final : public EmbeddingStore {
                         float* out) const override;
   TableInfo Info(int table) const override;
   std::vector<int64_t> RowsPerSlot() const override;
+  // The three below go to the store that holds the table; DropSlot of
+  // kAllTables goes to every store.
+  absl::Status ExportSlot(int table, uint32_t slot, SlotCursor* cursor,
+                          int64_t max_rows, SlotChunk* out) const override;
+  absl::Status ImportRows(int table, uint32_t slot,
+                          absl::Span<const int64_t> ids,
+                          const float* rows) override;
+  absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override;
 
  private:
   struct Entry {

@@ -12,6 +12,10 @@ int64_t HostIndexAllocBytes(int64_t capacity) {
   return capacity <= 0 ? 0 : IdIndex::AllocBytes(capacity);
 }
 
+int64_t HostRowIdBytes(int64_t rows) {
+  return rows <= 0 ? 0 : rows * static_cast<int64_t>(sizeof(int64_t));
+}
+
 int64_t HostIndexBytesForRows(int64_t rows) {
   return HostIndexAllocBytes(IdIndex::CapacityForRows(rows));
 }

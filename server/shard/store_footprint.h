@@ -16,6 +16,9 @@ namespace recps::server {
 int64_t HostIndexBytesPerSlot();
 int64_t HostIndexBytesForRows(int64_t rows);
 int64_t HostIndexAllocBytes(int64_t capacity);
+// Bytes of the table's row -> id array for `rows` stored rows (what lets
+// DropSlot compact the arena); part of TableInfo.index_bytes.
+int64_t HostRowIdBytes(int64_t rows);
 
 }  // namespace recps::server
 

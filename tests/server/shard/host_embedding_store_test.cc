@@ -118,10 +118,31 @@ TEST(HostEmbeddingStore, AdagradStateIsStoredInTheRow) {
   const int64_t stride = kernels::FusedRowStride(s.optimizer.kind, 4);
   std::vector<float> row(stride);
   ASSERT_TRUE(store->ReadRows(0, ids, row.data()).ok());
+  // The formula of kernels/optimizer.h written out here (weight decay 0),
+  // not the kernel's own rule: acc += g*g; w -= lr * g / (sqrt(acc) + eps).
+  // These gradients square and sum exactly, so only sqrt, the division and
+  // the subtraction round, once each, as in any correct implementation.
+  ASSERT_EQ(s.optimizer.weight_decay, 0.0f);
+  const float lr = 0.1f;
+  const float eps = 1e-8f;
+  ASSERT_EQ(s.optimizer.learning_rate, lr);
+  ASSERT_EQ(s.optimizer.eps, eps);
   auto w = Initial(s, 0, 5);
   std::vector<float> acc(4, 0.0f);
   for (int step = 0; step < 2; ++step) {
-    for (int j = 0; j < 4; ++j) kernels::AdagradRule(w[j], acc[j], g[j], s.optimizer);
+    for (int j = 0; j < 4; ++j) {
+      acc[j] = acc[j] + g[j] * g[j];
+      const float denom = std::sqrt(acc[j]) + eps;
+      w[j] = w[j] - (lr * g[j]) / denom;
+    }
+  }
+  // Two steps: acc is 2 g^2 and each weight with g != 0 moved by
+  // lr * sign(g) * (1 + 1/sqrt(2)), about 0.17 (eps is negligible).
+  const auto w0 = Initial(s, 0, 5);
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_EQ(acc[j], 2 * g[j] * g[j]) << j;
+    const double moved = g[j] == 0 ? 0 : 0.1 * (1 + 1 / std::sqrt(2.0));
+    EXPECT_NEAR(w0[j] - w[j], g[j] > 0 ? moved : -moved, 1e-5) << j;
   }
   for (int j = 0; j < 4; ++j) {
     EXPECT_EQ(row[j], w[j]) << j;
@@ -321,10 +342,11 @@ TEST(HostEmbeddingStore, IndexBytesFollowRowsThroughGrowth) {
     const int64_t one[] = {id * 1000003};
     ASSERT_TRUE(store->Lookup(0, one, out.data()).ok());
     ASSERT_EQ(store->Info(0).index_bytes,
-              fixed + HostIndexBytesForRows(id + 1));
+              fixed + HostIndexBytesForRows(id + 1) + HostRowIdBytes(id + 1));
   }
-  // 1000 rows: 2048 entries (1433 fit) of 16 bytes.
-  EXPECT_EQ(store->Info(0).index_bytes, fixed + 2048 * 16);
+  // 1000 rows: 2048 entries (1433 fit) of 16 bytes, and 8 bytes per row for
+  // the row -> id array.
+  EXPECT_EQ(store->Info(0).index_bytes, fixed + 2048 * 16 + 1000 * 8);
   std::vector<int64_t> all(1000);
   for (int64_t id = 0; id < 1000; ++id) all[id] = id * 1000003;
   std::vector<float> rows(1000 * 4);
