@@ -58,7 +58,8 @@ double ExpectedIndexBytesPerSlot(double mean_rows) {
     bytes += stride * std::exp(log_p) *
              static_cast<double>(server::HostIndexBytesForRows(k));
   }
-  return bytes;
+  // The row -> id array is linear in the rows: its mean is exact.
+  return bytes + mean_rows * static_cast<double>(server::HostRowIdBytes(1));
 }
 
 absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
@@ -292,7 +293,8 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
       tm.index_bytes_of_slot.resize(m.num_slots);
       for (uint32_t s = 0; s < m.num_slots; ++s) {
         tm.index_bytes_of_slot[s] = static_cast<double>(
-            server::HostIndexBytesForRows(tm.rows_per_slot[s]));
+            server::HostIndexBytesForRows(tm.rows_per_slot[s]) +
+            server::HostRowIdBytes(tm.rows_per_slot[s]));
         tm.index_bytes += tm.index_bytes_of_slot[s];
       }
     }

@@ -71,10 +71,11 @@ void ExpectFits(const v1::ShardingPlan& plan) {
 TEST(Planner, ATableTooBigForAnyOneServerGoesRowWise) {
   PlannerInput in;
   in.memory_reserve_fraction = 0;
-  // 100k rows x (16 B + ~22 B index) = ~3.7 MiB; servers hold 1.5 MiB.
+  // 100k rows x (16 B + ~41 B index and row id) plus the slots' fixed
+  // index = ~6.2 MiB; servers hold 2 MiB each.
   in.tables.push_back(Table("big", 4, 0));
   Hint(in, "big").set_expected_distinct_ids(100000);
-  in.topology = Servers(4, 3 * kMiB / 2);
+  in.topology = Servers(4, 2 * kMiB);
   absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
   ASSERT_TRUE(plan.ok()) << plan.status();
   const v1::TablePlan& big = TableIn(*plan, "big");
@@ -269,7 +270,7 @@ TEST(Planner, AnImpossibleRequestNamesTheTableTheShortfallAndTheFixes) {
   in.memory_reserve_fraction = 0;
   in.tables.push_back(Table("small", 8, 1000));
   in.tables.push_back(Table("giant", 32, 0, v1::OptimizerConfig::ADAM));
-  Hint(in, "giant").set_expected_distinct_ids(10000000);  // ~3.9 GiB
+  Hint(in, "giant").set_expected_distinct_ids(10000000);  // ~4.05 GiB
   in.topology = Servers(2, 512 * kMiB);
   absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
   ASSERT_FALSE(plan.ok());
@@ -278,7 +279,7 @@ TEST(Planner, AnImpossibleRequestNamesTheTableTheShortfallAndTheFixes) {
   EXPECT_THAT(msg, HasSubstr("table 'giant' does not fit"));
   EXPECT_THAT(msg, HasSubstr("10000000 rows of 400 B"));
   EXPECT_THAT(msg, HasSubstr("short by"));
-  EXPECT_THAT(msg, HasSubstr("add at least 6 more server(s) of 512.00 MiB"));
+  EXPECT_THAT(msg, HasSubstr("add at least 7 more server(s) of 512.00 MiB"));
   EXPECT_THAT(msg, HasSubstr("FP16"));
 }
 
