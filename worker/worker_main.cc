@@ -19,13 +19,15 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -83,6 +85,11 @@ ABSL_FLAG(std::string, gloo_hostname, "",
           "address the Gloo TCP transport binds to and peers connect to "
           "(default: with --coordinator, this host's address on the route to "
           "the coordinator; else 127.0.0.1)");
+ABSL_FLAG(std::string, memory_limit, "",
+          "memory this worker may use, bytes with an optional K, M, G or T "
+          "suffix (powers of 1024), e.g. 8G; the job's estimated need is "
+          "checked against it at start (default: MemAvailable in "
+          "/proc/meminfo)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
@@ -138,6 +145,50 @@ SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s, uint64_t sal
   c.label_noise = s.label_noise();
   c.informative_features = s.informative_features();
   return c;
+}
+
+// "8G", "512M", "1024" -> bytes (K, M, G, T: powers of 1024).
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  int shift = 0;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K': case 'k': shift = 10; break;
+      case 'M': case 'm': shift = 20; break;
+      case 'G': case 'g': shift = 30; break;
+      case 'T': case 't': shift = 40; break;
+      default: break;
+    }
+    if (shift != 0) text.remove_suffix(1);
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < 1 || value > (int64_t{1} << (62 - shift))) {
+    return absl::InvalidArgumentError("expected a size such as 8G, 512M or 1048576");
+  }
+  return value << shift;
+}
+
+// Refuses a job whose estimated memory need exceeds --memory_limit, else
+// MemAvailable (checked before anything large is allocated, so a too-large
+// job fails with the setting to lower instead of std::bad_alloc).
+absl::Status CheckMemory(const v1::JobConfig& job) {
+  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit); !limit.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(limit);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory_limit=", limit, ": ", bytes.status().message()));
+    }
+    return config::CheckWorkerMemory(job, *bytes, absl::StrCat("--memory_limit=", limit));
+  }
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<int64_t> available = config::ParseMemAvailable(text.str());
+  if (!available.ok()) {
+    LogWarning("cannot read MemAvailable from /proc/meminfo; the job's memory need "
+               "is not checked (set --memory_limit)");
+    return absl::OkStatus();
+  }
+  return config::CheckWorkerMemory(job, *available, "MemAvailable in /proc/meminfo");
 }
 
 // Held-out synthetic samples come from the same hidden model but other
@@ -223,6 +274,16 @@ int Run() {
   }
   if (absl::GetFlag(FLAGS_steps) > 0) {
     job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
+  }
+  // The coordinator's job (and --steps) are checked here too: sizes within
+  // their bounds first, then the memory they add up to on this machine.
+  if (absl::Status s = config::ValidateJobConfig(*job); !s.ok()) {
+    LogError(s.message());
+    return 2;
+  }
+  if (absl::Status s = CheckMemory(*job); !s.ok()) {
+    LogError(s.message());
+    return 2;
   }
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
