@@ -47,6 +47,7 @@
 #include "worker/data/prefetch.h"
 #include "worker/data/synthetic.h"
 #include "common/config/job_config.h"
+#include "common/flags_usage.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, device, "cpu",
@@ -531,6 +532,7 @@ int Run() {
 }  // namespace recps::worker
 
 int main(int argc, char** argv) {
+  recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps worker: trains a job's DLRM against the shard servers.\n"
       "  recps-worker --coordinator=HOST:PORT [--rank=R --world_size=W]\n"

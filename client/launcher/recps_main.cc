@@ -44,6 +44,7 @@
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "common/config/job_config.h"
+#include "common/flags_usage.h"
 
 ABSL_FLAG(std::string, job, "",
           "job config (text-format recps.v1.JobConfig); default: "
@@ -453,6 +454,7 @@ void NormalizeFlagNames(int argc, char** argv) {
 }  // namespace recps::client
 
 int main(int argc, char** argv) {
+  recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
       "  recps local [--job=FILE] [--shards=N] [--workers=N] "
