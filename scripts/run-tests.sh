@@ -4,7 +4,7 @@
 # (-DRECPS_CUDA=OFF) also builds and passes. GPU tests skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --test  # and promtool, for the metrics test
 scripts/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
 
