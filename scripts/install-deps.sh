@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages recps builds with (see docs/building.md).
-# Skips apt entirely when everything is already installed.
+# With --test, also the packages only the tests use (TEST_PACKAGES; CI
+# passes it). Skips apt entirely when everything is already installed.
 set -euo pipefail
 
 PACKAGES=(
@@ -9,6 +10,14 @@ PACKAGES=(
   libabsl-dev librocksdb-dev prometheus-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
 )
+# Test-only: promtool (Debian's prometheus package) lints every daemon's
+# /metrics in tests/worker/metrics_test.cc (skipped without it). Not a
+# runtime dependency of any recps binary.
+TEST_PACKAGES=(
+  prometheus
+)
+
+if [[ ${1:-} == --test ]]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -5,7 +5,7 @@
 # lock annotation, and runs the tests there too. GPU tests skip without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
+scripts/install-deps.sh --test  # and promtool, for the metrics test
 scripts/build.sh
 ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
 

@@ -9,23 +9,28 @@
 // shard map from the coordinator and meets its peers through the
 // coordinator's key-value store.
 #include <arpa/inet.h>
+#include <dlfcn.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -34,8 +39,11 @@
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
+#include "common/port_file.h"
+#include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "worker/collectives/collectives.h"
 #include "worker/collectives/coordinator_kv_store.h"
@@ -45,6 +53,7 @@
 #include "worker/data/prefetch.h"
 #include "worker/data/synthetic.h"
 #include "common/config/job_config.h"
+#include "common/flags_usage.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, device, "cpu",
@@ -66,6 +75,10 @@ ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
 ABSL_FLAG(int64_t, steps, 0, "override the job's training.steps (0: keep)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, host:port (empty: off)");
+ABSL_FLAG(std::string, port_file, "",
+          "with --metrics_listen: write '0 <metrics port>' here once /metrics "
+          "serves (the format of the daemons' port files; the worker serves "
+          "no gRPC)");
 ABSL_FLAG(std::string, result_json, "",
           "write the run's result (evaluations, samples/s, step times) here");
 ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
@@ -83,9 +96,30 @@ ABSL_FLAG(std::string, gloo_hostname, "",
           "address the Gloo TCP transport binds to and peers connect to "
           "(default: with --coordinator, this host's address on the route to "
           "the coordinator; else 127.0.0.1)");
+ABSL_FLAG(std::string, memory_limit, "",
+          "memory this worker may use, bytes with an optional K, M, G or T "
+          "suffix (powers of 1024), e.g. 8G; the job's estimated need is "
+          "checked against it at start (default: MemAvailable in "
+          "/proc/meminfo)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
+
+// Every thread of this process gets at least kMinThreadStack of stack.
+// glibc carves a thread's static TLS out of its stack, and OpenBLAS alone
+// brings 60 KiB of it; civetweb (the /metrics server) asks for 100 KiB
+// stacks, so its threads overflowed serving the first scrape (SIGSEGV in
+// snprintf). Interposed here because civetweb offers no option for it.
+namespace {
+constexpr size_t kMinThreadStack = size_t{1} << 20;
+}  // namespace
+
+extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
+  using Fn = int (*)(pthread_attr_t*, size_t);
+  static const Fn real =
+      reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
+  return real(attr, std::max(size, kMinThreadStack));
+}
 
 namespace recps::worker {
 namespace {
@@ -140,6 +174,50 @@ SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s, uint64_t sal
   return c;
 }
 
+// "8G", "512M", "1024" -> bytes (K, M, G, T: powers of 1024).
+absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
+  int shift = 0;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 'K': case 'k': shift = 10; break;
+      case 'M': case 'm': shift = 20; break;
+      case 'G': case 'g': shift = 30; break;
+      case 'T': case 't': shift = 40; break;
+      default: break;
+    }
+    if (shift != 0) text.remove_suffix(1);
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < 1 || value > (int64_t{1} << (62 - shift))) {
+    return absl::InvalidArgumentError("expected a size such as 8G, 512M or 1048576");
+  }
+  return value << shift;
+}
+
+// Refuses a job whose estimated memory need exceeds --memory_limit, else
+// MemAvailable (checked before anything large is allocated, so a too-large
+// job fails with the setting to lower instead of std::bad_alloc).
+absl::Status CheckMemory(const v1::JobConfig& job) {
+  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit); !limit.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize(limit);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--memory_limit=", limit, ": ", bytes.status().message()));
+    }
+    return config::CheckWorkerMemory(job, *bytes, absl::StrCat("--memory_limit=", limit));
+  }
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<int64_t> available = config::ParseMemAvailable(text.str());
+  if (!available.ok()) {
+    LogWarning("cannot read MemAvailable from /proc/meminfo; the job's memory need "
+               "is not checked (set --memory_limit)");
+    return absl::OkStatus();
+  }
+  return config::CheckWorkerMemory(job, *available, "MemAvailable in /proc/meminfo");
+}
+
 // Held-out synthetic samples come from the same hidden model but other
 // sample numbers: the generator is keyed by (seed, sample), and the label
 // model by the seed alone, so only the sample stream is offset.
@@ -167,6 +245,121 @@ std::string ResultJson(const TrainResult& r) {
       t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer,
       t.lookup_wait, t.eval, evals, losses);
 }
+
+// The worker's Prometheus metrics: one metric per quantity, its unit in
+// the name; the per-phase step times as one histogram with a `phase` label.
+class WorkerMetrics {
+ public:
+  explicit WorkerMetrics(prometheus::Registry& registry)
+      : steps_(prometheus::BuildCounter()
+                   .Name("recps_worker_steps_total")
+                   .Help("Training steps this worker completed")
+                   .Register(registry)
+                   .Add({})),
+        samples_(prometheus::BuildCounter()
+                     .Name("recps_worker_samples_total")
+                     .Help("Training samples this worker processed")
+                     .Register(registry)
+                     .Add({})),
+        samples_per_second_(prometheus::BuildGauge()
+                                .Name("recps_worker_samples_per_second")
+                                .Help("Training samples per second of this worker, "
+                                      "averaged since training started")
+                                .Register(registry)
+                                .Add({})),
+        loss_(prometheus::BuildGauge()
+                  .Name("recps_worker_loss")
+                  .Help("Mean training loss (binary cross-entropy) of the last step's batch")
+                  .Register(registry)
+                  .Add({})),
+        evaluations_(prometheus::BuildCounter()
+                         .Name("recps_worker_evaluations_total")
+                         .Help("Held-out evaluations this worker ran")
+                         .Register(registry)
+                         .Add({})),
+        eval_auc_(prometheus::BuildGauge()
+                      .Name("recps_worker_eval_auc")
+                      .Help("Held-out AUC (ratio, 0.5 = chance) of the last evaluation")
+                      .Register(registry)
+                      .Add({})),
+        eval_log_loss_(prometheus::BuildGauge()
+                           .Name("recps_worker_eval_log_loss")
+                           .Help("Held-out log loss of the last evaluation")
+                           .Register(registry)
+                           .Add({})),
+        eval_ne_(prometheus::BuildGauge()
+                     .Name("recps_worker_eval_normalized_entropy")
+                     .Help("Held-out normalised entropy (ratio; below 1 beats the base "
+                           "rate) of the last evaluation")
+                     .Register(registry)
+                     .Add({})),
+        step_seconds_(prometheus::BuildHistogram()
+                          .Name("recps_worker_step_seconds")
+                          .Help("Seconds one training step spent per phase (lookup_wait: "
+                                "waiting for an overlapped lookup)")
+                          .Register(registry)) {
+    for (size_t i = 0; i < kPhases.size(); ++i) {
+      phases_[i] = &step_seconds_.Add({{"phase", kPhases[i].name}}, Buckets());
+    }
+  }
+
+  // One step: the phase times are `now - before` (both summed over steps).
+  void ObserveStep(const StepTimes& now, const StepTimes& before, int64_t samples,
+                   float loss, double samples_per_second) {
+    steps_.Increment();
+    samples_.Increment(static_cast<double>(samples));
+    loss_.Set(loss);
+    samples_per_second_.Set(samples_per_second);
+    for (size_t i = 0; i < kPhases.size(); ++i) {
+      phases_[i]->Observe(std::max(0.0, now.*kPhases[i].field - before.*kPhases[i].field));
+    }
+  }
+
+  void ObserveEval(const EvalMetrics& m) {
+    evaluations_.Increment();
+    eval_auc_.Set(m.auc);
+    eval_log_loss_.Set(m.log_loss);
+    eval_ne_.Set(m.ne);
+  }
+
+ private:
+  struct Phase {
+    const char* name;
+    double StepTimes::*field;
+  };
+  static constexpr std::array<Phase, 8> kPhases = {{
+      {"data", &StepTimes::data},
+      {"lookup", &StepTimes::lookup},
+      {"forward", &StepTimes::forward},
+      {"backward", &StepTimes::backward},
+      {"push", &StepTimes::push},
+      {"allreduce", &StepTimes::allreduce},
+      {"optimizer", &StepTimes::optimizer},
+      {"lookup_wait", &StepTimes::lookup_wait},
+  }};
+  // 10 us to 10 s, three buckets a decade.
+  static prometheus::Histogram::BucketBoundaries Buckets() {
+    prometheus::Histogram::BucketBoundaries b;
+    for (double decade = 1e-5; decade < 10; decade *= 10) {
+      b.push_back(decade);
+      b.push_back(2 * decade);
+      b.push_back(5 * decade);
+    }
+    b.push_back(10);
+    return b;
+  }
+
+  prometheus::Counter& steps_;
+  prometheus::Counter& samples_;
+  prometheus::Gauge& samples_per_second_;
+  prometheus::Gauge& loss_;
+  prometheus::Counter& evaluations_;
+  prometheus::Gauge& eval_auc_;
+  prometheus::Gauge& eval_log_loss_;
+  prometheus::Gauge& eval_ne_;
+  prometheus::Family<prometheus::Histogram>& step_seconds_;
+  std::array<prometheus::Histogram*, kPhases.size()> phases_{};
+};
 
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
@@ -223,6 +416,16 @@ int Run() {
   }
   if (absl::GetFlag(FLAGS_steps) > 0) {
     job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
+  }
+  // The coordinator's job (and --steps) are checked here too: sizes within
+  // their bounds first, then the memory they add up to on this machine.
+  if (absl::Status s = config::ValidateJobConfig(*job); !s.ok()) {
+    LogError(s.message());
+    return 2;
+  }
+  if (absl::Status s = CheckMemory(*job); !s.ok()) {
+    LogError(s.message());
+    return 2;
   }
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
@@ -284,21 +487,22 @@ int Run() {
   }
   train = MakePrefetchingSource(std::move(train), 4);
 
-  // Metrics: a few gauges a dashboard wants.
+  // Metrics: one per quantity, named with its unit (docs/training.md).
   auto registry = std::make_shared<prometheus::Registry>();
-  auto& gauges = prometheus::BuildGauge()
-                     .Name("recps_worker")
-                     .Help("Training progress of this worker, by quantity")
-                     .Register(*registry);
-  prometheus::Gauge& step_gauge = gauges.Add({{"quantity", "step"}});
-  prometheus::Gauge& loss_gauge = gauges.Add({{"quantity", "loss"}});
-  prometheus::Gauge& auc_gauge = gauges.Add({{"quantity", "eval_auc"}});
-  prometheus::Gauge& ne_gauge = gauges.Add({{"quantity", "eval_ne"}});
-  prometheus::Gauge& rate_gauge = gauges.Add({{"quantity", "samples_per_second"}});
+  WorkerMetrics metrics(*registry);
   std::unique_ptr<prometheus::Exposer> exposer;
   if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
     exposer = std::make_unique<prometheus::Exposer>(addr);
     exposer->RegisterCollectable(registry);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    const int metrics_port = ports.empty() ? 0 : ports[0];
+    LogInfo("metrics on port ", metrics_port);
+    if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+      if (absl::Status s = WritePortFile(path, 0, metrics_port); !s.ok()) {
+        LogError(s.message());
+        return 1;
+      }
+    }
   }
 
   // Data parallelism: a Gloo allreduce over the dense gradients.
@@ -369,11 +573,13 @@ int Run() {
   absl::Time last_print = absl::InfinitePast();
   double last_auc = -1;
   const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
+  StepTimes times_so_far;
+  int64_t samples_so_far = 0;
   options.on_step = [&](int64_t step, float loss, const TrainResult& r) {
     const double rate = r.samples / std::max(r.seconds, 1e-9);
-    step_gauge.Set(step + 1);
-    loss_gauge.Set(loss);
-    rate_gauge.Set(rate);
+    metrics.ObserveStep(r.times, times_so_far, r.samples - samples_so_far, loss, rate);
+    times_so_far = r.times;
+    samples_so_far = r.samples;
     if (absl::Now() - last_print < every && step + 1 != total_steps) return;
     last_print = absl::Now();
     const double eta = (total_steps - step - 1) * r.seconds / (step + 1);
@@ -384,8 +590,7 @@ int Run() {
   };
   options.on_eval = [&](const EvalRecord& e) {
     last_auc = e.metrics.auc;
-    auc_gauge.Set(e.metrics.auc);
-    ne_gauge.Set(e.metrics.ne);
+    metrics.ObserveEval(e.metrics);
     LogInfo(absl::StrFormat("eval after step %d: auc %.4f  log loss %.4f  ne %.4f  (%d samples)",
                             e.step, e.metrics.auc, e.metrics.log_loss, e.metrics.ne,
                             e.metrics.samples));
@@ -470,6 +675,7 @@ int Run() {
 }  // namespace recps::worker
 
 int main(int argc, char** argv) {
+  recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps worker: trains a job's DLRM against the shard servers.\n"
       "  recps-worker --coordinator=HOST:PORT [--rank=R --world_size=W]\n"

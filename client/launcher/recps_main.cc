@@ -9,7 +9,11 @@
 // `local` starts a coordinator, S shard servers and W workers as processes on
 // 127.0.0.1 (ports picked by the OS), trains the job, shows one progress view
 // (rank 0's progress and every worker's evaluations; the servers log to files
-// in the work directory), and stops everything at the end or on Ctrl-C.
+// in the work directory), and stops everything at the end or on Ctrl-C. A
+// coordinator that dies is restarted on its port with its state (up to
+// --coordinator_restarts times); a shard server that dies stops the run,
+// named by index and address. WORK/pids lists every child's pid; the last
+// line gives rank 0's final held-out AUC.
 // With no flags it trains examples/small.textproto with 2 shards and 2
 // workers in sync mode.
 //
@@ -24,15 +28,18 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -44,6 +51,7 @@
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "common/config/job_config.h"
+#include "common/flags_usage.h"
 
 ABSL_FLAG(std::string, job, "",
           "job config (text-format recps.v1.JobConfig); default: "
@@ -63,6 +71,9 @@ ABSL_FLAG(std::string, work_dir, "",
 ABSL_FLAG(std::string, result_dir, "",
           "local: each worker writes its --result_json to DIR/result<rank>.json "
           "(samples/s, per-phase step times, evaluations)");
+ABSL_FLAG(int, coordinator_restarts, 3,
+          "local: how often the coordinator is restarted (same port, same "
+          "state) when it dies, before the run fails");
 ABSL_FLAG(std::string, coordinator, "",
           "launch: the cluster's coordinator, host:port (required)");
 ABSL_FLAG(int, nproc_per_node, -1,
@@ -151,13 +162,44 @@ absl::Status WaitForShardMap(const std::string& server) {
       "shard server ", server, " received no shard map from the coordinator"));
 }
 
-// Waits until every worker exited, one failed, a server exited, or a
-// SIGINT/SIGTERM arrived (blocked in main, taken here). On a failure the
-// other workers get SIGTERM; a signal is forwarded to the workers as it is.
+// A server process of `recps local`, and how to start it again.
+struct LocalServer {
+  ChildProcess process;
+  // For people: "shard server 1 (127.0.0.1:40123)".
+  std::string description;
+  // Starts a replacement (same address and state); null: not restarted.
+  std::function<absl::StatusOr<ChildProcess>()> restart;
+  int restarts_left = 0;
+};
+
+// Writes "<name> <pid>" per running child to `path` (atomically), so that
+// tests and people find the processes of a `recps local` run.
+void WritePidFile(const std::string& path, const std::vector<LocalServer>& servers,
+                  const std::vector<ChildProcess>& workers,
+                  const std::vector<std::string>& worker_names) {
+  std::string text;
+  for (const LocalServer& s : servers) {
+    if (s.process.running()) absl::StrAppend(&text, s.description, " ", s.process.pid(), "\n");
+  }
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (workers[i].running()) absl::StrAppend(&text, worker_names[i], " ", workers[i].pid(), "\n");
+  }
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
+
+// Waits until every worker exited, one failed, a server exited for good,
+// or a SIGINT/SIGTERM arrived (blocked in main, taken here). A server with
+// restarts left is started again in place (the log says so); any other
+// server exit stops the run, naming the server. On a failure the other
+// workers get SIGTERM; a signal is forwarded to the workers as it is.
 // Workers still running after a grace period are killed. Returns 0, 1 (a
 // worker or server failed: the log names which), or 128 + the signal.
+// `on_change` runs after a server was restarted (to rewrite the pid file).
 int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>& names,
-              std::vector<ChildProcess>* servers, const std::string& what) {
+              std::vector<LocalServer>* servers, const std::string& what,
+              const std::function<void()>& on_change = nullptr) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
@@ -184,11 +226,32 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       }
     }
     if (servers == nullptr) continue;
-    for (ChildProcess& s : *servers) {
-      if (s.running() && s.Poll().ok() && exit_code == 0) {
-        LogError(s.name(), " exited unexpectedly; stopping ", what);
+    for (LocalServer& s : *servers) {
+      if (!s.process.running() || exit_code != 0) continue;
+      const pid_t pid = s.process.pid();
+      absl::StatusOr<int> code = s.process.Poll();
+      if (!code.ok()) continue;
+      const std::string how = *code > 128 ? absl::StrCat("was killed by signal ", *code - 128)
+                                          : absl::StrCat("exited with code ", *code);
+      if (s.restart == nullptr || s.restarts_left <= 0) {
+        LogError(s.description, " (pid ", pid, ") ", how,
+                 s.restart != nullptr ? " and has no restarts left" : "", "; stopping ", what);
         exit_code = 1;
+        continue;
       }
+      --s.restarts_left;
+      LogWarning(s.description, " (pid ", pid, ") ", how, "; restarting it on the same "
+                 "address with the same state (", s.restarts_left, " restart(s) left)");
+      absl::StatusOr<ChildProcess> again = s.restart();
+      if (!again.ok()) {
+        LogError("restarting the ", s.description, " failed: ", again.status().message(),
+                 "; stopping ", what);
+        exit_code = 1;
+        continue;
+      }
+      s.process = *std::move(again);
+      LogInfo(s.description, " restarted (pid ", s.process.pid(), ")");
+      if (on_change) on_change();
     }
   }
   for (ChildProcess& w : workers) w.Signal(stop_signal);
@@ -198,6 +261,26 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
     if (w.running()) (void)w.Stop(absl::Seconds(1));
   }
   return exit_code;
+}
+
+// ": held-out AUC 0.7803, log loss 0.4721 after step 600 (rank 0)" from a
+// worker's --result_json (its last evaluation), or "" without one.
+std::string FinalEvaluation(const std::string& result_json) {
+  std::ifstream in(result_json);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  const size_t auc = json.rfind("\"auc\":");
+  const size_t step = json.rfind("\"step\":", auc);
+  const size_t log_loss = json.find("\"log_loss\":", auc);
+  if (auc == std::string::npos || step == std::string::npos ||
+      log_loss == std::string::npos) {
+    return "";
+  }
+  return absl::StrFormat(": held-out AUC %.4f, log loss %.4f after step %d (rank 0)",
+                         std::atof(json.c_str() + auc + 6),
+                         std::atof(json.c_str() + log_loss + 11),
+                         std::atoll(json.c_str() + step + 7));
 }
 
 int RunLocal(const std::vector<std::string>& worker_args) {
@@ -259,24 +342,50 @@ int RunLocal(const std::vector<std::string>& worker_args) {
 
   // Children stop in reverse order of start when this vector is destroyed;
   // workers are stopped explicitly first.
-  std::vector<ChildProcess> servers;
+  std::vector<LocalServer> servers;
+  std::vector<ChildProcess> workers;
+  std::vector<std::string> names;
+  const std::string pid_file = work + "/pids";
+  auto write_pids = [&] { WritePidFile(pid_file, servers, workers, names); };
   auto fail = [&](const absl::Status& s) {
     LogError(s.message());
     LogError("logs are in ", work);
     return 1;
   };
+  // The coordinator listens on `listen`; a restart reuses the port the
+  // first start got and the state directory, so the shard servers and
+  // workers reconnect to it as to a hand-restarted one.
   const std::string coord_log = work + "/coordinator.log";
-  absl::StatusOr<ChildProcess> coordinator = ChildProcess::Spawn(
-      coordinator_bin,
-      {"--state_dir=" + work + "/coordinator", "--job=" + job_copy,
-       absl::StrCat("--num_shards=", num_shards), "--listen=127.0.0.1:0",
-       "--port_file=" + work + "/coordinator.ports"},
-      coord_log);
+  const std::string coord_ports = work + "/coordinator.ports";
+  auto start_coordinator =
+      [&](const std::string& listen) -> absl::StatusOr<std::pair<ChildProcess, int>> {
+    std::error_code ec;
+    std::filesystem::remove(coord_ports, ec);  // a stale one is no sign of life
+    absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(
+        coordinator_bin,
+        {"--state_dir=" + work + "/coordinator", "--job=" + job_copy,
+         absl::StrCat("--num_shards=", num_shards), "--listen=" + listen,
+         "--port_file=" + coord_ports},
+        coord_log);
+    if (!c.ok()) return c.status();
+    absl::StatusOr<int> port = WaitForPort(*c, coord_ports, coord_log);
+    if (!port.ok()) return port.status();
+    return std::make_pair(*std::move(c), *port);
+  };
+  absl::StatusOr<std::pair<ChildProcess, int>> coordinator =
+      start_coordinator("127.0.0.1:0");
   if (!coordinator.ok()) return fail(coordinator.status());
-  servers.push_back(*std::move(coordinator));
-  absl::StatusOr<int> coord_port =
-      WaitForPort(servers.back(), work + "/coordinator.ports", coord_log);
-  if (!coord_port.ok()) return fail(coord_port.status());
+  const int coord_port = coordinator->second;
+  const std::string coord_address = absl::StrCat("127.0.0.1:", coord_port);
+  servers.push_back(LocalServer{
+      std::move(coordinator->first), "coordinator " + coord_address,
+      [start_coordinator, coord_address]() -> absl::StatusOr<ChildProcess> {
+        absl::StatusOr<std::pair<ChildProcess, int>> again = start_coordinator(coord_address);
+        if (!again.ok()) return again.status();
+        return std::move(again->first);
+      },
+      absl::GetFlag(FLAGS_coordinator_restarts)});
+  write_pids();
 
   std::vector<std::string> shard_addresses;
   for (int i = 0; i < num_shards; ++i) {
@@ -285,14 +394,18 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(
         shard_bin,
         {"--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
-         absl::StrCat("--coordinator=127.0.0.1:", *coord_port),
-         "--listen=127.0.0.1:0", "--port_file=" + ports},
+         "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports},
         log);
     if (!shard.ok()) return fail(shard.status());
-    servers.push_back(*std::move(shard));
-    absl::StatusOr<int> port = WaitForPort(servers.back(), ports, log);
+    servers.push_back(LocalServer{*std::move(shard), absl::StrCat("shard server ", i)});
+    absl::StatusOr<int> port = WaitForPort(servers.back().process, ports, log);
     if (!port.ok()) return fail(port.status());
     shard_addresses.push_back(absl::StrCat("127.0.0.1:", *port));
+    // Its rows live in its memory only: a restart would lose them, so a
+    // shard server that exits stops the run (naming it).
+    servers.back().description =
+        absl::StrCat("shard server ", i, " (", shard_addresses.back(), ", log ", log, ")");
+    write_pids();
   }
   for (const std::string& s : shard_addresses) {
     if (absl::Status st = WaitForShardMap(s); !st.ok()) return fail(st);
@@ -303,32 +416,38 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                       num_workers);
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), /*overwrite=*/0);
-  std::vector<ChildProcess> workers;
+  // Every worker writes its result; rank 0's evaluations give the summary.
+  std::string result_dir = absl::GetFlag(FLAGS_result_dir);
+  if (result_dir.empty()) result_dir = work;
+  std::filesystem::create_directories(result_dir);
   for (int r = 0; r < num_workers; ++r) {
     std::vector<std::string> args = {
-        absl::StrCat("--coordinator=127.0.0.1:", *coord_port),
+        "--coordinator=" + coord_address,
         absl::StrCat("--rank=", r), absl::StrCat("--world_size=", num_workers),
         absl::StrCat("--threads=", threads),
-        r == 0 ? "--progress_every=2s" : "--progress_every=1000h"};
-    if (const std::string dir = absl::GetFlag(FLAGS_result_dir); !dir.empty()) {
-      std::filesystem::create_directories(dir);
-      args.push_back(absl::StrCat("--result_json=", dir, "/result", r, ".json"));
-    }
+        r == 0 ? "--progress_every=2s" : "--progress_every=1000h",
+        absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
     if (!w.ok()) return fail(w.status());
     workers.push_back(*std::move(w));
+    names.push_back(absl::StrCat("worker ", r));
+    write_pids();
   }
 
-  std::vector<std::string> names;
-  for (int r = 0; r < num_workers; ++r) names.push_back(absl::StrCat("worker ", r));
-  const int exit_code = Supervise(workers, names, &servers, "the cluster");
+  const int exit_code = Supervise(workers, names, &servers, "the cluster", write_pids);
   for (auto it = servers.rbegin(); it != servers.rend(); ++it) {
-    if (it->running()) (void)it->Stop(absl::Seconds(10));
+    if (it->process.running()) (void)it->process.Stop(absl::Seconds(10));
   }
   if (exit_code != 0) LogError("logs are in ", work);
   if (exit_code == 0) {
-    LogInfo("done; logs in ", work);
+    const int restarts =
+        absl::GetFlag(FLAGS_coordinator_restarts) - servers.front().restarts_left;
+    LogInfo("done", FinalEvaluation(result_dir + "/result0.json"),
+            restarts > 0 ? absl::StrCat("; the coordinator was restarted ", restarts,
+                                        " time(s)")
+                         : "",
+            "; logs in ", work);
     if (absl::GetFlag(FLAGS_work_dir).empty()) {
       std::error_code ec;
       std::filesystem::remove_all(work + "/coordinator", ec);
@@ -453,6 +572,7 @@ void NormalizeFlagNames(int argc, char** argv) {
 }  // namespace recps::client
 
 int main(int argc, char** argv) {
+  recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
       "  recps local [--job=FILE] [--shards=N] [--workers=N] "

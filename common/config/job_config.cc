@@ -1,12 +1,22 @@
 #include "common/config/job_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/config/text_proto.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/config/table_config.h"
+#include "common/config/text_proto.h"
+#include "common/human_bytes.h"
+#include "kernels/dense_optimizer.h"
+#include "kernels/interaction.h"
 
 namespace recps::config {
 namespace {
@@ -15,12 +25,22 @@ absl::Status Bad(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
+// "is 2000000000; the limit is 65536 (units per layer)".
+absl::Status TooBig(absl::string_view field, int64_t value, int64_t limit,
+                    absl::string_view unit) {
+  return Bad(field, absl::StrCat("is ", value, "; the limit is ", limit, " (", unit, ")"));
+}
+
 absl::Status ValidateData(const v1::JobConfig& job) {
   const v1::DataConfig& data = job.data();
   switch (data.source_case()) {
     case v1::DataConfig::kSynthetic: {
       const v1::SyntheticDataConfig& s = data.synthetic();
       if (s.num_dense() < 0) return Bad("data.synthetic.num_dense", "must be >= 0");
+      if (s.num_dense() > kMaxNumDense) {
+        return TooBig("data.synthetic.num_dense", s.num_dense(), kMaxNumDense,
+                      "dense features");
+      }
       if (s.features_size() != job.features_size()) {
         return Bad("data.synthetic.features",
                    absl::StrCat("has ", s.features_size(), " entries; the job has ",
@@ -36,6 +56,10 @@ absl::Status ValidateData(const v1::JobConfig& job) {
           return Bad(path, absl::StrCat("needs 0 <= min_ids_per_bag <= max_ids_per_bag "
                                         "and max >= 1, got ", f.min_ids_per_bag(), "..",
                                         f.max_ids_per_bag()));
+        }
+        if (f.max_ids_per_bag() > kMaxIdsPerBag) {
+          return TooBig(path + ".max_ids_per_bag", f.max_ids_per_bag(), kMaxIdsPerBag,
+                        "ids per bag");
         }
         // A fixed table must hold every id the generator can draw.
         for (const v1::TableConfig& t : job.tables()) {
@@ -79,6 +103,12 @@ absl::Status ValidateData(const v1::JobConfig& job) {
 
 absl::Status ValidateJobConfig(const v1::JobConfig& job) {
   if (job.tables_size() == 0) return Bad("tables", "the job declares no tables");
+  if (job.tables_size() > kMaxTables) {
+    return TooBig("tables", job.tables_size(), kMaxTables, "tables per job");
+  }
+  if (job.features_size() > kMaxFeatures) {
+    return TooBig("features", job.features_size(), kMaxFeatures, "features per job");
+  }
   absl::flat_hash_map<std::string, int> dims;
   for (int i = 0; i < job.tables_size(); ++i) {
     absl::StatusOr<TableSpec> spec =
@@ -116,11 +146,20 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job) {
   const v1::ModelConfig& m = job.model();
   if (m.bottom_mlp_size() == 0) return Bad("model.bottom_mlp", "is empty");
   if (m.top_mlp_size() == 0) return Bad("model.top_mlp", "is empty");
-  for (int w : m.bottom_mlp()) {
-    if (w < 1) return Bad("model.bottom_mlp", absl::StrCat("has width ", w));
-  }
-  for (int w : m.top_mlp()) {
-    if (w < 1) return Bad("model.top_mlp", absl::StrCat("has width ", w));
+  for (const auto& [name, mlp] :
+       {std::pair<const char*, const google::protobuf::RepeatedField<int32_t>*>{
+            "model.bottom_mlp", &m.bottom_mlp()},
+        {"model.top_mlp", &m.top_mlp()}}) {
+    if (mlp->size() > kMaxMlpLayers) {
+      return TooBig(name, mlp->size(), kMaxMlpLayers, "layers");
+    }
+    for (int i = 0; i < mlp->size(); ++i) {
+      const int w = mlp->Get(i);
+      if (w < 1) return Bad(name, absl::StrCat("has width ", w));
+      if (w > kMaxMlpWidth) {
+        return TooBig(absl::StrCat(name, "[", i, "]"), w, kMaxMlpWidth, "units per layer");
+      }
+    }
   }
   if (m.bottom_mlp(m.bottom_mlp_size() - 1) != dim) {
     return Bad("model.bottom_mlp",
@@ -132,9 +171,28 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job) {
   }
   const v1::TrainingConfig& t = job.training();
   if (t.batch_size() < 1) return Bad("training.batch_size", "must be >= 1");
+  if (t.batch_size() > kMaxBatchSize) {
+    return TooBig("training.batch_size", t.batch_size(), kMaxBatchSize,
+                  "samples per worker per step");
+  }
   if (t.steps() < 1) return Bad("training.steps", "must be >= 1");
+  if (t.steps() > kMaxSteps) return TooBig("training.steps", t.steps(), kMaxSteps, "steps");
   if (t.eval_interval() < 0) return Bad("training.eval_interval", "must be >= 0");
+  if (t.eval_interval() > kMaxSteps) {
+    return TooBig("training.eval_interval", t.eval_interval(), kMaxSteps, "steps");
+  }
   if (t.eval_batches() < 1) return Bad("training.eval_batches", "must be >= 1");
+  if (t.eval_batches() > kMaxEvalBatches) {
+    return TooBig("training.eval_batches", t.eval_batches(), kMaxEvalBatches,
+                  "held-out batches per evaluation");
+  }
+  if (t.consistency().staleness() < 0) {
+    return Bad("training.consistency.staleness", "must be >= 0");
+  }
+  if (t.consistency().staleness() > kMaxStaleness) {
+    return TooBig("training.consistency.staleness", t.consistency().staleness(),
+                  kMaxStaleness, "steps");
+  }
   if (t.consistency().mode() == v1::ConsistencyConfig::BOUNDED &&
       t.consistency().staleness() < 1) {
     return Bad("training.consistency.staleness", "must be >= 1 in BOUNDED mode");
@@ -165,6 +223,128 @@ int EmbeddingDim(const v1::JobConfig& job) {
     if (t.name() == job.features(0).table()) return t.dim();
   }
   return 0;
+}
+
+namespace {
+
+// The largest number of ids a bag of feature `f` can hold.
+int64_t MaxIdsPerBag(const v1::JobConfig& job, int f) {
+  if (job.data().has_synthetic()) return job.data().synthetic().features(f).max_ids_per_bag();
+  return 1;  // a Criteo line has one value per categorical field
+}
+
+}  // namespace
+
+WorkerMemoryEstimate EstimateWorkerMemory(const v1::JobConfig& job) {
+  constexpr double kFloat = sizeof(float), kId = sizeof(int64_t);
+  const double b = static_cast<double>(job.training().batch_size());
+  const int num_features = job.features_size();
+  const double f = num_features;
+  const double d = EmbeddingDim(job);
+  const double num_dense =
+      job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
+  double ids_per_sample = 0;
+  for (int i = 0; i < num_features; ++i) ids_per_sample += MaxIdsPerBag(job, i);
+  const double ids = b * ids_per_sample;  // per batch; at most this many unique
+
+  // The DLRM's layers (worker/model/dlrm.cc): bottom MLP from the dense
+  // features, top MLP from the interaction.
+  double params = 0, layer_outputs = 0;
+  double in = num_dense;
+  for (int w : job.model().bottom_mlp()) {
+    params += in * w + w;
+    layer_outputs += w;
+    in = w;
+  }
+  const double interaction = static_cast<double>(
+      kernels::DotInteractionOutputWidth(num_features, static_cast<int>(d)));
+  in = interaction;
+  for (int w : job.model().top_mlp()) {
+    params += in * w + w;
+    layer_outputs += w;
+    in = w;
+  }
+  WorkerMemoryEstimate e;
+  e.dense_model = 2 * params * kFloat;
+  absl::StatusOr<kernels::OptimizerParams> optimizer =
+      OptimizerParamsFromConfig(job.training().dense_optimizer());
+  if (optimizer.ok()) {
+    // The state size is linear in n: scale the one of a single parameter
+    // (n itself may not fit the int64 the kernel takes).
+    e.optimizer_state = params * kFloat *
+                        static_cast<double>(kernels::DenseOptimizerStateSize(optimizer->kind, 1));
+  }
+  // Model inputs, interaction and its gradient, every layer's output and its
+  // gradient, logits; the trainer's d/d pooled, per-feature gradient and
+  // loss scratch.
+  e.activations = kFloat * b *
+                  (num_dense + f * d + 2 * interaction + 2 * layer_outputs + 2 +
+                   f * d + d + 3);
+  // Three lookup buffer sets (two for the overlapped steps, one for
+  // evaluation), each: pooled bags, a bag scratch, rows and row gradients,
+  // the dedup (unique ids, inverse, hash slots) and each feature's indices;
+  // then the backward scratch and the client's copy of the rows and ids.
+  const double per_lookup =
+      kFloat * (b * f * d + b * d + 2 * ids * d) + ids * (kId * 2 + 16 + kId);
+  e.embedding_buffers =
+      3 * per_lookup + kFloat * std::max(b, ids) * d + ids * (kFloat * d + 2 * kId);
+  // Batches in flight: the prefetch queue (4), the one being read, the
+  // trainer's two and an evaluation's.
+  const double per_batch = kFloat * b * (num_dense + 1) + kId * ids + kId * (b + 1) * f;
+  e.input_batches = 8 * per_batch;
+  // Held-out predictions and labels kept for the AUC (with its sort), and
+  // the loss of every step.
+  e.evaluation = 16 * b * static_cast<double>(job.training().eval_batches()) +
+                 kFloat * static_cast<double>(job.training().steps());
+  return e;
+}
+
+absl::Status CheckWorkerMemory(const v1::JobConfig& job, int64_t available_bytes,
+                               absl::string_view available_from) {
+  const WorkerMemoryEstimate e = EstimateWorkerMemory(job);
+  if (e.total() <= static_cast<double>(available_bytes)) return absl::OkStatus();
+  const bool synthetic = job.data().has_synthetic();
+  const double eval_predictions =
+      16 * static_cast<double>(job.training().batch_size()) *
+      static_cast<double>(job.training().eval_batches());
+  // Each part, with the settings that grow it, largest part first.
+  std::vector<std::pair<double, std::string>> parts = {
+      {e.dense_model, "model.bottom_mlp / model.top_mlp widths (dense model)"},
+      {e.optimizer_state,
+       "model.bottom_mlp / model.top_mlp widths, or a dense_optimizer with less state "
+       "(optimizer state)"},
+      {e.activations, "training.batch_size or the MLP widths (activations)"},
+      {e.embedding_buffers,
+       synthetic ? "training.batch_size or data.synthetic.features[*].max_ids_per_bag "
+                   "(embedding buffers)"
+                 : "training.batch_size (embedding buffers)"},
+      {e.input_batches, "training.batch_size (input batches)"},
+      {e.evaluation, eval_predictions >= e.evaluation / 2
+                         ? "training.eval_batches (held-out predictions)"
+                         : "training.steps (the loss history)"},
+  };
+  std::stable_sort(parts.begin(), parts.end(),
+                   [](const auto& x, const auto& y) { return x.first > y.first; });
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the job needs about ", HumanBytes(e.total()), " per worker (dense model ",
+      HumanBytes(e.dense_model), ", optimizer state ", HumanBytes(e.optimizer_state),
+      ", activations ", HumanBytes(e.activations), ", embedding buffers ",
+      HumanBytes(e.embedding_buffers), ", input batches ", HumanBytes(e.input_batches),
+      ", evaluation ", HumanBytes(e.evaluation), ") but ", available_from, " is ",
+      HumanBytes(static_cast<double>(available_bytes)), "; lower ", parts[0].second));
+}
+
+absl::StatusOr<int64_t> ParseMemAvailable(absl::string_view meminfo) {
+  for (absl::string_view line : absl::StrSplit(meminfo, '\n')) {
+    if (!absl::ConsumePrefix(&line, "MemAvailable:")) continue;
+    line = absl::StripAsciiWhitespace(line);
+    const bool kib = absl::ConsumeSuffix(&line, "kB");
+    line = absl::StripAsciiWhitespace(line);
+    int64_t value = 0;
+    if (!absl::SimpleAtoi(line, &value) || value < 0) break;
+    return kib ? value * 1024 : value;
+  }
+  return absl::NotFoundError("no MemAvailable line in /proc/meminfo");
 }
 
 }  // namespace recps::config

@@ -25,6 +25,7 @@
 #include "common/rpc/channels.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
+#include "common/flags_usage.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -190,6 +191,7 @@ int Run() {
 }  // namespace recps::server
 
 int main(int argc, char** argv) {
+  recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps coordinator: membership and leases, the shard map, the job and a "
       "rendezvous key-value store for a recps cluster.\n"

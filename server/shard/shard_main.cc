@@ -38,6 +38,7 @@
 #include "server/shard/shard_service.h"
 #include "recps/v1/job.pb.h"
 #include "common/config/table_config.h"
+#include "common/flags_usage.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "gRPC address to listen on, host:port; port 0 lets the OS pick");
@@ -303,6 +304,7 @@ int Run() {
 }  // namespace recps::server
 
 int main(int argc, char** argv) {
+  recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps shard server: owns the rows of its slots and serves batched "
       "lookups and fused gradient updates.\n"

@@ -1,6 +1,8 @@
 #include "common/config/job_config.h"
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -76,6 +78,117 @@ TEST(JobConfig, DifferentTableDimsAreRefused) {
   job->mutable_tables(5)->set_dim(8);
   const absl::Status s = config::ValidateJobConfig(*job);
   EXPECT_NE(s.message().find("one embedding dim"), absl::string_view::npos) << s;
+}
+
+// Sizes beyond their bounds are refused by name before anything allocates
+// (each of these passed and then died with std::bad_alloc in the worker).
+TEST(JobConfig, EverySizeHasAnUpperBound) {
+  const std::vector<Mistake> too_big = {
+      {"model.bottom_mlp[0]",
+       [](v1::JobConfig& j) { j.mutable_model()->set_bottom_mlp(0, 2'000'000'000); }},
+      {"model.top_mlp[1]",
+       [](v1::JobConfig& j) { j.mutable_model()->set_top_mlp(1, kMaxMlpWidth + 1); }},
+      {"model.top_mlp", [](v1::JobConfig& j) {
+         for (int i = 0; i < kMaxMlpLayers; ++i) j.mutable_model()->mutable_top_mlp()->Add(1);
+       }},
+      {"training.batch_size",
+       [](v1::JobConfig& j) { j.mutable_training()->set_batch_size(2'000'000'000); }},
+      {"training.steps",
+       [](v1::JobConfig& j) { j.mutable_training()->set_steps(kMaxSteps + 1); }},
+      {"training.eval_interval",
+       [](v1::JobConfig& j) { j.mutable_training()->set_eval_interval(kMaxSteps + 1); }},
+      {"training.eval_batches",
+       [](v1::JobConfig& j) { j.mutable_training()->set_eval_batches(kMaxEvalBatches + 1); }},
+      {"training.consistency.staleness", [](v1::JobConfig& j) {
+         j.mutable_training()->mutable_consistency()->set_staleness(kMaxStaleness + 1);
+       }},
+      {"data.synthetic.num_dense",
+       [](v1::JobConfig& j) { j.mutable_data()->mutable_synthetic()->set_num_dense(kMaxNumDense + 1); }},
+      {"data.synthetic.features[0].max_ids_per_bag", [](v1::JobConfig& j) {
+         j.mutable_data()->mutable_synthetic()->mutable_features(0)->set_max_ids_per_bag(
+             2'000'000'000);
+       }},
+      {"tables", [](v1::JobConfig& j) {
+         while (j.tables_size() <= kMaxTables) *j.add_tables() = j.tables(0);
+       }},
+      {"features", [](v1::JobConfig& j) {
+         while (j.features_size() <= kMaxFeatures) *j.add_features() = j.features(0);
+       }},
+  };
+  absl::StatusOr<v1::JobConfig> good = config::ReadJobConfig(Example("small.textproto"));
+  ASSERT_TRUE(good.ok()) << good.status();
+  for (const Mistake& m : too_big) {
+    v1::JobConfig job = *good;
+    m.make(job);
+    const absl::Status s = config::ValidateJobConfig(job);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << m.field;
+    EXPECT_EQ(s.message().substr(0, std::string(m.field).size()), m.field) << s;
+    EXPECT_NE(s.message().find("limit"), absl::string_view::npos) << s;
+  }
+  // At the bounds themselves the sizes pass validation (whether they fit a
+  // machine is the memory check's question).
+  v1::JobConfig job = *good;
+  job.mutable_training()->set_batch_size(kMaxBatchSize);
+  job.mutable_data()->mutable_synthetic()->mutable_features(0)->set_max_ids_per_bag(
+      kMaxIdsPerBag);
+  job.mutable_model()->set_bottom_mlp(0, kMaxMlpWidth);
+  EXPECT_TRUE(config::ValidateJobConfig(job).ok()) << config::ValidateJobConfig(job);
+}
+
+TEST(JobConfig, MemoryEstimateOfTheSmallExample) {
+  absl::StatusOr<v1::JobConfig> job = config::ReadJobConfig(Example("small.textproto"));
+  ASSERT_TRUE(job.ok());
+  const WorkerMemoryEstimate e = EstimateWorkerMemory(*job);
+  // 13 dense -> 64 -> 16; interaction 16 + 9 * 8 / 2 = 52 -> 64 -> 32 -> 1.
+  const double params = (13 * 64 + 64) + (64 * 16 + 16) + (52 * 64 + 64) +
+                        (64 * 32 + 32) + (32 * 1 + 1);
+  EXPECT_DOUBLE_EQ(e.dense_model, 2 * 4 * params);
+  EXPECT_DOUBLE_EQ(e.optimizer_state, 2 * 4 * params);  // Adam: two moments
+  EXPECT_GT(e.activations, 0);
+  EXPECT_GT(e.embedding_buffers, 0);
+  // Trains in well under 1 GiB.
+  EXPECT_LT(e.total(), 1024.0 * 1024 * 1024);
+  EXPECT_TRUE(CheckWorkerMemory(*job, int64_t{1} << 30, "test").ok());
+}
+
+// The memory check names the setting that grows the largest part.
+TEST(JobConfig, MemoryCheckNamesTheSettingToLower) {
+  absl::StatusOr<v1::JobConfig> good = config::ReadJobConfig(Example("small.textproto"));
+  ASSERT_TRUE(good.ok());
+  struct Case {
+    std::function<void(v1::JobConfig&)> make;
+    const char* lower;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::JobConfig& j) { j.mutable_training()->set_batch_size(kMaxBatchSize); },
+       "lower training.batch_size"},
+      {[](v1::JobConfig& j) {
+         j.mutable_model()->set_top_mlp(0, kMaxMlpWidth);
+         j.mutable_model()->set_top_mlp(1, kMaxMlpWidth);
+       },
+       "lower model.bottom_mlp / model.top_mlp widths"},
+      {[](v1::JobConfig& j) { j.mutable_training()->set_eval_batches(kMaxEvalBatches); },
+       "lower training.eval_batches"},
+  };
+  for (const Case& c : cases) {
+    v1::JobConfig job = *good;
+    c.make(job);
+    ASSERT_TRUE(ValidateJobConfig(job).ok()) << ValidateJobConfig(job);
+    const absl::Status s = CheckWorkerMemory(job, int64_t{256} << 20, "--memory_limit=256M");
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << c.lower;
+    EXPECT_NE(s.message().find(c.lower), absl::string_view::npos) << s;
+    EXPECT_NE(s.message().find("--memory_limit=256M is 256.00 MiB"), absl::string_view::npos)
+        << s;
+  }
+}
+
+TEST(JobConfig, ParsesMemAvailable) {
+  EXPECT_EQ(*ParseMemAvailable("MemTotal:       16384000 kB\n"
+                               "MemFree:         1000 kB\n"
+                               "MemAvailable:    8192000 kB\n"),
+            int64_t{8192000} * 1024);
+  EXPECT_EQ(ParseMemAvailable("MemTotal: 1 kB\n").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace

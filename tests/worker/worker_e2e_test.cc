@@ -1,11 +1,15 @@
 // End to end: one real recps-shard process and one real recps-worker process
 // train the small example job (800 steps of 512 samples) on synthetic data;
 // the model must learn.
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "client/launcher/process.h"
 #include "gtest/gtest.h"
 #include "tests/testing/local_shard.h"
 
@@ -47,6 +51,86 @@ std::vector<double> TrainSmall(const std::string& mode) {
   std::stringstream json;
   json << std::ifstream(result).rdbuf();
   return Aucs(json.str());
+}
+
+std::string ReadAll(const std::string& path) {
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
+// Runs `binary` with `args` to completion (killed after `timeout`); returns
+// its exit code (128 + signal when killed) and its output in `*output`.
+int RunCapturing(const std::string& binary, const std::vector<std::string>& args,
+                 absl::Duration timeout, std::string* output) {
+  testing::TempDir dir;
+  const std::string log = dir.path() + "/output.log";
+  absl::StatusOr<pid_t> pid = client::SpawnProcess(binary, args, log);
+  if (!pid.ok()) {
+    *output = pid.status().ToString();
+    return -1;
+  }
+  int status = 0;
+  const bool exited = testing::Eventually(
+      [&] { return waitpid(*pid, &status, WNOHANG) == *pid; }, timeout);
+  if (!exited) {
+    kill(*pid, SIGKILL);
+    waitpid(*pid, &status, 0);
+  }
+  *output = ReadAll(log);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// The small example with `edit` applied to its text.
+std::string SmallJobWith(const testing::TempDir& dir, const std::string& from,
+                         const std::string& to) {
+  std::string text = ReadAll(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
+  const size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return dir.WriteFile("job.textproto", text);
+}
+
+// Sizes beyond their bounds, and jobs that do not fit the machine, stop the
+// worker at start with the setting to lower (they used to pass and die with
+// std::bad_alloc once the shard server answered).
+TEST(WorkerEndToEnd, OversizedJobsAreRefusedNamingTheSetting) {
+  // The same tables as every case's job.
+  auto shard = testing::LocalShard::Start(
+      RECPS_SHARD_BINARY,
+      {"--job=" + std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto",
+       "--standalone", "--world_size=1"});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  struct Case {
+    std::string from, to;
+    std::vector<std::string> flags;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"batch_size: 512", "batch_size: 2000000000", {}, "training.batch_size: is 2000000000"},
+      {"bottom_mlp: [64, 16]", "bottom_mlp: [2000000000, 16]", {},
+       "model.bottom_mlp[0]: is 2000000000"},
+      {"max_ids_per_bag: 3", "max_ids_per_bag: 2000000000", {},
+       "data.synthetic.features[0].max_ids_per_bag: is 2000000000"},
+      // Within every bound but some TiB of dense model: more than any
+      // machine here has available.
+      {"top_mlp: [64, 32, 1]", "top_mlp: [65536, 65536, 65536, 65536, 65536, 65536, 1]",
+       {}, "lower model.bottom_mlp / model.top_mlp widths"},
+      // Fits the machine, not the limit given.
+      {"batch_size: 512", "batch_size: 1048576", {"--memory_limit=1G"},
+       "but --memory_limit=1G is 1.00 GiB; lower training.batch_size"},
+  };
+  for (const Case& c : cases) {
+    testing::TempDir dir;
+    const std::string job = SmallJobWith(dir, c.from, c.to);
+    std::vector<std::string> args = {"--config=" + job, "--shards=" + (*shard)->address()};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    std::string output;
+    const int code = RunCapturing(RECPS_WORKER_BINARY, args, absl::Seconds(60), &output);
+    EXPECT_EQ(code, 2) << c.to << "\n" << output;
+    EXPECT_NE(output.find(c.expected), std::string::npos) << c.to << "\n" << output;
+    EXPECT_EQ(output.find("bad_alloc"), std::string::npos) << output;
+  }
 }
 
 TEST(WorkerEndToEnd, BoundedAndAsyncReachTheAucOfSync) {
