@@ -72,6 +72,12 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease must be positive");
   }
+  if (options.world_size < 0) {
+    return absl::InvalidArgumentError("world_size must be >= 0 (0: not known)");
+  }
+  if (options.max_members < 1) {
+    return absl::InvalidArgumentError("max_members must be >= 1");
+  }
   if (!options.clock) options.clock = [] { return absl::Now(); };
   std::unique_ptr<Coordinator> c(
       new Coordinator(std::move(store), std::move(options), registry));

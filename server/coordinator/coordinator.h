@@ -47,6 +47,12 @@ struct CoordinatorOptions {
   absl::Duration lease = absl::Seconds(10);
   // Waits and barriers that give no timeout use this one.
   absl::Duration default_wait = absl::Minutes(5);
+  // Workers of the job (--world_size); 0: not known. Bounds barrier counts
+  // and worker ranks; when 0, max_members bounds them instead.
+  int world_size = 0;
+  // Members the coordinator keeps (alive, expired and left): bounds its
+  // memory and the per-call work over the member table (--max_members).
+  int max_members = 1024;
   // Time source; default absl::Now. Tests inject a fake.
   std::function<absl::Time()> clock;
   // When set, the first map comes from the sharding planner (job tables +
@@ -147,6 +153,8 @@ class Coordinator {
   };
   struct BarrierState {
     int32_t count = 0;
+    // Earliest waiter deadline, so a tick skips the barrier in O(1).
+    absl::Time earliest_deadline = absl::InfiniteFuture();
     std::map<std::string, int32_t> arrived;  // who -> rank
     std::vector<BarrierWaiter> waiters;
   };
@@ -175,6 +183,9 @@ class Coordinator {
   void UpdateMemberGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const v1::ShardMap& map);
   void CompleteKvWaiters(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The largest barrier count (and worker rank + 1) accepted: the world
+  // size when known, else max_members.
+  int32_t MaxBarrierCount() const;
   std::string MissingFromBarrier(const std::string& name,
                                  const BarrierState& barrier) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

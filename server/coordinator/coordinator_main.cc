@@ -55,6 +55,13 @@ ABSL_FLAG(std::string, plan_spec, "",
           "and GetPlan serves the plan (docs/planner.md)");
 ABSL_FLAG(uint32_t, num_slots, 4096,
           "slots of the cluster (fixed for its life; a stored map keeps its own)");
+ABSL_FLAG(int, world_size, 0,
+          "workers of the job: the largest barrier count and worker rank + 1 "
+          "accepted. 0: not known, --max_members bounds them instead");
+ABSL_FLAG(int, max_members, 1024,
+          "members kept (alive, expired and left); registering one more is "
+          "refused until `recpsctl members forget` removes an expired one. "
+          "Also bounds open barriers, and barrier counts without --world_size");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "a member that sends no heartbeat for this long is marked expired");
 ABSL_FLAG(absl::Duration, tick, absl::Milliseconds(50),
@@ -106,6 +113,8 @@ int Run() {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_slots = absl::GetFlag(FLAGS_num_slots);
   options.lease = absl::GetFlag(FLAGS_lease);
+  options.world_size = absl::GetFlag(FLAGS_world_size);
+  options.max_members = absl::GetFlag(FLAGS_max_members);
   if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
     v1::PlanSpec spec;
     if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {

@@ -15,6 +15,17 @@ namespace recps::server {
 namespace {
 
 constexpr char kKvPrefix[] = "kv/";
+constexpr size_t kMaxBarrierNameBytes = 256;
+// Names listed in a barrier's timeout message; the rest are counted.
+constexpr int kMaxListed = 16;
+
+// "a, b, c" for the first kMaxListed items, then "... (N in all)".
+template <typename T>
+std::string JoinSome(const std::vector<T>& items) {
+  if (items.size() <= static_cast<size_t>(kMaxListed)) return absl::StrJoin(items, ", ");
+  std::vector<T> head(items.begin(), items.begin() + kMaxListed);
+  return absl::StrCat(absl::StrJoin(head, ", "), ", ... (", items.size(), " in all)");
+}
 
 }  // namespace
 
@@ -114,14 +125,31 @@ void Coordinator::ExpireKvWaiters(absl::Time now, Deferred* deferred) {
   }
 }
 
+int32_t Coordinator::MaxBarrierCount() const {
+  return options_.world_size > 0 ? options_.world_size : options_.max_members;
+}
+
 void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   const std::string& name = request.name();
+  // Checked before taking the lock: nothing below may do work proportional
+  // to a count the client picked.
+  const int32_t max_count = MaxBarrierCount();
   absl::Status invalid;
   if (name.empty()) {
     invalid = absl::InvalidArgumentError("barrier: empty name");
+  } else if (name.size() > kMaxBarrierNameBytes) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier: name is ", name.size(), " bytes, the limit is ",
+        kMaxBarrierNameBytes));
   } else if (request.count() < 1) {
     invalid = absl::InvalidArgumentError(
         absl::StrCat("barrier '", name, "': count must be >= 1"));
+  } else if (request.count() > max_count) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier '", name, "': count ", request.count(), " is above the limit ",
+        max_count,
+        options_.world_size > 0 ? " (the job's world size, --world_size)"
+                                : " (--max_members; --world_size not set)"));
   } else if (request.rank() >= request.count()) {
     invalid = absl::InvalidArgumentError(absl::StrCat(
         "barrier '", name, "': rank ", request.rank(), " is not below count ",
@@ -129,6 +157,10 @@ void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   } else if (request.rank() < 0 && request.member_id().empty()) {
     invalid = absl::InvalidArgumentError(
         absl::StrCat("barrier '", name, "': give a rank or a member_id"));
+  } else if (request.member_id().size() > kMaxBarrierNameBytes) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier '", name, "': member_id is ", request.member_id().size(),
+        " bytes, the limit is ", kMaxBarrierNameBytes));
   }
   if (!invalid.ok()) {
     std::move(done)(invalid);
@@ -143,18 +175,32 @@ void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   std::vector<Done> ready;
   {
     absl::MutexLock lock(&mu_);
-    BarrierState& barrier = barriers_[name];
-    if (barrier.count == 0) barrier.count = request.count();
-    if (barrier.count != request.count()) {
+    auto it = barriers_.find(name);
+    if (it == barriers_.end()) {
+      if (barriers_.size() >= static_cast<size_t>(options_.max_members)) {
+        invalid = absl::ResourceExhaustedError(absl::StrCat(
+            "barrier '", name, "': ", barriers_.size(),
+            " barriers are open already, the limit is ", options_.max_members,
+            " (--max_members)"));
+      } else {
+        it = barriers_.emplace(name, BarrierState()).first;
+        it->second.count = request.count();
+      }
+    }
+    if (!invalid.ok()) {
+      // refused above
+    } else if (BarrierState& barrier = it->second; barrier.count != request.count()) {
       invalid = absl::InvalidArgumentError(
           absl::StrCat("barrier '", name, "': count ", request.count(),
                        " differs from the ", barrier.count, " of earlier arrivals"));
     } else {
+      const absl::Time deadline = Now() + timeout;
       barrier.arrived[who] = request.rank();
-      barrier.waiters.push_back({who, request.rank(), Now() + timeout, std::move(done)});
+      barrier.earliest_deadline = std::min(barrier.earliest_deadline, deadline);
+      barrier.waiters.push_back({who, request.rank(), deadline, std::move(done)});
       if (static_cast<int32_t>(barrier.arrived.size()) >= barrier.count) {
         for (BarrierWaiter& w : barrier.waiters) ready.push_back(std::move(w.done));
-        barriers_.erase(name);  // complete: the name can be used again
+        barriers_.erase(it);  // complete: the name can be used again
       }
     }
   }
@@ -175,13 +221,13 @@ std::string Coordinator::MissingFromBarrier(const std::string& name,
   }
   std::string message = absl::StrCat(
       "barrier '", name, "': ", barrier.arrived.size(), " of ", barrier.count,
-      " arrived (", absl::StrJoin(arrived, ", "), ")");
+      " arrived (", JoinSome(arrived), ")");
   if (!ranks.empty()) {
     std::vector<int32_t> missing;
     for (int32_t r = 0; r < barrier.count; ++r) {
       if (ranks.count(r) == 0) missing.push_back(r);
     }
-    absl::StrAppend(&message, "; missing rank(s) ", absl::StrJoin(missing, ", "));
+    absl::StrAppend(&message, "; missing rank(s) ", JoinSome(missing));
   } else {
     // Arrivals by member id: name the workers that did not come.
     std::vector<std::string> absent;
@@ -193,7 +239,7 @@ std::string Coordinator::MissingFromBarrier(const std::string& name,
     std::sort(absent.begin(), absent.end());
     absl::StrAppend(&message, "; missing ", barrier.count - barrier.arrived.size(),
                     absent.empty() ? "" : ", workers not arrived: ",
-                    absl::StrJoin(absent, ", "));
+                    JoinSome(absent));
   }
   return message;
 }
@@ -201,10 +247,17 @@ std::string Coordinator::MissingFromBarrier(const std::string& name,
 void Coordinator::ExpireBarrierWaiters(absl::Time now, Deferred* deferred) {
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     BarrierState& barrier = it->second;
+    // Most ticks find nothing due: no per-barrier work then.
+    if (barrier.earliest_deadline > now) {
+      ++it;
+      continue;
+    }
     const std::string message = MissingFromBarrier(it->first, barrier);
     std::vector<BarrierWaiter> kept;
+    barrier.earliest_deadline = absl::InfiniteFuture();
     for (BarrierWaiter& w : barrier.waiters) {
       if (w.deadline > now) {
+        barrier.earliest_deadline = std::min(barrier.earliest_deadline, w.deadline);
         kept.push_back(std::move(w));
         continue;
       }

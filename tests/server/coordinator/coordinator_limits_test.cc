@@ -1,0 +1,144 @@
+// Hostile or mistaken input to a real recps-coordinator process: every
+// request it refuses gets an error naming the field and the limit, the
+// daemon keeps answering, and its state (members, KV entries, job) stays as
+// it was.
+#include <chrono>
+#include <climits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/rpc/channels.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recps/v1/coordinator.grpc.pb.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::LocalShard;
+using testing::TempDir;
+
+constexpr char kJob[] = R"(
+name: "limits"
+tables { name: "t0" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
+features { name: "f0" table: "t0" }
+model { bottom_mlp: 8 top_mlp: 1 }
+training { batch_size: 32 steps: 10 seed: 7 }
+data { synthetic { seed: 1 num_dense: 4 features { id_space: 1000 } } }
+)";
+
+class CoordinatorLimitsTest : public ::testing::Test {
+ protected:
+  void SetUp() override { job_path_ = dir_.WriteFile("job.textproto", kJob); }
+
+  // Starts the coordinator on state_dir() with `extra` flags.
+  void Start(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--state_dir=" + state_dir(), "--job=" + job_path_,
+                                     "--num_slots=256", "--lease=3s", "--tick=20ms"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto c = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = *std::move(c);
+    stub_ = v1::Coordinator::NewStub(
+        rpc::MakeChannel(coordinator_->address(), rpc::ChannelKind::kControl));
+  }
+
+  std::string state_dir() const { return dir_.path() + "/state"; }
+
+  template <typename Request, typename Response, typename Method>
+  grpc::Status Call(Method method, const Request& request, Response* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return (stub_.get()->*method)(&context, request, response);
+  }
+
+  v1::ListMembersResponse Members() {
+    v1::ListMembersResponse response;
+    grpc::Status s =
+        Call(&v1::Coordinator::Stub::ListMembers, v1::ListMembersRequest(), &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response;
+  }
+
+  // A heartbeat round trip: the daemon is up and its lock is not held long.
+  absl::Duration HeartbeatTime(const std::string& member_id) {
+    v1::HeartbeatRequest request;
+    request.set_member_id(member_id);
+    v1::HeartbeatResponse response;
+    const absl::Time start = absl::Now();
+    grpc::Status s = Call(&v1::Coordinator::Stub::Heartbeat, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return absl::Now() - start;
+  }
+
+  std::string RegisterWorker(int rank) {
+    v1::RegisterRequest request;
+    request.set_role(v1::WORKER);
+    request.set_rank(rank);
+    v1::RegisterResponse response;
+    grpc::Status s = Call(&v1::Coordinator::Stub::Register, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.member_id();
+  }
+
+  TempDir dir_;
+  std::string job_path_;
+  std::unique_ptr<LocalShard> coordinator_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorLimitsTest, BarrierCountsAreBoundedByTheWorldSize) {
+  Start({"--world_size=4"});
+  const std::string worker = RegisterWorker(0);
+  for (int32_t count : {20000000, INT_MAX, 5}) {
+    v1::BarrierRequest request;
+    request.set_name("init");
+    request.set_count(count);
+    request.set_rank(0);
+    request.set_timeout_ms(60000);
+    v1::BarrierResponse response;
+    const absl::Time start = absl::Now();
+    grpc::Status s = Call(&v1::Coordinator::Stub::Barrier, request, &response);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << count;
+    EXPECT_THAT(s.error_message(),
+                AllOf(HasSubstr(absl::StrCat("count ", count)), HasSubstr("limit 4"),
+                      HasSubstr("--world_size")));
+    EXPECT_LT(HeartbeatTime(worker), absl::Milliseconds(500));
+  }
+  // A barrier within the world size still works.
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::BarrierRequest request;
+    request.set_name("pair");
+    request.set_count(1);
+    request.set_rank(0);
+    v1::BarrierResponse response;
+    EXPECT_TRUE(Call(&v1::Coordinator::Stub::Barrier, request, &response).ok());
+  }
+}
+
+TEST_F(CoordinatorLimitsTest, BarrierCountsWithoutAWorldSizeAreBoundedByMaxMembers) {
+  Start({"--max_members=64"});
+  const std::string worker = RegisterWorker(0);
+  v1::BarrierRequest request;
+  request.set_name("init");
+  request.set_count(INT_MAX);
+  request.set_rank(0);
+  v1::BarrierResponse response;
+  grpc::Status s = Call(&v1::Coordinator::Stub::Barrier, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("limit 64"), HasSubstr("--max_members")));
+  EXPECT_LT(HeartbeatTime(worker), absl::Milliseconds(500));
+  EXPECT_EQ(Members().members_size(), 1);
+}
+
+}  // namespace
+}  // namespace recps
