@@ -22,7 +22,6 @@ namespace {
 constexpr char kMemberPrefix[] = "member/";
 constexpr char kShardMapKey[] = "shard_map";
 constexpr char kJobKey[] = "job";
-constexpr char kKvPrefix[] = "kv/";
 
 const char* RoleName(v1::MemberRole role) {
   switch (role) {
@@ -74,6 +73,10 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   }
   if (options.world_size < 0) {
     return absl::InvalidArgumentError("world_size must be >= 0 (0: not known)");
+  }
+  if (options.max_kv_key_bytes < 1 || options.max_kv_value_bytes < 0 ||
+      options.max_kv_keys < 1 || options.max_kv_bytes < 1) {
+    return absl::InvalidArgumentError("the kv limits must be positive");
   }
   if (options.max_members < 1) {
     return absl::InvalidArgumentError("max_members must be >= 1");
@@ -133,10 +136,7 @@ absl::Status Coordinator::Load() {
     return job.status();
   }
   RETURN_IF_ERROR(LoadPlan());
-  ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
-  for (auto& [key, value] : kv) {
-    kv_[key.substr(sizeof(kKvPrefix) - 1)] = std::move(value);
-  }
+  RETURN_IF_ERROR(LoadKv());
   if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map_.epoch()));
   UpdateMemberGauges();
   return absl::OkStatus();

@@ -53,6 +53,13 @@ struct CoordinatorOptions {
   // Members the coordinator keeps (alive, expired and left): bounds its
   // memory and the per-call work over the member table (--max_members).
   int max_members = 1024;
+  // Key-value store limits (--max_kv_key_bytes, --max_kv_value_bytes,
+  // --max_kv_keys, --max_kv_bytes): a key's and a value's size, the keys
+  // of the job, and the bytes of its keys and values together.
+  int64_t max_kv_key_bytes = 256;
+  int64_t max_kv_value_bytes = 1 << 20;
+  int64_t max_kv_keys = 10000;
+  int64_t max_kv_bytes = int64_t{256} << 20;
   // Time source; default absl::Now. Tests inject a fake.
   std::function<absl::Time()> clock;
   // When set, the first map comes from the sharding planner (job tables +
@@ -118,7 +125,9 @@ class Coordinator {
   int64_t Watch(uint64_t after_epoch, WatchFn fn);
   void Unwatch(int64_t id);
 
-  // INVALID_ARGUMENT for an empty key.
+  // INVALID_ARGUMENT for an empty key or one or a value above its size
+  // limit; RESOURCE_EXHAUSTED when a new key would pass the key count or
+  // byte limit. Keys belong to the current job: a replaced job's are gone.
   absl::Status KvSet(const std::string& key, std::string value);
   // done(value) once `key` exists; NOT_FOUND at once when wait <= 0 and it
   // is absent; DEADLINE_EXCEEDED when the wait runs out.
@@ -180,6 +189,13 @@ class Coordinator {
   absl::StatusOr<v1::ShardMap> BuildPlannedMap(const std::vector<std::string>& servers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
+  std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loads the current job's KV entries and deletes any other job's.
+  absl::Status LoadKv() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when `key` is empty or too long.
+  absl::Status CheckKvKey(absl::string_view what, const std::string& key) const;
+  absl::Status TooManyWaiters(absl::string_view what) const;
   void UpdateMemberGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const v1::ShardMap& map);
   void CompleteKvWaiters(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -207,6 +223,7 @@ class Coordinator {
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;
   v1::JobConfig job_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  int64_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values in kv_
   std::vector<KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   MapPusher pusher_ ABSL_GUARDED_BY(mu_);

@@ -11,6 +11,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -62,6 +64,14 @@ ABSL_FLAG(int, max_members, 1024,
           "members kept (alive, expired and left); registering one more is "
           "refused until `recpsctl members forget` removes an expired one. "
           "Also bounds open barriers, and barrier counts without --world_size");
+ABSL_FLAG(int64_t, max_kv_key_bytes, 256, "longest key-value store key, in bytes");
+ABSL_FLAG(int64_t, max_kv_value_bytes, 1 << 20,
+          "largest key-value store value, in bytes (default 1 MiB)");
+ABSL_FLAG(int64_t, max_kv_keys, 10000,
+          "keys the job may hold in the key-value store (kept across runs of "
+          "the job; a replaced job's keys are dropped)");
+ABSL_FLAG(int64_t, max_kv_bytes, int64_t{256} << 20,
+          "bytes of all keys and values of the job together (default 256 MiB)");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "a member that sends no heartbeat for this long is marked expired");
 ABSL_FLAG(absl::Duration, tick, absl::Milliseconds(50),
@@ -115,6 +125,10 @@ int Run() {
   options.lease = absl::GetFlag(FLAGS_lease);
   options.world_size = absl::GetFlag(FLAGS_world_size);
   options.max_members = absl::GetFlag(FLAGS_max_members);
+  options.max_kv_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
+  options.max_kv_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
+  options.max_kv_keys = absl::GetFlag(FLAGS_max_kv_keys);
+  options.max_kv_bytes = absl::GetFlag(FLAGS_max_kv_bytes);
   if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
     v1::PlanSpec spec;
     if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {
@@ -161,6 +175,10 @@ int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
   builder.RegisterService(&service);
+  // Room for the largest value a KvSet may carry, and not much more: a
+  // bigger request is refused by gRPC before it is parsed.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
+      std::max<int64_t>(options.max_kv_value_bytes + (1 << 20), 4 << 20), INT32_MAX)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);

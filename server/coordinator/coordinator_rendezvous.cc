@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -16,6 +17,9 @@ namespace {
 
 constexpr char kKvPrefix[] = "kv/";
 constexpr size_t kMaxBarrierNameBytes = 256;
+// Keys one KvWait may wait for (Gloo waits for a handful): every KvSet
+// looks at each pending wait's keys under the lock.
+constexpr size_t kMaxKvWaitKeys = 256;
 // Names listed in a barrier's timeout message; the rest are counted.
 constexpr int kMaxListed = 16;
 
@@ -29,12 +33,71 @@ std::string JoinSome(const std::vector<T>& items) {
 
 }  // namespace
 
+std::string Coordinator::KvScope() const {
+  return absl::StrCat(kKvPrefix, job_.name().size(), ":", job_.name(), "/");
+}
+
+absl::Status Coordinator::LoadKv() {
+  kv_.clear();
+  kv_bytes_ = 0;
+  const std::string scope = KvScope();
+  ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
+  int dropped = 0;
+  for (auto& [key, value] : kv) {
+    if (!absl::StartsWith(key, scope)) {
+      // Another job's (or an older layout's): not this job's to see.
+      RETURN_IF_ERROR(store_->Delete(key));
+      ++dropped;
+      continue;
+    }
+    std::string name = key.substr(scope.size());
+    kv_bytes_ += static_cast<int64_t>(name.size() + value.size());
+    kv_[std::move(name)] = std::move(value);
+  }
+  if (dropped > 0) {
+    LogInfo("dropped ", dropped, " key-value entries of another job");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CheckKvKey(absl::string_view what,
+                                     const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty key"));
+  if (static_cast<int64_t>(key.size()) > options_.max_kv_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": key '", key.substr(0, 32), "...' is ", key.size(),
+        " bytes, the limit is ", options_.max_kv_key_bytes, " (--max_kv_key_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::KvSet(const std::string& key, std::string value) {
-  if (key.empty()) return absl::InvalidArgumentError("kv set: empty key");
+  RETURN_IF_ERROR(CheckKvKey("kv set", key));
+  if (static_cast<int64_t>(value.size()) > options_.max_kv_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv set '", key, "': value is ", value.size(), " bytes, the limit is ",
+        options_.max_kv_value_bytes, " (--max_kv_value_bytes)"));
+  }
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(store_->Put(absl::StrCat(kKvPrefix, key), value));
+    auto it = kv_.find(key);
+    const int64_t old_bytes =
+        it == kv_.end() ? 0 : static_cast<int64_t>(key.size() + it->second.size());
+    const int64_t new_bytes = static_cast<int64_t>(key.size() + value.size());
+    if (it == kv_.end() && static_cast<int64_t>(kv_.size()) >= options_.max_kv_keys) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kv set '", key, "': the job has ", kv_.size(), " keys, the limit is ",
+          options_.max_kv_keys, " (--max_kv_keys)"));
+    }
+    if (kv_bytes_ - old_bytes + new_bytes > options_.max_kv_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kv set '", key, "': the job's keys and values would take ",
+          kv_bytes_ - old_bytes + new_bytes, " bytes, the limit is ",
+          options_.max_kv_bytes, " (--max_kv_bytes)"));
+    }
+    RETURN_IF_ERROR(store_->Put(absl::StrCat(KvScope(), key), value));
+    kv_bytes_ += new_bytes - old_bytes;
     kv_[key] = std::move(value);
     CompleteKvWaiters(&deferred);
   }
@@ -58,10 +121,16 @@ void Coordinator::CompleteKvWaiters(Deferred* deferred) {
   }
 }
 
+absl::Status Coordinator::TooManyWaiters(absl::string_view what) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": ", options_.max_members, " waits are pending already, the limit is ",
+      options_.max_members, " (--max_members)"));
+}
+
 void Coordinator::KvGet(const std::string& key, absl::Duration wait,
                         ValueDone done) {
-  if (key.empty()) {
-    std::move(done)(absl::InvalidArgumentError("kv get: empty key"));
+  if (absl::Status s = CheckKvKey("kv get", key); !s.ok()) {
+    std::move(done)(s);
     return;
   }
   absl::StatusOr<std::string> result;
@@ -72,6 +141,8 @@ void Coordinator::KvGet(const std::string& key, absl::Duration wait,
       result = it->second;
     } else if (wait <= absl::ZeroDuration()) {
       result = absl::NotFoundError(absl::StrCat("kv get: no key '", key, "'"));
+    } else if (kv_waiters_.size() >= static_cast<size_t>(options_.max_members)) {
+      result = TooManyWaiters("kv get");
     } else {
       kv_waiters_.push_back({{key}, Now() + wait, std::move(done)});
       return;
@@ -86,9 +157,14 @@ void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
     std::move(done)(absl::OkStatus());
     return;
   }
+  if (keys.size() > kMaxKvWaitKeys) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "kv wait: ", keys.size(), " keys, the limit is ", kMaxKvWaitKeys)));
+    return;
+  }
   for (const std::string& key : keys) {
-    if (key.empty()) {
-      std::move(done)(absl::InvalidArgumentError("kv wait: empty key"));
+    if (absl::Status s = CheckKvKey("kv wait", key); !s.ok()) {
+      std::move(done)(s);
       return;
     }
   }
@@ -96,11 +172,18 @@ void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    kv_waiters_.push_back(
-        {std::move(keys), Now() + timeout,
-         [done = std::move(done)](absl::StatusOr<std::string> v) mutable {
-           std::move(done)(v.status());
-         }});
+    if (kv_waiters_.size() >= static_cast<size_t>(options_.max_members)) {
+      deferred.calls.push_back([done = std::move(done),
+                                error = TooManyWaiters("kv wait")]() mutable {
+        std::move(done)(error);
+      });
+    } else {
+      kv_waiters_.push_back(
+          {std::move(keys), Now() + timeout,
+           [done = std::move(done)](absl::StatusOr<std::string> v) mutable {
+             std::move(done)(v.status());
+           }});
+    }
     CompleteKvWaiters(&deferred);  // maybe every key is there already
   }
   deferred.Run(this);

@@ -3,6 +3,7 @@
 // daemon keeps answering, and its state (members, KV entries, job) stays as
 // it was.
 #include <chrono>
+#include <filesystem>
 #include <climits>
 #include <memory>
 #include <string>
@@ -89,6 +90,31 @@ class CoordinatorLimitsTest : public ::testing::Test {
     return response.member_id();
   }
 
+  grpc::Status KvSet(const std::string& key, const std::string& value) {
+    v1::KvSetRequest request;
+    request.set_key(key);
+    request.set_value(value);
+    v1::KvSetResponse response;
+    return Call(&v1::Coordinator::Stub::KvSet, request, &response);
+  }
+  grpc::Status KvGet(const std::string& key, std::string* value) {
+    v1::KvGetRequest request;
+    request.set_key(key);
+    v1::KvGetResponse response;
+    grpc::Status s = Call(&v1::Coordinator::Stub::KvGet, request, &response);
+    *value = response.value();
+    return s;
+  }
+
+  // Bytes of the state dir's files.
+  int64_t StateBytes() const {
+    int64_t bytes = 0;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(state_dir())) {
+      if (entry.is_regular_file()) bytes += static_cast<int64_t>(entry.file_size());
+    }
+    return bytes;
+  }
+
   TempDir dir_;
   std::string job_path_;
   std::unique_ptr<LocalShard> coordinator_;
@@ -138,6 +164,50 @@ TEST_F(CoordinatorLimitsTest, BarrierCountsWithoutAWorldSizeAreBoundedByMaxMembe
   EXPECT_THAT(s.error_message(), AllOf(HasSubstr("limit 64"), HasSubstr("--max_members")));
   EXPECT_LT(HeartbeatTime(worker), absl::Milliseconds(500));
   EXPECT_EQ(Members().members_size(), 1);
+}
+
+TEST_F(CoordinatorLimitsTest, KvKeysValuesAndKeyCountAreBounded) {
+  Start({"--max_kv_keys=5"});
+  ASSERT_TRUE(KvSet("kept", "value").ok());
+  const int64_t state_before = StateBytes();
+
+  grpc::Status s = KvSet(std::string(257, 'k'), "v");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("257 bytes"), HasSubstr("limit is 256"),
+                                       HasSubstr("--max_kv_key_bytes")));
+  // 50 values of 3 MB once added 225 MB to the state.
+  for (int i = 0; i < 50; ++i) {
+    s = KvSet(absl::StrCat("big/", i), std::string(3'000'000, 'x'));
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  }
+  EXPECT_THAT(s.error_message(),
+              AllOf(HasSubstr("'big/49'"), HasSubstr("3000000 bytes"),
+                    HasSubstr("limit is 1048576"), HasSubstr("--max_kv_value_bytes")));
+  s = KvSet("just-too-big", std::string((1 << 20) + 1, 'x'));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  ASSERT_TRUE(KvSet("largest", std::string(1 << 20, 'x')).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(KvSet(absl::StrCat("k", i), "v").ok());
+  s = KvSet("one-too-many", "v");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("5 keys"), HasSubstr("limit is 5"),
+                                       HasSubstr("--max_kv_keys")));
+  // Overwriting a key adds none.
+  EXPECT_TRUE(KvSet("k0", "again").ok());
+
+  // Nothing refused was kept; the accepted 1 MiB is all the state grew by.
+  std::string value;
+  EXPECT_EQ(KvGet("big/0", &value).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(KvGet("one-too-many", &value).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_LT(StateBytes() - state_before, 8 << 20);
+  ASSERT_TRUE(KvGet("kept", &value).ok());
+  EXPECT_EQ(value, "value");
+
+  // The limits hold across a restart: the stored keys count.
+  ASSERT_TRUE(coordinator_->Terminate().ok());
+  Start({"--max_kv_keys=5"});
+  EXPECT_EQ(KvSet("one-too-many", "v").error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  ASSERT_TRUE(KvGet("k0", &value).ok());
+  EXPECT_EQ(value, "again");
 }
 
 }  // namespace
