@@ -97,6 +97,24 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::Member> ClusterReader::ForgetMember(const std::string& member_id) {
+  if (options_.coordinator.empty()) {
+    return absl::InvalidArgumentError("forgetting a member needs --coordinator");
+  }
+  auto stub = v1::Coordinator::NewStub(Channel(options_.coordinator));
+  grpc::ClientContext ctx;
+  rpc::SetTimeout(options_.rpc_timeout, &ctx);
+  v1::ForgetMemberRequest request;
+  request.set_member_id(member_id);
+  v1::ForgetMemberResponse response;
+  grpc::Status s = stub->ForgetMember(&ctx, request, &response);
+  if (!s.ok()) {
+    return FromGrpc(s, absl::StrCat("coordinator ", options_.coordinator,
+                                    " did not forget ", member_id));
+  }
+  return response.member();
+}
+
 absl::Status ClusterReader::ReadMapFromServers(ClusterSnapshot* snapshot) {
   struct Call {
     std::unique_ptr<v1::ShardAdmin::Stub> stub;

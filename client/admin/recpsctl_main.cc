@@ -112,6 +112,19 @@ ranges) and its rows. --slots adds the rows of every slot. Exits 3 when a
 server does not answer.
 )",
        {{"slots", false}}},
+      {"members",
+       "recpsctl members forget MEMBER_ID [--json]",
+       "remove an expired or left member from the coordinator",
+       R"(`members forget MEMBER_ID` removes a member the coordinator lists as
+expired or left (see `recpsctl status`) from its member table and its state:
+it no longer makes status unhealthy nor counts against the coordinator's
+--max_members. A live member is refused (exit 1): stop the process first and
+wait for its lease to run out. A process that registers again later gets a
+new member id. Needs --coordinator.
+)",
+       {},
+       2,
+       2},
       {"plan",
        "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
        "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
@@ -363,7 +376,9 @@ int Print(const ParsedArgs& parsed, const google::protobuf::Message& message,
   return code;
 }
 
-int RunClusterCommand(const ParsedArgs& parsed) {
+// The reader for the connection flags; a usage error's message otherwise.
+absl::StatusOr<std::unique_ptr<ClusterReader>> ReaderFromFlags(
+    const ParsedArgs& parsed) {
   ClusterReaderOptions options;
   options.servers = parsed.servers;
   if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
@@ -374,30 +389,52 @@ int RunClusterCommand(const ParsedArgs& parsed) {
     }
   }
   if (!options.coordinator.empty() && !options.servers.empty()) {
-    return UsageError(&parsed, absl::InvalidArgumentError(
-                                   "give --coordinator or --server, not both"));
+    return absl::InvalidArgumentError("give --coordinator or --server, not both");
   }
   if (options.coordinator.empty() && options.servers.empty()) {
-    return UsageError(&parsed,
-                      absl::InvalidArgumentError(
-                          "where is the cluster? Give --coordinator=HOST:PORT "
-                          "(or set RECPS_COORDINATOR) or --server=HOST:PORT"));
+    return absl::InvalidArgumentError(
+        "where is the cluster? Give --coordinator=HOST:PORT "
+        "(or set RECPS_COORDINATOR) or --server=HOST:PORT");
   }
-  absl::StatusOr<absl::Duration> timeout =
-      DurationFlag(parsed, "timeout", absl::Seconds(5));
-  if (!timeout.ok()) return UsageError(&parsed, timeout.status());
-  if (*timeout == absl::ZeroDuration()) {
-    return UsageError(&parsed,
-                      absl::InvalidArgumentError("--timeout must be positive"));
+  ASSIGN_OR_RETURN(const absl::Duration timeout,
+                   DurationFlag(parsed, "timeout", absl::Seconds(5)));
+  if (timeout == absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--timeout must be positive");
   }
-  options.rpc_timeout = *timeout;
+  options.rpc_timeout = timeout;
+  return ClusterReader::Create(std::move(options));
+}
+
+int RunMembers(const ParsedArgs& parsed) {
+  if (parsed.args[0] != "forget") {
+    return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                   "unknown members action \"", parsed.args[0],
+                                   "\" (expected forget)")));
+  }
+  if (!parsed.servers.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "members forget asks the coordinator: give "
+                                   "--coordinator, not --server"));
+  }
+  absl::StatusOr<std::unique_ptr<ClusterReader>> reader = ReaderFromFlags(parsed);
+  if (!reader.ok()) return UsageError(&parsed, reader.status());
+  absl::StatusOr<v1::Member> member = (*reader)->ForgetMember(parsed.args[1]);
+  if (!member.ok()) return Error(member.status());
+  const std::string text = absl::StrCat(
+      "forgot ", member->member_id(), " (",
+      member->role() == v1::WORKER ? absl::StrCat("worker rank ", member->rank())
+                                   : absl::StrCat("shard server at ", member->address()),
+      ", ", member->state() == v1::EXPIRED ? "expired" : "left", ")\n");
+  return Print(parsed, *member, text, kExitOk);
+}
+
+int RunClusterCommand(const ParsedArgs& parsed) {
+  absl::StatusOr<std::unique_ptr<ClusterReader>> reader = ReaderFromFlags(parsed);
+  if (!reader.ok()) return UsageError(&parsed, reader.status());
   absl::StatusOr<absl::Duration> interval =
       DurationFlag(parsed, "interval", absl::Seconds(1));
   if (!interval.ok()) return UsageError(&parsed, interval.status());
 
-  absl::StatusOr<std::unique_ptr<ClusterReader>> reader =
-      ClusterReader::Create(std::move(options));
-  if (!reader.ok()) return UsageError(&parsed, reader.status());
   const std::string& command = parsed.command->name;
   const bool per_slot = BoolFlag(parsed, "slots");
   absl::StatusOr<ClusterSnapshot> snapshot = (*reader)->Read(per_slot);
@@ -585,6 +622,7 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
+  if (parsed->command->name == "members") return RunMembers(*parsed);
   return RunClusterCommand(*parsed);
 }
 

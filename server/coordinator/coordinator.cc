@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -32,6 +35,75 @@ const char* RoleName(v1::MemberRole role) {
 }
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// The member_index_ key of a member that re-registers as the same one;
+// empty when it cannot (a worker without a rank).
+std::string IndexKey(v1::MemberRole role, const std::string& address, int32_t rank) {
+  if (role == v1::SHARD_SERVER) return absl::StrCat("shard ", address);
+  if (role == v1::WORKER && rank >= 0) return absl::StrCat("worker ", rank);
+  return "";
+}
+
+bool IsDnsName(absl::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  for (absl::string_view label : absl::StrSplit(host, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' ||
+        label.back() == '-') {
+      return false;
+    }
+    for (char c : label) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+    }
+  }
+  return true;
+}
+
+bool IsIpv6Literal(absl::string_view host) {
+  if (host.size() < 2 || host.size() > 47) return false;
+  int colons = 0;
+  for (char c : host) {
+    if (c == ':') {
+      ++colons;
+    } else if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != '.') {
+      return false;
+    }
+  }
+  return colons >= 2;
+}
+
+}  // namespace
+
+absl::Status CheckMemberAddress(const std::string& address) {
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: address '", address.substr(0, 64), address.size() > 64 ? "..." : "",
+        "' ", why, "; expected host:port (a DNS name, an IPv4 literal or [IPv6]; "
+        "port 1..65535)"));
+  };
+  if (address.size() > 261) return invalid("is longer than 261 bytes");
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return invalid("has no port");
+  absl::string_view host = absl::string_view(address).substr(0, colon);
+  const absl::string_view port = absl::string_view(address).substr(colon + 1);
+  uint32_t port_number = 0;
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(),
+                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); }) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number < 1 || port_number > 65535) {
+    return invalid(absl::StrCat("has port '", port.substr(0, 16), "', not 1..65535"));
+  }
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    if (!IsIpv6Literal(host.substr(1, host.size() - 2))) {
+      return invalid("has a malformed IPv6 literal");
+    }
+    return absl::OkStatus();
+  }
+  // A DNS name also covers IPv4 literals (digits and dots).
+  if (!IsDnsName(host)) return invalid("has a host that is neither a DNS name nor an IP literal");
+  return absl::OkStatus();
+}
+
+namespace {
 
 }  // namespace
 
@@ -110,7 +182,7 @@ absl::Status Coordinator::Load() {
     }
     entry.last_heartbeat = now;
     next_sequence_ = std::max(next_sequence_, entry.record.sequence() + 1);
-    members_[entry.record.member_id()] = std::move(entry);
+    AddMember(std::move(entry));
   }
   absl::StatusOr<std::string> map = store_->Get(kShardMapKey);
   if (map.ok()) {
@@ -177,30 +249,57 @@ absl::Status Coordinator::PutMember(const v1::MemberRecord& record) {
                      record.SerializeAsString());
 }
 
-Coordinator::MemberEntry* Coordinator::FindSameMember(
-    const v1::RegisterRequest& request) {
-  for (auto& [id, entry] : members_) {
-    const v1::MemberRecord& r = entry.record;
-    if (r.role() != request.role()) continue;
-    if (request.role() == v1::SHARD_SERVER && r.address() == request.address()) {
-      return &entry;
-    }
-    if (request.role() == v1::WORKER && request.rank() >= 0 &&
-        r.rank() == request.rank()) {
-      return &entry;
-    }
+void Coordinator::AddMember(MemberEntry entry) {
+  const v1::MemberRecord& r = entry.record;
+  if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
+    member_index_[key] = r.member_id();
   }
-  return nullptr;
+  // Ids are "<role>-<n>"; a new one never reuses a number still listed.
+  const std::string prefix = absl::StrCat(RoleName(r.role()), "-");
+  int64_t number = 0;
+  if (absl::StartsWith(r.member_id(), prefix) &&
+      absl::SimpleAtoi(r.member_id().substr(prefix.size()), &number)) {
+    int64_t& next = next_member_number_[r.role()];
+    next = std::max(next, number + 1);
+  }
+  const std::string id = r.member_id();
+  members_[id] = std::move(entry);
 }
 
-absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
+Coordinator::MemberEntry* Coordinator::FindSameMember(
     const v1::RegisterRequest& request) {
+  const std::string key = IndexKey(request.role(), request.address(), request.rank());
+  if (key.empty()) return nullptr;
+  auto it = member_index_.find(key);
+  if (it == member_index_.end()) return nullptr;
+  auto member = members_.find(it->second);
+  return member == members_.end() ? nullptr : &member->second;
+}
+
+absl::Status Coordinator::CheckRegister(const v1::RegisterRequest& request) const {
   if (request.role() != v1::SHARD_SERVER && request.role() != v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SHARD_SERVER or WORKER");
   }
   if (request.role() == v1::SHARD_SERVER && request.address().empty()) {
     return absl::InvalidArgumentError("register: a shard server must give its address");
   }
+  if (!request.address().empty()) RETURN_IF_ERROR(CheckMemberAddress(request.address()));
+  if (request.role() == v1::WORKER) {
+    const int32_t limit = MaxBarrierCount();
+    if (request.rank() < -1 || request.rank() >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register: rank ", request.rank(), " is outside [0, ", limit, ")",
+          options_.world_size > 0 ? " (the job's world size, --world_size)"
+                                  : " (--max_members; --world_size not set)",
+          "; -1 for a worker without a rank"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
+    const v1::RegisterRequest& request) {
+  RETURN_IF_ERROR(CheckRegister(request));
   Deferred deferred;
   v1::RegisterResponse response;
   {
@@ -211,9 +310,15 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     if (entry != nullptr) {
       record = entry->record;
     } else {
-      int per_role = 0;
-      for (const auto& [id, e] : members_) per_role += e.record.role() == request.role();
-      record.set_member_id(absl::StrCat(RoleName(request.role()), "-", per_role));
+      if (members_.size() >= static_cast<size_t>(options_.max_members)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "register: the coordinator keeps ", members_.size(),
+            " members, the limit is ", options_.max_members,
+            " (--max_members); remove expired ones with `recpsctl members "
+            "forget ID`"));
+      }
+      record.set_member_id(absl::StrCat(RoleName(request.role()), "-",
+                                        next_member_number_[request.role()]));
       record.set_role(request.role());
       record.set_sequence(next_sequence_);
     }
@@ -224,6 +329,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     RETURN_IF_ERROR(PutMember(record));
     if (entry == nullptr) {
       ++next_sequence_;
+      AddMember({record, now});
       entry = &members_[record.member_id()];
     }
     entry->record = record;
@@ -344,6 +450,51 @@ absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
   return absl::OkStatus();
 }
 
+v1::Member Coordinator::ToMember(const MemberEntry& e) const {
+  v1::Member m;
+  m.set_member_id(e.record.member_id());
+  m.set_role(e.record.role());
+  m.set_address(e.record.address());
+  m.set_rank(e.record.rank());
+  m.set_state(e.record.state());
+  m.set_registered_unix_ms(e.record.registered_unix_ms());
+  m.set_last_heartbeat_unix_ms(ToUnixMs(e.last_heartbeat));
+  return m;
+}
+
+absl::StatusOr<v1::Member> Coordinator::ForgetMember(const std::string& member_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("forget: no member '", member_id.substr(0, 64),
+                                            "'; `recpsctl status` lists them"));
+  }
+  const v1::MemberRecord& r = it->second.record;
+  if (r.state() == v1::ALIVE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "forget: ", member_id, " is alive (last heartbeat ",
+        absl::FormatDuration(absl::Trunc(Now() - it->second.last_heartbeat,
+                                         absl::Milliseconds(1))),
+        " ago, lease ", absl::FormatDuration(options_.lease),
+        "); only an expired or left member can be forgotten: stop it first"));
+  }
+  RETURN_IF_ERROR(store_->Delete(absl::StrCat(kMemberPrefix, member_id)));
+  v1::Member forgotten = ToMember(it->second);
+  if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
+    auto index = member_index_.find(key);
+    if (index != member_index_.end() && index->second == member_id) {
+      member_index_.erase(index);
+    }
+  }
+  members_.erase(it);
+  UpdateMemberGauges();
+  LogInfo("forgot ", member_id, " (", RoleName(forgotten.role()),
+          forgotten.role() == v1::WORKER ? absl::StrCat(" rank ", forgotten.rank())
+                                         : absl::StrCat(" at ", forgotten.address()),
+          ", ", forgotten.state() == v1::EXPIRED ? "expired" : "left", ")");
+  return forgotten;
+}
+
 v1::ListMembersResponse Coordinator::ListMembers() const {
   absl::MutexLock lock(&mu_);
   std::vector<const MemberEntry*> sorted;
@@ -352,16 +503,7 @@ v1::ListMembersResponse Coordinator::ListMembers() const {
     return a->record.sequence() < b->record.sequence();
   });
   v1::ListMembersResponse response;
-  for (const MemberEntry* e : sorted) {
-    v1::Member* m = response.add_members();
-    m->set_member_id(e->record.member_id());
-    m->set_role(e->record.role());
-    m->set_address(e->record.address());
-    m->set_rank(e->record.rank());
-    m->set_state(e->record.state());
-    m->set_registered_unix_ms(e->record.registered_unix_ms());
-    m->set_last_heartbeat_unix_ms(ToUnixMs(e->last_heartbeat));
-  }
+  for (const MemberEntry* e : sorted) *response.add_members() = ToMember(*e);
   response.set_shard_map_epoch(map_.epoch());
   response.set_expected_shard_servers(options_.num_shards);
   response.set_lease_expirations(lease_expirations_);

@@ -69,6 +69,11 @@ struct CoordinatorOptions {
   std::optional<v1::PlanSpec> plan_spec;
 };
 
+// OK when `address` is host:port with port 1..65535 and host a DNS name,
+// an IPv4 literal or a bracketed IPv6 literal; else INVALID_ARGUMENT saying
+// what is wrong.
+absl::Status CheckMemberAddress(const std::string& address);
+
 class Coordinator {
  public:
   // Delivers `map` to the shard server at `address` (ShardAdmin.SetShardMap
@@ -100,6 +105,10 @@ class Coordinator {
       const v1::HeartbeatRequest& request);
   // Marks the member LEFT (a clean exit); its lease no longer runs.
   absl::Status Leave(const v1::LeaveRequest& request);
+  // Removes an EXPIRED or LEFT member (memory and state) and returns it as
+  // it was listed. FAILED_PRECONDITION for an ALIVE one, NOT_FOUND for an
+  // unknown id.
+  absl::StatusOr<v1::Member> ForgetMember(const std::string& member_id);
   v1::ListMembersResponse ListMembers() const;
 
   // UNAVAILABLE (naming how many servers are still missing) before the
@@ -182,6 +191,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   MemberEntry* FindSameMember(const v1::RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT naming the field and the limit when a Register
+  // request is malformed.
+  absl::Status CheckRegister(const v1::RegisterRequest& request) const;
+  // Adds `entry` to members_ and the index.
+  void AddMember(MemberEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Member ToMember(const MemberEntry& e) const;
   // Builds the first map once enough shard servers are alive.
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The planned map over `servers` (sorted addresses); stores the plan
@@ -217,6 +232,11 @@ class Coordinator {
   mutable absl::Mutex mu_;
   // By member id; ordered by MemberRecord.sequence when listed.
   absl::flat_hash_map<std::string, MemberEntry> members_ ABSL_GUARDED_BY(mu_);
+  // "shard <address>" / "worker <rank>" -> member id: who re-registers as
+  // whom, without a scan of members_.
+  absl::flat_hash_map<std::string, std::string> member_index_ ABSL_GUARDED_BY(mu_);
+  // Next number of a new member id, per role ("shard-<n>", "worker-<n>").
+  absl::flat_hash_map<int, int64_t> next_member_number_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lease_expirations_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet

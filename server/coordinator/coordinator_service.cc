@@ -257,6 +257,16 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMembers(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ForgetMember(
+    grpc::CallbackServerContext* context, const v1::ForgetMemberRequest* request,
+    v1::ForgetMemberResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::Member> member = coordinator_->ForgetMember(request->member_id());
+  if (member.ok()) *response->mutable_member() = *std::move(member);
+  Finish("ForgetMember", reactor, member.status());
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
     grpc::CallbackServerContext* context, const v1::GetPlanRequest*,
     v1::GetPlanResponse* response) {

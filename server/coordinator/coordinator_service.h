@@ -74,6 +74,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ListMembers(grpc::CallbackServerContext* context,
                                         const v1::ListMembersRequest* request,
                                         v1::ListMembersResponse* response) override;
+  grpc::ServerUnaryReactor* ForgetMember(grpc::CallbackServerContext* context,
+                                         const v1::ForgetMemberRequest* request,
+                                         v1::ForgetMemberResponse* response) override;
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
                                     const v1::GetPlanRequest* request,
                                     v1::GetPlanResponse* response) override;

@@ -442,5 +442,70 @@ TEST(RecpsctlHealthTest, ADeadShardServerMakesStatusExit3) {
   EXPECT_EQ(RunCtl(dir, {"tables", "--timeout=2s", where}).code, 3);
 }
 
+// `members forget` removes expired members (fakes included) for good, and
+// refuses a live one.
+TEST(RecpsctlMembersTest, ForgetRemovesAnExpiredMemberAndRefusesALiveOne) {
+  TempDir dir;
+  const std::vector<std::string> args = {"--state_dir=" + dir.path() + "/state",
+                                         "--lease=500ms", "--tick=20ms"};
+  auto coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto stub = v1::Coordinator::NewStub(
+      rpc::MakeChannel((*coordinator)->address(), rpc::ChannelKind::kControl));
+  auto list = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ListMembersResponse members;
+    EXPECT_TRUE(stub->ListMembers(&ctx, v1::ListMembersRequest(), &members).ok());
+    return members;
+  };
+  std::string fake_id;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address("10.1.2.3:7000");  // nobody there: it never heartbeats
+    v1::RegisterResponse response;
+    ASSERT_TRUE(stub->Register(&ctx, request, &response).ok());
+    fake_id = response.member_id();
+  }
+  const std::string where = "--coordinator=" + (*coordinator)->address();
+  // Alive: refused, and it stays.
+  Output out = RunCtl(dir, {"members", "forget", fake_id, where});
+  EXPECT_EQ(out.code, 1) << out.err;
+  EXPECT_THAT(out.err, HasSubstr("is alive"));
+  EXPECT_EQ(list().members_size(), 1);
+
+  ASSERT_TRUE(testing::Eventually([&] {
+    const v1::ListMembersResponse members = list();
+    return members.members_size() == 1 && members.members(0).state() == v1::EXPIRED;
+  }));
+  out = RunCtl(dir, {"status", "--interval=0", "--json", where});
+  EXPECT_EQ(out.code, 3);
+  EXPECT_THAT(absl::StrJoin(ParseJson<v1::ClusterStatus>(out.out).problems(), "; "),
+              HasSubstr(fake_id));
+  out = RunCtl(dir, {"members", "forget", fake_id, where});
+  EXPECT_EQ(out.code, 0) << out.err;
+  EXPECT_THAT(out.out, HasSubstr("forgot " + fake_id));
+  EXPECT_EQ(list().members_size(), 0);
+  out = RunCtl(dir, {"members", "forget", fake_id, where});
+  EXPECT_EQ(out.code, 1);
+  EXPECT_THAT(out.err, HasSubstr("no member"));
+  EXPECT_EQ(RunCtl(dir, {"members", "drop", fake_id, where}).code, 2);
+
+  // Gone from the state too: a restart does not bring it back.
+  ASSERT_TRUE((*coordinator)->Terminate().ok());
+  coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  stub = v1::Coordinator::NewStub(
+      rpc::MakeChannel((*coordinator)->address(), rpc::ChannelKind::kControl));
+  EXPECT_EQ(list().members_size(), 0);
+  out = RunCtl(dir, {"status", "--interval=0", "--json",
+                     "--coordinator=" + (*coordinator)->address()});
+  EXPECT_THAT(absl::StrJoin(ParseJson<v1::ClusterStatus>(out.out).problems(), "; "),
+              ::testing::Not(HasSubstr(fake_id)));
+}
+
 }  // namespace
 }  // namespace recps

@@ -166,6 +166,55 @@ TEST_F(CoordinatorLimitsTest, BarrierCountsWithoutAWorldSizeAreBoundedByMaxMembe
   EXPECT_EQ(Members().members_size(), 1);
 }
 
+TEST_F(CoordinatorLimitsTest, RegisterChecksRankAddressAndTheMemberTableSize) {
+  Start({"--world_size=2", "--max_members=3"});
+  auto refused = [&](v1::MemberRole role, const std::string& address, int rank) {
+    v1::RegisterRequest request;
+    request.set_role(role);
+    request.set_address(address);
+    request.set_rank(rank);
+    v1::RegisterResponse response;
+    grpc::Status s = Call(&v1::Coordinator::Stub::Register, request, &response);
+    EXPECT_FALSE(s.ok()) << address << " rank " << rank;
+    return s;
+  };
+  grpc::Status s = refused(v1::WORKER, "", -404490680);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("rank -404490680"),
+                                       HasSubstr("[0, 2)"), HasSubstr("--world_size")));
+  s = refused(v1::WORKER, "", 2);
+  EXPECT_THAT(s.error_message(), HasSubstr("rank 2 is outside [0, 2)"));
+  for (const std::string address :
+       {"../../../../etc/passwd", "10.0.0.1:99999", "10.0.0.1:0", "host:", ":7000",
+        "host:70x0", "bad_host:7000", "-host:7000", "[zz::1]:7000", "[::1]:-1"}) {
+    s = refused(v1::SHARD_SERVER, address, -1);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << address;
+    EXPECT_THAT(s.error_message(), AllOf(HasSubstr("address"), HasSubstr("1..65535")))
+        << address;
+  }
+  EXPECT_EQ(Members().members_size(), 0);
+
+  // Well-formed addresses of every kind are taken.
+  for (const std::string address : {"shard-a.example.com:7000", "[::1]:65535"}) {
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address(address);
+    request.set_rank(-1);
+    v1::RegisterResponse response;
+    s = Call(&v1::Coordinator::Stub::Register, request, &response);
+    EXPECT_TRUE(s.ok()) << address << ": " << s.error_message();
+  }
+  RegisterWorker(1);
+  // The table is full: a new member is refused, a known one re-registers.
+  s = refused(v1::SHARD_SERVER, "10.0.0.9:7000", -1);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), AllOf(HasSubstr("3 members"), HasSubstr("limit is 3"),
+                                       HasSubstr("--max_members"),
+                                       HasSubstr("recpsctl members forget")));
+  EXPECT_EQ(RegisterWorker(1), "worker-0");
+  EXPECT_EQ(Members().members_size(), 3);
+}
+
 TEST_F(CoordinatorLimitsTest, KvKeysValuesAndKeyCountAreBounded) {
   Start({"--max_kv_keys=5"});
   ASSERT_TRUE(KvSet("kept", "value").ok());
