@@ -6,11 +6,13 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config/job_config.h"
 #include "common/log.h"
 #include "common/wire/shard_map.h"
 #include "common/status_macros.h"
@@ -25,6 +27,7 @@ namespace {
 constexpr char kMemberPrefix[] = "member/";
 constexpr char kShardMapKey[] = "shard_map";
 constexpr char kJobKey[] = "job";
+constexpr char kJobStartedKey[] = "job_started";
 
 const char* RoleName(v1::MemberRole role) {
   switch (role) {
@@ -207,6 +210,12 @@ absl::Status Coordinator::Load() {
   } else if (!absl::IsNotFound(job.status())) {
     return job.status();
   }
+  absl::StatusOr<std::string> started = store_->Get(kJobStartedKey);
+  if (started.ok()) {
+    job_started_ = *std::move(started);
+  } else if (!absl::IsNotFound(started.status())) {
+    return started.status();
+  }
   RETURN_IF_ERROR(LoadPlan());
   RETURN_IF_ERROR(LoadKv());
   if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map_.epoch()));
@@ -219,19 +228,61 @@ void Coordinator::SetMapPusher(MapPusher pusher) {
   pusher_ = std::move(pusher);
 }
 
-absl::Status Coordinator::SetJob(const v1::JobConfig& job) {
+absl::Status Coordinator::SetJob(const v1::JobConfig& job, bool replace) {
+  if (absl::Status s = config::ValidateJobConfig(job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job: ", s.message()));
+  }
   absl::MutexLock lock(&mu_);
   if (has_job_) {
     if (google::protobuf::util::MessageDifferencer::Equals(job_, job)) {
       return absl::OkStatus();
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the state in ", store_->path(), " holds a different job; run without "
-        "--job to keep it, or start a new cluster with a fresh --state_dir"));
+    std::string diff;
+    {
+      google::protobuf::util::MessageDifferencer differencer;
+      differencer.ReportDifferencesToString(&diff);
+      differencer.Compare(job_, job);
+    }
+    if (diff.size() > 300) diff = absl::StrCat(diff.substr(0, 300), "...");
+    const std::string what = absl::StrCat(
+        "the state in ", store_->path(), " holds a different job ('", job_.name(),
+        "'; differs in: ", absl::StripAsciiWhitespace(diff), ")");
+    if (!job_started_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " and training progressed: ", job_started_,
+          ", so the shard servers may hold its rows; it cannot be replaced. "
+          "Run without --job to keep it, or start the new job with a fresh "
+          "--state_dir"));
+    }
+    if (!replace) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ". No worker has registered for it yet (no training progress), "
+          "so it may be replaced: restart with --replace_job, or run without "
+          "--job to keep it"));
+    }
+    RETURN_IF_ERROR(store_->Put(kJobKey, job.SerializeAsString()));
+    LogWarning(what, ": replaced (--replace_job; no worker had registered for it)");
+    // The old job's rendezvous entries are not the new job's.
+    for (const auto& [key, value] : kv_) {
+      RETURN_IF_ERROR(store_->Delete(absl::StrCat(KvScope(), key)));
+    }
+    job_ = job;
+    return LoadKv();
   }
   RETURN_IF_ERROR(store_->Put(kJobKey, job.SerializeAsString()));
   job_ = job;
   has_job_ = true;
+  return LoadKv();
+}
+
+absl::Status Coordinator::StoredJobStatus() const {
+  absl::MutexLock lock(&mu_);
+  if (!has_job_) return absl::OkStatus();
+  if (absl::Status s = config::ValidateJobConfig(job_); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job stored in ", store_->path(), " is invalid: ", s.message(),
+        "; restart with --job=FILE (a valid job) and --replace_job"));
+  }
   return absl::OkStatus();
 }
 
@@ -326,6 +377,14 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     record.set_rank(request.role() == v1::WORKER ? request.rank() : -1);
     record.set_state(v1::ALIVE);
     record.set_registered_unix_ms(ToUnixMs(now));
+    if (request.role() == v1::WORKER && has_job_ && job_started_.empty()) {
+      // From now on the job may have trained: it is no longer replaceable.
+      std::string started = absl::StrCat(record.member_id(), " (rank ", record.rank(),
+                                         ") registered for it at ",
+                                         absl::FormatTime(now, absl::UTCTimeZone()));
+      RETURN_IF_ERROR(store_->Put(kJobStartedKey, started));
+      job_started_ = std::move(started);
+    }
     RETURN_IF_ERROR(PutMember(record));
     if (entry == nullptr) {
       ++next_sequence_;

@@ -94,9 +94,16 @@ class Coordinator {
   // Set before serving; null or unset: maps are only watched, not pushed.
   void SetMapPusher(MapPusher pusher);
 
-  // Stores the job. FAILED_PRECONDITION when a different job is stored
-  // already (a running cluster does not switch jobs).
-  absl::Status SetJob(const v1::JobConfig& job);
+  // Stores the job after config::ValidateJobConfig (INVALID_ARGUMENT naming
+  // the field). When a different job is stored already: with `replace` and
+  // no training progress yet (no worker ever registered for the stored
+  // job) the job is replaced and the old job's KV entries dropped;
+  // otherwise FAILED_PRECONDITION saying whether --replace_job would do or
+  // why not.
+  absl::Status SetJob(const v1::JobConfig& job, bool replace = false);
+  // Why the stored job fails config::ValidateJobConfig (stored by an older
+  // coordinator); OK when it passes or there is none.
+  absl::Status StoredJobStatus() const;
   // FAILED_PRECONDITION when there is no job.
   absl::StatusOr<v1::JobConfig> GetJob() const;
 
@@ -241,6 +248,10 @@ class Coordinator {
   int64_t lease_expirations_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;
+  // Who first registered as a worker for the job, and when (stored as
+  // "job_started"); empty: no training progress yet, so the job may be
+  // replaced.
+  std::string job_started_ ABSL_GUARDED_BY(mu_);
   v1::JobConfig job_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   int64_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values in kv_

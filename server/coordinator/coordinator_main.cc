@@ -23,6 +23,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/config/job_config.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/port_file.h"
@@ -46,6 +47,10 @@ ABSL_FLAG(std::string, job, "",
           "path of the job (text-format recps.v1.JobConfig) handed to every "
           "member; optional when the state dir already holds one (it must "
           "then be the same job)");
+ABSL_FLAG(bool, replace_job, false,
+          "when the state dir holds a different job that no worker has "
+          "registered for yet (no training progress), replace it with --job; "
+          "refused, saying why, once a worker registered for it");
 ABSL_FLAG(int, num_shards, 0,
           "shard servers to wait for: once this many registered, the "
           "coordinator builds shard map epoch 1 over them and pushes it. "
@@ -110,6 +115,11 @@ int Run() {
       LogError(s.message());
       return 2;
     }
+    // The workers' own check: a job they would refuse is never stored.
+    if (absl::Status s = config::ValidateJobConfig(job); !s.ok()) {
+      LogError("--job=", job_path, ": ", s.message());
+      return 2;
+    }
   }
   absl::StatusOr<std::unique_ptr<CoordinatorStore>> store =
       CoordinatorStore::Open(state_dir);
@@ -144,10 +154,14 @@ int Run() {
     return 2;
   }
   if (!job_path.empty()) {
-    if (absl::Status s = (*coordinator)->SetJob(job); !s.ok()) {
+    if (absl::Status s = (*coordinator)->SetJob(job, absl::GetFlag(FLAGS_replace_job));
+        !s.ok()) {
       LogError(s.message());
       return 2;
     }
+  } else if (absl::Status s = (*coordinator)->StoredJobStatus(); !s.ok()) {
+    LogError(s.message());
+    return 2;
   } else if (!(*coordinator)->GetJob().ok()) {
     LogWarning("no job yet (no --job, none in ", state_dir,
                "): members get none and GetJob fails");

@@ -3,6 +3,8 @@
 // daemon keeps answering, and its state (members, KV entries, job) stays as
 // it was.
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <filesystem>
 #include <climits>
 #include <memory>
@@ -32,8 +34,8 @@ name: "limits"
 tables { name: "t0" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
 features { name: "f0" table: "t0" }
 model { bottom_mlp: 8 top_mlp: 1 }
-training { batch_size: 32 steps: 10 seed: 7 }
-data { synthetic { seed: 1 num_dense: 4 features { id_space: 1000 } } }
+training { batch_size: 32 steps: 10 seed: 7 eval_batches: 1 eval_interval: 5 dense_optimizer { kind: SGD learning_rate: 0.1 } }
+data { synthetic { seed: 1 num_dense: 4 features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } } }
 )";
 
 class CoordinatorLimitsTest : public ::testing::Test {
@@ -113,6 +115,30 @@ class CoordinatorLimitsTest : public ::testing::Test {
       if (entry.is_regular_file()) bytes += static_cast<int64_t>(entry.file_size());
     }
     return bytes;
+  }
+
+  // Runs the coordinator on state_dir() with `args`, expecting it to refuse
+  // to start; returns its exit code and what it logged.
+  std::pair<int, std::string> StartRefused(const std::vector<std::string>& args) {
+    std::string command = absl::StrCat(RECPS_COORDINATOR_BINARY, " --state_dir=",
+                                       state_dir(), " --listen=127.0.0.1:0");
+    for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
+    const std::string log = dir_.path() + "/refused.log";
+    absl::StrAppend(&command, " 2>", log);
+    absl::StatusOr<int> code =
+        testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(20));
+    EXPECT_TRUE(code.ok()) << code.status();
+    std::ifstream in(log);
+    std::stringstream text;
+    text << in.rdbuf();
+    return {code.ok() ? *code : -1, text.str()};
+  }
+
+  v1::JobConfig Job() {
+    v1::GetJobResponse response;
+    grpc::Status s = Call(&v1::Coordinator::Stub::GetJob, v1::GetJobRequest(), &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.job();
   }
 
   TempDir dir_;
@@ -213,6 +239,59 @@ TEST_F(CoordinatorLimitsTest, RegisterChecksRankAddressAndTheMemberTableSize) {
                                        HasSubstr("recpsctl members forget")));
   EXPECT_EQ(RegisterWorker(1), "worker-0");
   EXPECT_EQ(Members().members_size(), 3);
+}
+
+TEST_F(CoordinatorLimitsTest, InvalidJobsAreRefusedAndAnUnstartedJobCanBeReplaced) {
+  const std::string valid = kJob;
+  const std::vector<std::pair<std::string, std::string>> invalid = {
+      {"name: \"x\" tables { name: \"t0\" dim: 8 optimizer { kind: SGD learning_rate: 1 } }",
+       "features"},
+      {valid + "\nfeatures { name: \"f1\" table: \"nope\" }", "features[1].table"},
+      {valid + "\ntables { name: \"t0\" dim: 8 optimizer { kind: SGD } }", "tables[1]"},
+      {valid.substr(0, valid.find("batch_size: 32")) + "batch_size: 0" +
+           valid.substr(valid.find("batch_size: 32") + 14),
+       "training.batch_size"},
+  };
+  for (const auto& [text, field] : invalid) {
+    const std::string path = dir_.WriteFile("bad.textproto", text);
+    const auto [code, log] = StartRefused({"--job=" + path});
+    EXPECT_EQ(code, 2) << log;
+    EXPECT_THAT(log, HasSubstr(field)) << text;
+  }
+  // Nothing was stored: the state has no job, and a valid one is taken.
+  Start();
+  EXPECT_EQ(Job().name(), "limits");
+  ASSERT_TRUE(KvSet("old-job-key", "v").ok());
+  ASSERT_TRUE(coordinator_->Terminate().ok());
+
+  // Another job on the same state: refused, saying --replace_job would do.
+  std::string other = kJob;
+  other.replace(other.find("name: \"limits\""), 15, "name: \"second\"");
+  const std::string other_path = dir_.WriteFile("other.textproto", other);
+  {
+    const auto [code, log] = StartRefused({"--job=" + other_path});
+    EXPECT_EQ(code, 2);
+    EXPECT_THAT(log, AllOf(HasSubstr("holds a different job"), HasSubstr("name"),
+                           HasSubstr("no training progress"), HasSubstr("--replace_job")));
+  }
+  job_path_ = other_path;
+  Start({"--replace_job"});
+  EXPECT_EQ(Job().name(), "second");
+  std::string value;
+  EXPECT_EQ(KvGet("old-job-key", &value).error_code(), grpc::StatusCode::NOT_FOUND);
+
+  // Once a worker registered, the job may have trained: no replacing.
+  RegisterWorker(0);
+  ASSERT_TRUE(coordinator_->Terminate().ok());
+  const std::string first_path = dir_.WriteFile("first.textproto", kJob);
+  {
+    const auto [code, log] = StartRefused({"--job=" + first_path, "--replace_job"});
+    EXPECT_EQ(code, 2);
+    EXPECT_THAT(log, AllOf(HasSubstr("training progressed"), HasSubstr("worker-0 (rank 0)"),
+                           HasSubstr("fresh --state_dir")));
+  }
+  Start();  // the stored job is kept as it was
+  EXPECT_EQ(Job().name(), "second");
 }
 
 TEST_F(CoordinatorLimitsTest, KvKeysValuesAndKeyCountAreBounded) {
