@@ -348,6 +348,56 @@ absl::Status Coordinator::CheckRegister(const v1::RegisterRequest& request) cons
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::CheckShardConfig(const v1::RegisterRequest& request) const {
+  if (request.role() != v1::SHARD_SERVER || request.num_slots() == 0) {
+    return absl::OkStatus();  // an older shard server: nothing reported
+  }
+  std::vector<std::string> differences;
+  const uint32_t cluster_slots = map_.epoch() > 0 ? map_.num_slots() : options_.num_slots;
+  if (request.num_slots() != cluster_slots) {
+    differences.push_back(absl::StrCat("it has --num_slots=", request.num_slots(),
+                                       ", the cluster has ", cluster_slots));
+  }
+  if (has_job_) {
+    std::map<std::string, const v1::TableConfig*> job_tables, shard_tables;
+    for (const v1::TableConfig& t : job_.tables()) job_tables[t.name()] = &t;
+    for (const v1::TableConfig& t : request.tables()) shard_tables[t.name()] = &t;
+    for (const auto& [name, t] : job_tables) {
+      auto it = shard_tables.find(name);
+      if (it == shard_tables.end()) {
+        differences.push_back(absl::StrCat("it lacks the job's table '", name,
+                                           "' (dim ", t->dim(), ")"));
+      } else if (it->second->dim() != t->dim()) {
+        differences.push_back(absl::StrCat("table '", name, "' has dim ",
+                                           it->second->dim(), ", the job's has ",
+                                           t->dim()));
+      } else if (!google::protobuf::util::MessageDifferencer::Equals(*it->second, *t)) {
+        std::string diff;
+        google::protobuf::util::MessageDifferencer differencer;
+        differencer.ReportDifferencesToString(&diff);
+        differencer.Compare(*t, *it->second);
+        if (diff.size() > 200) diff = absl::StrCat(diff.substr(0, 200), "...");
+        differences.push_back(absl::StrCat("table '", name, "' differs from the job's (",
+                                           absl::StripAsciiWhitespace(diff), ")"));
+      }
+    }
+    for (const auto& [name, t] : shard_tables) {
+      if (job_tables.count(name) == 0) {
+        differences.push_back(absl::StrCat("it serves table '", name.substr(0, 64),
+                                           "', which the job '", job_.name(),
+                                           "' does not have"));
+      }
+      if (differences.size() > 16) break;
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "register: refused shard server ", request.address(),
+      ", it disagrees with the cluster: ", absl::StrJoin(differences, "; "),
+      ". Restart it with the coordinator's --num_slots and the job's tables "
+      "(recps-shard --job=<the job file>)"));
+}
+
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     const v1::RegisterRequest& request) {
   RETURN_IF_ERROR(CheckRegister(request));
@@ -355,6 +405,10 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
   v1::RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckShardConfig(request); !s.ok()) {
+      LogError(s.message());
+      return s;
+    }
     const absl::Time now = Now();
     MemberEntry* entry = FindSameMember(request);
     v1::MemberRecord record;

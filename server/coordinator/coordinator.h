@@ -201,6 +201,10 @@ class Coordinator {
   // INVALID_ARGUMENT naming the field and the limit when a Register
   // request is malformed.
   absl::Status CheckRegister(const v1::RegisterRequest& request) const;
+  // FAILED_PRECONDITION naming every difference when a shard server's
+  // num_slots or tables differ from the cluster's and the job's.
+  absl::Status CheckShardConfig(const v1::RegisterRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds `entry` to members_ and the index.
   void AddMember(MemberEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member ToMember(const MemberEntry& e) const;

@@ -9,6 +9,7 @@
 #include <climits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,10 @@ class CoordinatorLimitsTest : public ::testing::Test {
     std::vector<std::string> args = {"--state_dir=" + state_dir(), "--job=" + job_path_,
                                      "--num_slots=256", "--lease=3s", "--tick=20ms"};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto c = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+    // Through sh, to keep its log: LocalShard's own flags land in "$@".
+    args.insert(args.begin(), {"-c", absl::StrCat("exec \"$0\" \"$@\" 2>>", log_path()),
+                               RECPS_COORDINATOR_BINARY});
+    auto c = LocalShard::Start("/bin/sh", args);
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = *std::move(c);
     stub_ = v1::Coordinator::NewStub(
@@ -55,6 +59,14 @@ class CoordinatorLimitsTest : public ::testing::Test {
   }
 
   std::string state_dir() const { return dir_.path() + "/state"; }
+  std::string log_path() const { return dir_.path() + "/coordinator.log"; }
+
+  static std::string Slurp(const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
 
   template <typename Request, typename Response, typename Method>
   grpc::Status Call(Method method, const Request& request, Response* response) {
@@ -120,18 +132,24 @@ class CoordinatorLimitsTest : public ::testing::Test {
   // Runs the coordinator on state_dir() with `args`, expecting it to refuse
   // to start; returns its exit code and what it logged.
   std::pair<int, std::string> StartRefused(const std::vector<std::string>& args) {
-    std::string command = absl::StrCat(RECPS_COORDINATOR_BINARY, " --state_dir=",
-                                       state_dir(), " --listen=127.0.0.1:0");
+    std::vector<std::string> all = {"--state_dir=" + state_dir()};
+    all.insert(all.end(), args.begin(), args.end());
+    return RunToExit(RECPS_COORDINATOR_BINARY, all);
+  }
+
+  // Runs `binary` with `args` (on 127.0.0.1, OS-picked ports) until it
+  // exits; returns its exit code and what it logged.
+  std::pair<int, std::string> RunToExit(const std::string& binary,
+                                        const std::vector<std::string>& args) {
+    std::string command =
+        absl::StrCat(binary, " --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0");
     for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
-    const std::string log = dir_.path() + "/refused.log";
+    const std::string log = dir_.path() + "/run.log";
     absl::StrAppend(&command, " 2>", log);
     absl::StatusOr<int> code =
-        testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(20));
+        testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(30));
     EXPECT_TRUE(code.ok()) << code.status();
-    std::ifstream in(log);
-    std::stringstream text;
-    text << in.rdbuf();
-    return {code.ok() ? *code : -1, text.str()};
+    return {code.ok() ? *code : -1, Slurp(log)};
   }
 
   v1::JobConfig Job() {
@@ -292,6 +310,46 @@ TEST_F(CoordinatorLimitsTest, InvalidJobsAreRefusedAndAnUnstartedJobCanBeReplace
   }
   Start();  // the stored job is kept as it was
   EXPECT_EQ(Job().name(), "second");
+}
+
+TEST_F(CoordinatorLimitsTest, AShardThatDisagreesWithTheClusterIsRefusedAndExits) {
+  Start({"--num_shards=1"});
+  const std::string where = "--coordinator=" + coordinator_->address();
+  // Other slots: refused on both sides, naming the two counts.
+  auto [code, log] = RunToExit(RECPS_SHARD_BINARY,
+                               {"--job=" + job_path_, "--num_slots=128", "--threads=1", where});
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_THAT(log, AllOf(HasSubstr("refused"), HasSubstr("--num_slots=128"),
+                         HasSubstr("the cluster has 256")));
+  EXPECT_THAT(Slurp(log_path()), AllOf(HasSubstr("refused shard server"),
+                                       HasSubstr("--num_slots=128")));
+  // Other tables: the missing, the extra and the changed one are named.
+  const std::string tables = dir_.WriteFile("tables.textproto", R"(
+tables { name: "t1" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } }
+)");
+  std::tie(code, log) = RunToExit(
+      RECPS_SHARD_BINARY, {"--tables=" + tables, "--num_slots=256", "--threads=1", where});
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_THAT(log, AllOf(HasSubstr("lacks the job's table 't0'"),
+                         HasSubstr("serves table 't1'")));
+  const std::string wide = dir_.WriteFile("wide.textproto", R"(
+tables { name: "t0" dim: 16 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
+)");
+  std::tie(code, log) = RunToExit(
+      RECPS_SHARD_BINARY, {"--tables=" + wide, "--num_slots=256", "--threads=1", where});
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_THAT(log, HasSubstr("table 't0' has dim 16, the job's has 8"));
+  EXPECT_THAT(Slurp(log_path()), HasSubstr("table 't0' has dim 16, the job's has 8"));
+  EXPECT_EQ(Members().members_size(), 0);
+
+  // A shard that agrees registers and gets the map.
+  auto shard = LocalShard::Start(RECPS_SHARD_BINARY,
+                                 {"--job=" + job_path_, "--num_slots=256", "--threads=1", where});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_TRUE(testing::Eventually([&] { return Members().shard_map_epoch() == 1; }));
+  auto shard_code = (*shard)->Terminate();
+  ASSERT_TRUE(shard_code.ok());
+  EXPECT_EQ(*shard_code, 0);
 }
 
 TEST_F(CoordinatorLimitsTest, KvKeysValuesAndKeyCountAreBounded) {
