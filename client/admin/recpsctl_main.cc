@@ -64,6 +64,32 @@ constexpr char kConnectionHelp[] =
                            messages, see proto/recps/v1/admin.proto)
 )";
 
+// Bounds of the count and size flags: the planner's work and memory grow
+// with the servers, and a typo must not make recpsctl run for minutes.
+constexpr int64_t kMaxPlanServers = 4096;
+constexpr int64_t kMaxPlanWorkers = 65536;
+constexpr int64_t kMaxPlanBatchSize = int64_t{1} << 24;
+constexpr absl::Duration kMaxDurationFlag = absl::Hours(1);
+
+// HOST:PORT with a port in 1..65535 (gRPC would quietly wrap 99999).
+absl::Status CheckAddressFlag(const std::string& flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  int64_t number = 0;
+  if (host.empty() || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port, &number)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", address, ": expected HOST:PORT"));
+  }
+  if (number < 1 || number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, "=", address, ": port ", port, " is outside 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
 struct FlagSpec {
   std::string name;
   bool takes_value;
@@ -342,6 +368,11 @@ absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& parsed,
         absl::StrCat("--", name, "=", it->second,
                      ": expected a duration such as 500ms or 2s"));
   }
+  if (d > kMaxDurationFlag) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", it->second, ": the limit is ",
+        absl::FormatDuration(kMaxDurationFlag)));
+  }
   return d;
 }
 
@@ -390,6 +421,20 @@ absl::StatusOr<std::unique_ptr<ClusterReader>> ReaderFromFlags(
   }
   if (!options.coordinator.empty() && !options.servers.empty()) {
     return absl::InvalidArgumentError("give --coordinator or --server, not both");
+  }
+  if (!options.coordinator.empty()) {
+    RETURN_IF_ERROR(CheckAddressFlag(parsed.flags.count("coordinator") > 0
+                                         ? "--coordinator"
+                                         : "RECPS_COORDINATOR",
+                                     options.coordinator));
+  }
+  if (options.servers.size() > static_cast<size_t>(kMaxPlanServers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--server lists ", options.servers.size(), " servers, the limit is ",
+        kMaxPlanServers));
+  }
+  for (const std::string& server : options.servers) {
+    RETURN_IF_ERROR(CheckAddressFlag("--server", server));
   }
   if (options.coordinator.empty() && options.servers.empty()) {
     return absl::InvalidArgumentError(
@@ -504,14 +549,19 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   return static_cast<int64_t>(value * scale);
 }
 
+// 0 when the flag is absent.
 absl::StatusOr<int64_t> PositiveIntFlag(const ParsedArgs& parsed,
-                                        const std::string& name) {
+                                        const std::string& name, int64_t limit) {
   auto it = parsed.flags.find(name);
   if (it == parsed.flags.end()) return 0;
   int64_t v;
   if (!absl::SimpleAtoi(it->second, &v) || v <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", name, "=", it->second, ": expected a positive integer"));
+  }
+  if (v > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", it->second, ": the limit is ", limit));
   }
   return v;
 }
@@ -527,7 +577,8 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
     RETURN_IF_ERROR(ReadTextProto(it->second, &spec));
   }
   v1::Topology* topo = spec.mutable_topology();
-  ASSIGN_OR_RETURN(const int64_t servers, PositiveIntFlag(parsed, "servers"));
+  ASSIGN_OR_RETURN(const int64_t servers,
+                   PositiveIntFlag(parsed, "servers", kMaxPlanServers));
   if (servers > 0) {
     v1::ServerSpec like;
     for (const v1::ServerSpec& s : topo->servers()) {
@@ -543,6 +594,11 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
   if (topo->servers_size() == 0) {
     return absl::InvalidArgumentError(
         "how many shard servers? Give --servers=N (or servers in --spec)");
+  }
+  if (topo->servers_size() > kMaxPlanServers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the spec lists ", topo->servers_size(), " servers, the limit is ",
+        kMaxPlanServers));
   }
   for (const v1::ServerSpec& s : topo->servers()) {
     if (s.address().empty()) {
@@ -573,10 +629,12 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
                        "(or memory_bytes in --spec)"));
     }
   }
-  ASSIGN_OR_RETURN(const int64_t workers, PositiveIntFlag(parsed, "workers"));
+  ASSIGN_OR_RETURN(const int64_t workers,
+                   PositiveIntFlag(parsed, "workers", kMaxPlanWorkers));
   if (workers > 0) topo->set_num_workers(static_cast<int32_t>(workers));
   if (topo->num_workers() == 0) topo->set_num_workers(1);
-  ASSIGN_OR_RETURN(const int64_t batch, PositiveIntFlag(parsed, "batch_size"));
+  ASSIGN_OR_RETURN(const int64_t batch,
+                   PositiveIntFlag(parsed, "batch_size", kMaxPlanBatchSize));
   if (batch > 0) topo->set_batch_size(batch);
   if (topo->batch_size() == 0)
     topo->set_batch_size(job.training().batch_size());
