@@ -124,10 +124,16 @@ struct Coordinator::Metrics {
                   .Name("recps_coordinator_shard_map_epoch")
                   .Help("Epoch of the current shard map (0: none yet)")
                   .Register(registry)
-                  .Add({})) {}
+                  .Add({})),
+        push_refusals(prometheus::BuildCounter()
+                          .Name("recps_coordinator_shard_map_push_refusals_total")
+                          .Help("Shard map pushes a shard server refused")
+                          .Register(registry)
+                          .Add({})) {}
   prometheus::Family<prometheus::Gauge>& members;
   prometheus::Family<prometheus::Counter>& expirations;
   prometheus::Gauge& epoch;
+  prometheus::Counter& push_refusals;
 };
 
 void Coordinator::Deferred::Run(Coordinator* c) {
@@ -608,6 +614,23 @@ absl::StatusOr<v1::Member> Coordinator::ForgetMember(const std::string& member_i
   return forgotten;
 }
 
+void Coordinator::RecordMapPush(const std::string& address, uint64_t epoch,
+                                const absl::Status& outcome) {
+  absl::MutexLock lock(&mu_);
+  if (outcome.ok()) {
+    auto it = push_refusals_.find(address);
+    if (it != push_refusals_.end() && it->second.epoch() <= epoch) push_refusals_.erase(it);
+    return;
+  }
+  if (metrics_ != nullptr) metrics_->push_refusals.Increment();
+  // Only servers of a map are pushed to, so this stays small.
+  v1::MapPushRefusal& r = push_refusals_[address];
+  r.set_address(address);
+  r.set_epoch(epoch);
+  r.set_message(std::string(outcome.message().substr(0, 1024)));
+  r.set_unix_ms(ToUnixMs(Now()));
+}
+
 v1::ListMembersResponse Coordinator::ListMembers() const {
   absl::MutexLock lock(&mu_);
   std::vector<const MemberEntry*> sorted;
@@ -620,6 +643,9 @@ v1::ListMembersResponse Coordinator::ListMembers() const {
   response.set_shard_map_epoch(map_.epoch());
   response.set_expected_shard_servers(options_.num_shards);
   response.set_lease_expirations(lease_expirations_);
+  for (const auto& [address, refusal] : push_refusals_) {
+    *response.add_map_push_refusals() = refusal;
+  }
   return response;
 }
 

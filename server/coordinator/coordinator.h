@@ -154,6 +154,12 @@ class Coordinator {
   // naming the missing ranks or workers when the timeout runs out.
   void Barrier(const v1::BarrierRequest& request, Done done);
 
+  // What became of a map push to `address` (from the pusher): OK clears a
+  // recorded refusal; an error records it for ListMembers and counts it in
+  // recps_coordinator_shard_map_push_refusals_total.
+  void RecordMapPush(const std::string& address, uint64_t epoch,
+                     const absl::Status& outcome);
+
   // Expires leases that ran out and fails waits whose deadline passed.
   void Tick();
   // Fails every pending wait and barrier with `status` (at shutdown).
@@ -266,6 +272,8 @@ class Coordinator {
   // planning failed.
   v1::ShardingPlan plan_ ABSL_GUARDED_BY(mu_);
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
+  // The latest refused push per server address (only servers of a map).
+  std::map<std::string, v1::MapPushRefusal> push_refusals_ ABSL_GUARDED_BY(mu_);
 
   // Separate from mu_ so watchers run outside it, and Unwatch can wait for
   // a delivery in progress.

@@ -22,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config/job_config.h"
 #include "common/log.h"
@@ -166,7 +167,24 @@ int Run() {
     LogWarning("no job yet (no --job, none in ", state_dir,
                "): members get none and GetJob fails");
   }
-  ShardMapPusher pusher;
+  // The pusher's thread outlives the coordinator (see the end of Run()):
+  // it reports through a pointer that is cleared first.
+  struct PushSink {
+    absl::Mutex mu;
+    Coordinator* coordinator ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  auto sink = std::make_shared<PushSink>();
+  {
+    absl::MutexLock lock(&sink->mu);
+    sink->coordinator = coordinator->get();
+  }
+  ShardMapPusher pusher([sink](const std::string& address, uint64_t epoch,
+                               const absl::Status& outcome) {
+    absl::MutexLock lock(&sink->mu);
+    if (sink->coordinator != nullptr) {
+      sink->coordinator->RecordMapPush(address, epoch, outcome);
+    }
+  });
   (*coordinator)
       ->SetMapPusher([&pusher](const std::string& address, const v1::ShardMap& map) {
         pusher.Push(address, map);
@@ -219,6 +237,10 @@ int Run() {
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
   server->Wait();
+  {
+    absl::MutexLock lock(&sink->mu);
+    sink->coordinator = nullptr;
+  }
   coordinator->reset();  // closes RocksDB
   LogInfo("stopped");
   // The state is closed. Skip the metrics exposer's destructor (civetweb

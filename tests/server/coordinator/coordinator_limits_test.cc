@@ -2,6 +2,7 @@
 // request it refuses gets an error naming the field and the limit, the
 // daemon keeps answering, and its state (members, KV entries, job) stays as
 // it was.
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recps/v1/coordinator.grpc.pb.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -38,6 +40,44 @@ model { bottom_mlp: 8 top_mlp: 1 }
 training { batch_size: 32 steps: 10 seed: 7 eval_batches: 1 eval_interval: 5 dense_optimizer { kind: SGD learning_rate: 0.1 } }
 data { synthetic { seed: 1 num_dense: 4 features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } } }
 )";
+
+// A shard server's admin API that answers SetShardMap with `code` and
+// reports `epoch` as its current map: a server that refuses a map, or one
+// that had it already.
+class FakeShardAdmin final : public v1::ShardAdmin::Service {
+ public:
+  FakeShardAdmin(grpc::StatusCode code, uint64_t epoch) : code_(code), epoch_(epoch) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", rpc::ServerCredentials(rpc::TransportSecurity()),
+                             &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~FakeShardAdmin() override { server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int pushes() { return pushes_.load(); }
+
+  grpc::Status SetShardMap(grpc::ServerContext*, const v1::SetShardMapRequest* request,
+                           v1::SetShardMapResponse*) override {
+    ++pushes_;
+    if (code_ == grpc::StatusCode::OK) return grpc::Status::OK;
+    return grpc::Status(code_, absl::StrCat("shard map epoch ", request->shard_map().epoch(),
+                                            " would take away slots 0-3 holding 12 rows"));
+  }
+  grpc::Status GetShardMap(grpc::ServerContext*, const v1::GetShardMapRequest*,
+                           v1::ShardMap* map) override {
+    map->set_epoch(epoch_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const grpc::StatusCode code_;
+  const uint64_t epoch_;
+  std::atomic<int> pushes_{0};
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
 
 class CoordinatorLimitsTest : public ::testing::Test {
  protected:
@@ -135,6 +175,15 @@ class CoordinatorLimitsTest : public ::testing::Test {
     std::vector<std::string> all = {"--state_dir=" + state_dir()};
     all.insert(all.end(), args.begin(), args.end());
     return RunToExit(RECPS_COORDINATOR_BINARY, all);
+  }
+
+  // Runs `command` with bash; returns its exit code and stdout.
+  std::pair<int, std::string> RunToExitCommand(const std::string& command) {
+    const std::string out = dir_.path() + "/command.out";
+    absl::StatusOr<int> code = testing::RunProcess(
+        "/bin/bash", {"-c", absl::StrCat("(", command, ") >", out)}, absl::Seconds(20));
+    EXPECT_TRUE(code.ok()) << code.status();
+    return {code.ok() ? *code : -1, Slurp(out)};
   }
 
   // Runs `binary` with `args` (on 127.0.0.1, OS-picked ports) until it
@@ -350,6 +399,43 @@ tables { name: "t0" dim: 16 num_rows: 1000 optimizer { kind: SGD learning_rate: 
   auto shard_code = (*shard)->Terminate();
   ASSERT_TRUE(shard_code.ok());
   EXPECT_EQ(*shard_code, 0);
+}
+
+TEST_F(CoordinatorLimitsTest, ARefusedMapPushIsLoggedCountedAndListed) {
+  Start({"--num_shards=2"});
+  // One server refuses epoch 1 while it has none; the other answers
+  // FAILED_PRECONDITION too, but has epoch 1 already: delivered.
+  FakeShardAdmin refusing(grpc::StatusCode::FAILED_PRECONDITION, 0);
+  FakeShardAdmin has_it(grpc::StatusCode::FAILED_PRECONDITION, 1);
+  for (const FakeShardAdmin* shard : {&refusing, &has_it}) {
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address(shard->address());
+    v1::RegisterResponse response;
+    ASSERT_TRUE(Call(&v1::Coordinator::Stub::Register, request, &response).ok());
+  }
+  v1::ListMembersResponse members;
+  ASSERT_TRUE(testing::Eventually([&] {
+    members = Members();
+    return members.map_push_refusals_size() == 1 && has_it.pushes() > 0;
+  })) << members.DebugString();
+  const v1::MapPushRefusal& refusal = members.map_push_refusals(0);
+  EXPECT_EQ(refusal.address(), refusing.address());
+  EXPECT_EQ(refusal.epoch(), 1u);
+  EXPECT_THAT(refusal.message(), HasSubstr("would take away slots 0-3 holding 12 rows"));
+  const std::string log = Slurp(log_path());
+  EXPECT_THAT(log, HasSubstr(absl::StrCat(" E recps-coordinator] shard server ",
+                                          refusing.address(), " refused shard map epoch 1: ",
+                                          "shard map epoch 1 would take away")));
+  EXPECT_THAT(log, ::testing::Not(HasSubstr(absl::StrCat("epoch 1 is on ", refusing.address()))));
+  EXPECT_THAT(log, HasSubstr(absl::StrCat("epoch 1 is on ", has_it.address(),
+                                          " (it had it already)")));
+  EXPECT_EQ(refusing.pushes(), 1);  // a refusal is not retried
+  // The metric counts it.
+  const auto [code, metrics] = RunToExitCommand(absl::StrCat(
+      "exec 3<>/dev/tcp/127.0.0.1/", coordinator_->metrics_port(),
+      "; printf 'GET /metrics HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"));
+  EXPECT_THAT(metrics, HasSubstr("recps_coordinator_shard_map_push_refusals_total 1"));
 }
 
 TEST_F(CoordinatorLimitsTest, KvKeysValuesAndKeyCountAreBounded) {
