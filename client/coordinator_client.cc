@@ -215,8 +215,9 @@ std::string CoordinatorClient::DescribeSilentWorkers(absl::Time since) {
 
 CoordinatorLease::CoordinatorLease(CoordinatorClient* client,
                                    v1::RegisterRequest request,
-                                   const v1::RegisterResponse* registered)
-    : client_(client), request_(std::move(request)) {
+                                   const v1::RegisterResponse* registered,
+                                   RefusedFn on_refused)
+    : client_(client), request_(std::move(request)), on_refused_(std::move(on_refused)) {
   if (registered != nullptr) {
     member_id_ = registered->member_id();
     epoch_ = registered->shard_map_epoch();
@@ -267,6 +268,12 @@ void CoordinatorLease::Loop() {
       // responsive.
       absl::StatusOr<v1::RegisterResponse> r = client_->RegisterOnce(request_);
       status = r.status();
+      if (on_refused_ != nullptr &&
+          (absl::IsInvalidArgument(status) || absl::IsFailedPrecondition(status))) {
+        // Asking again would get the same answer: the caller decides.
+        on_refused_(status);
+        return;
+      }
       if (r.ok()) {
         absl::MutexLock lock(&mu_);
         member_id_ = r->member_id();

@@ -105,11 +105,19 @@ class CoordinatorClient {
 // restarted, and logs one warning per outage. Stops when destroyed.
 class CoordinatorLease {
  public:
+  // Called (once, from the lease thread) when the coordinator refuses the
+  // registration for good: INVALID_ARGUMENT or FAILED_PRECONDITION, e.g. a
+  // shard server whose slots or tables differ from the cluster's. The lease
+  // then stops trying.
+  using RefusedFn = std::function<void(const absl::Status&)>;
+
   // `client` must outlive the lease. When `registered` is given (the
   // caller registered already) the thread starts with heartbeats; else it
-  // registers first, retrying until the coordinator answers.
+  // registers first, retrying until the coordinator answers. Without
+  // `on_refused`, a refused registration is retried like any failure.
   CoordinatorLease(CoordinatorClient* client, v1::RegisterRequest request,
-                   const v1::RegisterResponse* registered = nullptr);
+                   const v1::RegisterResponse* registered = nullptr,
+                   RefusedFn on_refused = nullptr);
   ~CoordinatorLease();
 
   CoordinatorLease(const CoordinatorLease&) = delete;
@@ -131,6 +139,7 @@ class CoordinatorLease {
 
   CoordinatorClient* const client_;
   const v1::RegisterRequest request_;
+  const RefusedFn on_refused_;
   mutable absl::Mutex mu_;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

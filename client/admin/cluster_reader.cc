@@ -20,6 +20,19 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view what) {
   return rpc::FromGrpcStatus(status, what, "");
 }
 
+// gRPC answers UNIMPLEMENTED, with an empty message, when the process
+// reached serves other services: say what it is not.
+absl::Status NotA(const grpc::Status& status, absl::string_view what,
+                  const std::string& address, absl::string_view service,
+                  absl::string_view hint) {
+  if (status.error_code() != grpc::StatusCode::UNIMPLEMENTED) {
+    return FromGrpc(status, what);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, ": ", address, " answered but is not a ", service,
+      " (UNIMPLEMENTED from the server: it does not serve that API); ", hint));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ClusterReader>> ClusterReader::Create(
@@ -64,7 +77,11 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
     v1::ListMembersResponse members;
     grpc::Status s =
         stub->ListMembers(&ctx, v1::ListMembersRequest(), &members);
-    if (!s.ok()) return FromGrpc(s, absl::StrCat("cannot ask the ", where));
+    if (!s.ok()) {
+      return NotA(s, absl::StrCat("cannot ask the ", where), options_.coordinator,
+                  "coordinator (recps.v1.Coordinator)",
+                  "is it a shard server? Ask it with --server=HOST:PORT");
+    }
     snapshot->members = std::move(members);
   }
   {
@@ -97,6 +114,27 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::Member> ClusterReader::ForgetMember(const std::string& member_id) {
+  if (options_.coordinator.empty()) {
+    return absl::InvalidArgumentError("forgetting a member needs --coordinator");
+  }
+  auto stub = v1::Coordinator::NewStub(Channel(options_.coordinator));
+  grpc::ClientContext ctx;
+  rpc::SetTimeout(options_.rpc_timeout, &ctx);
+  v1::ForgetMemberRequest request;
+  request.set_member_id(member_id);
+  v1::ForgetMemberResponse response;
+  grpc::Status s = stub->ForgetMember(&ctx, request, &response);
+  if (!s.ok()) {
+    return NotA(s,
+                absl::StrCat("coordinator ", options_.coordinator, " did not forget ",
+                             member_id),
+                options_.coordinator, "coordinator (recps.v1.Coordinator)",
+                "give the coordinator's address (or one that knows ForgetMember)");
+  }
+  return response.member();
+}
+
 absl::Status ClusterReader::ReadMapFromServers(ClusterSnapshot* snapshot) {
   struct Call {
     std::unique_ptr<v1::ShardAdmin::Stub> stub;
@@ -121,8 +159,11 @@ absl::Status ClusterReader::ReadMapFromServers(ClusterSnapshot* snapshot) {
   bool any = false;
   for (size_t i = 0; i < calls.size(); ++i) {
     if (!calls[i].status.ok()) {
-      errors.push_back(
-          absl::StrCat(servers[i], ": ", calls[i].status.error_message()));
+      errors.push_back(std::string(
+          NotA(calls[i].status, servers[i], servers[i],
+               "shard server (recps.v1.ShardAdmin)",
+               "is it the coordinator? Ask it with --coordinator=HOST:PORT")
+              .message()));
       continue;
     }
     any = true;

@@ -61,6 +61,11 @@ class ClusterReader {
   // directly answers. Channels are kept, so a second Read reuses them.
   absl::StatusOr<ClusterSnapshot> Read(bool include_slots);
 
+  // Coordinator.ForgetMember: removes an expired or left member; returns it
+  // as it was listed. The coordinator's error (naming the address) when it
+  // refuses, e.g. FAILED_PRECONDITION for a live member.
+  absl::StatusOr<v1::Member> ForgetMember(const std::string& member_id);
+
  private:
   explicit ClusterReader(ClusterReaderOptions options)
       : options_(std::move(options)) {}

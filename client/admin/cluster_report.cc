@@ -194,6 +194,11 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
   if (after.members.has_value()) {
     out.set_expected_shard_servers(after.members->expected_shard_servers());
     out.set_lease_expirations(after.members->lease_expirations());
+    for (const v1::MapPushRefusal& r : after.members->map_push_refusals()) {
+      out.add_problems(absl::StrCat("shard server ", r.address(),
+                                    " refused shard map epoch ", r.epoch(), ": ",
+                                    r.message()));
+    }
     for (const v1::Member& m : after.members->members()) {
       *out.add_members() = m;
       if (m.role() == v1::SHARD_SERVER) {

@@ -64,6 +64,32 @@ constexpr char kConnectionHelp[] =
                            messages, see proto/recps/v1/admin.proto)
 )";
 
+// Bounds of the count and size flags: the planner's work and memory grow
+// with the servers, and a typo must not make recpsctl run for minutes.
+constexpr int64_t kMaxPlanServers = 4096;
+constexpr int64_t kMaxPlanWorkers = 65536;
+constexpr int64_t kMaxPlanBatchSize = int64_t{1} << 24;
+constexpr absl::Duration kMaxDurationFlag = absl::Hours(1);
+
+// HOST:PORT with a port in 1..65535 (gRPC would quietly wrap 99999).
+absl::Status CheckAddressFlag(const std::string& flag, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
+  int64_t number = 0;
+  if (host.empty() || port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(port, &number)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, "=", address, ": expected HOST:PORT"));
+  }
+  if (number < 1 || number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, "=", address, ": port ", port, " is outside 1..65535"));
+  }
+  return absl::OkStatus();
+}
+
 struct FlagSpec {
   std::string name;
   bool takes_value;
@@ -112,6 +138,19 @@ ranges) and its rows. --slots adds the rows of every slot. Exits 3 when a
 server does not answer.
 )",
        {{"slots", false}}},
+      {"members",
+       "recpsctl members forget MEMBER_ID [--json]",
+       "remove an expired or left member from the coordinator",
+       R"(`members forget MEMBER_ID` removes a member the coordinator lists as
+expired or left (see `recpsctl status`) from its member table and its state:
+it no longer makes status unhealthy nor counts against the coordinator's
+--max_members. A live member is refused (exit 1): stop the process first and
+wait for its lease to run out. A process that registers again later gets a
+new member id. Needs --coordinator.
+)",
+       {},
+       2,
+       2},
       {"plan",
        "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
        "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
@@ -329,6 +368,11 @@ absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& parsed,
         absl::StrCat("--", name, "=", it->second,
                      ": expected a duration such as 500ms or 2s"));
   }
+  if (d > kMaxDurationFlag) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", name, "=", it->second, ": the limit is ",
+        absl::FormatDuration(kMaxDurationFlag)));
+  }
   return d;
 }
 
@@ -363,7 +407,9 @@ int Print(const ParsedArgs& parsed, const google::protobuf::Message& message,
   return code;
 }
 
-int RunClusterCommand(const ParsedArgs& parsed) {
+// The reader for the connection flags; a usage error's message otherwise.
+absl::StatusOr<std::unique_ptr<ClusterReader>> ReaderFromFlags(
+    const ParsedArgs& parsed) {
   ClusterReaderOptions options;
   options.servers = parsed.servers;
   if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
@@ -374,30 +420,66 @@ int RunClusterCommand(const ParsedArgs& parsed) {
     }
   }
   if (!options.coordinator.empty() && !options.servers.empty()) {
-    return UsageError(&parsed, absl::InvalidArgumentError(
-                                   "give --coordinator or --server, not both"));
+    return absl::InvalidArgumentError("give --coordinator or --server, not both");
+  }
+  if (!options.coordinator.empty()) {
+    RETURN_IF_ERROR(CheckAddressFlag(parsed.flags.count("coordinator") > 0
+                                         ? "--coordinator"
+                                         : "RECPS_COORDINATOR",
+                                     options.coordinator));
+  }
+  if (options.servers.size() > static_cast<size_t>(kMaxPlanServers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--server lists ", options.servers.size(), " servers, the limit is ",
+        kMaxPlanServers));
+  }
+  for (const std::string& server : options.servers) {
+    RETURN_IF_ERROR(CheckAddressFlag("--server", server));
   }
   if (options.coordinator.empty() && options.servers.empty()) {
-    return UsageError(&parsed,
-                      absl::InvalidArgumentError(
-                          "where is the cluster? Give --coordinator=HOST:PORT "
-                          "(or set RECPS_COORDINATOR) or --server=HOST:PORT"));
+    return absl::InvalidArgumentError(
+        "where is the cluster? Give --coordinator=HOST:PORT "
+        "(or set RECPS_COORDINATOR) or --server=HOST:PORT");
   }
-  absl::StatusOr<absl::Duration> timeout =
-      DurationFlag(parsed, "timeout", absl::Seconds(5));
-  if (!timeout.ok()) return UsageError(&parsed, timeout.status());
-  if (*timeout == absl::ZeroDuration()) {
-    return UsageError(&parsed,
-                      absl::InvalidArgumentError("--timeout must be positive"));
+  ASSIGN_OR_RETURN(const absl::Duration timeout,
+                   DurationFlag(parsed, "timeout", absl::Seconds(5)));
+  if (timeout == absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--timeout must be positive");
   }
-  options.rpc_timeout = *timeout;
+  options.rpc_timeout = timeout;
+  return ClusterReader::Create(std::move(options));
+}
+
+int RunMembers(const ParsedArgs& parsed) {
+  if (parsed.args[0] != "forget") {
+    return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                   "unknown members action \"", parsed.args[0],
+                                   "\" (expected forget)")));
+  }
+  if (!parsed.servers.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "members forget asks the coordinator: give "
+                                   "--coordinator, not --server"));
+  }
+  absl::StatusOr<std::unique_ptr<ClusterReader>> reader = ReaderFromFlags(parsed);
+  if (!reader.ok()) return UsageError(&parsed, reader.status());
+  absl::StatusOr<v1::Member> member = (*reader)->ForgetMember(parsed.args[1]);
+  if (!member.ok()) return Error(member.status());
+  const std::string text = absl::StrCat(
+      "forgot ", member->member_id(), " (",
+      member->role() == v1::WORKER ? absl::StrCat("worker rank ", member->rank())
+                                   : absl::StrCat("shard server at ", member->address()),
+      ", ", member->state() == v1::EXPIRED ? "expired" : "left", ")\n");
+  return Print(parsed, *member, text, kExitOk);
+}
+
+int RunClusterCommand(const ParsedArgs& parsed) {
+  absl::StatusOr<std::unique_ptr<ClusterReader>> reader = ReaderFromFlags(parsed);
+  if (!reader.ok()) return UsageError(&parsed, reader.status());
   absl::StatusOr<absl::Duration> interval =
       DurationFlag(parsed, "interval", absl::Seconds(1));
   if (!interval.ok()) return UsageError(&parsed, interval.status());
 
-  absl::StatusOr<std::unique_ptr<ClusterReader>> reader =
-      ClusterReader::Create(std::move(options));
-  if (!reader.ok()) return UsageError(&parsed, reader.status());
   const std::string& command = parsed.command->name;
   const bool per_slot = BoolFlag(parsed, "slots");
   absl::StatusOr<ClusterSnapshot> snapshot = (*reader)->Read(per_slot);
@@ -467,14 +549,19 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
   return static_cast<int64_t>(value * scale);
 }
 
+// 0 when the flag is absent.
 absl::StatusOr<int64_t> PositiveIntFlag(const ParsedArgs& parsed,
-                                        const std::string& name) {
+                                        const std::string& name, int64_t limit) {
   auto it = parsed.flags.find(name);
   if (it == parsed.flags.end()) return 0;
   int64_t v;
   if (!absl::SimpleAtoi(it->second, &v) || v <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", name, "=", it->second, ": expected a positive integer"));
+  }
+  if (v > limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, "=", it->second, ": the limit is ", limit));
   }
   return v;
 }
@@ -490,7 +577,8 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
     RETURN_IF_ERROR(ReadTextProto(it->second, &spec));
   }
   v1::Topology* topo = spec.mutable_topology();
-  ASSIGN_OR_RETURN(const int64_t servers, PositiveIntFlag(parsed, "servers"));
+  ASSIGN_OR_RETURN(const int64_t servers,
+                   PositiveIntFlag(parsed, "servers", kMaxPlanServers));
   if (servers > 0) {
     v1::ServerSpec like;
     for (const v1::ServerSpec& s : topo->servers()) {
@@ -506,6 +594,11 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
   if (topo->servers_size() == 0) {
     return absl::InvalidArgumentError(
         "how many shard servers? Give --servers=N (or servers in --spec)");
+  }
+  if (topo->servers_size() > kMaxPlanServers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the spec lists ", topo->servers_size(), " servers, the limit is ",
+        kMaxPlanServers));
   }
   for (const v1::ServerSpec& s : topo->servers()) {
     if (s.address().empty()) {
@@ -536,10 +629,12 @@ absl::StatusOr<v1::PlanSpec> PlanSpecFromFlags(const ParsedArgs& parsed,
                        "(or memory_bytes in --spec)"));
     }
   }
-  ASSIGN_OR_RETURN(const int64_t workers, PositiveIntFlag(parsed, "workers"));
+  ASSIGN_OR_RETURN(const int64_t workers,
+                   PositiveIntFlag(parsed, "workers", kMaxPlanWorkers));
   if (workers > 0) topo->set_num_workers(static_cast<int32_t>(workers));
   if (topo->num_workers() == 0) topo->set_num_workers(1);
-  ASSIGN_OR_RETURN(const int64_t batch, PositiveIntFlag(parsed, "batch_size"));
+  ASSIGN_OR_RETURN(const int64_t batch,
+                   PositiveIntFlag(parsed, "batch_size", kMaxPlanBatchSize));
   if (batch > 0) topo->set_batch_size(batch);
   if (topo->batch_size() == 0)
     topo->set_batch_size(job.training().batch_size());
@@ -585,6 +680,7 @@ int Main(int argc, char** argv) {
     return kExitOk;
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
+  if (parsed->command->name == "members") return RunMembers(*parsed);
   return RunClusterCommand(*parsed);
 }
 

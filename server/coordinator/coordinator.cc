@@ -5,9 +5,14 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/config/job_config.h"
 #include "common/log.h"
 #include "common/wire/shard_map.h"
 #include "common/status_macros.h"
@@ -22,7 +27,7 @@ namespace {
 constexpr char kMemberPrefix[] = "member/";
 constexpr char kShardMapKey[] = "shard_map";
 constexpr char kJobKey[] = "job";
-constexpr char kKvPrefix[] = "kv/";
+constexpr char kJobStartedKey[] = "job_started";
 
 const char* RoleName(v1::MemberRole role) {
   switch (role) {
@@ -33,6 +38,75 @@ const char* RoleName(v1::MemberRole role) {
 }
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+// The member_index_ key of a member that re-registers as the same one;
+// empty when it cannot (a worker without a rank).
+std::string IndexKey(v1::MemberRole role, const std::string& address, int32_t rank) {
+  if (role == v1::SHARD_SERVER) return absl::StrCat("shard ", address);
+  if (role == v1::WORKER && rank >= 0) return absl::StrCat("worker ", rank);
+  return "";
+}
+
+bool IsDnsName(absl::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  for (absl::string_view label : absl::StrSplit(host, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' ||
+        label.back() == '-') {
+      return false;
+    }
+    for (char c : label) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+    }
+  }
+  return true;
+}
+
+bool IsIpv6Literal(absl::string_view host) {
+  if (host.size() < 2 || host.size() > 47) return false;
+  int colons = 0;
+  for (char c : host) {
+    if (c == ':') {
+      ++colons;
+    } else if (!absl::ascii_isxdigit(static_cast<unsigned char>(c)) && c != '.') {
+      return false;
+    }
+  }
+  return colons >= 2;
+}
+
+}  // namespace
+
+absl::Status CheckMemberAddress(const std::string& address) {
+  auto invalid = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "register: address '", address.substr(0, 64), address.size() > 64 ? "..." : "",
+        "' ", why, "; expected host:port (a DNS name, an IPv4 literal or [IPv6]; "
+        "port 1..65535)"));
+  };
+  if (address.size() > 261) return invalid("is longer than 261 bytes");
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return invalid("has no port");
+  absl::string_view host = absl::string_view(address).substr(0, colon);
+  const absl::string_view port = absl::string_view(address).substr(colon + 1);
+  uint32_t port_number = 0;
+  if (port.empty() || port.size() > 5 ||
+      !std::all_of(port.begin(), port.end(),
+                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); }) ||
+      !absl::SimpleAtoi(port, &port_number) || port_number < 1 || port_number > 65535) {
+    return invalid(absl::StrCat("has port '", port.substr(0, 16), "', not 1..65535"));
+  }
+  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
+    if (!IsIpv6Literal(host.substr(1, host.size() - 2))) {
+      return invalid("has a malformed IPv6 literal");
+    }
+    return absl::OkStatus();
+  }
+  // A DNS name also covers IPv4 literals (digits and dots).
+  if (!IsDnsName(host)) return invalid("has a host that is neither a DNS name nor an IP literal");
+  return absl::OkStatus();
+}
+
+namespace {
 
 }  // namespace
 
@@ -50,10 +124,16 @@ struct Coordinator::Metrics {
                   .Name("recps_coordinator_shard_map_epoch")
                   .Help("Epoch of the current shard map (0: none yet)")
                   .Register(registry)
-                  .Add({})) {}
+                  .Add({})),
+        push_refusals(prometheus::BuildCounter()
+                          .Name("recps_coordinator_shard_map_push_refusals_total")
+                          .Help("Shard map pushes a shard server refused")
+                          .Register(registry)
+                          .Add({})) {}
   prometheus::Family<prometheus::Gauge>& members;
   prometheus::Family<prometheus::Counter>& expirations;
   prometheus::Gauge& epoch;
+  prometheus::Counter& push_refusals;
 };
 
 void Coordinator::Deferred::Run(Coordinator* c) {
@@ -71,6 +151,16 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   if (options.num_slots == 0) return absl::InvalidArgumentError("num_slots must be > 0");
   if (options.lease <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease must be positive");
+  }
+  if (options.world_size < 0) {
+    return absl::InvalidArgumentError("world_size must be >= 0 (0: not known)");
+  }
+  if (options.max_kv_key_bytes < 1 || options.max_kv_value_bytes < 0 ||
+      options.max_kv_keys < 1 || options.max_kv_bytes < 1) {
+    return absl::InvalidArgumentError("the kv limits must be positive");
+  }
+  if (options.max_members < 1) {
+    return absl::InvalidArgumentError("max_members must be >= 1");
   }
   if (!options.clock) options.clock = [] { return absl::Now(); };
   std::unique_ptr<Coordinator> c(
@@ -101,7 +191,7 @@ absl::Status Coordinator::Load() {
     }
     entry.last_heartbeat = now;
     next_sequence_ = std::max(next_sequence_, entry.record.sequence() + 1);
-    members_[entry.record.member_id()] = std::move(entry);
+    AddMember(std::move(entry));
   }
   absl::StatusOr<std::string> map = store_->Get(kShardMapKey);
   if (map.ok()) {
@@ -126,11 +216,14 @@ absl::Status Coordinator::Load() {
   } else if (!absl::IsNotFound(job.status())) {
     return job.status();
   }
-  RETURN_IF_ERROR(LoadPlan());
-  ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
-  for (auto& [key, value] : kv) {
-    kv_[key.substr(sizeof(kKvPrefix) - 1)] = std::move(value);
+  absl::StatusOr<std::string> started = store_->Get(kJobStartedKey);
+  if (started.ok()) {
+    job_started_ = *std::move(started);
+  } else if (!absl::IsNotFound(started.status())) {
+    return started.status();
   }
+  RETURN_IF_ERROR(LoadPlan());
+  RETURN_IF_ERROR(LoadKv());
   if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map_.epoch()));
   UpdateMemberGauges();
   return absl::OkStatus();
@@ -141,19 +234,61 @@ void Coordinator::SetMapPusher(MapPusher pusher) {
   pusher_ = std::move(pusher);
 }
 
-absl::Status Coordinator::SetJob(const v1::JobConfig& job) {
+absl::Status Coordinator::SetJob(const v1::JobConfig& job, bool replace) {
+  if (absl::Status s = config::ValidateJobConfig(job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("invalid job: ", s.message()));
+  }
   absl::MutexLock lock(&mu_);
   if (has_job_) {
     if (google::protobuf::util::MessageDifferencer::Equals(job_, job)) {
       return absl::OkStatus();
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the state in ", store_->path(), " holds a different job; run without "
-        "--job to keep it, or start a new cluster with a fresh --state_dir"));
+    std::string diff;
+    {
+      google::protobuf::util::MessageDifferencer differencer;
+      differencer.ReportDifferencesToString(&diff);
+      differencer.Compare(job_, job);
+    }
+    if (diff.size() > 300) diff = absl::StrCat(diff.substr(0, 300), "...");
+    const std::string what = absl::StrCat(
+        "the state in ", store_->path(), " holds a different job ('", job_.name(),
+        "'; differs in: ", absl::StripAsciiWhitespace(diff), ")");
+    if (!job_started_.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " and training progressed: ", job_started_,
+          ", so the shard servers may hold its rows; it cannot be replaced. "
+          "Run without --job to keep it, or start the new job with a fresh "
+          "--state_dir"));
+    }
+    if (!replace) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ". No worker has registered for it yet (no training progress), "
+          "so it may be replaced: restart with --replace_job, or run without "
+          "--job to keep it"));
+    }
+    RETURN_IF_ERROR(store_->Put(kJobKey, job.SerializeAsString()));
+    LogWarning(what, ": replaced (--replace_job; no worker had registered for it)");
+    // The old job's rendezvous entries are not the new job's.
+    for (const auto& [key, value] : kv_) {
+      RETURN_IF_ERROR(store_->Delete(absl::StrCat(KvScope(), key)));
+    }
+    job_ = job;
+    return LoadKv();
   }
   RETURN_IF_ERROR(store_->Put(kJobKey, job.SerializeAsString()));
   job_ = job;
   has_job_ = true;
+  return LoadKv();
+}
+
+absl::Status Coordinator::StoredJobStatus() const {
+  absl::MutexLock lock(&mu_);
+  if (!has_job_) return absl::OkStatus();
+  if (absl::Status s = config::ValidateJobConfig(job_); !s.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job stored in ", store_->path(), " is invalid: ", s.message(),
+        "; restart with --job=FILE (a valid job) and --replace_job"));
+  }
   return absl::OkStatus();
 }
 
@@ -171,43 +306,130 @@ absl::Status Coordinator::PutMember(const v1::MemberRecord& record) {
                      record.SerializeAsString());
 }
 
-Coordinator::MemberEntry* Coordinator::FindSameMember(
-    const v1::RegisterRequest& request) {
-  for (auto& [id, entry] : members_) {
-    const v1::MemberRecord& r = entry.record;
-    if (r.role() != request.role()) continue;
-    if (request.role() == v1::SHARD_SERVER && r.address() == request.address()) {
-      return &entry;
-    }
-    if (request.role() == v1::WORKER && request.rank() >= 0 &&
-        r.rank() == request.rank()) {
-      return &entry;
-    }
+void Coordinator::AddMember(MemberEntry entry) {
+  const v1::MemberRecord& r = entry.record;
+  if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
+    member_index_[key] = r.member_id();
   }
-  return nullptr;
+  // Ids are "<role>-<n>"; a new one never reuses a number still listed.
+  const std::string prefix = absl::StrCat(RoleName(r.role()), "-");
+  int64_t number = 0;
+  if (absl::StartsWith(r.member_id(), prefix) &&
+      absl::SimpleAtoi(r.member_id().substr(prefix.size()), &number)) {
+    int64_t& next = next_member_number_[r.role()];
+    next = std::max(next, number + 1);
+  }
+  const std::string id = r.member_id();
+  members_[id] = std::move(entry);
 }
 
-absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
+Coordinator::MemberEntry* Coordinator::FindSameMember(
     const v1::RegisterRequest& request) {
+  const std::string key = IndexKey(request.role(), request.address(), request.rank());
+  if (key.empty()) return nullptr;
+  auto it = member_index_.find(key);
+  if (it == member_index_.end()) return nullptr;
+  auto member = members_.find(it->second);
+  return member == members_.end() ? nullptr : &member->second;
+}
+
+absl::Status Coordinator::CheckRegister(const v1::RegisterRequest& request) const {
   if (request.role() != v1::SHARD_SERVER && request.role() != v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SHARD_SERVER or WORKER");
   }
   if (request.role() == v1::SHARD_SERVER && request.address().empty()) {
     return absl::InvalidArgumentError("register: a shard server must give its address");
   }
+  if (!request.address().empty()) RETURN_IF_ERROR(CheckMemberAddress(request.address()));
+  if (request.role() == v1::WORKER) {
+    const int32_t limit = MaxBarrierCount();
+    if (request.rank() < -1 || request.rank() >= limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "register: rank ", request.rank(), " is outside [0, ", limit, ")",
+          options_.world_size > 0 ? " (the job's world size, --world_size)"
+                                  : " (--max_members; --world_size not set)",
+          "; -1 for a worker without a rank"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CheckShardConfig(const v1::RegisterRequest& request) const {
+  if (request.role() != v1::SHARD_SERVER || request.num_slots() == 0) {
+    return absl::OkStatus();  // an older shard server: nothing reported
+  }
+  std::vector<std::string> differences;
+  const uint32_t cluster_slots = map_.epoch() > 0 ? map_.num_slots() : options_.num_slots;
+  if (request.num_slots() != cluster_slots) {
+    differences.push_back(absl::StrCat("it has --num_slots=", request.num_slots(),
+                                       ", the cluster has ", cluster_slots));
+  }
+  if (has_job_) {
+    std::map<std::string, const v1::TableConfig*> job_tables, shard_tables;
+    for (const v1::TableConfig& t : job_.tables()) job_tables[t.name()] = &t;
+    for (const v1::TableConfig& t : request.tables()) shard_tables[t.name()] = &t;
+    for (const auto& [name, t] : job_tables) {
+      auto it = shard_tables.find(name);
+      if (it == shard_tables.end()) {
+        differences.push_back(absl::StrCat("it lacks the job's table '", name,
+                                           "' (dim ", t->dim(), ")"));
+      } else if (it->second->dim() != t->dim()) {
+        differences.push_back(absl::StrCat("table '", name, "' has dim ",
+                                           it->second->dim(), ", the job's has ",
+                                           t->dim()));
+      } else if (!google::protobuf::util::MessageDifferencer::Equals(*it->second, *t)) {
+        std::string diff;
+        google::protobuf::util::MessageDifferencer differencer;
+        differencer.ReportDifferencesToString(&diff);
+        differencer.Compare(*t, *it->second);
+        if (diff.size() > 200) diff = absl::StrCat(diff.substr(0, 200), "...");
+        differences.push_back(absl::StrCat("table '", name, "' differs from the job's (",
+                                           absl::StripAsciiWhitespace(diff), ")"));
+      }
+    }
+    for (const auto& [name, t] : shard_tables) {
+      if (job_tables.count(name) == 0) {
+        differences.push_back(absl::StrCat("it serves table '", name.substr(0, 64),
+                                           "', which the job '", job_.name(),
+                                           "' does not have"));
+      }
+      if (differences.size() > 16) break;
+    }
+  }
+  if (differences.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "register: refused shard server ", request.address(),
+      ", it disagrees with the cluster: ", absl::StrJoin(differences, "; "),
+      ". Restart it with the coordinator's --num_slots and the job's tables "
+      "(recps-shard --job=<the job file>)"));
+}
+
+absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
+    const v1::RegisterRequest& request) {
+  RETURN_IF_ERROR(CheckRegister(request));
   Deferred deferred;
   v1::RegisterResponse response;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckShardConfig(request); !s.ok()) {
+      LogError(s.message());
+      return s;
+    }
     const absl::Time now = Now();
     MemberEntry* entry = FindSameMember(request);
     v1::MemberRecord record;
     if (entry != nullptr) {
       record = entry->record;
     } else {
-      int per_role = 0;
-      for (const auto& [id, e] : members_) per_role += e.record.role() == request.role();
-      record.set_member_id(absl::StrCat(RoleName(request.role()), "-", per_role));
+      if (members_.size() >= static_cast<size_t>(options_.max_members)) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "register: the coordinator keeps ", members_.size(),
+            " members, the limit is ", options_.max_members,
+            " (--max_members); remove expired ones with `recpsctl members "
+            "forget ID`"));
+      }
+      record.set_member_id(absl::StrCat(RoleName(request.role()), "-",
+                                        next_member_number_[request.role()]));
       record.set_role(request.role());
       record.set_sequence(next_sequence_);
     }
@@ -215,9 +437,18 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     record.set_rank(request.role() == v1::WORKER ? request.rank() : -1);
     record.set_state(v1::ALIVE);
     record.set_registered_unix_ms(ToUnixMs(now));
+    if (request.role() == v1::WORKER && has_job_ && job_started_.empty()) {
+      // From now on the job may have trained: it is no longer replaceable.
+      std::string started = absl::StrCat(record.member_id(), " (rank ", record.rank(),
+                                         ") registered for it at ",
+                                         absl::FormatTime(now, absl::UTCTimeZone()));
+      RETURN_IF_ERROR(store_->Put(kJobStartedKey, started));
+      job_started_ = std::move(started);
+    }
     RETURN_IF_ERROR(PutMember(record));
     if (entry == nullptr) {
       ++next_sequence_;
+      AddMember({record, now});
       entry = &members_[record.member_id()];
     }
     entry->record = record;
@@ -338,6 +569,68 @@ absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
   return absl::OkStatus();
 }
 
+v1::Member Coordinator::ToMember(const MemberEntry& e) const {
+  v1::Member m;
+  m.set_member_id(e.record.member_id());
+  m.set_role(e.record.role());
+  m.set_address(e.record.address());
+  m.set_rank(e.record.rank());
+  m.set_state(e.record.state());
+  m.set_registered_unix_ms(e.record.registered_unix_ms());
+  m.set_last_heartbeat_unix_ms(ToUnixMs(e.last_heartbeat));
+  return m;
+}
+
+absl::StatusOr<v1::Member> Coordinator::ForgetMember(const std::string& member_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(member_id);
+  if (it == members_.end()) {
+    return absl::NotFoundError(absl::StrCat("forget: no member '", member_id.substr(0, 64),
+                                            "'; `recpsctl status` lists them"));
+  }
+  const v1::MemberRecord& r = it->second.record;
+  if (r.state() == v1::ALIVE) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "forget: ", member_id, " is alive (last heartbeat ",
+        absl::FormatDuration(absl::Trunc(Now() - it->second.last_heartbeat,
+                                         absl::Milliseconds(1))),
+        " ago, lease ", absl::FormatDuration(options_.lease),
+        "); only an expired or left member can be forgotten: stop it first"));
+  }
+  RETURN_IF_ERROR(store_->Delete(absl::StrCat(kMemberPrefix, member_id)));
+  v1::Member forgotten = ToMember(it->second);
+  if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
+    auto index = member_index_.find(key);
+    if (index != member_index_.end() && index->second == member_id) {
+      member_index_.erase(index);
+    }
+  }
+  members_.erase(it);
+  UpdateMemberGauges();
+  LogInfo("forgot ", member_id, " (", RoleName(forgotten.role()),
+          forgotten.role() == v1::WORKER ? absl::StrCat(" rank ", forgotten.rank())
+                                         : absl::StrCat(" at ", forgotten.address()),
+          ", ", forgotten.state() == v1::EXPIRED ? "expired" : "left", ")");
+  return forgotten;
+}
+
+void Coordinator::RecordMapPush(const std::string& address, uint64_t epoch,
+                                const absl::Status& outcome) {
+  absl::MutexLock lock(&mu_);
+  if (outcome.ok()) {
+    auto it = push_refusals_.find(address);
+    if (it != push_refusals_.end() && it->second.epoch() <= epoch) push_refusals_.erase(it);
+    return;
+  }
+  if (metrics_ != nullptr) metrics_->push_refusals.Increment();
+  // Only servers of a map are pushed to, so this stays small.
+  v1::MapPushRefusal& r = push_refusals_[address];
+  r.set_address(address);
+  r.set_epoch(epoch);
+  r.set_message(std::string(outcome.message().substr(0, 1024)));
+  r.set_unix_ms(ToUnixMs(Now()));
+}
+
 v1::ListMembersResponse Coordinator::ListMembers() const {
   absl::MutexLock lock(&mu_);
   std::vector<const MemberEntry*> sorted;
@@ -346,19 +639,13 @@ v1::ListMembersResponse Coordinator::ListMembers() const {
     return a->record.sequence() < b->record.sequence();
   });
   v1::ListMembersResponse response;
-  for (const MemberEntry* e : sorted) {
-    v1::Member* m = response.add_members();
-    m->set_member_id(e->record.member_id());
-    m->set_role(e->record.role());
-    m->set_address(e->record.address());
-    m->set_rank(e->record.rank());
-    m->set_state(e->record.state());
-    m->set_registered_unix_ms(e->record.registered_unix_ms());
-    m->set_last_heartbeat_unix_ms(ToUnixMs(e->last_heartbeat));
-  }
+  for (const MemberEntry* e : sorted) *response.add_members() = ToMember(*e);
   response.set_shard_map_epoch(map_.epoch());
   response.set_expected_shard_servers(options_.num_shards);
   response.set_lease_expirations(lease_expirations_);
+  for (const auto& [address, refusal] : push_refusals_) {
+    *response.add_map_push_refusals() = refusal;
+  }
   return response;
 }
 

@@ -47,6 +47,19 @@ struct CoordinatorOptions {
   absl::Duration lease = absl::Seconds(10);
   // Waits and barriers that give no timeout use this one.
   absl::Duration default_wait = absl::Minutes(5);
+  // Workers of the job (--world_size); 0: not known. Bounds barrier counts
+  // and worker ranks; when 0, max_members bounds them instead.
+  int world_size = 0;
+  // Members the coordinator keeps (alive, expired and left): bounds its
+  // memory and the per-call work over the member table (--max_members).
+  int max_members = 1024;
+  // Key-value store limits (--max_kv_key_bytes, --max_kv_value_bytes,
+  // --max_kv_keys, --max_kv_bytes): a key's and a value's size, the keys
+  // of the job, and the bytes of its keys and values together.
+  int64_t max_kv_key_bytes = 256;
+  int64_t max_kv_value_bytes = 1 << 20;
+  int64_t max_kv_keys = 10000;
+  int64_t max_kv_bytes = int64_t{256} << 20;
   // Time source; default absl::Now. Tests inject a fake.
   std::function<absl::Time()> clock;
   // When set, the first map comes from the sharding planner (job tables +
@@ -55,6 +68,11 @@ struct CoordinatorOptions {
   // docs/planner.md.
   std::optional<v1::PlanSpec> plan_spec;
 };
+
+// OK when `address` is host:port with port 1..65535 and host a DNS name,
+// an IPv4 literal or a bracketed IPv6 literal; else INVALID_ARGUMENT saying
+// what is wrong.
+absl::Status CheckMemberAddress(const std::string& address);
 
 class Coordinator {
  public:
@@ -76,9 +94,16 @@ class Coordinator {
   // Set before serving; null or unset: maps are only watched, not pushed.
   void SetMapPusher(MapPusher pusher);
 
-  // Stores the job. FAILED_PRECONDITION when a different job is stored
-  // already (a running cluster does not switch jobs).
-  absl::Status SetJob(const v1::JobConfig& job);
+  // Stores the job after config::ValidateJobConfig (INVALID_ARGUMENT naming
+  // the field). When a different job is stored already: with `replace` and
+  // no training progress yet (no worker ever registered for the stored
+  // job) the job is replaced and the old job's KV entries dropped;
+  // otherwise FAILED_PRECONDITION saying whether --replace_job would do or
+  // why not.
+  absl::Status SetJob(const v1::JobConfig& job, bool replace = false);
+  // Why the stored job fails config::ValidateJobConfig (stored by an older
+  // coordinator); OK when it passes or there is none.
+  absl::Status StoredJobStatus() const;
   // FAILED_PRECONDITION when there is no job.
   absl::StatusOr<v1::JobConfig> GetJob() const;
 
@@ -87,6 +112,10 @@ class Coordinator {
       const v1::HeartbeatRequest& request);
   // Marks the member LEFT (a clean exit); its lease no longer runs.
   absl::Status Leave(const v1::LeaveRequest& request);
+  // Removes an EXPIRED or LEFT member (memory and state) and returns it as
+  // it was listed. FAILED_PRECONDITION for an ALIVE one, NOT_FOUND for an
+  // unknown id.
+  absl::StatusOr<v1::Member> ForgetMember(const std::string& member_id);
   v1::ListMembersResponse ListMembers() const;
 
   // UNAVAILABLE (naming how many servers are still missing) before the
@@ -114,7 +143,9 @@ class Coordinator {
   int64_t Watch(uint64_t after_epoch, WatchFn fn);
   void Unwatch(int64_t id);
 
-  // INVALID_ARGUMENT for an empty key.
+  // INVALID_ARGUMENT for an empty key or one or a value above its size
+  // limit; RESOURCE_EXHAUSTED when a new key would pass the key count or
+  // byte limit. Keys belong to the current job: a replaced job's are gone.
   absl::Status KvSet(const std::string& key, std::string value);
   // done(value) once `key` exists; NOT_FOUND at once when wait <= 0 and it
   // is absent; DEADLINE_EXCEEDED when the wait runs out.
@@ -124,6 +155,12 @@ class Coordinator {
   // done(OK) once request.count distinct arrivals met; DEADLINE_EXCEEDED
   // naming the missing ranks or workers when the timeout runs out.
   void Barrier(const v1::BarrierRequest& request, Done done);
+
+  // What became of a map push to `address` (from the pusher): OK clears a
+  // recorded refusal; an error records it for ListMembers and counts it in
+  // recps_coordinator_shard_map_push_refusals_total.
+  void RecordMapPush(const std::string& address, uint64_t epoch,
+                     const absl::Status& outcome);
 
   // Expires leases that ran out and fails waits whose deadline passed.
   void Tick();
@@ -149,6 +186,8 @@ class Coordinator {
   };
   struct BarrierState {
     int32_t count = 0;
+    // Earliest waiter deadline, so a tick skips the barrier in O(1).
+    absl::Time earliest_deadline = absl::InfiniteFuture();
     std::map<std::string, int32_t> arrived;  // who -> rank
     std::vector<BarrierWaiter> waiters;
   };
@@ -167,6 +206,16 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   MemberEntry* FindSameMember(const v1::RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT naming the field and the limit when a Register
+  // request is malformed.
+  absl::Status CheckRegister(const v1::RegisterRequest& request) const;
+  // FAILED_PRECONDITION naming every difference when a shard server's
+  // num_slots or tables differ from the cluster's and the job's.
+  absl::Status CheckShardConfig(const v1::RegisterRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds `entry` to members_ and the index.
+  void AddMember(MemberEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Member ToMember(const MemberEntry& e) const;
   // Builds the first map once enough shard servers are alive.
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The planned map over `servers` (sorted addresses); stores the plan
@@ -174,9 +223,19 @@ class Coordinator {
   absl::StatusOr<v1::ShardMap> BuildPlannedMap(const std::vector<std::string>& servers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
+  std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loads the current job's KV entries and deletes any other job's.
+  absl::Status LoadKv() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when `key` is empty or too long.
+  absl::Status CheckKvKey(absl::string_view what, const std::string& key) const;
+  absl::Status TooManyWaiters(absl::string_view what) const;
   void UpdateMemberGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const v1::ShardMap& map);
   void CompleteKvWaiters(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The largest barrier count (and worker rank + 1) accepted: the world
+  // size when known, else max_members.
+  int32_t MaxBarrierCount() const;
   std::string MissingFromBarrier(const std::string& name,
                                  const BarrierState& barrier) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -192,12 +251,22 @@ class Coordinator {
   mutable absl::Mutex mu_;
   // By member id; ordered by MemberRecord.sequence when listed.
   absl::flat_hash_map<std::string, MemberEntry> members_ ABSL_GUARDED_BY(mu_);
+  // "shard <address>" / "worker <rank>" -> member id: who re-registers as
+  // whom, without a scan of members_.
+  absl::flat_hash_map<std::string, std::string> member_index_ ABSL_GUARDED_BY(mu_);
+  // Next number of a new member id, per role ("shard-<n>", "worker-<n>").
+  absl::flat_hash_map<int, int64_t> next_member_number_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t lease_expirations_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;
+  // Who first registered as a worker for the job, and when (stored as
+  // "job_started"); empty: no training progress yet, so the job may be
+  // replaced.
+  std::string job_started_ ABSL_GUARDED_BY(mu_);
   v1::JobConfig job_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
+  int64_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values in kv_
   std::vector<KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   MapPusher pusher_ ABSL_GUARDED_BY(mu_);
@@ -205,6 +274,8 @@ class Coordinator {
   // planning failed.
   v1::ShardingPlan plan_ ABSL_GUARDED_BY(mu_);
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
+  // The latest refused push per server address (only servers of a map).
+  std::map<std::string, v1::MapPushRefusal> push_refusals_ ABSL_GUARDED_BY(mu_);
 
   // Separate from mu_ so watchers run outside it, and Unwatch can wait for
   // a delivery in progress.

@@ -11,6 +11,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -20,7 +22,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/config/job_config.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/port_file.h"
@@ -45,6 +49,10 @@ ABSL_FLAG(std::string, job, "",
           "path of the job (text-format recps.v1.JobConfig) handed to every "
           "member; optional when the state dir already holds one (it must "
           "then be the same job)");
+ABSL_FLAG(bool, replace_job, false,
+          "when the state dir holds a different job that no worker has "
+          "registered for yet (no training progress), replace it with --job; "
+          "refused, saying why, once a worker registered for it");
 ABSL_FLAG(int, num_shards, 0,
           "shard servers to wait for: once this many registered, the "
           "coordinator builds shard map epoch 1 over them and pushes it. "
@@ -56,6 +64,21 @@ ABSL_FLAG(std::string, plan_spec, "",
           "and GetPlan serves the plan (docs/planner.md)");
 ABSL_FLAG(uint32_t, num_slots, 4096,
           "slots of the cluster (fixed for its life; a stored map keeps its own)");
+ABSL_FLAG(int, world_size, 0,
+          "workers of the job: the largest barrier count and worker rank + 1 "
+          "accepted. 0: not known, --max_members bounds them instead");
+ABSL_FLAG(int, max_members, 1024,
+          "members kept (alive, expired and left); registering one more is "
+          "refused until `recpsctl members forget` removes an expired one. "
+          "Also bounds open barriers, and barrier counts without --world_size");
+ABSL_FLAG(int64_t, max_kv_key_bytes, 256, "longest key-value store key, in bytes");
+ABSL_FLAG(int64_t, max_kv_value_bytes, 1 << 20,
+          "largest key-value store value, in bytes (default 1 MiB)");
+ABSL_FLAG(int64_t, max_kv_keys, 10000,
+          "keys the job may hold in the key-value store (kept across runs of "
+          "the job; a replaced job's keys are dropped)");
+ABSL_FLAG(int64_t, max_kv_bytes, int64_t{256} << 20,
+          "bytes of all keys and values of the job together (default 256 MiB)");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "a member that sends no heartbeat for this long is marked expired");
 ABSL_FLAG(absl::Duration, tick, absl::Milliseconds(50),
@@ -94,6 +117,11 @@ int Run() {
       LogError(s.message());
       return 2;
     }
+    // The workers' own check: a job they would refuse is never stored.
+    if (absl::Status s = config::ValidateJobConfig(job); !s.ok()) {
+      LogError("--job=", job_path, ": ", s.message());
+      return 2;
+    }
   }
   absl::StatusOr<std::unique_ptr<CoordinatorStore>> store =
       CoordinatorStore::Open(state_dir);
@@ -107,6 +135,12 @@ int Run() {
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_slots = absl::GetFlag(FLAGS_num_slots);
   options.lease = absl::GetFlag(FLAGS_lease);
+  options.world_size = absl::GetFlag(FLAGS_world_size);
+  options.max_members = absl::GetFlag(FLAGS_max_members);
+  options.max_kv_key_bytes = absl::GetFlag(FLAGS_max_kv_key_bytes);
+  options.max_kv_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
+  options.max_kv_keys = absl::GetFlag(FLAGS_max_kv_keys);
+  options.max_kv_bytes = absl::GetFlag(FLAGS_max_kv_bytes);
   if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
     v1::PlanSpec spec;
     if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {
@@ -122,15 +156,36 @@ int Run() {
     return 2;
   }
   if (!job_path.empty()) {
-    if (absl::Status s = (*coordinator)->SetJob(job); !s.ok()) {
+    if (absl::Status s = (*coordinator)->SetJob(job, absl::GetFlag(FLAGS_replace_job));
+        !s.ok()) {
       LogError(s.message());
       return 2;
     }
+  } else if (absl::Status s = (*coordinator)->StoredJobStatus(); !s.ok()) {
+    LogError(s.message());
+    return 2;
   } else if (!(*coordinator)->GetJob().ok()) {
     LogWarning("no job yet (no --job, none in ", state_dir,
                "): members get none and GetJob fails");
   }
-  ShardMapPusher pusher;
+  // The pusher's thread outlives the coordinator (see the end of Run()):
+  // it reports through a pointer that is cleared first.
+  struct PushSink {
+    absl::Mutex mu;
+    Coordinator* coordinator ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  auto sink = std::make_shared<PushSink>();
+  {
+    absl::MutexLock lock(&sink->mu);
+    sink->coordinator = coordinator->get();
+  }
+  ShardMapPusher pusher([sink](const std::string& address, uint64_t epoch,
+                               const absl::Status& outcome) {
+    absl::MutexLock lock(&sink->mu);
+    if (sink->coordinator != nullptr) {
+      sink->coordinator->RecordMapPush(address, epoch, outcome);
+    }
+  });
   (*coordinator)
       ->SetMapPusher([&pusher](const std::string& address, const v1::ShardMap& map) {
         pusher.Push(address, map);
@@ -153,6 +208,10 @@ int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
   builder.RegisterService(&service);
+  // Room for the largest value a KvSet may carry, and not much more: a
+  // bigger request is refused by gRPC before it is parsed.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
+      std::max<int64_t>(options.max_kv_value_bytes + (1 << 20), 4 << 20), INT32_MAX)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);
@@ -179,6 +238,10 @@ int Run() {
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
   server->Wait();
+  {
+    absl::MutexLock lock(&sink->mu);
+    sink->coordinator = nullptr;
+  }
   coordinator->reset();  // closes RocksDB
   LogInfo("stopped");
   // The state is closed. Skip the metrics exposer's destructor (civetweb

@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -15,15 +16,88 @@ namespace recps::server {
 namespace {
 
 constexpr char kKvPrefix[] = "kv/";
+constexpr size_t kMaxBarrierNameBytes = 256;
+// Keys one KvWait may wait for (Gloo waits for a handful): every KvSet
+// looks at each pending wait's keys under the lock.
+constexpr size_t kMaxKvWaitKeys = 256;
+// Names listed in a barrier's timeout message; the rest are counted.
+constexpr int kMaxListed = 16;
+
+// "a, b, c" for the first kMaxListed items, then "... (N in all)".
+template <typename T>
+std::string JoinSome(const std::vector<T>& items) {
+  if (items.size() <= static_cast<size_t>(kMaxListed)) return absl::StrJoin(items, ", ");
+  std::vector<T> head(items.begin(), items.begin() + kMaxListed);
+  return absl::StrCat(absl::StrJoin(head, ", "), ", ... (", items.size(), " in all)");
+}
 
 }  // namespace
 
+std::string Coordinator::KvScope() const {
+  return absl::StrCat(kKvPrefix, job_.name().size(), ":", job_.name(), "/");
+}
+
+absl::Status Coordinator::LoadKv() {
+  kv_.clear();
+  kv_bytes_ = 0;
+  const std::string scope = KvScope();
+  ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
+  int dropped = 0;
+  for (auto& [key, value] : kv) {
+    if (!absl::StartsWith(key, scope)) {
+      // Another job's (or an older layout's): not this job's to see.
+      RETURN_IF_ERROR(store_->Delete(key));
+      ++dropped;
+      continue;
+    }
+    std::string name = key.substr(scope.size());
+    kv_bytes_ += static_cast<int64_t>(name.size() + value.size());
+    kv_[std::move(name)] = std::move(value);
+  }
+  if (dropped > 0) {
+    LogInfo("dropped ", dropped, " key-value entries of another job");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CheckKvKey(absl::string_view what,
+                                     const std::string& key) const {
+  if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty key"));
+  if (static_cast<int64_t>(key.size()) > options_.max_kv_key_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": key '", key.substr(0, 32), "...' is ", key.size(),
+        " bytes, the limit is ", options_.max_kv_key_bytes, " (--max_kv_key_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Coordinator::KvSet(const std::string& key, std::string value) {
-  if (key.empty()) return absl::InvalidArgumentError("kv set: empty key");
+  RETURN_IF_ERROR(CheckKvKey("kv set", key));
+  if (static_cast<int64_t>(value.size()) > options_.max_kv_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv set '", key, "': value is ", value.size(), " bytes, the limit is ",
+        options_.max_kv_value_bytes, " (--max_kv_value_bytes)"));
+  }
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(store_->Put(absl::StrCat(kKvPrefix, key), value));
+    auto it = kv_.find(key);
+    const int64_t old_bytes =
+        it == kv_.end() ? 0 : static_cast<int64_t>(key.size() + it->second.size());
+    const int64_t new_bytes = static_cast<int64_t>(key.size() + value.size());
+    if (it == kv_.end() && static_cast<int64_t>(kv_.size()) >= options_.max_kv_keys) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kv set '", key, "': the job has ", kv_.size(), " keys, the limit is ",
+          options_.max_kv_keys, " (--max_kv_keys)"));
+    }
+    if (kv_bytes_ - old_bytes + new_bytes > options_.max_kv_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kv set '", key, "': the job's keys and values would take ",
+          kv_bytes_ - old_bytes + new_bytes, " bytes, the limit is ",
+          options_.max_kv_bytes, " (--max_kv_bytes)"));
+    }
+    RETURN_IF_ERROR(store_->Put(absl::StrCat(KvScope(), key), value));
+    kv_bytes_ += new_bytes - old_bytes;
     kv_[key] = std::move(value);
     CompleteKvWaiters(&deferred);
   }
@@ -47,10 +121,16 @@ void Coordinator::CompleteKvWaiters(Deferred* deferred) {
   }
 }
 
+absl::Status Coordinator::TooManyWaiters(absl::string_view what) const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, ": ", options_.max_members, " waits are pending already, the limit is ",
+      options_.max_members, " (--max_members)"));
+}
+
 void Coordinator::KvGet(const std::string& key, absl::Duration wait,
                         ValueDone done) {
-  if (key.empty()) {
-    std::move(done)(absl::InvalidArgumentError("kv get: empty key"));
+  if (absl::Status s = CheckKvKey("kv get", key); !s.ok()) {
+    std::move(done)(s);
     return;
   }
   absl::StatusOr<std::string> result;
@@ -61,6 +141,8 @@ void Coordinator::KvGet(const std::string& key, absl::Duration wait,
       result = it->second;
     } else if (wait <= absl::ZeroDuration()) {
       result = absl::NotFoundError(absl::StrCat("kv get: no key '", key, "'"));
+    } else if (kv_waiters_.size() >= static_cast<size_t>(options_.max_members)) {
+      result = TooManyWaiters("kv get");
     } else {
       kv_waiters_.push_back({{key}, Now() + wait, std::move(done)});
       return;
@@ -75,9 +157,14 @@ void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
     std::move(done)(absl::OkStatus());
     return;
   }
+  if (keys.size() > kMaxKvWaitKeys) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "kv wait: ", keys.size(), " keys, the limit is ", kMaxKvWaitKeys)));
+    return;
+  }
   for (const std::string& key : keys) {
-    if (key.empty()) {
-      std::move(done)(absl::InvalidArgumentError("kv wait: empty key"));
+    if (absl::Status s = CheckKvKey("kv wait", key); !s.ok()) {
+      std::move(done)(s);
       return;
     }
   }
@@ -85,11 +172,18 @@ void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    kv_waiters_.push_back(
-        {std::move(keys), Now() + timeout,
-         [done = std::move(done)](absl::StatusOr<std::string> v) mutable {
-           std::move(done)(v.status());
-         }});
+    if (kv_waiters_.size() >= static_cast<size_t>(options_.max_members)) {
+      deferred.calls.push_back([done = std::move(done),
+                                error = TooManyWaiters("kv wait")]() mutable {
+        std::move(done)(error);
+      });
+    } else {
+      kv_waiters_.push_back(
+          {std::move(keys), Now() + timeout,
+           [done = std::move(done)](absl::StatusOr<std::string> v) mutable {
+             std::move(done)(v.status());
+           }});
+    }
     CompleteKvWaiters(&deferred);  // maybe every key is there already
   }
   deferred.Run(this);
@@ -114,14 +208,31 @@ void Coordinator::ExpireKvWaiters(absl::Time now, Deferred* deferred) {
   }
 }
 
+int32_t Coordinator::MaxBarrierCount() const {
+  return options_.world_size > 0 ? options_.world_size : options_.max_members;
+}
+
 void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   const std::string& name = request.name();
+  // Checked before taking the lock: nothing below may do work proportional
+  // to a count the client picked.
+  const int32_t max_count = MaxBarrierCount();
   absl::Status invalid;
   if (name.empty()) {
     invalid = absl::InvalidArgumentError("barrier: empty name");
+  } else if (name.size() > kMaxBarrierNameBytes) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier: name is ", name.size(), " bytes, the limit is ",
+        kMaxBarrierNameBytes));
   } else if (request.count() < 1) {
     invalid = absl::InvalidArgumentError(
         absl::StrCat("barrier '", name, "': count must be >= 1"));
+  } else if (request.count() > max_count) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier '", name, "': count ", request.count(), " is above the limit ",
+        max_count,
+        options_.world_size > 0 ? " (the job's world size, --world_size)"
+                                : " (--max_members; --world_size not set)"));
   } else if (request.rank() >= request.count()) {
     invalid = absl::InvalidArgumentError(absl::StrCat(
         "barrier '", name, "': rank ", request.rank(), " is not below count ",
@@ -129,6 +240,10 @@ void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   } else if (request.rank() < 0 && request.member_id().empty()) {
     invalid = absl::InvalidArgumentError(
         absl::StrCat("barrier '", name, "': give a rank or a member_id"));
+  } else if (request.member_id().size() > kMaxBarrierNameBytes) {
+    invalid = absl::InvalidArgumentError(absl::StrCat(
+        "barrier '", name, "': member_id is ", request.member_id().size(),
+        " bytes, the limit is ", kMaxBarrierNameBytes));
   }
   if (!invalid.ok()) {
     std::move(done)(invalid);
@@ -143,18 +258,32 @@ void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   std::vector<Done> ready;
   {
     absl::MutexLock lock(&mu_);
-    BarrierState& barrier = barriers_[name];
-    if (barrier.count == 0) barrier.count = request.count();
-    if (barrier.count != request.count()) {
+    auto it = barriers_.find(name);
+    if (it == barriers_.end()) {
+      if (barriers_.size() >= static_cast<size_t>(options_.max_members)) {
+        invalid = absl::ResourceExhaustedError(absl::StrCat(
+            "barrier '", name, "': ", barriers_.size(),
+            " barriers are open already, the limit is ", options_.max_members,
+            " (--max_members)"));
+      } else {
+        it = barriers_.emplace(name, BarrierState()).first;
+        it->second.count = request.count();
+      }
+    }
+    if (!invalid.ok()) {
+      // refused above
+    } else if (BarrierState& barrier = it->second; barrier.count != request.count()) {
       invalid = absl::InvalidArgumentError(
           absl::StrCat("barrier '", name, "': count ", request.count(),
                        " differs from the ", barrier.count, " of earlier arrivals"));
     } else {
+      const absl::Time deadline = Now() + timeout;
       barrier.arrived[who] = request.rank();
-      barrier.waiters.push_back({who, request.rank(), Now() + timeout, std::move(done)});
+      barrier.earliest_deadline = std::min(barrier.earliest_deadline, deadline);
+      barrier.waiters.push_back({who, request.rank(), deadline, std::move(done)});
       if (static_cast<int32_t>(barrier.arrived.size()) >= barrier.count) {
         for (BarrierWaiter& w : barrier.waiters) ready.push_back(std::move(w.done));
-        barriers_.erase(name);  // complete: the name can be used again
+        barriers_.erase(it);  // complete: the name can be used again
       }
     }
   }
@@ -175,13 +304,13 @@ std::string Coordinator::MissingFromBarrier(const std::string& name,
   }
   std::string message = absl::StrCat(
       "barrier '", name, "': ", barrier.arrived.size(), " of ", barrier.count,
-      " arrived (", absl::StrJoin(arrived, ", "), ")");
+      " arrived (", JoinSome(arrived), ")");
   if (!ranks.empty()) {
     std::vector<int32_t> missing;
     for (int32_t r = 0; r < barrier.count; ++r) {
       if (ranks.count(r) == 0) missing.push_back(r);
     }
-    absl::StrAppend(&message, "; missing rank(s) ", absl::StrJoin(missing, ", "));
+    absl::StrAppend(&message, "; missing rank(s) ", JoinSome(missing));
   } else {
     // Arrivals by member id: name the workers that did not come.
     std::vector<std::string> absent;
@@ -193,7 +322,7 @@ std::string Coordinator::MissingFromBarrier(const std::string& name,
     std::sort(absent.begin(), absent.end());
     absl::StrAppend(&message, "; missing ", barrier.count - barrier.arrived.size(),
                     absent.empty() ? "" : ", workers not arrived: ",
-                    absl::StrJoin(absent, ", "));
+                    JoinSome(absent));
   }
   return message;
 }
@@ -201,10 +330,17 @@ std::string Coordinator::MissingFromBarrier(const std::string& name,
 void Coordinator::ExpireBarrierWaiters(absl::Time now, Deferred* deferred) {
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     BarrierState& barrier = it->second;
+    // Most ticks find nothing due: no per-barrier work then.
+    if (barrier.earliest_deadline > now) {
+      ++it;
+      continue;
+    }
     const std::string message = MissingFromBarrier(it->first, barrier);
     std::vector<BarrierWaiter> kept;
+    barrier.earliest_deadline = absl::InfiniteFuture();
     for (BarrierWaiter& w : barrier.waiters) {
       if (w.deadline > now) {
+        barrier.earliest_deadline = std::min(barrier.earliest_deadline, w.deadline);
         kept.push_back(std::move(w));
         continue;
       }

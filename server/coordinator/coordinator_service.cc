@@ -257,6 +257,16 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMembers(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::ForgetMember(
+    grpc::CallbackServerContext* context, const v1::ForgetMemberRequest* request,
+    v1::ForgetMemberResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::Member> member = coordinator_->ForgetMember(request->member_id());
+  if (member.ok()) *response->mutable_member() = *std::move(member);
+  Finish("ForgetMember", reactor, member.status());
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
     grpc::CallbackServerContext* context, const v1::GetPlanRequest*,
     v1::GetPlanResponse* response) {
@@ -269,7 +279,18 @@ grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
 
 // --- ShardMapPusher ---------------------------------------------------------
 
-ShardMapPusher::ShardMapPusher() : thread_([this] { Loop(); }) {}
+ShardMapPusher::ShardMapPusher(ResultFn on_result)
+    : on_result_(std::move(on_result)), thread_([this] { Loop(); }) {}
+
+bool ShardMapPusher::HasEpoch(const std::string& address, uint64_t epoch) {
+  auto stub = v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+  grpc::ClientContext context;
+  rpc::SetTimeout(absl::Seconds(5), &context);
+  v1::ShardMap current;
+  return stub->GetShardMap(&context, v1::GetShardMapRequest(), &current).ok() &&
+         current.epoch() >= epoch;
+}
 
 ShardMapPusher::~ShardMapPusher() {
   {
@@ -323,9 +344,27 @@ void ShardMapPusher::Loop() {
     request.set_self(address);
     v1::SetShardMapResponse response;
     const grpc::Status s = stub->SetShardMap(&context, request, &response);
-    // FAILED_PRECONDITION: it has this epoch or a newer one already.
-    if (s.ok() || s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      LogInfo("shard map epoch ", map.epoch(), " is on ", address);
+    // ALREADY_EXISTS: it has this epoch or a newer one. FAILED_PRECONDITION
+    // means the same from an older server, or a refusal (the map would take
+    // away slots that hold rows): its current epoch tells them apart.
+    bool delivered = s.ok() || s.error_code() == grpc::StatusCode::ALREADY_EXISTS;
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      delivered = HasEpoch(address, map.epoch());
+      if (!delivered) {
+        LogError("shard server ", address, " refused shard map epoch ", map.epoch(),
+                 ": ", s.error_message());
+        if (on_result_) {
+          on_result_(address, map.epoch(),
+                     absl::FailedPreconditionError(s.error_message()));
+        }
+        retries.erase(address);
+        continue;
+      }
+    }
+    if (delivered) {
+      LogInfo("shard map epoch ", map.epoch(), " is on ", address,
+              s.ok() ? "" : " (it had it already)");
+      if (on_result_) on_result_(address, map.epoch(), absl::OkStatus());
       retries.erase(address);
       continue;
     }

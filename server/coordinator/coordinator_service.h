@@ -7,6 +7,7 @@
 #ifndef RECPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 #define RECPS_SERVER_COORDINATOR_COORDINATOR_SERVICE_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -74,6 +75,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ListMembers(grpc::CallbackServerContext* context,
                                         const v1::ListMembersRequest* request,
                                         v1::ListMembersResponse* response) override;
+  grpc::ServerUnaryReactor* ForgetMember(grpc::CallbackServerContext* context,
+                                         const v1::ForgetMemberRequest* request,
+                                         v1::ForgetMemberResponse* response) override;
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
                                     const v1::GetPlanRequest* request,
                                     v1::GetPlanResponse* response) override;
@@ -98,7 +102,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 // server replaces one not yet delivered.
 class ShardMapPusher {
  public:
-  ShardMapPusher();
+  // Told, from the pusher's thread, what became of each push that ended:
+  // OK when delivered (or the server had that epoch already), the server's
+  // refusal otherwise.
+  using ResultFn = std::function<void(const std::string& address, uint64_t epoch,
+                                      const absl::Status& outcome)>;
+  explicit ShardMapPusher(ResultFn on_result = nullptr);
   ~ShardMapPusher();  // stops; undelivered maps are dropped
 
   // Never blocks; usable as a Coordinator::MapPusher.
@@ -106,7 +115,10 @@ class ShardMapPusher {
 
  private:
   void Loop();
+  // Whether the server at `address` routes by `epoch` or a newer map.
+  static bool HasEpoch(const std::string& address, uint64_t epoch);
 
+  const ResultFn on_result_;
   absl::Mutex mu_;
   std::map<std::string, v1::ShardMap> pending_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

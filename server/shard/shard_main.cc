@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -129,6 +130,9 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
   if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
   return c;
 }
+
+// Set when the coordinator refused the registration: exit non-zero.
+std::atomic<bool> registration_refused{false};
 
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
@@ -274,7 +278,15 @@ int Run() {
     request.set_role(v1::SHARD_SERVER);
     request.set_address(advertise);
     request.set_rank(-1);
-    lease = std::make_unique<client::CoordinatorLease>(coordinator.get(), request);
+    // What the coordinator checks against the cluster and the job.
+    request.set_num_slots(store_options.num_slots);
+    *request.mutable_tables() = config->tables();
+    lease = std::make_unique<client::CoordinatorLease>(
+        coordinator.get(), request, nullptr, [](const absl::Status& refused) {
+          LogError("the coordinator refused this shard server: ", refused.message());
+          registration_refused.store(true);
+          kill(getpid(), SIGTERM);  // ends the sigwait below
+        });
   }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {
@@ -297,7 +309,7 @@ int Run() {
   // destructor: civetweb polls its threads down for about a second, which
   // would only delay a restart or a rolling update.
   std::fflush(nullptr);
-  _exit(0);
+  _exit(registration_refused.load() ? 2 : 0);
 }
 
 }  // namespace

@@ -179,6 +179,19 @@ TEST(BuildClusterStatusTest, WorkersThatLeftAreNotAProblem) {
   EXPECT_THAT(FormatClusterStatus(status), HasSubstr("1 left"));
 }
 
+TEST(BuildClusterStatusTest, ARefusedMapPushIsAProblem) {
+  ClusterSnapshot s = TwoServers(Stats(1, 0, 1.0), Stats(1, 0, 1.0));
+  v1::MapPushRefusal* r = s.members->add_map_push_refusals();
+  r->set_address("b:2");
+  r->set_epoch(2);
+  r->set_message("epoch 2 would take away slots 3-4 holding 12 rows");
+  const v1::ClusterStatus status = BuildClusterStatus(nullptr, s);
+  EXPECT_FALSE(status.healthy());
+  EXPECT_THAT(status.problems(),
+              ::testing::Contains(HasSubstr(
+                  "shard server b:2 refused shard map epoch 2: epoch 2 would take away")));
+}
+
 TEST(BuildClusterStatusTest, ProblemsMakeItUnhealthy) {
   ClusterSnapshot s =
       TwoServers(Stats(1, 0, 1.0, /*epoch=*/0), Stats(1, 0, 1.0));

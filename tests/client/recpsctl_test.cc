@@ -315,6 +315,58 @@ TEST_F(RecpsctlTest, HelpAndUsageErrors) {
   EXPECT_THAT(nowhere.err, HasSubstr("--coordinator"));
 }
 
+TEST_F(RecpsctlTest, AddressesArePortCheckedAndTheWrongServiceIsNamed) {
+  // gRPC would wrap port 99999 to 34463 and ask whatever listens there.
+  Output r = RunCtl(*dir_, {"status", "--coordinator=127.0.0.1:99999"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("port 99999 is outside 1..65535"));
+  r = RunCtl(*dir_, {"status", "--coordinator=" + coordinator_->address()},
+             "RECPS_COORDINATOR=127.0.0.1:0");
+  EXPECT_EQ(r.code, 0) << r.err;  // the flag wins over the environment
+  r = RunCtl(*dir_, {"status"}, "RECPS_COORDINATOR=127.0.0.1:0");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("RECPS_COORDINATOR=127.0.0.1:0: port 0"));
+  r = RunCtl(*dir_, {"shards", "--server=" + servers_[0] + ",127.0.0.1:65536"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--server=127.0.0.1:65536"));
+  EXPECT_EQ(RunCtl(*dir_, {"status", "--coordinator=localhost"}).code, 2);
+
+  // A shard server's port is not a coordinator: say so, not "".
+  r = RunCtl(*dir_, {"status", "--coordinator=" + servers_[0]});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr(servers_[0] + " answered but is not a coordinator"));
+  EXPECT_THAT(r.err, HasSubstr("UNIMPLEMENTED"));
+  r = RunCtl(*dir_, {"shards", "--server=" + coordinator_->address()});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("is not a shard server"));
+}
+
+TEST(RecpsctlPlanLimitsTest, CountFlagsAreBoundedAndSayTheLimit) {
+  TempDir dir;
+  const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
+  const absl::Time start = absl::Now();
+  // Once grew to 7.9 GB and died; 100000 ran past a minute.
+  for (const char* servers : {"--servers=100000000", "--servers=100000"}) {
+    const Output r = RunCtl(dir, {"plan", job, servers, "--memory=1GiB"});
+    EXPECT_EQ(r.code, 2) << servers;
+    EXPECT_THAT(r.err, HasSubstr("the limit is 4096"));
+  }
+  Output r = RunCtl(dir, {"plan", job, "--servers=2", "--memory=1GiB",
+                          "--workers=1000000000"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--workers=1000000000: the limit is 65536"));
+  r = RunCtl(dir, {"plan", job, "--servers=2", "--memory=1GiB", "--batch_size=99999999999"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--batch_size=99999999999: the limit is"));
+  r = RunCtl(dir, {"status", "--coordinator=127.0.0.1:1", "--timeout=1000h"});
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("the limit is 1h"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // The largest allowed plan still runs.
+  r = RunCtl(dir, {"plan", job, "--servers=4096", "--memory=1GiB"});
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 TEST_F(RecpsctlTest, UnreachableCoordinatorFailsFastWithExitCode1) {
   // Port 1: nothing listens there. A refused connection must not wait for
   // the 60 s deadline.
@@ -440,6 +492,71 @@ TEST(RecpsctlHealthTest, ADeadShardServerMakesStatusExit3) {
   EXPECT_THAT(text.out, HasSubstr("UNHEALTHY (2 problems)"));
   EXPECT_THAT(text.out, HasSubstr(address + ": lease expired"));
   EXPECT_EQ(RunCtl(dir, {"tables", "--timeout=2s", where}).code, 3);
+}
+
+// `members forget` removes expired members (fakes included) for good, and
+// refuses a live one.
+TEST(RecpsctlMembersTest, ForgetRemovesAnExpiredMemberAndRefusesALiveOne) {
+  TempDir dir;
+  const std::vector<std::string> args = {"--state_dir=" + dir.path() + "/state",
+                                         "--lease=500ms", "--tick=20ms"};
+  auto coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  auto stub = v1::Coordinator::NewStub(
+      rpc::MakeChannel((*coordinator)->address(), rpc::ChannelKind::kControl));
+  auto list = [&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ListMembersResponse members;
+    EXPECT_TRUE(stub->ListMembers(&ctx, v1::ListMembersRequest(), &members).ok());
+    return members;
+  };
+  std::string fake_id;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address("10.1.2.3:7000");  // nobody there: it never heartbeats
+    v1::RegisterResponse response;
+    ASSERT_TRUE(stub->Register(&ctx, request, &response).ok());
+    fake_id = response.member_id();
+  }
+  const std::string where = "--coordinator=" + (*coordinator)->address();
+  // Alive: refused, and it stays.
+  Output out = RunCtl(dir, {"members", "forget", fake_id, where});
+  EXPECT_EQ(out.code, 1) << out.err;
+  EXPECT_THAT(out.err, HasSubstr("is alive"));
+  EXPECT_EQ(list().members_size(), 1);
+
+  ASSERT_TRUE(testing::Eventually([&] {
+    const v1::ListMembersResponse members = list();
+    return members.members_size() == 1 && members.members(0).state() == v1::EXPIRED;
+  }));
+  out = RunCtl(dir, {"status", "--interval=0", "--json", where});
+  EXPECT_EQ(out.code, 3);
+  EXPECT_THAT(absl::StrJoin(ParseJson<v1::ClusterStatus>(out.out).problems(), "; "),
+              HasSubstr(fake_id));
+  out = RunCtl(dir, {"members", "forget", fake_id, where});
+  EXPECT_EQ(out.code, 0) << out.err;
+  EXPECT_THAT(out.out, HasSubstr("forgot " + fake_id));
+  EXPECT_EQ(list().members_size(), 0);
+  out = RunCtl(dir, {"members", "forget", fake_id, where});
+  EXPECT_EQ(out.code, 1);
+  EXPECT_THAT(out.err, HasSubstr("no member"));
+  EXPECT_EQ(RunCtl(dir, {"members", "drop", fake_id, where}).code, 2);
+
+  // Gone from the state too: a restart does not bring it back.
+  ASSERT_TRUE((*coordinator)->Terminate().ok());
+  coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  stub = v1::Coordinator::NewStub(
+      rpc::MakeChannel((*coordinator)->address(), rpc::ChannelKind::kControl));
+  EXPECT_EQ(list().members_size(), 0);
+  out = RunCtl(dir, {"status", "--interval=0", "--json",
+                     "--coordinator=" + (*coordinator)->address()});
+  EXPECT_THAT(absl::StrJoin(ParseJson<v1::ClusterStatus>(out.out).problems(), "; "),
+              ::testing::Not(HasSubstr(fake_id)));
 }
 
 }  // namespace

@@ -27,7 +27,11 @@ using testing::TempDir;
 constexpr char kJob[] = R"(
 tables { name: "user" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } }
 tables { name: "item" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
-training { batch_size: 32 steps: 10 seed: 7 consistency { mode: ASYNC } }
+features { name: "f0" table: "user" }
+features { name: "f1" table: "item" }
+model { bottom_mlp: 8 top_mlp: 1 }
+training { batch_size: 32 steps: 10 seed: 7 consistency { mode: ASYNC } eval_batches: 1 eval_interval: 5 dense_optimizer { kind: SGD learning_rate: 0.1 } }
+data { synthetic { seed: 1 num_dense: 4 features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } } }
 )";
 
 constexpr char kSpec[] = R"(

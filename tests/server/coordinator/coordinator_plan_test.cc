@@ -5,6 +5,7 @@
 
 #include "common/wire/shard_map.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_store.h"
@@ -40,6 +41,17 @@ class CoordinatorPlanTest : public ::testing::Test {
       t->mutable_optimizer()->set_kind(v1::OptimizerConfig::SGD);
       t->mutable_optimizer()->set_learning_rate(0.1f);
     }
+    // What config::ValidateJobConfig asks for besides the tables.
+    EXPECT_TRUE(google::protobuf::TextFormat::MergeFromString(R"(
+      features { name: "f0" table: "user" }
+      features { name: "f1" table: "item" }
+      model { bottom_mlp: 8 top_mlp: 1 }
+      training { steps: 10 eval_batches: 1 eval_interval: 5
+                 dense_optimizer { kind: SGD learning_rate: 0.1 } }
+      data { synthetic { num_dense: 4
+        features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 }
+        features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } } })",
+                                                              &job));
     job.mutable_training()->set_batch_size(64);
     return job;
   }

@@ -25,9 +25,13 @@ using ::testing::ElementsAreArray;
 using testing::LocalShard;
 using testing::TempDir;
 
+// A job the workers' validator (config::ValidateJobConfig) accepts.
 constexpr char kJob[] = R"(
 tables { name: "user" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } }
-training { batch_size: 32 steps: 10 seed: 7 }
+features { name: "f0" table: "user" }
+model { bottom_mlp: 8 top_mlp: 1 }
+training { batch_size: 32 steps: 10 seed: 7 eval_batches: 1 eval_interval: 5 dense_optimizer { kind: SGD learning_rate: 0.1 } }
+data { synthetic { seed: 1 num_dense: 4 features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } } }
 )";
 
 void SetDeadline(grpc::ClientContext* context, int seconds = 10) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "server/coordinator/coordinator_store.h"
@@ -283,8 +284,24 @@ TEST_F(CoordinatorTest, BarrierTimesOutNamingTheMissing) {
   EXPECT_THAT(s.message(), HasSubstr("workers not arrived: worker-1"));
 }
 
-TEST_F(CoordinatorTest, RestartKeepsMembersMapEpochJobAndKv) {
+// A job config::ValidateJobConfig accepts.
+v1::JobConfig ValidJob() {
   v1::JobConfig job;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(R"(
+    name: "j"
+    tables { name: "t0" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
+    features { name: "f0" table: "t0" }
+    model { bottom_mlp: 8 top_mlp: 1 }
+    training { batch_size: 32 steps: 10 seed: 7 eval_batches: 1 eval_interval: 5
+               dense_optimizer { kind: SGD learning_rate: 0.1 } }
+    data { synthetic { seed: 1 num_dense: 4
+                       features { id_space: 1000 min_ids_per_bag: 1 max_ids_per_bag: 1 } } })",
+                                                          &job));
+  return job;
+}
+
+TEST_F(CoordinatorTest, RestartKeepsMembersMapEpochJobAndKv) {
+  v1::JobConfig job = ValidJob();
   job.mutable_training()->set_batch_size(128);
   {
     auto c = Open();
