@@ -9,10 +9,8 @@
 // shard map from the coordinator and meets its peers through the
 // coordinator's key-value store.
 #include <arpa/inet.h>
-#include <dlfcn.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -104,22 +102,6 @@ ABSL_FLAG(std::string, memory_limit, "",
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
-
-// Every thread of this process gets at least kMinThreadStack of stack.
-// glibc carves a thread's static TLS out of its stack, and OpenBLAS alone
-// brings 60 KiB of it; civetweb (the /metrics server) asks for 100 KiB
-// stacks, so its threads overflowed serving the first scrape (SIGSEGV in
-// snprintf). Interposed here because civetweb offers no option for it.
-namespace {
-constexpr size_t kMinThreadStack = size_t{1} << 20;
-}  // namespace
-
-extern "C" int pthread_attr_setstacksize(pthread_attr_t* attr, size_t size) {
-  using Fn = int (*)(pthread_attr_t*, size_t);
-  static const Fn real =
-      reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "pthread_attr_setstacksize"));
-  return real(attr, std::max(size, kMinThreadStack));
-}
 
 namespace recps::worker {
 namespace {

@@ -27,6 +27,7 @@
 #include "client/admin/cluster_reader.h"
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
+#include "common/rpc/address.h"
 #include "common/status_macros.h"
 #include "common/config/text_proto.h"
 #include "recps/v1/job.pb.h"
@@ -73,21 +74,9 @@ constexpr absl::Duration kMaxDurationFlag = absl::Hours(1);
 
 // HOST:PORT with a port in 1..65535 (gRPC would quietly wrap 99999).
 absl::Status CheckAddressFlag(const std::string& flag, const std::string& address) {
-  const size_t colon = address.rfind(':');
-  const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
-  const std::string port = colon == std::string::npos ? "" : address.substr(colon + 1);
-  int64_t number = 0;
-  if (host.empty() || port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos ||
-      !absl::SimpleAtoi(port, &number)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, "=", address, ": expected HOST:PORT"));
-  }
-  if (number < 1 || number > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        flag, "=", address, ": port ", port, " is outside 1..65535"));
-  }
-  return absl::OkStatus();
+  absl::Status s = rpc::CheckHostPort(address);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat(flag, "=", address, ": ", s.message()));
 }
 
 struct FlagSpec {

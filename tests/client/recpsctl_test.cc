@@ -319,13 +319,13 @@ TEST_F(RecpsctlTest, AddressesArePortCheckedAndTheWrongServiceIsNamed) {
   // gRPC would wrap port 99999 to 34463 and ask whatever listens there.
   Output r = RunCtl(*dir_, {"status", "--coordinator=127.0.0.1:99999"});
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("port 99999 is outside 1..65535"));
+  EXPECT_THAT(r.err, HasSubstr("has port '99999', not 1..65535"));
   r = RunCtl(*dir_, {"status", "--coordinator=" + coordinator_->address()},
              "RECPS_COORDINATOR=127.0.0.1:0");
   EXPECT_EQ(r.code, 0) << r.err;  // the flag wins over the environment
   r = RunCtl(*dir_, {"status"}, "RECPS_COORDINATOR=127.0.0.1:0");
   EXPECT_EQ(r.code, 2);
-  EXPECT_THAT(r.err, HasSubstr("RECPS_COORDINATOR=127.0.0.1:0: port 0"));
+  EXPECT_THAT(r.err, HasSubstr("RECPS_COORDINATOR=127.0.0.1:0: address '127.0.0.1:0' has port '0'"));
   r = RunCtl(*dir_, {"shards", "--server=" + servers_[0] + ",127.0.0.1:65536"});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("--server=127.0.0.1:65536"));
