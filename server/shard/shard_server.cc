@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -41,6 +42,22 @@ int64_t ResidentBytes() {
   int64_t pages_total = 0, pages_resident = 0;
   if (!(statm >> pages_total >> pages_resident)) return 0;
   return pages_resident * sysconf(_SC_PAGESIZE);
+}
+
+// The address of the server that holds `slot` of table `name` in `map`
+// (`proto` is its proto form: per-table slot owners are not exposed by
+// TableRoute); empty when the table is split column-wise.
+std::string SlotOwnerOf(const ShardMap& map, const v1::ShardMap& proto,
+                        const std::string& name, uint64_t key, uint32_t slot) {
+  const TableRoute route = map.RouteOf(key);
+  if (route.column_split()) return "";
+  if (route.single_owner() >= 0) return map.servers()[route.single_owner()];
+  for (const v1::TableRouting& t : proto.tables()) {
+    if (t.table() == name && static_cast<uint32_t>(t.slot_owner_size()) > slot) {
+      return map.servers()[t.slot_owner(static_cast<int>(slot))];
+    }
+  }
+  return map.servers()[map.OwnerOfSlot(slot)];
 }
 
 }  // namespace
@@ -410,6 +427,56 @@ absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
   return absl::OkStatus();
 }
 
+absl::Status ShardServer::CheckNoRowsMove(const Routing& current,
+                                          const v1::ShardMap& next_proto,
+                                          const ShardMap& next,
+                                          const std::string& self) const {
+  if (current.self < 0 || current.map.num_servers() == 0) return absl::OkStatus();
+  const std::vector<int64_t> per_slot = store_->RowsPerSlot();
+  const v1::ShardMap current_proto = current.map.ToProto();
+  const uint32_t num_slots =
+      std::min<uint32_t>(next.num_slots(), static_cast<uint32_t>(per_slot.size()));
+  // slot -> the new owner (first table found moving it), in slot order.
+  std::map<uint32_t, std::string> moved;
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const config::TableSpec& spec = store_->spec(t);
+    if (store_->Info(t).rows == 0) continue;
+    const uint64_t key = StableNameKey(spec.name);
+    for (uint32_t slot = 0; slot < num_slots; ++slot) {
+      if (per_slot[slot] == 0 || moved.count(slot) > 0) continue;
+      if (SlotOwnerOf(current.map, current_proto, spec.name, key, slot) !=
+          current.self_address) {
+        continue;  // rows of other tables (RowsPerSlot sums every table)
+      }
+      std::string owner = SlotOwnerOf(next, next_proto, spec.name, key, slot);
+      if (owner != self) {
+        moved.emplace(slot, owner.empty()
+                                ? absl::StrCat("the column groups of ", spec.name)
+                                : std::move(owner));
+      }
+    }
+  }
+  if (moved.empty()) return absl::OkStatus();
+  constexpr int kNamed = 5;
+  std::string listed;
+  int named = 0;
+  for (const auto& [slot, owner] : moved) {
+    if (named == kNamed) break;
+    absl::StrAppend(&listed, named++ > 0 ? ", " : "", "slot ", slot, " (",
+                    per_slot[slot], " rows) -> ", owner);
+  }
+  if (moved.size() > kNamed) {
+    absl::StrAppend(&listed, " and ", moved.size() - kNamed, " more");
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shard map epoch ", next.epoch(), " would move ", moved.size(),
+      " slot(s) holding rows away from this server (", self, "): ", listed,
+      ". Rows cannot migrate between servers yet; the new owner would start "
+      "them from their initial values. Refused; this server keeps epoch ",
+      current.map.epoch(), ". Keep those slots here, or restore the moved "
+      "rows from a checkpoint on their new owners"));
+}
+
 void ShardServer::SetSelfAddress(std::string address) {
   absl::MutexLock install(&install_mu_);
   const MapView view = CurrentMap();
@@ -445,10 +512,19 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
         ")"));
   }
   if (current->map.num_servers() > 0 && map.epoch() <= current->map.epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    // Already delivered (a retry, or a late copy): not a refusal. The same
+    // map again is OK; anything else at an epoch not newer ALREADY_EXISTS.
+    if (map.epoch() == current->map.epoch() && index == current->self &&
+        map.ToProto().SerializeAsString() ==
+            current->map.ToProto().SerializeAsString()) {
+      return absl::OkStatus();
+    }
+    return absl::AlreadyExistsError(absl::StrCat(
         "shard map epoch ", map.epoch(), " is not newer than the current ",
+        current->map.epoch(), "; this server keeps epoch ",
         current->map.epoch()));
   }
+  RETURN_IF_ERROR(CheckNoRowsMove(*current, request.shard_map(), map, self));
   // Before the map: a request routed by it finds its tables.
   RETURN_IF_ERROR(AddColumnGroupTables(map, index));
   absl::MutexLock lock(&map_mu_);

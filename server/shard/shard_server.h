@@ -82,8 +82,13 @@ class ShardServer {
   absl::Status Stats(const v1::StatsRequest& request,
                      v1::StatsResponse* response) const;
   v1::ShardMap GetShardMap() const;
-  // Installs a newer map; FAILED_PRECONDITION when its epoch is not newer,
-  // INVALID_ARGUMENT when it is malformed or does not list `self`. Column
+  // Installs a newer map. The same map again (a retry) is OK; any other map
+  // whose epoch is not newer is ALREADY_EXISTS (nothing changes).
+  // FAILED_PRECONDITION naming the slots and their new owners when the map
+  // would move a slot that holds rows (of any table) away from this server:
+  // rows cannot migrate yet, so its new owner would start them from their
+  // initial values. INVALID_ARGUMENT when it is malformed or does not list
+  // `self`. Column
   // groups the map gives this server are created first (as tables named
   // ColumnGroupTableName, initialised as the unsplit table's columns);
   // INVALID_ARGUMENT when that fails (a group of a table this server does
@@ -115,6 +120,12 @@ class ShardServer {
   absl::Status RunLookup(const v1::LookupRequest& request,
                          SerializedLookupResponse* response);
   absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
+  // FAILED_PRECONDITION when installing `next` (`next_proto` in proto form)
+  // would take a slot holding rows away from `self`. REQUIRES: install_mu_.
+  absl::Status CheckNoRowsMove(const Routing& current,
+                               const v1::ShardMap& next_proto,
+                               const ShardMap& next,
+                               const std::string& self) const;
   // Creates the tables of the column groups that `map` gives server index
   // `self` and that do not exist yet.
   absl::Status AddColumnGroupTables(const ShardMap& map, int self);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -49,36 +50,57 @@ tables {
 class Cluster {
  public:
   Cluster(int num_servers, int world_size, const std::string& consistency = "sync") {
-    const std::string tables = dir_.WriteFile("tables.textproto", kTables);
+    args_ = {"--tables=" + dir_.WriteFile("tables.textproto", kTables),
+             absl::StrCat("--world_size=", world_size),
+             "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
+             "--seed=7", "--step_timeout=20s", "--threads=2"};
     std::vector<std::string> addresses;
     for (int i = 0; i < num_servers; ++i) {
-      auto shard = LocalShard::Start(
-          RECPS_SHARD_BINARY,
-          {"--tables=" + tables, absl::StrCat("--world_size=", world_size),
-           "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
-           "--seed=7", "--step_timeout=20s", "--threads=2"});
-      EXPECT_TRUE(shard.ok()) << shard.status();
-      if (!shard.ok()) return;
-      addresses.push_back((*shard)->address());
-      shards_.push_back(*std::move(shard));
+      if (!AddServer()) return;
+      addresses.push_back(shards_.back()->address());
     }
     map_ = ShardMap::Uniform(1, kSlots, addresses);
     SetMap(map_);
   }
 
+  // Starts one more server (not in any map yet); false when it fails.
+  bool AddServer() {
+    auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
+    EXPECT_TRUE(shard.ok()) << shard.status();
+    if (!shard.ok()) return false;
+    shards_.push_back(*std::move(shard));
+    return true;
+  }
+
   // Installs `map` on every server.
   void SetMap(const ShardMap& map) {
-    for (const auto& shard : shards_) {
-      auto stub = v1::ShardAdmin::NewStub(rpc::MakeChannel(shard->address(), rpc::ChannelKind::kControl));
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-      v1::SetShardMapRequest req;
-      *req.mutable_shard_map() = map.ToProto();
-      req.set_self(shard->address());
-      v1::SetShardMapResponse resp;
-      grpc::Status s = stub->SetShardMap(&ctx, req, &resp);
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      const grpc::Status s = SetMapOn(i, map.ToProto());
       EXPECT_TRUE(s.ok()) << s.error_message();
     }
+  }
+
+  // Sends `map` to server i.
+  grpc::Status SetMapOn(size_t i, const v1::ShardMap& map) {
+    auto stub = v1::ShardAdmin::NewStub(
+        rpc::MakeChannel(shards_[i]->address(), rpc::ChannelKind::kControl));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::SetShardMapRequest req;
+    *req.mutable_shard_map() = map;
+    req.set_self(shards_[i]->address());
+    v1::SetShardMapResponse resp;
+    return stub->SetShardMap(&ctx, req, &resp);
+  }
+
+  uint64_t EpochOn(size_t i) {
+    auto stub = v1::ShardAdmin::NewStub(
+        rpc::MakeChannel(shards_[i]->address(), rpc::ChannelKind::kControl));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::ShardMap map;
+    EXPECT_TRUE(stub->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok());
+    return map.epoch();
   }
 
   std::unique_ptr<EmbeddingClient> NewClient(int rank) {
@@ -99,6 +121,7 @@ class Cluster {
 
  private:
   TempDir dir_;
+  std::vector<std::string> args_;
   std::vector<std::unique_ptr<LocalShard>> shards_;
   ShardMap map_;
 };
@@ -322,6 +345,75 @@ TEST(ShardCluster, MetricsAreServedOverHttp) {
   EXPECT_NE(body.find("recps_shard_requests_total{code=\"OK\",rpc=\"Lookup\"} 1"),
             std::string::npos) << body.substr(0, 2000);
   EXPECT_NE(body.find("recps_shard_lookup_ids_total 3"), std::string::npos);
+}
+
+TEST(ShardCluster, MapMovingSlotsWithRowsIsRefusedAndRowsStay) {
+  Cluster cluster(2, 1);
+  auto client = cluster.NewClient(0);
+  ASSERT_NE(client, nullptr);
+  // Rows on both servers, trained one step.
+  std::vector<int64_t> ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> rows(ids.size() * kDim), grads(ids.size() * kDim, 1.0f);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  ASSERT_TRUE(client->PushGradients(0, {{{0, ids, grads.data()}}}).ok());
+  std::vector<float> trained(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(1, {{{0, ids, trained.data()}}}).ok());
+  const uint64_t user = StableNameKey("user");
+  std::set<uint32_t> row_slots;
+  for (int64_t id : ids) row_slots.insert(SlotOf(user, id, kSlots));
+  uint32_t slot0 = kSlots;  // a slot of server 0 with rows
+  for (uint32_t slot : row_slots) {
+    if (cluster.map().OwnerOfSlot(slot) == 0) {
+      slot0 = slot;
+      break;
+    }
+  }
+  ASSERT_LT(slot0, kSlots);
+  const std::string& s1 = cluster.shards()[1]->address();
+
+  // Epoch 2 swaps the servers' slots: both hold rows that would reset.
+  v1::ShardMap swapped = cluster.map().ToProto();
+  swapped.set_epoch(2);
+  for (int s = 0; s < swapped.slot_owner_size(); ++s) {
+    swapped.set_slot_owner(s, 1 - swapped.slot_owner(s));
+  }
+  const grpc::Status refused = cluster.SetMapOn(0, swapped);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.error_message().find(absl::StrCat("slot ", slot0, " (")),
+            std::string::npos) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("-> " + s1), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(cluster.EpochOn(0), 1u);
+
+  // Epoch 2 adds a third server that takes only slots without rows.
+  ASSERT_TRUE(cluster.AddServer());
+  const std::string& s2 = cluster.shards()[2]->address();
+  v1::ShardMap grown = cluster.map().ToProto();
+  grown.set_epoch(2);
+  grown.add_servers(s2);
+  int given = 0;
+  for (uint32_t s = 0; s < kSlots; ++s) {
+    if (row_slots.count(s) == 0 && s % 3 == 0) {
+      grown.set_slot_owner(static_cast<int>(s), 2);
+      ++given;
+    }
+  }
+  ASSERT_GT(given, 0);
+  for (size_t i = 0; i < 3; ++i) {
+    const grpc::Status s = cluster.SetMapOn(i, grown);
+    EXPECT_TRUE(s.ok()) << i << ": " << s.error_message();
+    EXPECT_EQ(cluster.EpochOn(i), 2u);
+  }
+  // The same map again is a retry (OK); the old epoch is ALREADY_EXISTS.
+  EXPECT_TRUE(cluster.SetMapOn(0, grown).ok());
+  EXPECT_EQ(cluster.SetMapOn(0, cluster.map().ToProto()).error_code(),
+            grpc::StatusCode::ALREADY_EXISTS);
+  // The trained rows are still there (the client refreshes to epoch 2).
+  std::vector<float> after(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(1, {{{0, ids, after.data()}}}).ok());
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  EXPECT_EQ(trained, after);
+  EXPECT_NE(trained, rows);
 }
 
 }  // namespace
