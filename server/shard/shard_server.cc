@@ -311,11 +311,26 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
           options_.max_ids_per_request, " ids; split the batch"));
     }
     RETURN_IF_ERROR(CheckOwned(view, spec, ids));
+    // The gradient bytes must match before anything is sized from the ids:
+    // a request of ids without gradients must not allocate ids x dim floats.
+    const size_t width = BytesPerElement(t.encoding());
+    if (width == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tables[", push.size(), "] (table ", spec.name,
+          "): unknown gradient encoding ", static_cast<int>(t.encoding())));
+    }
+    const size_t values = ids.size() * static_cast<size_t>(spec.dim);
+    if (t.grads().size() != values * width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tables[", push.size(), "].grads (table ", spec.name, "): expected ",
+          ids.size(), " ids x dim ", spec.dim, " x ", width, " bytes = ",
+          values * width, " bytes, got ", t.grads().size()));
+    }
     TableGradients tg;
     tg.table = table;
     tg.dim = spec.dim;
     tg.ids.assign(ids.begin(), ids.end());
-    tg.grads.resize(ids.size() * spec.dim);
+    tg.grads.resize(values);
     RETURN_IF_ERROR(DecodeRows(
         t.grads(), t.encoding(), tg.grads.size(),
         absl::StrCat("gradients of table ", spec.name, " (", ids.size(),

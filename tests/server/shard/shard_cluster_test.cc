@@ -16,6 +16,7 @@
 #include "common/wire/shard_map.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/column_groups.h"
 #include "tests/testing/local_shard.h"
@@ -414,6 +415,99 @@ TEST(ShardCluster, MapMovingSlotsWithRowsIsRefusedAndRowsStay) {
   EXPECT_EQ(client->shard_map_epoch(), 2u);
   EXPECT_EQ(trained, after);
   EXPECT_NE(trained, rows);
+}
+
+// --- Hardening: bad input through a real process --------------------------
+
+constexpr char kWideTables[] = R"(
+tables {
+  name: "wide"
+  dim: 4096
+  optimizer { kind: SGD learning_rate: 0.1 }
+}
+tables {
+  name: "user"
+  dim: 8
+  optimizer { kind: SGD learning_rate: 0.1 }
+}
+)";
+
+// One standalone server (every slot, epoch 1) serving kWideTables.
+std::unique_ptr<LocalShard> StartStandalone(const TempDir& dir,
+                                            std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {
+      "--tables=" + dir.WriteFile("wide.textproto", kWideTables),
+      "--standalone", "--max_rows_per_table=10000", "--threads=2",
+      "--store_threads=1"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args);
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  return shard.ok() ? *std::move(shard) : nullptr;
+}
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+absl::StatusOr<v1::StatsResponse> StatsOf(const std::string& address) {
+  auto stub = v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::StatsResponse stats;
+  const grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &stats);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return stats;
+}
+
+std::string EncodedIds(int64_t first, int64_t n) {
+  std::string bytes(n * sizeof(int64_t), '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = first + i;
+    std::memcpy(bytes.data() + i * sizeof(int64_t), &id, sizeof(id));
+  }
+  return bytes;
+}
+
+TEST(ShardHardening, PushOfIdsWithoutGradientsIsRefusedBeforeAllocating) {
+  TempDir dir;
+  auto shard = StartStandalone(dir);
+  ASSERT_NE(shard, nullptr);
+  // 4M ids (32 MB) and no gradients on a dim-4096 table: sizing the
+  // gradients from the ids would take 64 GiB.
+  v1::PushGradientsRequest request;
+  request.mutable_header()->set_shard_map_epoch(1);
+  v1::TableGradients* t = request.add_tables();
+  t->set_table("wide");
+  t->set_ids(EncodedIds(0, int64_t{1} << 22));
+  auto stub = v1::EmbeddingShard::NewStub(
+      rpc::MakeChannel(shard->address(), rpc::ChannelKind::kData));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(30)));
+  v1::PushGradientsResponse response;
+  const grpc::Status s = stub->PushGradients(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("tables[0].grads (table wide)"),
+            std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("got 0"), std::string::npos);
+  // A lookup of those ids would answer 64 GiB of rows: refused before the
+  // response or a row is made.
+  v1::LookupRequest lookup;
+  *lookup.mutable_header() = request.header();
+  v1::TableIds* ids = lookup.add_tables();
+  ids->set_table("wide");
+  ids->set_ids(t->ids());
+  grpc::ClientContext lookup_ctx;
+  lookup_ctx.set_deadline(In(absl::Seconds(30)));
+  v1::LookupResponse rows;
+  const grpc::Status l = stub->Lookup(&lookup_ctx, lookup, &rows);
+  EXPECT_EQ(l.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << l.error_message();
+  // Still up, no rows, and its memory did not grow by the 64 GiB.
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf(shard->address());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->total_rows(), 0);
+  EXPECT_LT(stats->resident_bytes(), int64_t{1} << 30);
 }
 
 }  // namespace
