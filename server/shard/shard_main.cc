@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/rpc/channels.h"
 #include "common/malloc_tuning.h"
 #include "common/port_file.h"
@@ -78,7 +79,8 @@ ABSL_FLAG(int64_t, max_ids_per_request, int64_t{1} << 22,
 ABSL_FLAG(std::string, device, "cpu",
           "where rows live: cpu (host memory); cuda:N is refused until the "
           "GPU-resident store exists");
-ABSL_FLAG(int, max_message_mb, 1024, "largest request accepted, in MiB");
+ABSL_FLAG(int, max_message_mb, 1024,
+          "largest request accepted, in MiB (1..2047)");
 ABSL_FLAG(int, threads, 0,
           "threads for pushes and for lookups released by a step (0: one per "
           "core)");
@@ -129,6 +131,62 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
   return c;
 }
 
+// Ranges of the numeric flags: what the server can honour without overflow
+// (max_message_mb is shifted into an int of bytes) or nonsense.
+constexpr int kMaxMessageMb = 2047;  // 2047 << 20 < 2^31
+constexpr int kMaxWorldSize = 65536;
+constexpr int kMaxStaleness = 1 << 20;
+constexpr int kMaxThreads = 1024;
+constexpr uint32_t kMaxNumSlots = 1 << 20;
+constexpr int64_t kMaxRowsPerTable = int64_t{1} << 36;
+// The client's dedup indexes a call's ids with int32.
+constexpr int64_t kMaxIdsPerRequest = int64_t{1} << 30;
+constexpr absl::Duration kMaxStepTimeout = absl::Hours(24);
+constexpr absl::Duration kMaxGracePeriod = absl::Hours(1);
+
+template <typename T>
+absl::Status InRange(const char* flag, T value, T lo, T hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "=", value, " is out of range: it must be in [", lo, ", ",
+      hi, "]"));
+}
+
+absl::Status InRange(const char* flag, absl::Duration value, absl::Duration lo,
+                     absl::Duration hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "=", absl::FormatDuration(value),
+      " is out of range: it must be in [", absl::FormatDuration(lo), ", ",
+      absl::FormatDuration(hi), "]"));
+}
+
+// Every numeric flag, checked before anything starts.
+absl::Status ValidateFlags() {
+  const absl::Status checks[] = {
+      InRange("max_message_mb", absl::GetFlag(FLAGS_max_message_mb), 1,
+              kMaxMessageMb),
+      InRange("world_size", absl::GetFlag(FLAGS_world_size), 1, kMaxWorldSize),
+      // -1: the job's staleness (or 1).
+      InRange("staleness", absl::GetFlag(FLAGS_staleness), -1, kMaxStaleness),
+      InRange("step_timeout", absl::GetFlag(FLAGS_step_timeout),
+              absl::Milliseconds(1), kMaxStepTimeout),
+      InRange("num_slots", absl::GetFlag(FLAGS_num_slots), uint32_t{1},
+              kMaxNumSlots),
+      InRange("max_rows_per_table", absl::GetFlag(FLAGS_max_rows_per_table),
+              int64_t{1}, kMaxRowsPerTable),
+      InRange("max_ids_per_request", absl::GetFlag(FLAGS_max_ids_per_request),
+              int64_t{1}, kMaxIdsPerRequest),
+      InRange("threads", absl::GetFlag(FLAGS_threads), 0, kMaxThreads),
+      InRange("store_threads", absl::GetFlag(FLAGS_store_threads), 0,
+              kMaxThreads),
+      InRange("grace_period", absl::GetFlag(FLAGS_grace_period),
+              absl::ZeroDuration(), kMaxGracePeriod),
+  };
+  for (const absl::Status& s : checks) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
   // so every thread inherits the mask.
@@ -138,6 +196,10 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  if (absl::Status s = ValidateFlags(); !s.ok()) {
+    LogError(s.message());
+    return 2;
+  }
   const std::string tables_path = absl::GetFlag(FLAGS_tables);
   const std::string job_path = absl::GetFlag(FLAGS_job);
   if (tables_path.empty() == job_path.empty()) {

@@ -1,8 +1,12 @@
 // Multi-process tests: real recps-shard processes on 127.0.0.1 (OS-picked
 // ports) driven through the embedding client library.
 #include <signal.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -12,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/channels.h"
 #include "client/embedding_client.h"
+#include "client/launcher/process.h"
 #include "common/hashing.h"
 #include "common/wire/shard_map.h"
 #include "grpcpp/grpcpp.h"
@@ -508,6 +513,58 @@ TEST(ShardHardening, PushOfIdsWithoutGradientsIsRefusedBeforeAllocating) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_EQ(stats->total_rows(), 0);
   EXPECT_LT(stats->resident_bytes(), int64_t{1} << 30);
+}
+
+// Runs recps-shard with `args` to its exit (at most 30 s); its output goes
+// to `log`. Returns the exit code, -1 when it did not exit in time.
+int RunShardToExit(const TempDir& dir, const std::vector<std::string>& args,
+                   std::string* log) {
+  const std::string log_path = dir.path() + "/exit.log";
+  std::remove(log_path.c_str());
+  absl::StatusOr<pid_t> pid =
+      client::SpawnProcess(RECPS_SHARD_BINARY, args, log_path);
+  EXPECT_TRUE(pid.ok()) << pid.status();
+  if (!pid.ok()) return -1;
+  int status = 0;
+  const bool exited = testing::Eventually(
+      [&] { return waitpid(*pid, &status, WNOHANG) == *pid; }, absl::Seconds(30));
+  if (!exited) {
+    kill(*pid, SIGKILL);
+    waitpid(*pid, nullptr, 0);
+    return -1;
+  }
+  std::ifstream in(log_path);
+  log->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(ShardHardening, NumericFlagsOutOfRangeExitTwoNamingTheFlag) {
+  TempDir dir;
+  const std::string tables = "--tables=" + dir.WriteFile("t.textproto", kWideTables);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"--max_message_mb=4096", "[1, 2047]"},
+      {"--max_message_mb=0", "[1, 2047]"},
+      {"--world_size=0", "[1, 65536]"},
+      {"--staleness=-5", "[-1, "},
+      {"--step_timeout=0s", "--step_timeout=0"},
+      {"--num_slots=0", "--num_slots=0"},
+      {"--max_rows_per_table=-1", "--max_rows_per_table=-1"},
+      {"--max_ids_per_request=0", "--max_ids_per_request=0"},
+      {"--threads=-3", "--threads=-3"},
+      {"--store_threads=100000", "--store_threads=100000"},
+      {"--grace_period=-1s", "--grace_period=-1s"},
+  };
+  for (const auto& [flag, says] : bad) {
+    std::string log;
+    EXPECT_EQ(RunShardToExit(dir, {tables, "--standalone", flag}, &log), 2)
+        << flag << ": " << log;
+    EXPECT_NE(log.find(says), std::string::npos) << flag << ": " << log;
+    EXPECT_NE(log.find("out of range"), std::string::npos) << flag << ": " << log;
+  }
+  // The largest message size allowed starts and serves.
+  auto shard = StartStandalone(dir, {"--max_message_mb=2047"});
+  ASSERT_NE(shard, nullptr);
+  EXPECT_TRUE(StatsOf(shard->address()).ok());
 }
 
 }  // namespace
