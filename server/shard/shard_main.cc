@@ -76,6 +76,12 @@ ABSL_FLAG(int64_t, max_rows_per_table, int64_t{1} << 26,
           "most rows a dynamic table may hold on this server");
 ABSL_FLAG(int64_t, max_ids_per_request, int64_t{1} << 22,
           "most ids one Lookup or PushGradients may carry");
+ABSL_FLAG(int, max_parked_lookups, 4096,
+          "most lookups waiting for their step at once (sync and bounded "
+          "modes); more are refused with RESOURCE_EXHAUSTED (1..1048576)");
+ABSL_FLAG(int64_t, max_parked_ids, int64_t{1} << 24,
+          "most ids over all lookups waiting for their step; more are refused "
+          "with RESOURCE_EXHAUSTED (1..2^34)");
 ABSL_FLAG(std::string, device, "cpu",
           "where rows live: cpu (host memory); cuda:N is refused until the "
           "GPU-resident store exists");
@@ -126,6 +132,8 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
   c.staleness = staleness;
   c.world_size = absl::GetFlag(FLAGS_world_size);
   c.step_timeout = absl::GetFlag(FLAGS_step_timeout);
+  c.max_parked_lookups = absl::GetFlag(FLAGS_max_parked_lookups);
+  c.max_parked_ids = absl::GetFlag(FLAGS_max_parked_ids);
   if (c.staleness < 0) return absl::InvalidArgumentError("--staleness must be >= 0");
   if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
   return c;
@@ -177,6 +185,10 @@ absl::Status ValidateFlags() {
               int64_t{1}, kMaxRowsPerTable),
       InRange("max_ids_per_request", absl::GetFlag(FLAGS_max_ids_per_request),
               int64_t{1}, kMaxIdsPerRequest),
+      InRange("max_parked_lookups", absl::GetFlag(FLAGS_max_parked_lookups), 1,
+              1 << 20),
+      InRange("max_parked_ids", absl::GetFlag(FLAGS_max_parked_ids), int64_t{1},
+              int64_t{1} << 34),
       InRange("threads", absl::GetFlag(FLAGS_threads), 0, kMaxThreads),
       InRange("store_threads", absl::GetFlag(FLAGS_store_threads), 0,
               kMaxThreads),

@@ -89,6 +89,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
   if (options.max_ids_per_request < 1) {
     return absl::InvalidArgumentError("max_ids_per_request must be >= 1");
   }
+  if (c.max_parked_lookups < 1 || c.max_parked_ids < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_parked_lookups (", c.max_parked_lookups, ") and max_parked_ids (",
+        c.max_parked_ids, ") must be >= 1"));
+  }
   std::unique_ptr<ShardServer> server(new ShardServer(
       std::move(store), std::move(initial_map), std::move(options), metrics));
   const MapView view = server->CurrentMap();
@@ -183,7 +188,8 @@ absl::Status ShardServer::CheckOwned(const MapView& view, const config::TableSpe
 }
 
 void ShardServer::Lookup(const v1::LookupRequest* request,
-                         SerializedLookupResponse* response, Done done) {
+                         SerializedLookupResponse* response, Done done,
+                         std::function<bool()> cancelled) {
   lookup_requests_.fetch_add(1, std::memory_order_relaxed);
   // Runs on the caller's thread (the gRPC callback thread): a lookup that
   // may run is pure CPU work, and the hop to a work thread cost 8-33% of the
@@ -201,6 +207,11 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
   if (!s.ok()) {
     std::move(done)(s);
     return;
+  }
+  // What a parked lookup holds, counted from the bytes (nothing decoded).
+  int64_t ids = 0;
+  for (const v1::TableIds& t : request->tables()) {
+    ids += static_cast<int64_t>(t.ids().size() / sizeof(int64_t));
   }
   const absl::Time wait_start = absl::Now();
   // True while AwaitLookup runs on this thread: a callback from it then is
@@ -226,7 +237,8 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
         work_->Schedule([this, request, response, done = std::move(done)]() mutable {
           std::move(done)(RunLookup(*request, response));
         });
-      });
+      },
+      ids, std::move(cancelled));
   awaiting->store(false);
 }
 
@@ -384,6 +396,8 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   const MapView view = CurrentMap();
   response->set_shard_map_epoch(view->map.epoch());
   response->set_applied_step(clock_->applied_step());
+  response->set_parked_lookups(clock_->waiting_lookups());
+  response->set_parked_ids(clock_->waiting_ids());
   response->set_lookup_requests(lookup_requests_.load());
   response->set_push_requests(push_requests_.load());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));

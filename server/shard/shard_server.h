@@ -72,8 +72,12 @@ class ShardServer {
 
   // Fills `response` (owned by the caller, alive until done), a serialized
   // v1::LookupResponse, once the step clock lets the lookup run.
+  // `cancelled`, if set, tells whether the caller gave up: a lookup that
+  // waits for its step is then dropped (CANCELLED) without waiting for the
+  // step timeout. It must stay callable until done runs.
   void Lookup(const v1::LookupRequest* request,
-              SerializedLookupResponse* response, Done done);
+              SerializedLookupResponse* response, Done done,
+              std::function<bool()> cancelled = nullptr);
   // Checks the push completely, then hands it to the step clock; done(OK)
   // means it was accepted (applied at once in async mode).
   void PushGradients(const v1::PushGradientsRequest* request,

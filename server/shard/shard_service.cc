@@ -72,7 +72,10 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
                    call = std::move(call)](absl::Status s) {
                     if (s.ok()) *response = ToByteBuffer(call->response);
                     Finish("Lookup", context, reactor, s, start, metrics_);
-                  });
+                  },
+                  // The context lives until Finish: a parked lookup whose
+                  // client gave up is dropped, freeing its request.
+                  [context] { return context->IsCancelled(); });
   return reactor;
 }
 

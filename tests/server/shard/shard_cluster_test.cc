@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/rpc/channels.h"
 #include "client/embedding_client.h"
 #include "client/launcher/process.h"
@@ -565,6 +566,82 @@ TEST(ShardHardening, NumericFlagsOutOfRangeExitTwoNamingTheFlag) {
   auto shard = StartStandalone(dir, {"--max_message_mb=2047"});
   ASSERT_NE(shard, nullptr);
   EXPECT_TRUE(StatsOf(shard->address()).ok());
+}
+
+// A lookup sent asynchronously; its context and response live here until
+// the reply (or the cancellation) comes back.
+struct PendingLookup {
+  grpc::ClientContext ctx;
+  v1::LookupRequest request;
+  v1::LookupResponse response;
+  grpc::Status status;
+  absl::Notification done;
+};
+
+std::unique_ptr<PendingLookup> SendLookup(v1::EmbeddingShard::Stub& stub,
+                                          int64_t step, int64_t first_id,
+                                          int64_t n) {
+  auto p = std::make_unique<PendingLookup>();
+  p->ctx.set_deadline(In(absl::Seconds(60)));
+  p->request.mutable_header()->set_shard_map_epoch(1);
+  p->request.mutable_header()->set_step(step);
+  v1::TableIds* t = p->request.add_tables();
+  t->set_table("user");
+  t->set_ids(EncodedIds(first_id, n));
+  PendingLookup* raw = p.get();
+  stub.async()->Lookup(&raw->ctx, &raw->request, &raw->response,
+                       [raw](grpc::Status s) {
+                         raw->status = std::move(s);
+                         raw->done.Notify();
+                       });
+  return p;
+}
+
+TEST(ShardHardening, ParkedLookupsAreBoundedAndDroppedWhenCancelled) {
+  TempDir dir;
+  // Sync, two workers: a lookup for step 1 waits for both step-0 pushes.
+  auto shard = StartStandalone(dir, {"--world_size=2", "--consistency=sync",
+                                     "--step_timeout=300s",
+                                     "--max_parked_lookups=3",
+                                     "--max_parked_ids=2000"});
+  ASSERT_NE(shard, nullptr);
+  auto stub = v1::EmbeddingShard::NewStub(
+      rpc::MakeChannel(shard->address(), rpc::ChannelKind::kData));
+  auto parked_are = [&](int64_t lookups, int64_t ids) {
+    absl::StatusOr<v1::StatsResponse> stats = StatsOf(shard->address());
+    return stats.ok() && stats->parked_lookups() == lookups &&
+           stats->parked_ids() == ids;
+  };
+  std::vector<std::unique_ptr<PendingLookup>> parked;
+  parked.push_back(SendLookup(*stub, 1, 0, 1000));
+  ASSERT_TRUE(testing::Eventually([&] { return parked_are(1, 1000); }));
+  // Past the ids limit: refused at once, not parked.
+  auto too_many_ids = SendLookup(*stub, 1, 0, 1001);
+  ASSERT_TRUE(too_many_ids->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(too_many_ids->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(too_many_ids->status.error_message().find("--max_parked_ids=2000"),
+            std::string::npos) << too_many_ids->status.error_message();
+  parked.push_back(SendLookup(*stub, 1, 0, 10));
+  parked.push_back(SendLookup(*stub, 1, 0, 10));
+  ASSERT_TRUE(testing::Eventually([&] { return parked_are(3, 1020); }));
+  // Past the count limit.
+  auto fourth = SendLookup(*stub, 1, 0, 10);
+  ASSERT_TRUE(fourth->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(fourth->status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(fourth->status.error_message().find("--max_parked_lookups=3"),
+            std::string::npos) << fourth->status.error_message();
+  // The clients give up: the server drops them long before the 300 s step
+  // timeout.
+  for (auto& p : parked) p->ctx.TryCancel();
+  for (auto& p : parked) {
+    ASSERT_TRUE(p->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  }
+  EXPECT_TRUE(testing::Eventually([&] { return parked_are(0, 0); },
+                                  absl::Seconds(10)));
+  // Still serving: the step completes and a lookup runs.
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf(shard->address());
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->total_rows(), 0);
 }
 
 }  // namespace
