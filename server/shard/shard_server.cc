@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
@@ -35,6 +36,13 @@ config::TableSpec ColumnGroupSpec(const config::TableSpec& table, const ColumnGr
   if (spec.init.source_key == 0) spec.init.source_key = StableNameKey(table.name);
   spec.init.column_offset += group.begin;
   return spec;
+}
+
+uint64_t NewIncarnation() {
+  absl::BitGen gen;
+  uint64_t v = 0;
+  while (v == 0) v = absl::Uniform<uint64_t>(gen);
+  return v;
 }
 
 int64_t ResidentBytes() {
@@ -109,6 +117,7 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       options_(std::move(options)),
       metrics_(metrics),
       start_time_(absl::Now()),
+      incarnation_(NewIncarnation()),
       response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)) {
   const int self = map.IndexOf(options_.self_address);
   routing_ = std::make_shared<const Routing>(
@@ -278,7 +287,7 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
     parts.push_back(part);
     layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width});
   }
-  RETURN_IF_ERROR(response->Init(*response_buffers_, layout));
+  RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_));
   std::vector<float> converted;
   int64_t bytes = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -369,6 +378,7 @@ void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
                        *std::move(push));
     }
     response->set_applied_step(clock_->applied_step());
+    response->set_incarnation(incarnation_);
     std::move(done)(s);
   });
 }
@@ -392,12 +402,14 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   }
   response->set_total_rows(total_rows);
   response->set_row_bytes(row_bytes);
-  response->set_resident_bytes(ResidentBytes());
+  const int64_t resident = ResidentBytes();
+  response->set_resident_bytes(resident);
   const MapView view = CurrentMap();
   response->set_shard_map_epoch(view->map.epoch());
   response->set_applied_step(clock_->applied_step());
   response->set_parked_lookups(clock_->waiting_lookups());
   response->set_parked_ids(clock_->waiting_ids());
+  response->set_incarnation(incarnation_);
   response->set_lookup_requests(lookup_requests_.load());
   response->set_push_requests(push_requests_.load());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
@@ -515,9 +527,11 @@ void ShardServer::SetSelfAddress(std::string address) {
       LogError(s.message());
     }
   }
-  absl::MutexLock lock(&map_mu_);
-  routing_ = std::make_shared<const Routing>(
-      Routing{routing_->map, self, std::move(address)});
+  {
+    absl::MutexLock lock(&map_mu_);
+    routing_ = std::make_shared<const Routing>(
+        Routing{routing_->map, self, std::move(address)});
+  }
 }
 
 v1::ShardMap ShardServer::GetShardMap() const { return CurrentMap()->map.ToProto(); }
@@ -556,8 +570,10 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
   RETURN_IF_ERROR(CheckNoRowsMove(*current, request.shard_map(), map, self));
   // Before the map: a request routed by it finds its tables.
   RETURN_IF_ERROR(AddColumnGroupTables(map, index));
-  absl::MutexLock lock(&map_mu_);
-  routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
+  {
+    absl::MutexLock lock(&map_mu_);
+    routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
+  }
   return absl::OkStatus();
 }
 

@@ -103,6 +103,10 @@ class ShardServer {
   void SetSelfAddress(std::string address);
 
   const EmbeddingStore& store() const { return *store_; }
+  // Random, nonzero, fixed for this object's life (one per process): sent
+  // on every Lookup and PushGradients response so that clients notice a
+  // restarted server (whose rows are gone).
+  uint64_t incarnation() const { return incarnation_; }
   int64_t applied_step() const { return clock_->applied_step(); }
 
  private:
@@ -138,6 +142,7 @@ class ShardServer {
   ShardServerOptions options_;
   ShardMetrics* metrics_;
   const absl::Time start_time_;
+  const uint64_t incarnation_;
 
   // Held by SetShardMap and SetSelfAddress throughout (they may create
   // tables); map_mu_ only guards the swap, so requests do not wait for that.

@@ -4,11 +4,13 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <thread>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "client/launcher/process.h"
 #include "common/hashing.h"
 #include "common/wire/shard_map.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recps/v1/shard.grpc.pb.h"
@@ -642,6 +645,51 @@ TEST(ShardHardening, ParkedLookupsAreBoundedAndDroppedWhenCancelled) {
   absl::StatusOr<v1::StatsResponse> stats = StatsOf(shard->address());
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->total_rows(), 0);
+}
+
+TEST(ShardHardening, RestartedShardFailsTheJobNamingBothIncarnations) {
+  TempDir dir;
+  auto shard = StartStandalone(dir, {"--consistency=async"});
+  ASSERT_NE(shard, nullptr);
+  const std::string address = shard->address();
+  absl::StatusOr<v1::StatsResponse> before = StatsOf(address);
+  ASSERT_TRUE(before.ok());
+  ASSERT_NE(before->incarnation(), 0u);
+  client::EmbeddingClientOptions options;
+  options.max_attempts = 50;  // rides over the restart's UNAVAILABLE
+  options.max_backoff = absl::Milliseconds(100);
+  auto client = EmbeddingClient::Create(
+      {{"user", 8}}, client::MakeServerShardMapSource({address}), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<int64_t> ids = {1, 2, 3};
+  std::vector<float> rows(ids.size() * 8), grads(ids.size() * 8, 1.0f);
+  ASSERT_TRUE((*client)->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  ASSERT_TRUE((*client)->PushGradients(0, {{{0, ids, grads.data()}}}).ok());
+
+  // A crash, and a fresh process on the same port: same map epoch, rows
+  // back at their initial values.
+  shard->Kill();
+  auto again = StartStandalone(dir, {"--consistency=async", "--listen=" + address});
+  ASSERT_NE(again, nullptr);
+  absl::StatusOr<v1::StatsResponse> after = StatsOf(address);
+  ASSERT_TRUE(after.ok());
+  ASSERT_NE(after->incarnation(), before->incarnation());
+  const absl::Status s = (*client)->Lookup(1, {{{0, ids, rows.data()}}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  for (const std::string& part :
+       {address, absl::StrCat(absl::Hex(before->incarnation(), absl::kZeroPad16)),
+        absl::StrCat(absl::Hex(after->incarnation(), absl::kZeroPad16)),
+        std::string("lost"), std::string("checkpoint")}) {
+    EXPECT_NE(s.message().find(part), absl::string_view::npos) << part << ": " << s;
+  }
+  // Every later call fails too, pushes included.
+  EXPECT_EQ((*client)->PushGradients(1, {{{0, ids, grads.data()}}}).code(),
+            absl::StatusCode::kDataLoss);
+  // A new client (a job restored from a checkpoint) works with it.
+  auto fresh = EmbeddingClient::Create(
+      {{"user", 8}}, client::MakeServerShardMapSource({address}), options);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_TRUE((*fresh)->Lookup(0, {{{0, ids, rows.data()}}}).ok());
 }
 
 }  // namespace
