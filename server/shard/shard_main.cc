@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -283,6 +284,15 @@ int Run() {
   options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
   options.consistency = *consistency;
   options.work_threads = absl::GetFlag(FLAGS_threads);
+  // Health: NOT_SERVING until a map that lists this server is installed.
+  // The health service exists only once the gRPC server is built, after
+  // the shard server: the callback finds it through this pointer.
+  std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
+  options.on_map_installed = [&health] {
+    if (grpc::HealthCheckServiceInterface* h = health.load()) {
+      h->SetServingStatus(true);
+    }
+  };
   // Column groups of column-wise tables: same seed, slots and limits.
   options.create_store = [store_options](std::vector<config::TableSpec> groups) {
     return CreateEmbeddingStore(std::move(groups), store_options);
@@ -311,6 +321,12 @@ int Run() {
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);
     return 1;
+  }
+  if (grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService()) {
+    h->SetServingStatus(false);  // the default service starts SERVING
+    health.store(h);
+    // A map installed before the pointer was published.
+    if ((*shard)->serving()) h->SetServingStatus(true);
   }
 
   std::string advertise = absl::GetFlag(FLAGS_advertise);
@@ -356,9 +372,18 @@ int Run() {
     }
   }
 
+  // Level metrics (resident memory, rows) between scrapes of Stats.
+  absl::Notification stop_gauges;
+  std::thread gauges([&] {
+    do {
+      (*shard)->RefreshGauges();
+    } while (!stop_gauges.WaitForNotificationWithTimeout(absl::Seconds(1)));
+  });
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   LogInfo("received signal ", signal_number, "; finishing calls in flight");
+  stop_gauges.Notify();
+  gauges.join();
   if (lease != nullptr) lease->Leave();
   lease.reset();
   server->Shutdown(std::chrono::system_clock::now() +

@@ -404,6 +404,7 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   response->set_row_bytes(row_bytes);
   const int64_t resident = ResidentBytes();
   response->set_resident_bytes(resident);
+  if (metrics_ != nullptr) metrics_->SetResidentBytes(resident);
   const MapView view = CurrentMap();
   response->set_shard_map_epoch(view->map.epoch());
   response->set_applied_step(clock_->applied_step());
@@ -423,6 +424,15 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
     }
   }
   return absl::OkStatus();
+}
+
+void ShardServer::RefreshGauges() const {
+  if (metrics_ == nullptr) return;
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const TableInfo info = store_->Info(t);
+    metrics_->SetTableRows(info.name, info.rows, info.rows * info.row_bytes);
+  }
+  metrics_->SetResidentBytes(ResidentBytes());
 }
 
 absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
@@ -532,6 +542,7 @@ void ShardServer::SetSelfAddress(std::string address) {
     routing_ = std::make_shared<const Routing>(
         Routing{routing_->map, self, std::move(address)});
   }
+  if (self >= 0 && options_.on_map_installed) options_.on_map_installed();
 }
 
 v1::ShardMap ShardServer::GetShardMap() const { return CurrentMap()->map.ToProto(); }
@@ -574,6 +585,7 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
     absl::MutexLock lock(&map_mu_);
     routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
   }
+  if (options_.on_map_installed) options_.on_map_installed();
   return absl::OkStatus();
 }
 

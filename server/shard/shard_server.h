@@ -57,6 +57,10 @@ struct ShardServerOptions {
   std::function<absl::StatusOr<std::unique_ptr<EmbeddingStore>>(
       std::vector<config::TableSpec>)>
       create_store;
+  // Called (under the install lock, never concurrently) each time a map
+  // that lists this server is installed, its tables created: the server can
+  // serve from then on (recps-shard flips its health status).
+  std::function<void()> on_map_installed;
 };
 
 class ShardServer {
@@ -98,6 +102,13 @@ class ShardServer {
   // INVALID_ARGUMENT when that fails (a group of a table this server does
   // not have, groups that do not cover the table's dim, no create_store).
   absl::Status SetShardMap(const v1::SetShardMapRequest& request);
+
+  // Whether the server holds a map that lists it (and its tables).
+  bool serving() const { return CurrentMap()->self >= 0; }
+  // Sets the metrics that are levels, not counts (resident memory, rows per
+  // table) from the sources Stats reports. Stats calls it; recps-shard also
+  // calls it periodically.
+  void RefreshGauges() const;
 
   // The address SetShardMap looks for when its request names no `self`.
   void SetSelfAddress(std::string address);

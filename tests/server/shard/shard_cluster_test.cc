@@ -692,5 +692,96 @@ TEST(ShardHardening, RestartedShardFailsTheJobNamingBothIncarnations) {
   EXPECT_TRUE((*fresh)->Lookup(0, {{{0, ids, rows.data()}}}).ok());
 }
 
+// grpc.health.v1.Health/Check for the whole server (empty request), sent
+// as raw bytes: the status (1 SERVING, 2 NOT_SERVING), or -1 on error.
+int HealthOf(const std::string& address) {
+  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> stub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  grpc::ByteBuffer request(nullptr, 0), response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const grpc::Slice& slice : slices) {
+    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  // HealthCheckResponse { ServingStatus status = 1; }: 0x08 <varint>.
+  if (bytes.empty()) return 0;
+  if (bytes.size() != 2 || bytes[0] != 0x08) return -1;
+  return bytes[1];
+}
+
+TEST(ShardHardening, HealthIsNotServingUntilAMapIsInstalled) {
+  TempDir dir;
+  auto shard = LocalShard::Start(
+      RECPS_SHARD_BINARY,
+      {"--tables=" + dir.WriteFile("t.textproto", kWideTables),
+       absl::StrCat("--num_slots=", kSlots), "--threads=2"});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  EXPECT_EQ(HealthOf((*shard)->address()), 2);  // NOT_SERVING
+  ASSERT_TRUE(testing::InstallShardMap({(*shard)->address()}, 1, kSlots).ok());
+  EXPECT_EQ(HealthOf((*shard)->address()), 1);  // SERVING
+  // A standalone server installs its own map before it serves.
+  auto standalone = StartStandalone(dir);
+  ASSERT_NE(standalone, nullptr);
+  EXPECT_EQ(HealthOf(standalone->address()), 1);
+}
+
+std::string ScrapeMetrics(int port) {
+  const std::string cmd = absl::StrCat("curl -sf http://127.0.0.1:", port, "/metrics");
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return "";
+  std::string body;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) body.append(buf, n);
+  pclose(pipe);
+  return body;
+}
+
+// The value of the sample line that starts with `name` (-1: none).
+double MetricValue(const std::string& body, const std::string& name) {
+  const size_t at = body.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::strtod(body.c_str() + at + name.size() + 2, nullptr);
+}
+
+TEST(ShardHardening, ResidentBytesMetricFollowsTheProcess) {
+  TempDir dir;
+  auto shard = StartStandalone(dir);
+  ASSERT_NE(shard, nullptr);
+  auto client = EmbeddingClient::Create(
+      {{"wide", 4096}}, client::MakeServerShardMapSource({shard->address()}),
+      client::EmbeddingClientOptions());
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<int64_t> ids(2000);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<float> rows(ids.size() * 4096), grads(ids.size() * 4096, 0.5f);
+  ASSERT_TRUE((*client)->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  ASSERT_TRUE((*client)->PushGradients(0, {{{0, ids, grads.data()}}}).ok());
+  // 2000 rows of 16 KiB: the process holds more than 32 MB, and the metric
+  // says so without anyone calling Stats.
+  std::string body;
+  EXPECT_TRUE(testing::Eventually([&] {
+    body = ScrapeMetrics(shard->metrics_port());
+    return MetricValue(body, "recps_shard_resident_bytes") > 32e6;
+  }, absl::Seconds(10))) << body.substr(0, 3000);
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf(shard->address());
+  ASSERT_TRUE(stats.ok());
+  const double scraped = MetricValue(ScrapeMetrics(shard->metrics_port()),
+                                     "recps_shard_resident_bytes");
+  EXPECT_NEAR(scraped, stats->resident_bytes(), 0.25 * stats->resident_bytes());
+}
+
 }  // namespace
 }  // namespace recps
