@@ -783,5 +783,55 @@ TEST(ShardHardening, ResidentBytesMetricFollowsTheProcess) {
   EXPECT_NEAR(scraped, stats->resident_bytes(), 0.25 * stats->resident_bytes());
 }
 
+TEST(ShardHardening, FloodOfBadRequestsIsCountedAndBarelyLogged) {
+  TempDir dir;
+  const std::string log = dir.path() + "/shard.log";
+  // Through a shell, to catch the server's stdout and stderr in `log`.
+  auto shard = LocalShard::Start(
+      "/bin/sh",
+      {"-c", "exec \"$0\" \"$@\" >>" + log + " 2>&1", RECPS_SHARD_BINARY,
+       "--tables=" + dir.WriteFile("t.textproto", kWideTables), "--standalone",
+       "--threads=2"});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  grpc::TemplatedGenericStub<grpc::ByteBuffer, grpc::ByteBuffer> raw(
+      rpc::MakeChannel((*shard)->address(), rpc::ChannelKind::kData));
+  // LookupRequest { tables { table: "\xff\xfe" } }: invalid UTF-8 in a
+  // string field, which protobuf logs an error for on every parse.
+  const std::string malformed("\x12\x04\x0a\x02\xff\xfe", 6);
+  constexpr int kBad = 1000;
+  int refused = 0;
+  for (int i = 0; i < kBad; ++i) {
+    grpc::Slice slice(malformed.data(), malformed.size());
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    absl::Notification done;
+    grpc::Status status;
+    raw.UnaryCall(&ctx, "/recps.v1.EmbeddingShard/Lookup", grpc::StubOptions(),
+                  &request, &response, [&](grpc::Status s) {
+                    status = std::move(s);
+                    done.Notify();
+                  });
+    done.WaitForNotification();
+    if (status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) ++refused;
+  }
+  EXPECT_EQ(refused, kBad);
+  // Counted, by method and reason.
+  const std::string body = ScrapeMetrics((*shard)->metrics_port());
+  EXPECT_EQ(MetricValue(body,
+                        "recps_shard_bad_requests_total{reason=\"malformed\","
+                        "rpc=\"Lookup\"}"),
+            kBad) << body.substr(0, 3000);
+  // Still serving.
+  EXPECT_TRUE(StatsOf((*shard)->address()).ok());
+  // A few lines, not one or two per request.
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)),
+                         std::istreambuf_iterator<char>());
+  EXPECT_LT(text.size(), 16u * 1024) << text.substr(0, 4000);
+  EXPECT_NE(text.find("bad Lookup request (malformed)"), std::string::npos)
+      << text.substr(0, 4000);
+}
+
 }  // namespace
 }  // namespace recps
