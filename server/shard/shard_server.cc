@@ -344,8 +344,9 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
     if (t.grads().size() != values * width) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tables[", push.size(), "].grads (table ", spec.name, "): expected ",
-          ids.size(), " ids x dim ", spec.dim, " x ", width, " bytes = ",
-          values * width, " bytes, got ", t.grads().size()));
+          values, " values (", ids.size(), " ids x dim ", spec.dim, ") of ",
+          width, " bytes = ", values * width, " bytes, got ", t.grads().size(),
+          " bytes"));
     }
     TableGradients tg;
     tg.table = table;
