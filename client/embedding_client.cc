@@ -47,8 +47,10 @@ struct LookupRpc {
   }
   static absl::Status Consume(const RoutedBatch& batch, int server,
                               int32_t begin, int32_t end,
-                              v1::RowEncoding encoding, Response* response) {
-    return batch.ConsumeLookup(server, begin, end, encoding, response);
+                              v1::RowEncoding encoding, Response* response,
+                              uint64_t* incarnation) {
+    return batch.ConsumeLookup(server, begin, end, encoding, response,
+                               incarnation);
   }
 };
 
@@ -74,7 +76,9 @@ struct PushRpc {
     batch.BuildPush(server, encoding, request);
   }
   static absl::Status Consume(const RoutedBatch&, int, int32_t, int32_t,
-                              v1::RowEncoding, Response*) {
+                              v1::RowEncoding, Response* response,
+                              uint64_t* incarnation) {
+    *incarnation = response->incarnation();
     return absl::OkStatus();
   }
 };
@@ -261,9 +265,32 @@ void EmbeddingClient::ReleaseBatch(std::unique_ptr<RoutedBatch> batch) {
   free_batches_.push_back(std::move(batch));
 }
 
+absl::Status EmbeddingClient::CheckIncarnation(const std::string& address,
+                                               uint64_t incarnation) {
+  if (incarnation == 0) return absl::OkStatus();  // a server that sends none
+  absl::MutexLock lock(&incarnation_mu_);
+  if (!lost_.ok()) return lost_;
+  auto [it, first] = incarnations_.try_emplace(address, incarnation);
+  if (first || it->second == incarnation) return absl::OkStatus();
+  lost_ = absl::DataLossError(absl::StrCat(
+      "shard server ", address, " restarted: its incarnation was ",
+      absl::Hex(it->second, absl::kZeroPad16), " and is now ",
+      absl::Hex(incarnation, absl::kZeroPad16),
+      ". The rows it held were lost (it serves freshly initialised rows); "
+      "this client fails every later call. Restore the job from a "
+      "checkpoint to continue"));
+  return lost_;
+}
+
+absl::Status EmbeddingClient::LostStatus() const {
+  absl::MutexLock lock(&incarnation_mu_);
+  return lost_;
+}
+
 absl::Status EmbeddingClient::Lookup(int64_t step,
                                      absl::Span<const LookupSpec> batch) {
   RETURN_IF_ERROR(CheckBatch(step, batch, tables_.size()));
+  RETURN_IF_ERROR(LostStatus());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!batch[i].ids.empty() && batch[i].out == nullptr) {
       return absl::InvalidArgumentError(
@@ -282,6 +309,7 @@ absl::Status EmbeddingClient::Lookup(int64_t step,
 absl::Status EmbeddingClient::PushGradients(int64_t step,
                                             absl::Span<const PushSpec> batch) {
   RETURN_IF_ERROR(CheckBatch(step, batch, tables_.size()));
+  RETURN_IF_ERROR(LostStatus());
   for (size_t i = 0; i < batch.size(); ++i) {
     if (!batch[i].ids.empty() && batch[i].grads == nullptr) {
       return absl::InvalidArgumentError(
@@ -314,6 +342,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     typename Rpc::Response response;
     grpc::Status status;
     absl::Status consumed;  // Rpc::Consume's verdict on an OK response
+    uint64_t incarnation = 0;  // of the server that answered (0: unknown)
   };
   // A server's requests of the round: `parts` near-equal parts of its
   // `count` ids.
@@ -389,7 +418,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
                      grpc::Status status) {
                    if (status.ok()) {
                      c.consumed = Rpc::Consume(batch, c.server, c.begin, c.end,
-                                               options_.encoding, &c.response);
+                                               options_.encoding, &c.response,
+                                               &c.incarnation);
                    }
                    queued(std::move(status));
                  });
@@ -404,6 +434,10 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
         case internal::CallVerdict::kOk: {
           if (!c.consumed.ok()) {
             retry.FailResponse(*c.address, c.consumed);
+            failed = true;
+          } else if (absl::Status lost = CheckIncarnation(*c.address, c.incarnation);
+                     !lost.ok()) {
+            retry.FailResponse(*c.address, lost);
             failed = true;
           } else if (Rpc::kEveryServer) {
             accepted.insert(*c.address);

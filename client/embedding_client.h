@@ -135,6 +135,10 @@ class EmbeddingClient {
   // Sends each distinct (table, id)'s gradient to its owner, and an empty
   // push to every other server of the map, so that servers in sync mode know
   // this rank is done with `step`. OK means every server accepted the push.
+  //
+  // Both fail with DATA_LOSS, in every consistency mode, once a server the
+  // client has used answers with a new incarnation (it restarted and lost
+  // its rows); the message names the server and both incarnations.
   absl::Status PushGradients(int64_t step, absl::Span<const PushSpec> batch);
 
   // Epoch of the shard map the client routes by now.
@@ -162,6 +166,14 @@ class EmbeddingClient {
   // epoch routed by afterwards.
   absl::StatusOr<uint64_t> RefreshMap(uint64_t wanted_epoch);
 
+  // Remembers the incarnation of each server address on its first answer;
+  // DATA_LOSS (from then on, for every call) when it changes: the server
+  // restarted and its rows were reinitialised. 0 (not sent) is ignored.
+  absl::Status CheckIncarnation(const std::string& address,
+                                uint64_t incarnation);
+  // OK, or the DATA_LOSS that CheckIncarnation found.
+  absl::Status LostStatus() const;
+
   // Sends `batch` in rounds until every part is accepted (see the .cc).
   template <typename Rpc>
   absl::Status Run(int64_t step, internal::RoutedBatch& batch);
@@ -182,6 +194,11 @@ class EmbeddingClient {
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(map_mu_);
 
   std::unique_ptr<internal::StubCache> stubs_;
+
+  mutable absl::Mutex incarnation_mu_;
+  absl::flat_hash_map<std::string, uint64_t> incarnations_
+      ABSL_GUARDED_BY(incarnation_mu_);
+  absl::Status lost_ ABSL_GUARDED_BY(incarnation_mu_);
 
   absl::Mutex pool_mu_;
   std::vector<std::unique_ptr<internal::RoutedBatch>> free_batches_

@@ -297,6 +297,8 @@ constexpr uint32_t kDimTag =
     WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_VARINT);
 constexpr uint32_t kRowsTag =
     WireFormatLite::MakeTag(3, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr uint32_t kIncarnationTag =
+    WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_FIXED64);
 
 absl::Status Malformed(const char* what) {
   return absl::InternalError(
@@ -307,7 +309,9 @@ absl::Status Malformed(const char* what) {
 
 absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
                                         v1::RowEncoding encoding,
-                                        grpc::ByteBuffer* response) const {
+                                        grpc::ByteBuffer* response,
+                                        uint64_t* incarnation) const {
+  if (incarnation != nullptr) *incarnation = 0;
   grpc::ProtoBufferReader reader(response);
   if (!reader.status().ok()) return Malformed("unreadable buffer");
   google::protobuf::io::CodedInputStream in(&reader);
@@ -324,6 +328,12 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
 
   int j = 0;  // response table, in request order
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    if (tag == kIncarnationTag) {
+      uint64_t v;
+      if (!in.ReadLittleEndian64(&v)) return Malformed("bad incarnation");
+      if (incarnation != nullptr) *incarnation = v;
+      continue;
+    }
     if (tag != kTablesTag) {
       if (!WireFormatLite::SkipField(&in, tag)) return Malformed("bad field");
       continue;

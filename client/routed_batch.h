@@ -106,9 +106,11 @@ struct RoutedBatch {
   // partly written. Parts write disjoint bytes of the callers' buffers, so
   // the client consumes each response on the gRPC thread that received it,
   // several at once; Requeue may run meanwhile (it touches other fields).
+  // `incarnation`, if set, receives LookupResponse.incarnation (0: none).
   absl::Status ConsumeLookup(int server, int32_t begin, int32_t end,
                              v1::RowEncoding encoding,
-                             grpc::ByteBuffer* response) const;
+                             grpc::ByteBuffer* response,
+                             uint64_t* incarnation = nullptr) const;
 
   std::vector<TablePlan> plans;  // only the first num_plans are in use
   int num_plans = 0;

@@ -16,6 +16,9 @@ constexpr uint8_t kTablesTag = (1 << 3) | 2;
 constexpr uint8_t kNameTag = (1 << 3) | 2;
 constexpr uint8_t kDimTag = (2 << 3) | 0;
 constexpr uint8_t kRowsTag = (3 << 3) | 2;
+// LookupResponse.incarnation = 2 (fixed64).
+constexpr uint8_t kIncarnationTag = (2 << 3) | 1;
+constexpr size_t kIncarnationBytes = 1 + sizeof(uint64_t);
 // Rows start on a cache line: the store copies whole rows into them.
 constexpr size_t kRowsAlignment = 64;
 
@@ -55,7 +58,8 @@ size_t TableFieldsSize(const SerializedLookupResponse::Table& t) {
 }  // namespace
 
 absl::Status SerializedLookupResponse::Init(BufferPool& pool,
-                                            absl::Span<const Table> tables) {
+                                            absl::Span<const Table> tables,
+                                            uint64_t incarnation) {
   // Per table: [tag, length, name, dim, rows tag, rows length] right before
   // its rows, and padding before that, so each table's bytes are one
   // segment with its rows aligned.
@@ -73,6 +77,14 @@ absl::Status SerializedLookupResponse::Init(BufferPool& pool,
     end = rows + t.rows_bytes;
     message_bytes += header + t.rows_bytes;
   }
+  // The incarnation last (parsers accept fields in any order).
+  size_t incarnation_at = 0;
+  if (incarnation != 0) {
+    incarnation_at = end;
+    segments_.push_back({end, kIncarnationBytes});
+    end += kIncarnationBytes;
+    message_bytes += kIncarnationBytes;
+  }
   if (message_bytes > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the lookup response would be ", message_bytes,
@@ -81,6 +93,11 @@ absl::Status SerializedLookupResponse::Init(BufferPool& pool,
   absl::StatusOr<PooledBuffer> buffer = pool.Take(end);
   if (!buffer.ok()) return buffer.status();
   buffer_ = *std::move(buffer);
+  if (incarnation != 0) {
+    char* p = buffer_.data() + incarnation_at;
+    *p++ = kIncarnationTag;
+    for (int b = 0; b < 8; ++b) *p++ = static_cast<char>(incarnation >> (8 * b));
+  }
   for (size_t i = 0; i < tables.size(); ++i) {
     const Table& t = tables[i];
     char* p = buffer_.data() + segments_[i].offset;

@@ -8,6 +8,7 @@
 #define RECPS_SERVER_SHARD_LOOKUP_RESPONSE_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,9 @@ class SerializedLookupResponse {
   // Lays out `tables` in a buffer from `pool` and writes everything but the
   // rows, which the caller then writes through rows(i). RESOURCE_EXHAUSTED
   // when the message would pass protobuf's 2 GiB limit or memory runs out.
-  absl::Status Init(BufferPool& pool, absl::Span<const Table> tables);
+  // A nonzero `incarnation` is written as LookupResponse.incarnation.
+  absl::Status Init(BufferPool& pool, absl::Span<const Table> tables,
+                    uint64_t incarnation = 0);
 
   // Table i's rows_bytes bytes of rows, 64-byte aligned.
   char* rows(int table) const { return buffer_.data() + rows_offset_[table]; }

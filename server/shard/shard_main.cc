@@ -25,11 +25,13 @@
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "common/log.h"
+#include "common/status_macros.h"
 #include "common/rpc/channels.h"
 #include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
 #include "common/thread_pool.h"
+#include "google/protobuf/stubs/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -77,10 +79,17 @@ ABSL_FLAG(int64_t, max_rows_per_table, int64_t{1} << 26,
           "most rows a dynamic table may hold on this server");
 ABSL_FLAG(int64_t, max_ids_per_request, int64_t{1} << 22,
           "most ids one Lookup or PushGradients may carry");
+ABSL_FLAG(int, max_parked_lookups, 4096,
+          "most lookups waiting for their step at once (sync and bounded "
+          "modes); more are refused with RESOURCE_EXHAUSTED (1..1048576)");
+ABSL_FLAG(int64_t, max_parked_ids, int64_t{1} << 24,
+          "most ids over all lookups waiting for their step; more are refused "
+          "with RESOURCE_EXHAUSTED (1..2^34)");
 ABSL_FLAG(std::string, device, "cpu",
           "where rows live: cpu (host memory); cuda:N is refused until the "
           "GPU-resident store exists");
-ABSL_FLAG(int, max_message_mb, 1024, "largest request accepted, in MiB");
+ABSL_FLAG(int, max_message_mb, 1024,
+          "largest request accepted, in MiB (1..2047)");
 ABSL_FLAG(int, threads, 0,
           "threads for pushes and for lookups released by a step (0: one per "
           "core)");
@@ -126,6 +135,8 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
   c.staleness = staleness;
   c.world_size = absl::GetFlag(FLAGS_world_size);
   c.step_timeout = absl::GetFlag(FLAGS_step_timeout);
+  c.max_parked_lookups = absl::GetFlag(FLAGS_max_parked_lookups);
+  c.max_parked_ids = absl::GetFlag(FLAGS_max_parked_ids);
   if (c.staleness < 0) return absl::InvalidArgumentError("--staleness must be >= 0");
   if (c.world_size < 1) return absl::InvalidArgumentError("--world_size must be >= 1");
   return c;
@@ -133,6 +144,93 @@ absl::StatusOr<ConsistencyOptions> ConsistencyFromFlags(
 
 // Set when the coordinator refused the registration: exit non-zero.
 std::atomic<bool> registration_refused{false};
+
+// Ranges of the numeric flags: what the server can honour without overflow
+// (max_message_mb is shifted into an int of bytes) or nonsense.
+constexpr int kMaxMessageMb = 2047;  // 2047 << 20 < 2^31
+constexpr int kMaxWorldSize = 65536;
+constexpr int kMaxStaleness = 1 << 20;
+constexpr int kMaxThreads = 1024;
+constexpr uint32_t kMaxNumSlots = 1 << 20;
+constexpr int64_t kMaxRowsPerTable = int64_t{1} << 36;
+// The client's dedup indexes a call's ids with int32.
+constexpr int64_t kMaxIdsPerRequest = int64_t{1} << 30;
+constexpr absl::Duration kMaxStepTimeout = absl::Hours(24);
+constexpr absl::Duration kMaxGracePeriod = absl::Hours(1);
+
+template <typename T>
+absl::Status InRange(const char* flag, T value, T lo, T hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "=", value, " is out of range: it must be in [", lo, ", ",
+      hi, "]"));
+}
+
+absl::Status InRange(const char* flag, absl::Duration value, absl::Duration lo,
+                     absl::Duration hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--", flag, "=", absl::FormatDuration(value),
+      " is out of range: it must be in [", absl::FormatDuration(lo), ", ",
+      absl::FormatDuration(hi), "]"));
+}
+
+// Every numeric flag, checked before anything starts.
+absl::Status ValidateFlags() {
+  const absl::Status checks[] = {
+      InRange("max_message_mb", absl::GetFlag(FLAGS_max_message_mb), 1,
+              kMaxMessageMb),
+      InRange("world_size", absl::GetFlag(FLAGS_world_size), 1, kMaxWorldSize),
+      // -1: the job's staleness (or 1).
+      InRange("staleness", absl::GetFlag(FLAGS_staleness), -1, kMaxStaleness),
+      InRange("step_timeout", absl::GetFlag(FLAGS_step_timeout),
+              absl::Milliseconds(1), kMaxStepTimeout),
+      InRange("num_slots", absl::GetFlag(FLAGS_num_slots), uint32_t{1},
+              kMaxNumSlots),
+      InRange("max_rows_per_table", absl::GetFlag(FLAGS_max_rows_per_table),
+              int64_t{1}, kMaxRowsPerTable),
+      InRange("max_ids_per_request", absl::GetFlag(FLAGS_max_ids_per_request),
+              int64_t{1}, kMaxIdsPerRequest),
+      InRange("max_parked_lookups", absl::GetFlag(FLAGS_max_parked_lookups), 1,
+              1 << 20),
+      InRange("max_parked_ids", absl::GetFlag(FLAGS_max_parked_ids), int64_t{1},
+              int64_t{1} << 34),
+      InRange("threads", absl::GetFlag(FLAGS_threads), 0, kMaxThreads),
+      InRange("store_threads", absl::GetFlag(FLAGS_store_threads), 0,
+              kMaxThreads),
+      InRange("grace_period", absl::GetFlag(FLAGS_grace_period),
+              absl::ZeroDuration(), kMaxGracePeriod),
+  };
+  for (const absl::Status& s : checks) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+// protobuf's own log lines (e.g. one per request with invalid UTF-8 in a
+// string field) go through our log, at most 10 per 10 s: a flood of bad
+// requests wrote 2,600 lines before. The requests themselves are counted
+// in recps_shard_bad_requests_total.
+void LimitProtobufLogs() {
+  static LogLimiter* const limiter = new LogLimiter(10, absl::Seconds(10));
+  google::protobuf::SetLogHandler([](google::protobuf::LogLevel level,
+                                     const char* file, int line,
+                                     const std::string& message) {
+    int64_t suppressed = 0;
+    if (level < google::protobuf::LOGLEVEL_WARNING ||
+        !limiter->Allow(&suppressed)) {
+      return;
+    }
+    const std::string text = absl::StrCat(
+        "libprotobuf ", file, ":", line, ": ", message,
+        suppressed > 0 ? absl::StrCat(" [", suppressed,
+                                      " protobuf lines suppressed before this one]")
+                       : "");
+    if (level == google::protobuf::LOGLEVEL_WARNING) {
+      LogWarning(text);
+    } else {
+      LogError(text);
+    }
+  });
+}
 
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
@@ -143,6 +241,11 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  LimitProtobufLogs();
+  if (absl::Status s = ValidateFlags(); !s.ok()) {
+    LogError(s.message());
+    return 2;
+  }
   const std::string tables_path = absl::GetFlag(FLAGS_tables);
   const std::string job_path = absl::GetFlag(FLAGS_job);
   if (tables_path.empty() == job_path.empty()) {
@@ -214,6 +317,15 @@ int Run() {
   options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
   options.consistency = *consistency;
   options.work_threads = absl::GetFlag(FLAGS_threads);
+  // Health: NOT_SERVING until a map that lists this server is installed.
+  // The health service exists only once the gRPC server is built, after
+  // the shard server: the callback finds it through this pointer.
+  std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
+  options.on_map_installed = [&health] {
+    if (grpc::HealthCheckServiceInterface* h = health.load()) {
+      h->SetServingStatus(true);
+    }
+  };
   // Column groups of column-wise tables: same seed, slots and limits.
   options.create_store = [store_options](std::vector<config::TableSpec> groups) {
     return CreateEmbeddingStore(std::move(groups), store_options);
@@ -242,6 +354,12 @@ int Run() {
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);
     return 1;
+  }
+  if (grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService()) {
+    h->SetServingStatus(false);  // the default service starts SERVING
+    health.store(h);
+    // A map installed before the pointer was published.
+    if ((*shard)->serving()) h->SetServingStatus(true);
   }
 
   std::string advertise = absl::GetFlag(FLAGS_advertise);
@@ -295,9 +413,18 @@ int Run() {
     }
   }
 
+  // Level metrics (resident memory, rows) between scrapes of Stats.
+  absl::Notification stop_gauges;
+  std::thread gauges([&] {
+    do {
+      (*shard)->RefreshGauges();
+    } while (!stop_gauges.WaitForNotificationWithTimeout(absl::Seconds(1)));
+  });
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   LogInfo("received signal ", signal_number, "; finishing calls in flight");
+  stop_gauges.Notify();
+  gauges.join();
   if (lease != nullptr) lease->Leave();
   lease.reset();
   server->Shutdown(std::chrono::system_clock::now() +

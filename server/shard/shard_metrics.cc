@@ -29,6 +29,11 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                    .Name("recps_shard_request_seconds")
                    .Help("RPC latency from arrival to reply, by method")
                    .Register(registry)),
+      bad_requests_(prometheus::BuildCounter()
+                        .Name("recps_shard_bad_requests_total")
+                        .Help("Requests refused as bad, by method and reason "
+                              "(malformed, invalid_argument, over_limit)")
+                        .Register(registry)),
       lookup_ids_(prometheus::BuildCounter()
                       .Name("recps_shard_lookup_ids_total")
                       .Help("Ids served by Lookup")
@@ -125,6 +130,29 @@ void ShardMetrics::AppendRpcStats(v1::StatsResponse* response) {
     }
     stats->set_errors(errors);
   }
+}
+
+bool LogLimiter::Allow(int64_t* suppressed) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (now - window_start_ >= window_) {
+    window_start_ = now;
+    in_window_ = 0;
+  }
+  if (in_window_ >= max_per_window_) {
+    ++suppressed_;
+    return false;
+  }
+  ++in_window_;
+  *suppressed = suppressed_;
+  suppressed_ = 0;
+  return true;
+}
+
+void ShardMetrics::AddBadRequest(const std::string& rpc,
+                                 const std::string& reason) {
+  // Few distinct labels; Family::Add finds an existing child under its lock.
+  bad_requests_.Add({{"rpc", rpc}, {"reason", reason}}).Increment();
 }
 
 void ShardMetrics::AddLookedUpIds(int64_t ids, int64_t bytes) {

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -18,6 +19,25 @@
 
 namespace recps::server {
 
+// Lets at most `max_per_window` lines through per `window`, so that a flood
+// of bad requests cannot fill the disk with logs. Thread-safe.
+class LogLimiter {
+ public:
+  LogLimiter(int max_per_window, absl::Duration window)
+      : max_per_window_(max_per_window), window_(window) {}
+  // Whether this line may be written; then *suppressed is the number of
+  // lines dropped since the last one written (to say so with it).
+  bool Allow(int64_t* suppressed);
+
+ private:
+  const int max_per_window_;
+  const absl::Duration window_;
+  absl::Mutex mu_;
+  absl::Time window_start_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class ShardMetrics {
  public:
   explicit ShardMetrics(prometheus::Registry& registry);
@@ -26,6 +46,9 @@ class ShardMetrics {
   // latency.
   void RecordRequest(const std::string& rpc, absl::StatusCode code,
                      double seconds);
+  // One request refused as bad: `reason` is malformed (does not parse),
+  // invalid_argument or over_limit (RESOURCE_EXHAUSTED).
+  void AddBadRequest(const std::string& rpc, const std::string& reason);
   void AddLookedUpIds(int64_t ids, int64_t bytes);
   void AddUpdatedIds(int64_t ids);
   // Time a lookup waited for its step (sync and bounded modes).
@@ -39,6 +62,7 @@ class ShardMetrics {
  private:
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& bad_requests_;
   prometheus::Counter& lookup_ids_;
   prometheus::Counter& lookup_bytes_;
   prometheus::Counter& update_ids_;

@@ -5,11 +5,13 @@
 #include <cstdio>
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
@@ -36,11 +38,34 @@ config::TableSpec ColumnGroupSpec(const config::TableSpec& table, const ColumnGr
   return spec;
 }
 
+uint64_t NewIncarnation() {
+  absl::BitGen gen;
+  uint64_t v = 0;
+  while (v == 0) v = absl::Uniform<uint64_t>(gen);
+  return v;
+}
+
 int64_t ResidentBytes() {
   std::ifstream statm("/proc/self/statm");
   int64_t pages_total = 0, pages_resident = 0;
   if (!(statm >> pages_total >> pages_resident)) return 0;
   return pages_resident * sysconf(_SC_PAGESIZE);
+}
+
+// The address of the server that holds `slot` of table `name` in `map`
+// (`proto` is its proto form: per-table slot owners are not exposed by
+// TableRoute); empty when the table is split column-wise.
+std::string SlotOwnerOf(const ShardMap& map, const v1::ShardMap& proto,
+                        const std::string& name, uint64_t key, uint32_t slot) {
+  const TableRoute route = map.RouteOf(key);
+  if (route.column_split()) return "";
+  if (route.single_owner() >= 0) return map.servers()[route.single_owner()];
+  for (const v1::TableRouting& t : proto.tables()) {
+    if (t.table() == name && static_cast<uint32_t>(t.slot_owner_size()) > slot) {
+      return map.servers()[t.slot_owner(static_cast<int>(slot))];
+    }
+  }
+  return map.servers()[map.OwnerOfSlot(slot)];
 }
 
 }  // namespace
@@ -72,6 +97,11 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
   if (options.max_ids_per_request < 1) {
     return absl::InvalidArgumentError("max_ids_per_request must be >= 1");
   }
+  if (c.max_parked_lookups < 1 || c.max_parked_ids < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_parked_lookups (", c.max_parked_lookups, ") and max_parked_ids (",
+        c.max_parked_ids, ") must be >= 1"));
+  }
   std::unique_ptr<ShardServer> server(new ShardServer(
       std::move(store), std::move(initial_map), std::move(options), metrics));
   const MapView view = server->CurrentMap();
@@ -87,6 +117,7 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       options_(std::move(options)),
       metrics_(metrics),
       start_time_(absl::Now()),
+      incarnation_(NewIncarnation()),
       response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)) {
   const int self = map.IndexOf(options_.self_address);
   routing_ = std::make_shared<const Routing>(
@@ -166,7 +197,8 @@ absl::Status ShardServer::CheckOwned(const MapView& view, const config::TableSpe
 }
 
 void ShardServer::Lookup(const v1::LookupRequest* request,
-                         SerializedLookupResponse* response, Done done) {
+                         SerializedLookupResponse* response, Done done,
+                         std::function<bool()> cancelled) {
   lookup_requests_.fetch_add(1, std::memory_order_relaxed);
   // Runs on the caller's thread (the gRPC callback thread): a lookup that
   // may run is pure CPU work, and the hop to a work thread cost 8-33% of the
@@ -184,6 +216,11 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
   if (!s.ok()) {
     std::move(done)(s);
     return;
+  }
+  // What a parked lookup holds, counted from the bytes (nothing decoded).
+  int64_t ids = 0;
+  for (const v1::TableIds& t : request->tables()) {
+    ids += static_cast<int64_t>(t.ids().size() / sizeof(int64_t));
   }
   const absl::Time wait_start = absl::Now();
   // True while AwaitLookup runs on this thread: a callback from it then is
@@ -209,7 +246,8 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
         work_->Schedule([this, request, response, done = std::move(done)]() mutable {
           std::move(done)(RunLookup(*request, response));
         });
-      });
+      },
+      ids, std::move(cancelled));
   awaiting->store(false);
 }
 
@@ -249,7 +287,7 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
     parts.push_back(part);
     layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width});
   }
-  RETURN_IF_ERROR(response->Init(*response_buffers_, layout));
+  RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_));
   std::vector<float> converted;
   int64_t bytes = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -294,11 +332,27 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
           options_.max_ids_per_request, " ids; split the batch"));
     }
     RETURN_IF_ERROR(CheckOwned(view, spec, ids));
+    // The gradient bytes must match before anything is sized from the ids:
+    // a request of ids without gradients must not allocate ids x dim floats.
+    const size_t width = BytesPerElement(t.encoding());
+    if (width == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tables[", push.size(), "] (table ", spec.name,
+          "): unknown gradient encoding ", static_cast<int>(t.encoding())));
+    }
+    const size_t values = ids.size() * static_cast<size_t>(spec.dim);
+    if (t.grads().size() != values * width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tables[", push.size(), "].grads (table ", spec.name, "): expected ",
+          values, " values (", ids.size(), " ids x dim ", spec.dim, ") of ",
+          width, " bytes = ", values * width, " bytes, got ", t.grads().size(),
+          " bytes"));
+    }
     TableGradients tg;
     tg.table = table;
     tg.dim = spec.dim;
     tg.ids.assign(ids.begin(), ids.end());
-    tg.grads.resize(ids.size() * spec.dim);
+    tg.grads.resize(values);
     RETURN_IF_ERROR(DecodeRows(
         t.grads(), t.encoding(), tg.grads.size(),
         absl::StrCat("gradients of table ", spec.name, " (", ids.size(),
@@ -325,6 +379,7 @@ void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
                        *std::move(push));
     }
     response->set_applied_step(clock_->applied_step());
+    response->set_incarnation(incarnation_);
     std::move(done)(s);
   });
 }
@@ -348,10 +403,15 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   }
   response->set_total_rows(total_rows);
   response->set_row_bytes(row_bytes);
-  response->set_resident_bytes(ResidentBytes());
+  const int64_t resident = ResidentBytes();
+  response->set_resident_bytes(resident);
+  if (metrics_ != nullptr) metrics_->SetResidentBytes(resident);
   const MapView view = CurrentMap();
   response->set_shard_map_epoch(view->map.epoch());
   response->set_applied_step(clock_->applied_step());
+  response->set_parked_lookups(clock_->waiting_lookups());
+  response->set_parked_ids(clock_->waiting_ids());
+  response->set_incarnation(incarnation_);
   response->set_lookup_requests(lookup_requests_.load());
   response->set_push_requests(push_requests_.load());
   response->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
@@ -365,6 +425,15 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
     }
   }
   return absl::OkStatus();
+}
+
+void ShardServer::RefreshGauges() const {
+  if (metrics_ == nullptr) return;
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const TableInfo info = store_->Info(t);
+    metrics_->SetTableRows(info.name, info.rows, info.rows * info.row_bytes);
+  }
+  metrics_->SetResidentBytes(ResidentBytes());
 }
 
 absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
@@ -410,6 +479,56 @@ absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
   return absl::OkStatus();
 }
 
+absl::Status ShardServer::CheckNoRowsMove(const Routing& current,
+                                          const v1::ShardMap& next_proto,
+                                          const ShardMap& next,
+                                          const std::string& self) const {
+  if (current.self < 0 || current.map.num_servers() == 0) return absl::OkStatus();
+  const std::vector<int64_t> per_slot = store_->RowsPerSlot();
+  const v1::ShardMap current_proto = current.map.ToProto();
+  const uint32_t num_slots =
+      std::min<uint32_t>(next.num_slots(), static_cast<uint32_t>(per_slot.size()));
+  // slot -> the new owner (first table found moving it), in slot order.
+  std::map<uint32_t, std::string> moved;
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const config::TableSpec& spec = store_->spec(t);
+    if (store_->Info(t).rows == 0) continue;
+    const uint64_t key = StableNameKey(spec.name);
+    for (uint32_t slot = 0; slot < num_slots; ++slot) {
+      if (per_slot[slot] == 0 || moved.count(slot) > 0) continue;
+      if (SlotOwnerOf(current.map, current_proto, spec.name, key, slot) !=
+          current.self_address) {
+        continue;  // rows of other tables (RowsPerSlot sums every table)
+      }
+      std::string owner = SlotOwnerOf(next, next_proto, spec.name, key, slot);
+      if (owner != self) {
+        moved.emplace(slot, owner.empty()
+                                ? absl::StrCat("the column groups of ", spec.name)
+                                : std::move(owner));
+      }
+    }
+  }
+  if (moved.empty()) return absl::OkStatus();
+  constexpr int kNamed = 5;
+  std::string listed;
+  int named = 0;
+  for (const auto& [slot, owner] : moved) {
+    if (named == kNamed) break;
+    absl::StrAppend(&listed, named++ > 0 ? ", " : "", "slot ", slot, " (",
+                    per_slot[slot], " rows) -> ", owner);
+  }
+  if (moved.size() > kNamed) {
+    absl::StrAppend(&listed, " and ", moved.size() - kNamed, " more");
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "shard map epoch ", next.epoch(), " would move ", moved.size(),
+      " slot(s) holding rows away from this server (", self, "): ", listed,
+      ". Rows cannot migrate between servers yet; the new owner would start "
+      "them from their initial values. Refused; this server keeps epoch ",
+      current.map.epoch(), ". Keep those slots here, or restore the moved "
+      "rows from a checkpoint on their new owners"));
+}
+
 void ShardServer::SetSelfAddress(std::string address) {
   absl::MutexLock install(&install_mu_);
   const MapView view = CurrentMap();
@@ -419,9 +538,12 @@ void ShardServer::SetSelfAddress(std::string address) {
       LogError(s.message());
     }
   }
-  absl::MutexLock lock(&map_mu_);
-  routing_ = std::make_shared<const Routing>(
-      Routing{routing_->map, self, std::move(address)});
+  {
+    absl::MutexLock lock(&map_mu_);
+    routing_ = std::make_shared<const Routing>(
+        Routing{routing_->map, self, std::move(address)});
+  }
+  if (self >= 0 && options_.on_map_installed) options_.on_map_installed();
 }
 
 v1::ShardMap ShardServer::GetShardMap() const { return CurrentMap()->map.ToProto(); }
@@ -445,14 +567,26 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
         ")"));
   }
   if (current->map.num_servers() > 0 && map.epoch() <= current->map.epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    // Already delivered (a retry, or a late copy): not a refusal. The same
+    // map again is OK; anything else at an epoch not newer ALREADY_EXISTS.
+    if (map.epoch() == current->map.epoch() && index == current->self &&
+        map.ToProto().SerializeAsString() ==
+            current->map.ToProto().SerializeAsString()) {
+      return absl::OkStatus();
+    }
+    return absl::AlreadyExistsError(absl::StrCat(
         "shard map epoch ", map.epoch(), " is not newer than the current ",
+        current->map.epoch(), "; this server keeps epoch ",
         current->map.epoch()));
   }
+  RETURN_IF_ERROR(CheckNoRowsMove(*current, request.shard_map(), map, self));
   // Before the map: a request routed by it finds its tables.
   RETURN_IF_ERROR(AddColumnGroupTables(map, index));
-  absl::MutexLock lock(&map_mu_);
-  routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
+  {
+    absl::MutexLock lock(&map_mu_);
+    routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
+  }
+  if (options_.on_map_installed) options_.on_map_installed();
   return absl::OkStatus();
 }
 

@@ -57,6 +57,10 @@ struct ShardServerOptions {
   std::function<absl::StatusOr<std::unique_ptr<EmbeddingStore>>(
       std::vector<config::TableSpec>)>
       create_store;
+  // Called (under the install lock, never concurrently) each time a map
+  // that lists this server is installed, its tables created: the server can
+  // serve from then on (recps-shard flips its health status).
+  std::function<void()> on_map_installed;
 };
 
 class ShardServer {
@@ -72,8 +76,12 @@ class ShardServer {
 
   // Fills `response` (owned by the caller, alive until done), a serialized
   // v1::LookupResponse, once the step clock lets the lookup run.
+  // `cancelled`, if set, tells whether the caller gave up: a lookup that
+  // waits for its step is then dropped (CANCELLED) without waiting for the
+  // step timeout. It must stay callable until done runs.
   void Lookup(const v1::LookupRequest* request,
-              SerializedLookupResponse* response, Done done);
+              SerializedLookupResponse* response, Done done,
+              std::function<bool()> cancelled = nullptr);
   // Checks the push completely, then hands it to the step clock; done(OK)
   // means it was accepted (applied at once in async mode).
   void PushGradients(const v1::PushGradientsRequest* request,
@@ -82,18 +90,34 @@ class ShardServer {
   absl::Status Stats(const v1::StatsRequest& request,
                      v1::StatsResponse* response) const;
   v1::ShardMap GetShardMap() const;
-  // Installs a newer map; FAILED_PRECONDITION when its epoch is not newer,
-  // INVALID_ARGUMENT when it is malformed or does not list `self`. Column
+  // Installs a newer map. The same map again (a retry) is OK; any other map
+  // whose epoch is not newer is ALREADY_EXISTS (nothing changes).
+  // FAILED_PRECONDITION naming the slots and their new owners when the map
+  // would move a slot that holds rows (of any table) away from this server:
+  // rows cannot migrate yet, so its new owner would start them from their
+  // initial values. INVALID_ARGUMENT when it is malformed or does not list
+  // `self`. Column
   // groups the map gives this server are created first (as tables named
   // ColumnGroupTableName, initialised as the unsplit table's columns);
   // INVALID_ARGUMENT when that fails (a group of a table this server does
   // not have, groups that do not cover the table's dim, no create_store).
   absl::Status SetShardMap(const v1::SetShardMapRequest& request);
 
+  // Whether the server holds a map that lists it (and its tables).
+  bool serving() const { return CurrentMap()->self >= 0; }
+  // Sets the metrics that are levels, not counts (resident memory, rows per
+  // table) from the sources Stats reports. Stats calls it; recps-shard also
+  // calls it periodically.
+  void RefreshGauges() const;
+
   // The address SetShardMap looks for when its request names no `self`.
   void SetSelfAddress(std::string address);
 
   const EmbeddingStore& store() const { return *store_; }
+  // Random, nonzero, fixed for this object's life (one per process): sent
+  // on every Lookup and PushGradients response so that clients notice a
+  // restarted server (whose rows are gone).
+  uint64_t incarnation() const { return incarnation_; }
   int64_t applied_step() const { return clock_->applied_step(); }
 
  private:
@@ -115,6 +139,12 @@ class ShardServer {
   absl::Status RunLookup(const v1::LookupRequest& request,
                          SerializedLookupResponse* response);
   absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
+  // FAILED_PRECONDITION when installing `next` (`next_proto` in proto form)
+  // would take a slot holding rows away from `self`. REQUIRES: install_mu_.
+  absl::Status CheckNoRowsMove(const Routing& current,
+                               const v1::ShardMap& next_proto,
+                               const ShardMap& next,
+                               const std::string& self) const;
   // Creates the tables of the column groups that `map` gives server index
   // `self` and that do not exist yet.
   absl::Status AddColumnGroupTables(const ShardMap& map, int self);
@@ -123,6 +153,7 @@ class ShardServer {
   ShardServerOptions options_;
   ShardMetrics* metrics_;
   const absl::Time start_time_;
+  const uint64_t incarnation_;
 
   // Held by SetShardMap and SetSelfAddress throughout (they may create
   // tables); map_mu_ only guards the swap, so requests do not wait for that.

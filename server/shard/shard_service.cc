@@ -5,7 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/rpc/status_conversion.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
@@ -13,14 +15,51 @@
 namespace recps::server {
 namespace {
 
+// Bad requests are logged, at most 10 lines per 10 s: a flood of them must
+// not flood the log.
+LogLimiter& BadRequestLog() {
+  static LogLimiter* const limiter = new LogLimiter(10, absl::Seconds(10));
+  return *limiter;
+}
+
+// Counts and logs (rate-limited) a request refused as bad; `reason` as in
+// ShardMetrics::AddBadRequest, empty: judge by the code.
+void NoteBadRequest(const char* rpc, grpc::CallbackServerContext* context,
+                    const absl::Status& status, const char* reason,
+                    ShardMetrics* metrics) {
+  if (reason == nullptr) {
+    if (absl::IsInvalidArgument(status)) {
+      reason = "invalid_argument";
+    } else if (absl::IsResourceExhausted(status)) {
+      reason = "over_limit";
+    } else {
+      return;
+    }
+  }
+  if (metrics != nullptr) metrics->AddBadRequest(rpc, reason);
+  int64_t suppressed = 0;
+  if (!BadRequestLog().Allow(&suppressed)) return;
+  constexpr size_t kMaxMessage = 300;
+  const absl::string_view message = status.message();
+  LogWarning("bad ", rpc, " request (", reason, ") from ", context->peer(),
+             ": ", message.substr(0, kMaxMessage),
+             message.size() > kMaxMessage ? "..." : "",
+             suppressed > 0 ? absl::StrCat(" [", suppressed,
+                                           " bad-request lines suppressed "
+                                           "before this one]")
+                            : "");
+}
+
 // Finishes one RPC: trailing metadata for a stale epoch, metrics, status.
 void Finish(const char* rpc, grpc::CallbackServerContext* context,
             grpc::ServerUnaryReactor* reactor, const absl::Status& status,
-            absl::Time start, ShardMetrics* metrics) {
+            absl::Time start, ShardMetrics* metrics,
+            const char* bad_reason = nullptr) {
   if (metrics != nullptr) {
     metrics->RecordRequest(rpc, status.code(),
                            absl::ToDoubleSeconds(absl::Now() - start));
   }
+  NoteBadRequest(rpc, context, status, bad_reason, metrics);
   reactor->Finish(rpc::ToGrpcStatus(status, context));
 }
 
@@ -61,9 +100,10 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
                                                                 &call->request);
   if (!parsed.ok()) {
     Finish("Lookup", context, reactor,
-           absl::Status(static_cast<absl::StatusCode>(parsed.error_code()),
-                        parsed.error_message()),
-           start, metrics_);
+           absl::InvalidArgumentError(absl::StrCat(
+               "the request does not parse as a recps.v1.LookupRequest (",
+               request->Length(), " bytes): ", parsed.error_message())),
+           start, metrics_, "malformed");
     return reactor;
   }
   LookupCall* c = call.get();
@@ -72,7 +112,10 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
                    call = std::move(call)](absl::Status s) {
                     if (s.ok()) *response = ToByteBuffer(call->response);
                     Finish("Lookup", context, reactor, s, start, metrics_);
-                  });
+                  },
+                  // The context lives until Finish: a parked lookup whose
+                  // client gave up is dropped, freeing its request.
+                  [context] { return context->IsCancelled(); });
   return reactor;
 }
 

@@ -31,6 +31,7 @@ StepClock::~StepClock() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     waiters.swap(waiters_);
+    waiting_ids_ = 0;
   }
   for (Waiter& w : waiters) {
     std::move(w.done)(absl::UnavailableError("shard server is shutting down"));
@@ -58,6 +59,19 @@ int64_t StepClock::applied_step() const {
 int StepClock::waiting_lookups() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(waiters_.size());
+}
+
+int64_t StepClock::waiting_ids() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_ids_;
+}
+
+StepClock::Waiter StepClock::TakeWaiter(size_t i) {
+  Waiter w = std::move(waiters_[i]);
+  waiters_[i] = std::move(waiters_.back());
+  waiters_.pop_back();
+  waiting_ids_ -= w.ids;
+  return w;
 }
 
 absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
@@ -132,9 +146,7 @@ absl::Status StepClock::DrainCompleteSteps() {
       }
       for (size_t i = 0; i < waiters_.size();) {
         if (!apply_error_.ok() || LookupReady(waiters_[i].step)) {
-          ready.push_back(std::move(waiters_[i]));
-          waiters_[i] = std::move(waiters_.back());
-          waiters_.pop_back();
+          ready.push_back(TakeWaiter(i));
         } else {
           ++i;
         }
@@ -147,7 +159,8 @@ absl::Status StepClock::DrainCompleteSteps() {
 }
 
 void StepClock::AwaitLookup(int64_t step,
-                            absl::AnyInvocable<void(absl::Status) &&> done) {
+                            absl::AnyInvocable<void(absl::Status) &&> done,
+                            int64_t ids, std::function<bool()> cancelled) {
   if (step < 0) {
     std::move(done)(absl::InvalidArgumentError(absl::StrCat("negative step ", step)));
     return;
@@ -161,9 +174,23 @@ void StepClock::AwaitLookup(int64_t step,
       result = absl::OkStatus();
     } else if (stopping_) {
       result = absl::UnavailableError("shard server is shutting down");
+    } else if (cancelled != nullptr && cancelled()) {
+      result = absl::CancelledError("the client cancelled the lookup");
+    } else if (static_cast<int64_t>(waiters_.size()) >= options_.max_parked_lookups) {
+      result = absl::ResourceExhaustedError(absl::StrCat(
+          "lookup for step ", step, " would wait, but ", waiters_.size(),
+          " lookups are already waiting, the limit (--max_parked_lookups=",
+          options_.max_parked_lookups, "); ", Missing(applied_step_ + 1)));
+    } else if (waiting_ids_ + ids > options_.max_parked_ids) {
+      result = absl::ResourceExhaustedError(absl::StrCat(
+          "lookup of ", ids, " ids for step ", step, " would wait, but ",
+          waiting_ids_, " ids are already waiting and the limit is "
+          "--max_parked_ids=", options_.max_parked_ids, "; ",
+          Missing(applied_step_ + 1)));
     } else {
-      waiters_.push_back(
-          Waiter{step, absl::Now() + options_.step_timeout, std::move(done)});
+      waiting_ids_ += ids;
+      waiters_.push_back(Waiter{step, absl::Now() + options_.step_timeout,
+                                std::move(done), ids, std::move(cancelled)});
       return;
     }
   }
@@ -189,25 +216,30 @@ std::string StepClock::Missing(int64_t step) const {
 void StepClock::TimerLoop() {
   for (;;) {
     std::vector<std::pair<Waiter, std::string>> expired;
+    std::vector<Waiter> cancelled;
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(50));
       if (stopping_) return;
       const absl::Time now = absl::Now();
       for (size_t i = 0; i < waiters_.size();) {
-        if (waiters_[i].deadline <= now) {
+        if (waiters_[i].cancelled != nullptr && waiters_[i].cancelled()) {
+          cancelled.push_back(TakeWaiter(i));
+        } else if (waiters_[i].deadline <= now) {
           std::string why = absl::StrCat(
               "lookup for step ", waiters_[i].step, " waited ",
-              absl::FormatDuration(options_.step_timeout), " (", 
+              absl::FormatDuration(options_.step_timeout), " (",
               ConsistencyModeName(options_.mode), " mode): ",
               Missing(applied_step_ + 1));
-          expired.emplace_back(std::move(waiters_[i]), std::move(why));
-          waiters_[i] = std::move(waiters_.back());
-          waiters_.pop_back();
+          expired.emplace_back(TakeWaiter(i), std::move(why));
         } else {
           ++i;
         }
       }
+    }
+    // Outside the lock: done frees the request (and may finish the call).
+    for (Waiter& w : cancelled) {
+      std::move(w.done)(absl::CancelledError("the client cancelled the lookup"));
     }
     for (auto& [w, why] : expired) {
       std::move(w.done)(absl::DeadlineExceededError(why));

@@ -16,6 +16,7 @@
 #define RECPS_SERVER_SHARD_STEP_CLOCK_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +45,11 @@ struct ConsistencyOptions {
   int world_size = 1;
   // Longest a lookup waits for its step to become ready.
   absl::Duration step_timeout = absl::Seconds(60);
+  // Most lookups parked at once waiting for their step, and most ids over
+  // all of them (each parked lookup holds its request); a lookup past
+  // either gets RESOURCE_EXHAUSTED instead of parking.
+  int max_parked_lookups = 4096;
+  int64_t max_parked_ids = int64_t{1} << 24;
 };
 
 // One table's part of a push: distinct ids and one gradient row each.
@@ -78,13 +84,20 @@ class StepClock {
   // Calls done(OK) when a lookup for `step` may run: at once (inline) when it
   // already may, later from the thread that applies the step it waits for,
   // or done(DEADLINE_EXCEEDED) after step_timeout. INVALID_ARGUMENT for a
-  // negative step.
-  void AwaitLookup(int64_t step, absl::AnyInvocable<void(absl::Status) &&> done);
+  // negative step. A lookup that must wait counts `ids` against
+  // max_parked_ids; RESOURCE_EXHAUSTED (at once) naming the limit when it
+  // would pass either parking limit. `cancelled`, if set, is polled while
+  // the lookup waits (every 50 ms; it must stay callable until done runs):
+  // once it returns true the lookup is dropped with done(CANCELLED), so a
+  // client that gave up does not hold memory for the whole step timeout.
+  void AwaitLookup(int64_t step, absl::AnyInvocable<void(absl::Status) &&> done,
+                   int64_t ids = 0, std::function<bool()> cancelled = nullptr);
 
   // Newest applied step; -1 before the first.
   int64_t applied_step() const;
-  // Lookups currently waiting.
+  // Lookups currently waiting, and their ids.
   int waiting_lookups() const;
+  int64_t waiting_ids() const;
 
  private:
   struct PendingStep {
@@ -95,7 +108,11 @@ class StepClock {
     int64_t step;
     absl::Time deadline;
     absl::AnyInvocable<void(absl::Status) &&> done;
+    int64_t ids = 0;
+    std::function<bool()> cancelled;
   };
+  // Removes waiters_[i] (swapping the last one in) and returns it.
+  Waiter TakeWaiter(size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool LookupReady(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies complete steps in order while no other thread is applying.
@@ -113,6 +130,7 @@ class StepClock {
   absl::Status apply_error_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, PendingStep> pending_ ABSL_GUARDED_BY(mu_);
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t waiting_ids_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;
 };

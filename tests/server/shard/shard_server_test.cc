@@ -6,7 +6,9 @@
 #include <cstring>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/hashing.h"
 #include "common/wire/wire_format.h"
 #include "prometheus/registry.h"
 #include "server/shard/shard_metrics.h"
@@ -290,8 +292,48 @@ TEST(ShardServer, NoMapYetMeansUnavailable) {
   *set.mutable_shard_map() = ShardMap::Uniform(3, kSlots, {kSelf}).ToProto();
   ASSERT_TRUE(server->SetShardMap(set).ok());
   EXPECT_TRUE(LookupSync(*server, Lookup("fixed", {1}), &resp).ok());
-  // An older or equal epoch is refused.
-  EXPECT_EQ(server->SetShardMap(set).code(), absl::StatusCode::kFailedPrecondition);
+  // The same map again is a retry: OK. An older epoch, or the same epoch
+  // with other contents, was already delivered: ALREADY_EXISTS.
+  EXPECT_TRUE(server->SetShardMap(set).ok());
+  v1::SetShardMapRequest older;
+  *older.mutable_shard_map() = ShardMap::Uniform(2, kSlots, {kSelf}).ToProto();
+  EXPECT_EQ(server->SetShardMap(older).code(), absl::StatusCode::kAlreadyExists);
+  v1::SetShardMapRequest other;
+  *other.mutable_shard_map() =
+      ShardMap::Uniform(3, kSlots, {kSelf, "127.0.0.1:2"}).ToProto();
+  EXPECT_EQ(server->SetShardMap(other).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(server->GetShardMap().servers_size(), 1);
+}
+
+TEST(ShardServer, MapMovingASlotWithRowsIsRefusedNamingIt) {
+  auto server = MakeServer();  // epoch 3, every slot here
+  v1::LookupResponse before;
+  ASSERT_TRUE(LookupSync(*server, Lookup("dynamic", {7}), &before).ok());
+  const uint32_t slot = SlotOf(StableNameKey("dynamic"), 7, kSlots);
+  // Epoch 4: the other server takes every slot but one that holds no row.
+  v1::ShardMap moving = ShardMap::Uniform(4, kSlots, {kSelf}).ToProto();
+  moving.add_servers("127.0.0.1:2");
+  for (int s = 0; s < moving.slot_owner_size(); ++s) moving.set_slot_owner(s, 1);
+  const uint32_t kept = (slot + 1) % kSlots;
+  moving.set_slot_owner(kept, 0);
+  v1::SetShardMapRequest set;
+  *set.mutable_shard_map() = moving;
+  const absl::Status s = server->SetShardMap(set);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr(absl::StrCat(
+                               "slot ", slot, " (1 rows) -> 127.0.0.1:2")));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("would move 1 slot(s)"));
+  EXPECT_EQ(server->GetShardMap().epoch(), 3u);
+  // Moving only empty slots installs.
+  moving.set_slot_owner(slot, 0);
+  *set.mutable_shard_map() = moving;
+  EXPECT_TRUE(server->SetShardMap(set).ok());
+  EXPECT_EQ(server->GetShardMap().epoch(), 4u);
+  v1::LookupRequest again = Lookup("dynamic", {7});
+  again.mutable_header()->set_shard_map_epoch(4);
+  v1::LookupResponse after;
+  ASSERT_TRUE(LookupSync(*server, again, &after).ok());
+  EXPECT_EQ(RowsOf(before), RowsOf(after));
 }
 
 TEST(ShardServer, StatsReportRowsAndSlots) {

@@ -190,5 +190,55 @@ TEST(SumInRankOrder, SumsPerIdInRankOrderAcrossTables) {
   EXPECT_EQ(sum[1].grads, std::vector<float>{7});
 }
 
+TEST(StepClock, ParkingLimitsRefuseWithResourceExhausted) {
+  Applied applied;
+  ConsistencyOptions o = Sync(2);
+  o.max_parked_lookups = 2;
+  o.max_parked_ids = 100;
+  StepClock clock(o, applied.Fn());
+  Ready a, b, c, big;
+  clock.AwaitLookup(1, a.Fn(), 40);
+  clock.AwaitLookup(1, big.Fn(), 61);  // 40 + 61 > 100
+  ASSERT_TRUE(big.done.HasBeenNotified());
+  EXPECT_EQ(big.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status.message().find("--max_parked_ids=100"), std::string::npos)
+      << big.status;
+  clock.AwaitLookup(1, b.Fn(), 60);
+  EXPECT_EQ(clock.waiting_lookups(), 2);
+  EXPECT_EQ(clock.waiting_ids(), 100);
+  clock.AwaitLookup(1, c.Fn(), 0);
+  ASSERT_TRUE(c.done.HasBeenNotified());
+  EXPECT_EQ(c.status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(c.status.message().find("--max_parked_lookups=2"), std::string::npos)
+      << c.status;
+  // The step completes: the parked ones run and the budget is free again.
+  ASSERT_TRUE(clock.Push(0, 0, {}).ok());
+  ASSERT_TRUE(clock.Push(1, 0, {}).ok());
+  EXPECT_TRUE(a.done.HasBeenNotified() && a.status.ok());
+  EXPECT_TRUE(b.done.HasBeenNotified() && b.status.ok());
+  EXPECT_EQ(clock.waiting_ids(), 0);
+}
+
+TEST(StepClock, CancelledLookupIsDroppedLongBeforeTheStepTimeout) {
+  Applied applied;
+  ConsistencyOptions o = Sync(2);
+  o.step_timeout = absl::Seconds(600);
+  StepClock clock(o, applied.Fn());
+  std::atomic<bool> gone{false};
+  Ready r;
+  clock.AwaitLookup(1, r.Fn(), 10, [&] { return gone.load(); });
+  EXPECT_EQ(clock.waiting_lookups(), 1);
+  gone = true;
+  ASSERT_TRUE(r.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(clock.waiting_lookups(), 0);
+  EXPECT_EQ(clock.waiting_ids(), 0);
+  // Already cancelled when it arrives: never parked.
+  Ready late;
+  clock.AwaitLookup(1, late.Fn(), 10, [] { return true; });
+  ASSERT_TRUE(late.done.HasBeenNotified());
+  EXPECT_EQ(late.status.code(), absl::StatusCode::kCancelled);
+}
+
 }  // namespace
 }  // namespace recps::server
