@@ -76,11 +76,18 @@ struct Coordinator::Metrics {
                           .Name("recps_coordinator_shard_map_push_refusals_total")
                           .Help("Shard map pushes a shard server refused")
                           .Register(registry)
-                          .Add({})) {}
+                          .Add({})),
+        kv_pending_waits(prometheus::BuildGauge()
+                             .Name("recps_coordinator_kv_pending_waits")
+                             .Help("KvGet/KvWait calls parked until their keys "
+                                   "are set (updated every tick)")
+                             .Register(registry)
+                             .Add({})) {}
   prometheus::Family<prometheus::Gauge>& members;
   prometheus::Family<prometheus::Counter>& expirations;
   prometheus::Gauge& epoch;
   prometheus::Counter& push_refusals;
+  prometheus::Gauge& kv_pending_waits;
 };
 
 void Coordinator::Deferred::Run(Coordinator* c) {
@@ -710,6 +717,9 @@ void Coordinator::Tick() {
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
+    if (metrics_ != nullptr) {
+      metrics_->kv_pending_waits.Set(static_cast<double>(kv_waiters_.size()));
+    }
     const absl::Time now = Now();
     bool changed = false;
     for (auto& [id, e] : members_) {

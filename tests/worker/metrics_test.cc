@@ -22,6 +22,7 @@
 #include "client/launcher/process.h"
 #include "gtest/gtest.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/metrics_scrape.h"
 
 namespace recps {
 namespace {
@@ -37,34 +38,6 @@ std::string FindPromtool() {
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
-}
-
-// The body of GET http://127.0.0.1:port/metrics, or "" on any failure.
-std::string Scrape(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  std::string response;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
-      char buf[8192];
-      for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) response.append(buf, n);
-    }
-  }
-  close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (!absl::StartsWith(response, "HTTP/1.") || response.find(" 200 ") == std::string::npos ||
-      body == std::string::npos) {
-    return "";
-  }
-  return response.substr(body + 4);
 }
 
 // The metrics port from a daemon's port file ("<grpc port> <metrics port>").
@@ -140,7 +113,7 @@ TEST(Metrics, EveryDaemonPassesPromtool) {
     ASSERT_TRUE(testing::Eventually(
         [&] {
           const int port = t.port();
-          text = port > 0 ? Scrape(port) : "";
+          text = port > 0 ? testing::ScrapeMetrics(port) : "";
           return absl::StrContains(text, t.expected[0]) &&
                  (t.name != "recps-worker" ||
                   !absl::StrContains(text, t.expected[0] + " 0\n"));
@@ -156,7 +129,7 @@ TEST(Metrics, EveryDaemonPassesPromtool) {
     EXPECT_EQ(lint, "") << t.name;
   }
   // The old mixed-unit gauge is gone.
-  EXPECT_FALSE(absl::StrContains(Scrape(MetricsPort(worker_ports)), "recps_worker{"));
+  EXPECT_FALSE(absl::StrContains(testing::ScrapeMetrics(MetricsPort(worker_ports)), "recps_worker{"));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "recps/v1/coordinator.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/metrics_scrape.h"
 
 namespace recps {
 namespace {
@@ -132,7 +133,12 @@ tables { name: "user" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } })");
     v1::KvGetResponse response;
     if (stub->KvGet(&context, request, &response).ok()) value = response.value();
   });
-  absl::SleepFor(absl::Milliseconds(100));
+  // Set the key only once the coordinator holds the get parked.
+  ASSERT_TRUE(Eventually([&] {
+    return testing::MetricValue(
+               testing::ScrapeMetrics((*coordinator)->metrics_port()),
+               "recps_coordinator_kv_pending_waits") == 1;
+  }));
   {
     grpc::ClientContext context;
     SetDeadline(&context);

@@ -29,6 +29,7 @@
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/column_groups.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/metrics_scrape.h"
 
 namespace recps {
 namespace {
@@ -306,6 +307,21 @@ TEST(ShardCluster, StaleEpochIsRefreshedAndRetried) {
   EXPECT_EQ(rows, again);
 }
 
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+absl::StatusOr<v1::StatsResponse> StatsOf(const std::string& address) {
+  auto stub = v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::StatsResponse stats;
+  const grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &stats);
+  if (!s.ok()) return absl::UnavailableError(s.error_message());
+  return stats;
+}
+
 TEST(ShardCluster, SyncModeWithTwoWorkersAppliesEachStepOnce) {
   Cluster cluster(2, 2);
   auto c0 = cluster.NewClient(0);
@@ -318,7 +334,15 @@ TEST(ShardCluster, SyncModeWithTwoWorkersAppliesEachStepOnce) {
   // Worker 1's step-1 lookup waits for worker 1's step-0 push; run it in a
   // thread and push from here.
   std::thread late([&] { ASSERT_TRUE(c1->Lookup(1, {{{1, ids, w1.data()}}}).ok()); });
-  absl::SleepFor(absl::Milliseconds(200));
+  // Push only once a server holds that lookup parked.
+  ASSERT_TRUE(testing::Eventually([&] {
+    int64_t parked = 0;
+    for (auto& shard : cluster.shards()) {
+      absl::StatusOr<v1::StatsResponse> stats = StatsOf(shard->address());
+      if (stats.ok()) parked += stats->parked_lookups();
+    }
+    return parked == 1;
+  }));
   ASSERT_TRUE(c1->PushGradients(0, {{{1, ids, g1.data()}}}).ok());
   late.join();
   // SGD lr 0.05 on the summed gradient 1 + 3.
@@ -454,20 +478,6 @@ std::unique_ptr<LocalShard> StartStandalone(const TempDir& dir,
   return shard.ok() ? *std::move(shard) : nullptr;
 }
 
-std::chrono::system_clock::time_point In(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
-
-absl::StatusOr<v1::StatsResponse> StatsOf(const std::string& address) {
-  auto stub = v1::ShardAdmin::NewStub(
-      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(10)));
-  v1::StatsResponse stats;
-  const grpc::Status s = stub->Stats(&ctx, v1::StatsRequest(), &stats);
-  if (!s.ok()) return absl::UnavailableError(s.error_message());
-  return stats;
-}
 
 std::string EncodedIds(int64_t first, int64_t n) {
   std::string bytes(n * sizeof(int64_t), '\0');
@@ -737,24 +747,8 @@ TEST(ShardHardening, HealthIsNotServingUntilAMapIsInstalled) {
   EXPECT_EQ(HealthOf(standalone->address()), 1);
 }
 
-std::string ScrapeMetrics(int port) {
-  const std::string cmd = absl::StrCat("curl -sf http://127.0.0.1:", port, "/metrics");
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return "";
-  std::string body;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) body.append(buf, n);
-  pclose(pipe);
-  return body;
-}
-
-// The value of the sample line that starts with `name` (-1: none).
-double MetricValue(const std::string& body, const std::string& name) {
-  const size_t at = body.find("\n" + name + " ");
-  if (at == std::string::npos) return -1;
-  return std::strtod(body.c_str() + at + name.size() + 2, nullptr);
-}
+using testing::MetricValue;
+using testing::ScrapeMetrics;
 
 TEST(ShardHardening, ResidentBytesMetricFollowsTheProcess) {
   TempDir dir;
