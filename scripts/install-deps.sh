@@ -10,11 +10,12 @@ PACKAGES=(
   libabsl-dev librocksdb-dev prometheus-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
 )
-# Test-only: promtool (Debian's prometheus package) lints every daemon's
-# /metrics in tests/worker/metrics_test.cc (skipped without it). Not a
-# runtime dependency of any recps binary.
+# Test-only, not runtime dependencies of any recps binary: promtool
+# (Debian's prometheus package) lints every daemon's /metrics in
+# tests/worker/metrics_test.cc (skipped without it); clang builds the
+# CPU-only tree with -Werror=thread-safety (scripts/run-tests.sh).
 TEST_PACKAGES=(
-  prometheus
+  prometheus clang
 )
 
 if [[ ${1:-} == --test ]]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
