@@ -364,7 +364,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(
         coordinator_bin,
         {"--state_dir=" + work + "/coordinator", "--job=" + job_copy,
-         absl::StrCat("--num_shards=", num_shards), "--listen=" + listen,
+         absl::StrCat("--num_shards=", num_shards),
+         // Bounds ranks and barrier counts by the job's real size.
+         absl::StrCat("--world_size=", num_workers), "--listen=" + listen,
          "--port_file=" + coord_ports},
         coord_log);
     if (!c.ok()) return c.status();
