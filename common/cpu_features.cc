@@ -1,5 +1,9 @@
 #include "common/cpu_features.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace recps {
 
 const char* CpuIsaName(CpuIsa isa) {
@@ -16,6 +20,17 @@ const char* CpuIsaName(CpuIsa isa) {
   return "unknown";
 }
 
+#if defined(__x86_64__) && defined(RECPS_HAVE_X86_KERNELS)
+namespace {
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+// not know "f16c".
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+#endif
+
 bool CpuIsaSupported(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAuto:
@@ -24,7 +39,7 @@ bool CpuIsaSupported(CpuIsa isa) {
 #if defined(__x86_64__) && defined(RECPS_HAVE_X86_KERNELS)
     case CpuIsa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+             HasF16c();
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") &&
