@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Prints the Debian packages that hold the shared libraries the given
+# binaries load (ldd), one per line, sorted: what the runtime image installs.
+# Used by the Dockerfile's build stage and by tests/deploy (which checks the
+# result covers every library). Fails when a library belongs to no package
+# (a locally built one would then be missing from the image).
+set -euo pipefail
+(($# > 0)) || { echo "usage: $0 BINARY..." >&2; exit 2; }
+libs=$(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)
+status=0
+pkgs=()
+for lib in $libs; do
+  # dpkg knows a library by the path it installed, which may be the
+  # /lib -> /usr/lib alias of the path ldd printed, or the link target.
+  pkg=""
+  for path in "$lib" "$(readlink -f "$lib")" "/usr$lib" "${lib#/usr}"; do
+    pkg=$(dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1) && [[ -n $pkg ]] && break
+  done
+  if [[ -z $pkg ]]; then
+    echo "runtime-packages: no package holds $lib" >&2
+    status=1
+  else
+    pkgs+=("$pkg")
+  fi
+done
+printf '%s\n' "${pkgs[@]}" | sort -u
+exit "$status"
