@@ -806,7 +806,7 @@ def referenced_metrics():
     """Metric names the rules (less the pending group) and dashboard use."""
     mon = os.path.join(SRC, "deploy/monitoring")
     rules = open(os.path.join(mon, "rules/recps.rules.yml")).read()
-    rules = rules.split("- name: recps-pending")[0]
+    rules = re.sub(r"#.*", "", rules).split("- name: recps-pending")[0]
     dash = json.load(open(os.path.join(mon, "grafana/recps-dashboard.json")))
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     exprs += [dash["templating"]["list"][1]["definition"]]
@@ -841,7 +841,7 @@ def metrics():
     job = os.path.join(SRC, "examples/small.textproto")
     try:
         c = procs.start("coordinator", [binary("recps-coordinator"), "--state_dir=" + work + "/coord",
-                                        "--job=" + job, "--num_shards=1", "--listen=127.0.0.1:0",
+                                        "--job=" + job, "--num_shards=1", "--listen=127.0.0.1:0", "--lease=1s",
                                         "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/coord.ports"],
                         clean_env(), work + "/coordinator.log")
         read_ports = lambda f: (lambda t: tuple(map(int, t.split())) if len(t.split()) == 2 else None)(  # noqa: E731
@@ -873,13 +873,28 @@ def metrics():
         if code != 0:
             raise RuntimeError("the worker failed (%d):\n%s" % (code, tail(work + "/worker.log")))
         names, types = set(worker_names), dict(worker_types)
-        for who, port in (("coordinator", cports[1]), ("shard server", sports[1])):
+
+        def add(who, port):
             text = scrape(port)
             if text is None:
                 raise RuntimeError("cannot scrape the %s on port %d" % (who, port))
             n, t = exported_names(text)
-            names |= n
+            names.update(n)
             types.update(t)
+            return n
+        # The shard server sets its per-table gauges (recps_shard_table_rows,
+        # _bytes) only when asked for Stats, as `recpsctl status` does.
+        r = subprocess.run([binary("recpsctl"), "--coordinator=127.0.0.1:%d" % cports[0], "status"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
+        info("recpsctl status (exit %d):\n%s" % (r.returncode, r.stdout.strip()))
+        add("shard server", sports[1])
+        # A lease running out: kill the shard server; with --lease=1s the
+        # coordinator counts the expiration (recps_coordinator_lease_expirations_total).
+        os.killpg(s.pid, signal.SIGKILL)
+        s.wait()
+        wait_for("the shard server's lease to expire",
+                 lambda: "recps_coordinator_lease_expirations_total" in add("coordinator", cports[1]),
+                 30, [("coordinator", c)])
         info("exported: %d metric names (worker: %s)" % (len(names), sorted(x for x in worker_names if x.startswith("recps_"))))
         pending = []
         for name in sorted(referenced_metrics()):
@@ -888,7 +903,9 @@ def metrics():
                 types.get(name) == "histogram"
             if ok:
                 info("  exported: " + name)
-            elif name in WORKER_RENAMED or base in WORKER_RENAMED:
+            elif (name in WORKER_RENAMED or base in WORKER_RENAMED) and "recps_worker" in worker_names:
+                # The worker still exports the old recps_worker{quantity=...}
+                # gauges: the rename is not on this branch yet.
                 pending.append(name)
                 info("  SKIPPED (the worker metrics rename has not landed on this branch): " + name)
             else:
