@@ -154,6 +154,19 @@ def tail(path, n=30):
         return "(no log)"
 
 
+def session_members(sid):
+    """Pids of the processes still in session `sid` (from /proc)."""
+    pids = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(stat).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # state ppid pgrp session ...
+            pids.append(int(stat.split("/")[2]))
+    return pids
+
+
 def clean_env():
     """This environment without what would change a rank or a node's role."""
     env = dict(os.environ)
@@ -474,6 +487,21 @@ def check_rendered(overlay, objs):
                         fail("%s: %s port %s is not the --listen port %s" % (where(o), probe, port, lport))
                 if "grpc" not in c.get("readinessProbe", {}):
                     fail("%s: the readiness probe is not a grpc probe" % where(o))
+            # Thread counts follow the CPU limit (the binaries' default is
+            # one per core of the node, which a container does not have).
+            cpu = str(res.get("limits", {}).get("cpu", ""))
+            cores = int(cpu[:-1]) // 1000 if cpu.endswith("m") else int(cpu or 0)
+            env_values = {e["name"]: e.get("value") for e in c.get("env", [])}
+            expected = {}
+            if name == "recps":
+                expected = {"--threads": flag_value(wflags, "threads"),
+                            "OPENBLAS_NUM_THREADS": env_values.get("OPENBLAS_NUM_THREADS")}
+            elif name == "recps-shard":
+                expected = {"--threads": flag_value(args, "threads"),
+                            "--store_threads": flag_value(args, "store_threads")}
+            for what, v in expected.items():
+                if v is None or int(v) != max(cores, 1):
+                    fail("%s: %s=%s does not match the CPU limit %s" % (where(o), what, v, cpu))
             if metrics is None or int(metrics.rsplit(":", 1)[1]) != int(ann.get("prometheus.io/port", -1)):
                 fail("%s: --metrics_listen=%s does not serve prometheus.io/port %s" % (
                     where(o), metrics, ann.get("prometheus.io/port")))
@@ -957,7 +985,7 @@ def slurm():
             if step != steps or auc < MIN_AUC:
                 fail("rank %d: last evaluation after step %d with auc %.4f" % (rank, step, auc))
         # The script stops its servers when the workers are done.
-        leftovers = subprocess.run(["pgrep", "-s", str(p.pid)], stdout=subprocess.PIPE, text=True).stdout.split()
+        leftovers = session_members(p.pid)
         if leftovers:
             fail("processes of recps.sbatch still running after it exited: %s" % leftovers)
         for f in ("coordinator.log", "shards.log"):

@@ -49,13 +49,17 @@ deb_tool() {
      [[ -x $path ]] && dpkg -S "$path" 2>/dev/null | grep -q "^$pkg:"; then
     echo "$path"; return
   fi
-  if [[ ! -x $dir$path ]]; then
-    rm -rf "$dir" && mkdir -p "$dir"
-    if ! (cd "$dir" && apt-get download "$pkg" >/dev/null 2>&1 &&
+  if [[ ! -x $dir/root$path ]]; then
+    # Unpacked beside, then moved in: a test of an earlier setup may be
+    # running the old copy.
+    rm -rf "$dir.new" && mkdir -p "$dir.new"
+    if ! (cd "$dir.new" && apt-get download "$pkg" >/dev/null 2>&1 &&
           dpkg -x ./*.deb root && rm -f ./*.deb); then
       log "cannot install or download Debian package $pkg (offline?)"
+      rm -rf "$dir.new"
       return
     fi
+    rm -rf "$dir" && mv "$dir.new" "$dir"
   fi
   [[ -x $dir/root$path ]] && echo "$dir/root$path"
 }
