@@ -733,7 +733,16 @@ def k8s_local():
         (workers if pod["owner"]["kind"] == "Job" else servers).append((pod, p))
     try:
         deadline = time.time() + 600
+        # Prometheus would scrape each pod on its prometheus.io/port: every
+        # pod must answer /metrics there at some point while it runs.
+        unscraped = {pod["name"]: pod["ports"][int(pod["template"]["metadata"]["annotations"]["prometheus.io/port"])]
+                     for pod in cluster.pods}
         while any(p.poll() is None for _, p in workers) and time.time() < deadline:
+            for name, port in list(unscraped.items()):
+                text = scrape(port, timeout=0.5)
+                if text and "# TYPE recps_" in text:
+                    info("scraped %s's /metrics on its prometheus.io/port" % name)
+                    del unscraped[name]
             for pod, p in servers:
                 if p.poll() is not None:
                     raise RuntimeError("%s exited with %s:\n%s" % (
@@ -747,6 +756,8 @@ def k8s_local():
                 fail("%s did not finish in time:\n%s" % (pod["name"], tail(log)))
             elif p.returncode != 0:
                 fail("%s exited with %d:\n%s" % (pod["name"], p.returncode, tail(log)))
+        for name in unscraped:
+            fail("%s never served /metrics on its prometheus.io/port" % name)
         evals = final_evals(text)
         world = sum(int(flag_value(split_launch_args(pod["template"]["spec"]["containers"][0]["args"])[0],
                                    "nproc_per_node") or 1) for pod, _ in workers)
@@ -842,9 +853,9 @@ def referenced_metrics():
     return names
 
 
-def scrape(port):
+def scrape(port, timeout=2.0):
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2) as r:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=timeout) as r:
             return r.read().decode()
     except OSError:
         return None
