@@ -447,7 +447,8 @@ def check_rendered(overlay, objs):
         for c in pspec["containers"]:
             csc = c.get("securityContext", {})
             if not csc.get("readOnlyRootFilesystem") or csc.get("allowPrivilegeEscalation") is not False:
-                fail("%s: container %s needs readOnlyRootFilesystem and no privilege escalation" % (where(o), c["name"]))
+                fail("%s: container %s needs readOnlyRootFilesystem and no privilege escalation"
+                     % (where(o), c["name"]))
             res = c.get("resources", {})
             if not res.get("requests") or not res.get("limits"):
                 fail("%s: container %s has no resource requests/limits" % (where(o), c["name"]))
@@ -525,7 +526,8 @@ def check_rendered(overlay, objs):
                 hit = [s for s in svcs if any(p.get("name") == ep["port"] for p in s["spec"]["ports"])]
                 comps = {s["spec"]["selector"]["app.kubernetes.io/name"] for s in hit}
                 if comps != {"recps-coordinator", "recps-shard", "recps-worker"}:
-                    fail("monitoring: ServiceMonitor port %s reaches %s, not all three components" % (ep["port"], sorted(comps)))
+                    fail("monitoring: ServiceMonitor port %s reaches %s, not all three components"
+                         % (ep["port"], sorted(comps)))
 
 
 def manifests():
@@ -886,7 +888,8 @@ def metrics():
                         clean_env(), work + "/coordinator.log")
         read_ports = lambda f: (lambda t: tuple(map(int, t.split())) if len(t.split()) == 2 else None)(  # noqa: E731
             open(f).read() if os.path.exists(f) else "")
-        cports = wait_for("the coordinator's ports", lambda: read_ports(work + "/coord.ports"), 30, [("coordinator", c)])
+        cports = wait_for("the coordinator's ports", lambda: read_ports(work + "/coord.ports"), 30,
+                          [("coordinator", c)])
         s = procs.start("shard", [binary("recps-shard"), "--job=" + job, "--world_size=1",
                                   "--coordinator=127.0.0.1:%d" % cports[0], "--listen=127.0.0.1:0",
                                   "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/shard.ports"],
@@ -935,7 +938,8 @@ def metrics():
         wait_for("the shard server's lease to expire",
                  lambda: "recps_coordinator_lease_expirations_total" in add("coordinator", cports[1]),
                  30, [("coordinator", c)])
-        info("exported: %d metric names (worker: %s)" % (len(names), sorted(x for x in worker_names if x.startswith("recps_"))))
+        info("exported: %d metric names (worker: %s)"
+             % (len(names), sorted(x for x in worker_names if x.startswith("recps_"))))
         pending = []
         for name in sorted(referenced_metrics()):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
