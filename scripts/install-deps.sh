@@ -12,10 +12,12 @@ PACKAGES=(
 )
 # Test-only, not runtime dependencies of any recps binary: promtool
 # (Debian's prometheus package) lints every daemon's /metrics in
-# tests/worker/metrics_test.cc (skipped without it); clang builds the
-# CPU-only tree with -Werror=thread-safety (scripts/run-tests.sh).
+# tests/worker/metrics_test.cc and the deploy tests (skipped without it);
+# clang builds the CPU-only tree with -Werror=thread-safety
+# (scripts/run-tests.sh); python3-venv holds the deploy tests' pinned PyPI
+# tools (tests/deploy/setup.sh, which also fetches kubectl's kustomize).
 TEST_PACKAGES=(
-  prometheus clang
+  prometheus clang python3-venv
 )
 
 if [[ ${1:-} == --test ]]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi

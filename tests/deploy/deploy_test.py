@@ -44,6 +44,17 @@ failures = []
 partly_skipped = []  # parts of a check left out for a missing tool
 
 
+
+def k8s_quantity(q):
+    """A Kubernetes quantity ("2Gi", "500M", "1", "250m") in plain units, rounded up."""
+    q = str(q)
+    suffixes = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+                "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "m": 1e-3}
+    for suffix, scale in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
+        if q.endswith(suffix):
+            return int(-(-float(q[:-len(suffix)]) * scale // 1))
+    return int(-(-float(q) // 1))
+
 def fail(msg):
     failures.append(msg)
     print("FAIL: " + msg, flush=True)
@@ -657,6 +668,11 @@ class LocalCluster:
         for e in c.get("env", []):
             if "value" in e:
                 kenv[e["name"]] = e["value"]
+            elif "resourceFieldRef" in e["valueFrom"]:
+                # What the kubelet gives: the container's limit in plain units
+                # (bytes for memory, whole cores rounded up for cpu).
+                ref = e["valueFrom"]["resourceFieldRef"]
+                kenv[e["name"]] = str(k8s_quantity(c["resources"]["limits"][ref["resource"].split(".", 1)[1]]))
             else:
                 field = e["valueFrom"]["fieldRef"]["fieldPath"]
                 kenv[e["name"]] = {"metadata.name": pod["name"], "metadata.namespace": "default",
