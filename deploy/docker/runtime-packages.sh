@@ -6,7 +6,10 @@
 # (a locally built one would then be missing from the image).
 set -euo pipefail
 (($# > 0)) || { echo "usage: $0 BINARY..." >&2; exit 2; }
-mapfile -t libs < <(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u)
+# The CUDA toolkit's libraries (cudart) come with the CUDA variant's
+# nvidia/cuda runtime base image; the CPU image's build (RECPS_CUDA=OFF)
+# links none of them.
+mapfile -t libs < <(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// && $3 !~ /^\/usr\/local\/cuda/ {print $3}' | sort -u)
 # dpkg knows a library by the path it installed, which may be the
 # /lib <-> /usr/lib alias of the path ldd printed, or the link's target.
 candidates=()

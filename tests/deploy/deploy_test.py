@@ -370,7 +370,10 @@ def image():
     packages = set(r.stdout.split())
     info("runtime packages: " + " ".join(sorted(packages)))
     ldd = subprocess.run(["ldd"] + bins, stdout=subprocess.PIPE, text=True).stdout
-    libs = sorted(set(re.findall(r"=> (/\S+)", ldd)))
+    # CUDA toolkit libraries come with the CUDA variant's base image (see
+    # runtime-packages.sh); the CPU image links none of them.
+    libs = sorted(l for l in set(re.findall(r"=> (/\S+)", ldd))
+                  if not l.startswith("/usr/local/cuda"))
     candidates = {lib: [lib, os.path.realpath(lib), "/usr" + lib, re.sub(r"^/usr", "", lib)]
                   for lib in libs}
     d = subprocess.run(["dpkg", "-S"] + sorted({p for c in candidates.values() for p in c}),
