@@ -1,0 +1,320 @@
+#include "server/checkpoint/row_file.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/embedding_optimizer.h"
+#include "rocksdb/iterator.h"
+#include "rocksdb/options.h"
+#include "rocksdb/sst_file_reader.h"
+#include "rocksdb/sst_file_writer.h"
+#include "rocksdb/table.h"
+#include "server/checkpoint/crc32c.h"
+#include "server/checkpoint/file_util.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "row files store floats little-endian; add byte swaps here");
+
+namespace recps::server::checkpoint {
+namespace {
+
+const rocksdb::Slice kHeaderKey("\0recps.row_file", 15);
+
+void PutBigEndian(uint64_t v, int bytes, std::string* out) {
+  for (int i = bytes - 1; i >= 0; --i) {
+    out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  }
+}
+
+uint64_t GetBigEndian(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
+}
+
+// The key prefix of one (table, slot): every key of its rows starts with it.
+void EncodeSlotPrefix(absl::string_view table, uint32_t slot,
+                      std::string* out) {
+  out->clear();
+  out->append(table.data(), table.size());
+  out->push_back('\0');
+  PutBigEndian(slot, 4, out);
+}
+
+rocksdb::Options SstOptions(size_t block_size) {
+  rocksdb::Options options;
+  // Float rows barely compress; compression would cost more than it saves.
+  options.compression = rocksdb::kNoCompression;
+  rocksdb::BlockBasedTableOptions table;
+  table.block_size = block_size;
+  options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
+  return options;
+}
+
+std::vector<uint32_t> SortedUnique(absl::Span<const uint32_t> slots) {
+  std::vector<uint32_t> out(slots.begin(), slots.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+}  // namespace
+
+void EncodeRowKey(absl::string_view table, uint32_t slot, int64_t id,
+                  std::string* out) {
+  EncodeSlotPrefix(table, slot, out);
+  PutBigEndian(static_cast<uint64_t>(id) ^ (uint64_t{1} << 63), 8, out);
+}
+
+std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store) {
+  std::vector<v1::CheckpointTable> out;
+  for (int t = 0; t < store.num_tables(); ++t) {
+    const config::TableSpec& spec = store.spec(t);
+    v1::CheckpointTable table;
+    table.set_name(spec.name);
+    table.set_dim(spec.dim);
+    table.set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
+    table.set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, spec.dim));
+    table.set_num_rows(spec.num_rows);
+    out.push_back(std::move(table));
+  }
+  return out;
+}
+
+absl::Status CheckLayout(
+    const google::protobuf::RepeatedPtrField<v1::CheckpointTable>& saved,
+                         const EmbeddingStore& store,
+                         absl::string_view source) {
+  for (const v1::CheckpointTable& want : StoreLayout(store)) {
+    for (const v1::CheckpointTable& got : saved) {
+      if (got.name() != want.name()) continue;
+      auto mismatch = [&](absl::string_view field, auto saved_value,
+                          auto store_value) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            source, ": table '", want.name(), "' was saved with ", field, " ",
+            saved_value, " but the restore target has ", field, " ",
+            store_value, "; restore into a job with the same table config"));
+      };
+      if (got.dim() != want.dim()) return mismatch("dim", got.dim(), want.dim());
+      if (got.optimizer_kind() != want.optimizer_kind()) {
+        return mismatch(
+            "optimizer",
+            kernels::OptimizerName(
+                static_cast<kernels::OptimizerKind>(got.optimizer_kind())),
+            kernels::OptimizerName(
+                static_cast<kernels::OptimizerKind>(want.optimizer_kind())));
+      }
+      if (got.row_stride() != want.row_stride()) {
+        return mismatch("row_stride", got.row_stride(), want.row_stride());
+      }
+      if (got.num_rows() != want.num_rows()) {
+        return mismatch("num_rows", got.num_rows(), want.num_rows());
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RowFileInfo> RowFileWriter::Write(
+    const EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const std::string& path) const {
+  const uint32_t num_slots = static_cast<uint32_t>(store.RowsPerSlot().size());
+  const std::vector<uint32_t> sorted = SortedUnique(slots);
+  if (!sorted.empty() && sorted.back() >= num_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row file ", path, ": slot ", sorted.back(),
+                     " is outside the store's ", num_slots, " slots"));
+  }
+  // Keys go in sorted order: tables by name, then slot, then id.
+  std::vector<int> tables(store.num_tables());
+  for (int t = 0; t < store.num_tables(); ++t) {
+    tables[t] = t;
+    if (store.spec(t).name.find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row file ", path, ": table name contains a 0 byte"));
+    }
+  }
+  std::sort(tables.begin(), tables.end(), [&](int a, int b) {
+    return store.spec(a).name < store.spec(b).name;
+  });
+
+  v1::RowFileHeader header;
+  header.set_format_version(kRowFileFormatVersion);
+  header.set_num_slots(num_slots);
+  for (v1::CheckpointTable& t : StoreLayout(store)) {
+    *header.add_tables() = std::move(t);
+  }
+
+  rocksdb::Options options = SstOptions(options_.block_size);
+  // The CRC pass right after reads the pages back: keep them cached.
+  rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options,
+                                /*column_family=*/nullptr,
+                                /*invalidate_page_cache=*/false);
+  RETURN_IF_ERROR(FromRocksStatus(writer.Open(path), "cannot create row file",
+                                  path));
+  RowFileInfo info;
+  info.path = path;
+  auto fail = [&](absl::Status status) {
+    // The writer owns the open file; closing it first would need Finish.
+    unlink(path.c_str());
+    return status;
+  };
+  absl::Status status = FromRocksStatus(
+      writer.Put(kHeaderKey, header.SerializeAsString()),
+      "cannot write row file", path);
+  if (!status.ok()) return fail(status);
+
+  SlotChunk chunk;
+  std::string key;
+  for (int t : tables) {
+    const std::string& name = store.spec(t).name;
+    for (uint32_t slot : sorted) {
+      SlotCursor cursor;
+      while (!cursor.done) {
+        status = store.ExportSlot(t, slot, &cursor, options_.chunk_rows, &chunk);
+        if (!status.ok()) {
+          return fail(absl::Status(
+              status.code(), absl::StrCat("row file ", path, ": exporting table '",
+                                          name, "' slot ", slot, ": ",
+                                          status.message())));
+        }
+        const size_t row_bytes = static_cast<size_t>(chunk.row_stride) * sizeof(float);
+        for (size_t i = 0; i < chunk.ids.size(); ++i) {
+          EncodeRowKey(name, slot, chunk.ids[i], &key);
+          const rocksdb::Slice value(
+              reinterpret_cast<const char*>(chunk.rows.data() + i * chunk.row_stride),
+              row_bytes);
+          const rocksdb::Status s = writer.Put(key, value);
+          if (!s.ok()) {
+            return fail(FromRocksStatus(s, "cannot write row file", path));
+          }
+        }
+        info.rows += static_cast<int64_t>(chunk.ids.size());
+      }
+    }
+  }
+  // Finish writes the index and footer and syncs the file.
+  status = FromRocksStatus(writer.Finish(), "cannot finish row file", path);
+  if (!status.ok()) return fail(status);
+  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
+  info.size_bytes = crc.size_bytes;
+  info.crc32c = crc.crc32c;
+  return info;
+}
+
+RowFileReader::~RowFileReader() = default;
+
+absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
+    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c) {
+  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
+  if (crc.size_bytes != expected_size) {
+    return absl::DataLossError(absl::StrCat(
+        "row file ", path, " is ", crc.size_bytes, " bytes but the manifest says ",
+        expected_size, ": the file is truncated or was replaced"));
+  }
+  if (crc.crc32c != expected_crc32c) {
+    return absl::DataLossError(absl::StrCat(
+        "row file ", path, " has CRC-32C ", absl::Hex(crc.crc32c, absl::kZeroPad8),
+        " but the manifest says ", absl::Hex(expected_crc32c, absl::kZeroPad8),
+        ": the file is corrupted"));
+  }
+  std::unique_ptr<RowFileReader> out(new RowFileReader());
+  out->path_ = path;
+  out->reader_ = std::make_unique<rocksdb::SstFileReader>(SstOptions(64 << 10));
+  RETURN_IF_ERROR(FromRocksStatus(out->reader_->Open(path),
+                                  "cannot open row file", path));
+  std::unique_ptr<rocksdb::Iterator> it(
+      out->reader_->NewIterator(rocksdb::ReadOptions()));
+  it->Seek(kHeaderKey);
+  RETURN_IF_ERROR(FromRocksStatus(it->status(), "cannot read row file", path));
+  if (!it->Valid() || it->key() != kHeaderKey ||
+      !out->header_.ParseFromArray(it->value().data(),
+                                   static_cast<int>(it->value().size()))) {
+    return absl::DataLossError(
+        absl::StrCat("row file ", path, " has no readable header entry"));
+  }
+  if (out->header_.format_version() != kRowFileFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "row file ", path, " has format version ", out->header_.format_version(),
+        "; this build reads version ", kRowFileFormatVersion));
+  }
+  return out;
+}
+
+absl::Status RowFileReader::CheckStore(const EmbeddingStore& store) const {
+  const size_t num_slots = store.RowsPerSlot().size();
+  if (header_.num_slots() != num_slots) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "row file ", path_, " was written with num_slots ", header_.num_slots(),
+        " but the restore target has ", num_slots,
+        "; rows are keyed by slot, the slot count cannot change on restore"));
+  }
+  return CheckLayout(header_.tables(), store, absl::StrCat("row file ", path_));
+}
+
+absl::StatusOr<int64_t> RowFileReader::Import(EmbeddingStore& store,
+                                              absl::Span<const uint32_t> slots,
+                                              int64_t batch_rows) const {
+  if (batch_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_rows is ", batch_rows, "; it must be at least 1"));
+  }
+  const std::vector<uint32_t> sorted = SortedUnique(slots);
+  rocksdb::ReadOptions read_options;
+  read_options.readahead_size = size_t{2} << 20;
+  std::unique_ptr<rocksdb::Iterator> it(reader_->NewIterator(read_options));
+  std::vector<int64_t> ids;
+  std::vector<float> rows;
+  std::string prefix;
+  int64_t imported = 0;
+  for (const v1::CheckpointTable& saved : header_.tables()) {
+    const absl::StatusOr<int> table = store.FindTable(saved.name());
+    if (!table.ok()) continue;  // another server's table
+    const int64_t stride = saved.row_stride();
+    const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
+    ids.reserve(batch_rows);
+    rows.resize(static_cast<size_t>(batch_rows) * stride);
+    for (uint32_t slot : sorted) {
+      EncodeSlotPrefix(saved.name(), slot, &prefix);
+      auto flush = [&]() -> absl::Status {
+        if (ids.empty()) return absl::OkStatus();
+        absl::Status s = store.ImportRows(*table, slot, ids, rows.data());
+        if (!s.ok()) {
+          return absl::Status(s.code(),
+                              absl::StrCat("importing row file ", path_, ": ",
+                                           s.message()));
+        }
+        imported += static_cast<int64_t>(ids.size());
+        ids.clear();
+        return absl::OkStatus();
+      };
+      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
+           it->Next()) {
+        const rocksdb::Slice key = it->key();
+        const rocksdb::Slice value = it->value();
+        if (key.size() != prefix.size() + 8 || value.size() != row_bytes) {
+          return absl::DataLossError(absl::StrCat(
+              "row file ", path_, ": table '", saved.name(), "' slot ", slot,
+              " holds an entry of key size ", key.size(), " and value size ",
+              value.size(), " (expected ", prefix.size() + 8, " and ",
+              row_bytes, ")"));
+        }
+        const int64_t id = static_cast<int64_t>(
+            GetBigEndian(key.data() + prefix.size(), 8) ^ (uint64_t{1} << 63));
+        std::memcpy(rows.data() + ids.size() * stride, value.data(), row_bytes);
+        ids.push_back(id);
+        if (static_cast<int64_t>(ids.size()) == batch_rows) RETURN_IF_ERROR(flush());
+      }
+      RETURN_IF_ERROR(FromRocksStatus(it->status(), "cannot read row file", path_));
+      RETURN_IF_ERROR(flush());
+    }
+  }
+  return imported;
+}
+
+}  // namespace recps::server::checkpoint
