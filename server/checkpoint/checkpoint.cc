@@ -131,7 +131,8 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(
 
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
-    EmbeddingStore& store, absl::Span<const uint32_t> slots) {
+    EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const ImportOptions& options) {
   ASSIGN_OR_RETURN(const v1::CheckpointManifest manifest,
                    ReadManifest(checkpoint_dir));
   const std::string manifest_path =
@@ -188,7 +189,7 @@ absl::StatusOr<RestoreStats> RestoreCheckpoint(
     readers.push_back(std::move(reader));
   }
   for (const auto& reader : readers) {
-    ASSIGN_OR_RETURN(const int64_t rows, reader->Import(store, slots));
+    ASSIGN_OR_RETURN(const int64_t rows, reader->Import(store, slots, options));
     stats.rows += rows;
     ++stats.files;
   }

@@ -60,9 +60,11 @@ struct RestoreStats {
 // size and CRC-32C of every row file (DATA_LOSS naming the file), and that
 // the store holds no row in `slots` yet (FAILED_PRECONDITION: restore into
 // a fresh store). An empty expected_digest skips the digest check.
+// options.pool imports slots in parallel.
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
-    EmbeddingStore& store, absl::Span<const uint32_t> slots);
+    EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const ImportOptions& options = {});
 
 }  // namespace recps::server::checkpoint
 

@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
 #include "rocksdb/iterator.h"
@@ -257,14 +259,9 @@ absl::Status RowFileReader::CheckStore(const EmbeddingStore& store) const {
   return CheckLayout(header_.tables(), store, absl::StrCat("row file ", path_));
 }
 
-absl::StatusOr<int64_t> RowFileReader::Import(EmbeddingStore& store,
-                                              absl::Span<const uint32_t> slots,
-                                              int64_t batch_rows) const {
-  if (batch_rows < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("batch_rows is ", batch_rows, "; it must be at least 1"));
-  }
-  const std::vector<uint32_t> sorted = SortedUnique(slots);
+absl::StatusOr<int64_t> RowFileReader::ImportSlots(
+    EmbeddingStore& store, absl::Span<const uint32_t> sorted,
+    int64_t batch_rows) const {
   rocksdb::ReadOptions read_options;
   read_options.readahead_size = size_t{2} << 20;
   std::unique_ptr<rocksdb::Iterator> it(reader_->NewIterator(read_options));
@@ -315,6 +312,39 @@ absl::StatusOr<int64_t> RowFileReader::Import(EmbeddingStore& store,
     }
   }
   return imported;
+}
+
+absl::StatusOr<int64_t> RowFileReader::Import(EmbeddingStore& store,
+                                              absl::Span<const uint32_t> slots,
+                                              const ImportOptions& options) const {
+  if (options.batch_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_rows is ", options.batch_rows, "; it must be at least 1"));
+  }
+  const std::vector<uint32_t> sorted = SortedUnique(slots);
+  if (options.pool == nullptr || sorted.size() < 2) {
+    return ImportSlots(store, sorted, options.batch_rows);
+  }
+  // Slots are independent (each has its own lock in the store): chunks of
+  // them import in parallel, each with its own iterator.
+  absl::Mutex mu;
+  absl::Status first_error;
+  std::atomic<int64_t> imported{0};
+  options.pool->ParallelFor(
+      static_cast<int64_t>(sorted.size()), /*grain=*/16,
+      [&](int64_t begin, int64_t end) {
+        absl::StatusOr<int64_t> rows = ImportSlots(
+            store, absl::MakeConstSpan(sorted).subspan(begin, end - begin),
+            options.batch_rows);
+        if (rows.ok()) {
+          imported.fetch_add(*rows, std::memory_order_relaxed);
+          return;
+        }
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = rows.status();
+      });
+  if (!first_error.ok()) return first_error;
+  return imported.load();
 }
 
 }  // namespace recps::server::checkpoint

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/thread_pool.h"
 #include "recps/v1/checkpoint.pb.h"
 #include "server/shard/embedding_store.h"
 
@@ -82,6 +83,13 @@ class RowFileWriter {
   RowFileOptions options_;
 };
 
+struct ImportOptions {
+  // Rows per EmbeddingStore::ImportRows call.
+  int64_t batch_rows = 4096;
+  // Imports slots in parallel when set.
+  ThreadPool* pool = nullptr;
+};
+
 // Reads a row file back into a store, by slot.
 class RowFileReader {
  public:
@@ -108,15 +116,20 @@ class RowFileReader {
 
   // Imports the rows of `slots` (any order) of every table of `store` that
   // the file holds, batch_rows at a time per slot (EmbeddingStore::
-  // ImportRows); returns the rows imported. Call CheckStore first. A store
-  // refusing a batch (e.g. RESOURCE_EXHAUSTED: the table is full) stops the
-  // import with the batches before it applied.
+  // ImportRows), on options.pool when given (slots in parallel); returns the
+  // rows imported. Call CheckStore first. A store refusing a batch (e.g.
+  // RESOURCE_EXHAUSTED: the table is full) stops the import with the
+  // batches before it applied.
   absl::StatusOr<int64_t> Import(EmbeddingStore& store,
                                  absl::Span<const uint32_t> slots,
-                                 int64_t batch_rows = 4096) const;
+                                 const ImportOptions& options = {}) const;
 
  private:
   RowFileReader() = default;
+  // Import of `sorted` slots on the calling thread.
+  absl::StatusOr<int64_t> ImportSlots(EmbeddingStore& store,
+                                      absl::Span<const uint32_t> sorted,
+                                      int64_t batch_rows) const;
 
   std::string path_;
   std::unique_ptr<rocksdb::SstFileReader> reader_;

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
+#include "common/thread_pool.h"
 #include "common/wire/shard_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -239,6 +240,28 @@ TEST_F(CheckpointTest, RestoresOntoOneAndThreeServersBitIdentical) {
   }
   ExpectSameRows(*source_, {one.get()}, kTrainSteps + 3);
   ExpectSameRows(*source_, three_ptrs, kTrainSteps + 3);
+}
+
+TEST_F(CheckpointTest, ParallelRestoreMatches) {
+  absl::StatusOr<CheckpointInfo> info = Write(100);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ThreadPool pool(4);
+  ImportOptions options;
+  options.pool = &pool;
+  options.batch_rows = 7;  // many batches per slot
+  std::vector<std::unique_ptr<EmbeddingStore>> two;
+  std::vector<EmbeddingStore*> ptrs;
+  int64_t rows = 0;
+  for (int s = 0; s < 2; ++s) {
+    two.push_back(MakeStore());
+    ptrs.push_back(two.back().get());
+    absl::StatusOr<RestoreStats> st =
+        RestoreCheckpoint(info->dir, kDigest, *two.back(), SlotsOf(s, 2), options);
+    ASSERT_TRUE(st.ok()) << st.status();
+    rows += st->rows;
+  }
+  EXPECT_EQ(rows, info->manifest.files(0).rows() + info->manifest.files(1).rows());
+  ExpectSameRows(*source_, ptrs, kTrainSteps);
 }
 
 TEST_F(CheckpointTest, RowFileKeysSortByTableSlotId) {
