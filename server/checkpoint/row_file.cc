@@ -1,5 +1,7 @@
 #include "server/checkpoint/row_file.h"
 
+#include <errno.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +13,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
+#include "rocksdb/env.h"
+#include "rocksdb/file_system.h"
 #include "rocksdb/iterator.h"
 #include "rocksdb/options.h"
 #include "rocksdb/sst_file_reader.h"
@@ -57,6 +61,82 @@ rocksdb::Options SstOptions(size_t block_size) {
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   return options;
 }
+
+// CRC-32C of a file as RocksDB appends to it, so the writer needs no second
+// pass over the file. Any write other than a plain Append invalidates it
+// (the writer then reads the file back).
+struct RunningCrc {
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  bool valid = true;
+};
+
+class CrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
+ public:
+  CrcWritableFile(std::unique_ptr<rocksdb::FSWritableFile>&& file,
+                  RunningCrc* crc)
+      : FSWritableFileOwnerWrapper(std::move(file)), crc_(crc) {}
+
+  rocksdb::IOStatus Append(const rocksdb::Slice& data,
+                           const rocksdb::IOOptions& options,
+                           rocksdb::IODebugContext* dbg) override {
+    Add(data);
+    return target()->Append(data, options, dbg);
+  }
+  rocksdb::IOStatus Append(const rocksdb::Slice& data,
+                           const rocksdb::IOOptions& options,
+                           const rocksdb::DataVerificationInfo& info,
+                           rocksdb::IODebugContext* dbg) override {
+    Add(data);
+    return target()->Append(data, options, info, dbg);
+  }
+  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data,
+                                     uint64_t offset,
+                                     const rocksdb::IOOptions& options,
+                                     rocksdb::IODebugContext* dbg) override {
+    crc_->valid = false;
+    return target()->PositionedAppend(data, offset, options, dbg);
+  }
+  rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data,
+                                     uint64_t offset,
+                                     const rocksdb::IOOptions& options,
+                                     const rocksdb::DataVerificationInfo& info,
+                                     rocksdb::IODebugContext* dbg) override {
+    crc_->valid = false;
+    return target()->PositionedAppend(data, offset, options, info, dbg);
+  }
+  rocksdb::IOStatus Truncate(uint64_t size, const rocksdb::IOOptions& options,
+                             rocksdb::IODebugContext* dbg) override {
+    if (size != crc_->bytes) crc_->valid = false;
+    return target()->Truncate(size, options, dbg);
+  }
+
+ private:
+  void Add(const rocksdb::Slice& data) {
+    crc_->crc = Crc32cExtend(crc_->crc, data.data(), data.size());
+    crc_->bytes += data.size();
+  }
+  RunningCrc* crc_;
+};
+
+// The default file system, with the CRC of the (one) file being written.
+class CrcFileSystem : public rocksdb::FileSystemWrapper {
+ public:
+  explicit CrcFileSystem(RunningCrc* crc)
+      : FileSystemWrapper(rocksdb::FileSystem::Default()), crc_(crc) {}
+  const char* Name() const override { return "RecpsCrcFileSystem"; }
+  rocksdb::IOStatus NewWritableFile(const std::string& name,
+                                    const rocksdb::FileOptions& options,
+                                    std::unique_ptr<rocksdb::FSWritableFile>* out,
+                                    rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewWritableFile(name, options, out, dbg);
+    if (s.ok()) *out = std::make_unique<CrcWritableFile>(std::move(*out), crc_);
+    return s;
+  }
+
+ private:
+  RunningCrc* crc_;
+};
 
 std::vector<uint32_t> SortedUnique(absl::Span<const uint32_t> slots) {
   std::vector<uint32_t> out(slots.begin(), slots.end());
@@ -153,8 +233,15 @@ absl::StatusOr<RowFileInfo> RowFileWriter::Write(
   }
 
   rocksdb::Options options = SstOptions(options_.block_size);
-  // The CRC pass right after reads the pages back: keep them cached.
-  rocksdb::SstFileWriter writer(rocksdb::EnvOptions(), options,
+  RunningCrc running;
+  const std::unique_ptr<rocksdb::Env> env =
+      rocksdb::NewCompositeEnv(std::make_shared<CrcFileSystem>(&running));
+  options.env = env.get();
+  rocksdb::EnvOptions env_options;
+  // Start write-back as the file grows (sync_file_range every few MiB), so
+  // the disk works while rows are encoded and the final fsync is short.
+  env_options.bytes_per_sync = options_.bytes_per_sync;
+  rocksdb::SstFileWriter writer(env_options, options,
                                 /*column_family=*/nullptr,
                                 /*invalidate_page_cache=*/false);
   RETURN_IF_ERROR(FromRocksStatus(writer.Open(path), "cannot create row file",
@@ -203,9 +290,16 @@ absl::StatusOr<RowFileInfo> RowFileWriter::Write(
   // Finish writes the index and footer and syncs the file.
   status = FromRocksStatus(writer.Finish(), "cannot finish row file", path);
   if (!status.ok()) return fail(status);
-  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
-  info.size_bytes = crc.size_bytes;
-  info.crc32c = crc.crc32c;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
+  if (running.valid && running.bytes == static_cast<uint64_t>(st.st_size)) {
+    info.size_bytes = running.bytes;
+    info.crc32c = running.crc;
+  } else {
+    ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
+    info.size_bytes = crc.size_bytes;
+    info.crc32c = crc.crc32c;
+  }
   return info;
 }
 
@@ -262,9 +356,10 @@ absl::Status RowFileReader::CheckStore(const EmbeddingStore& store) const {
 absl::StatusOr<int64_t> RowFileReader::ImportSlots(
     EmbeddingStore& store, absl::Span<const uint32_t> sorted,
     int64_t batch_rows) const {
-  rocksdb::ReadOptions read_options;
-  read_options.readahead_size = size_t{2} << 20;
-  std::unique_ptr<rocksdb::Iterator> it(reader_->NewIterator(read_options));
+  // RocksDB's own readahead (growing on sequential reads) is left on: a
+  // fixed large one is thrown away at every Seek.
+  std::unique_ptr<rocksdb::Iterator> it(
+      reader_->NewIterator(rocksdb::ReadOptions()));
   std::vector<int64_t> ids;
   std::vector<float> rows;
   std::string prefix;
@@ -276,6 +371,7 @@ absl::StatusOr<int64_t> RowFileReader::ImportSlots(
     const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
     ids.reserve(batch_rows);
     rows.resize(static_cast<size_t>(batch_rows) * stride);
+    bool positioned = false;  // tables are not in key order: Seek first
     for (uint32_t slot : sorted) {
       EncodeSlotPrefix(saved.name(), slot, &prefix);
       auto flush = [&]() -> absl::Status {
@@ -290,8 +386,14 @@ absl::StatusOr<int64_t> RowFileReader::ImportSlots(
         ids.clear();
         return absl::OkStatus();
       };
-      for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix);
-           it->Next()) {
+      // After the previous slot the iterator stands on the first key past
+      // it; when that is not below this slot's prefix it is already where a
+      // Seek would go (slots are sorted), and a Seek would re-read blocks.
+      if (!positioned || !it->Valid() || it->key().compare(prefix) < 0) {
+        it->Seek(prefix);
+        positioned = true;
+      }
+      for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
         const rocksdb::Slice key = it->key();
         const rocksdb::Slice value = it->value();
         if (key.size() != prefix.size() + 8 || value.size() != row_bytes) {

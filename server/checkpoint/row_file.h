@@ -61,6 +61,8 @@ struct RowFileOptions {
   int64_t chunk_rows = 4096;
   // SST data block size: rows are large, big blocks keep the index small.
   size_t block_size = size_t{64} << 10;
+  // Write-back is started every this many bytes (0: only at the end).
+  uint64_t bytes_per_sync = uint64_t{4} << 20;
 };
 
 // Writes the rows of a store to a new row file.
