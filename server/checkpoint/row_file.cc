@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 #include <cstring>
 #include <vector>
 
@@ -65,36 +66,60 @@ rocksdb::Options SstOptions(size_t block_size) {
 // CRC-32C of a file as RocksDB appends to it, so the writer needs no second
 // pass over the file. Any write other than a plain Append invalidates it
 // (the writer then reads the file back).
+#define RETURN_IO_IF_ERROR(expr)          \
+  do {                                    \
+    rocksdb::IOStatus recps_io_ = (expr); \
+    if (!recps_io_.ok()) return recps_io_; \
+  } while (0)
+
 struct RunningCrc {
   uint32_t crc = 0;
   uint64_t bytes = 0;
   bool valid = true;
 };
 
-class CrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
+// A file RocksDB appends to, written by a thread of its own: Append only
+// copies into a buffer (and extends the CRC), so encoding the next rows
+// overlaps the kernel's copy into the page cache and the write-back. The
+// thread starts write-back (sync_file_range) after every buffer; Sync,
+// Fsync, Close and every other call first wait for the buffers to be
+// written, so the target file is only ever used by one thread at a time.
+class AsyncCrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
  public:
-  CrcWritableFile(std::unique_ptr<rocksdb::FSWritableFile>&& file,
-                  RunningCrc* crc)
-      : FSWritableFileOwnerWrapper(std::move(file)), crc_(crc) {}
+  AsyncCrcWritableFile(std::unique_ptr<rocksdb::FSWritableFile>&& file,
+                       RunningCrc* crc, size_t buffer_bytes)
+      : FSWritableFileOwnerWrapper(std::move(file)),
+        crc_(crc),
+        buffer_bytes_(buffer_bytes) {
+    fill_.reserve(buffer_bytes_);
+    pending_.reserve(buffer_bytes_);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~AsyncCrcWritableFile() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
 
   rocksdb::IOStatus Append(const rocksdb::Slice& data,
-                           const rocksdb::IOOptions& options,
-                           rocksdb::IODebugContext* dbg) override {
-    Add(data);
-    return target()->Append(data, options, dbg);
+                           const rocksdb::IOOptions&,
+                           rocksdb::IODebugContext*) override {
+    return Add(data);
   }
   rocksdb::IOStatus Append(const rocksdb::Slice& data,
-                           const rocksdb::IOOptions& options,
-                           const rocksdb::DataVerificationInfo& info,
-                           rocksdb::IODebugContext* dbg) override {
-    Add(data);
-    return target()->Append(data, options, info, dbg);
+                           const rocksdb::IOOptions&,
+                           const rocksdb::DataVerificationInfo&,
+                           rocksdb::IODebugContext*) override {
+    return Add(data);
   }
   rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data,
                                      uint64_t offset,
                                      const rocksdb::IOOptions& options,
                                      rocksdb::IODebugContext* dbg) override {
     crc_->valid = false;
+    RETURN_IO_IF_ERROR(Drain());
     return target()->PositionedAppend(data, offset, options, dbg);
   }
   rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data,
@@ -103,39 +128,142 @@ class CrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
                                      const rocksdb::DataVerificationInfo& info,
                                      rocksdb::IODebugContext* dbg) override {
     crc_->valid = false;
+    RETURN_IO_IF_ERROR(Drain());
     return target()->PositionedAppend(data, offset, options, info, dbg);
   }
   rocksdb::IOStatus Truncate(uint64_t size, const rocksdb::IOOptions& options,
                              rocksdb::IODebugContext* dbg) override {
     if (size != crc_->bytes) crc_->valid = false;
+    RETURN_IO_IF_ERROR(Drain());
     return target()->Truncate(size, options, dbg);
   }
+  // RocksDB flushes after each of its own buffers; ours is written by the
+  // thread, so there is nothing to do but report an earlier failure.
+  rocksdb::IOStatus Flush(const rocksdb::IOOptions&,
+                          rocksdb::IODebugContext*) override {
+    absl::MutexLock lock(&mu_);
+    return error_;
+  }
+  rocksdb::IOStatus Sync(const rocksdb::IOOptions& options,
+                         rocksdb::IODebugContext* dbg) override {
+    RETURN_IO_IF_ERROR(Drain());
+    return target()->Sync(options, dbg);
+  }
+  rocksdb::IOStatus Fsync(const rocksdb::IOOptions& options,
+                          rocksdb::IODebugContext* dbg) override {
+    RETURN_IO_IF_ERROR(Drain());
+    return target()->Fsync(options, dbg);
+  }
+  rocksdb::IOStatus Close(const rocksdb::IOOptions& options,
+                          rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = Drain();
+    rocksdb::IOStatus c = target()->Close(options, dbg);
+    return s.ok() ? c : s;
+  }
+  uint64_t GetFileSize(const rocksdb::IOOptions& options,
+                       rocksdb::IODebugContext* dbg) override {
+    Drain().PermitUncheckedError();
+    return target()->GetFileSize(options, dbg);
+  }
+  rocksdb::IOStatus InvalidateCache(size_t offset, size_t length) override {
+    RETURN_IO_IF_ERROR(Drain());
+    return target()->InvalidateCache(offset, length);
+  }
+  // The thread starts write-back itself; preallocation is only a hint.
+  rocksdb::IOStatus RangeSync(uint64_t, uint64_t, const rocksdb::IOOptions&,
+                              rocksdb::IODebugContext*) override {
+    return rocksdb::IOStatus::OK();
+  }
+  void PrepareWrite(size_t, size_t, const rocksdb::IOOptions&,
+                    rocksdb::IODebugContext*) override {}
+  bool IsSyncThreadSafe() const override { return false; }
 
  private:
-  void Add(const rocksdb::Slice& data) {
+  rocksdb::IOStatus Add(const rocksdb::Slice& data) {
     crc_->crc = Crc32cExtend(crc_->crc, data.data(), data.size());
     crc_->bytes += data.size();
+    fill_.append(data.data(), data.size());
+    if (fill_.size() >= buffer_bytes_) return Submit();
+    absl::MutexLock lock(&mu_);
+    return error_;
   }
-  RunningCrc* crc_;
+  // Hands fill_ to the thread once it is done with the previous buffer.
+  rocksdb::IOStatus Submit() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+    if (!error_.ok()) return error_;
+    std::swap(fill_, pending_);
+    fill_.clear();
+    busy_ = true;
+    return rocksdb::IOStatus::OK();
+  }
+  // Everything appended so far is written to the target.
+  rocksdb::IOStatus Drain() {
+    if (!fill_.empty()) {
+      rocksdb::IOStatus s = Submit();
+      if (!s.ok()) return s;
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+    return error_;
+  }
+  void Run() {
+    uint64_t written = 0;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &AsyncCrcWritableFile::HasWork));
+        if (!busy_) return;  // stop_ and nothing left
+      }
+      rocksdb::IOOptions options;
+      rocksdb::IOStatus s = target()->Append(pending_, options, nullptr);
+      if (s.ok()) {
+        // Start write-back of this buffer; a failure here only loses speed.
+        target()->RangeSync(written, pending_.size(), options, nullptr)
+            .PermitUncheckedError();
+        written += pending_.size();
+      }
+      absl::MutexLock lock(&mu_);
+      if (!s.ok() && error_.ok()) error_ = s;
+      busy_ = false;
+    }
+  }
+  bool HasWork() const { return busy_ || stop_; }
+
+  RunningCrc* const crc_;
+  const size_t buffer_bytes_;
+  std::string fill_;     // being appended to (the caller's thread)
+  std::string pending_;  // being written (the thread), while busy_
+  absl::Mutex mu_;
+  bool busy_ = false;
+  bool stop_ = false;
+  rocksdb::IOStatus error_;  // the first write failure
+  std::thread thread_;
 };
 
 // The default file system, with the CRC of the (one) file being written.
 class CrcFileSystem : public rocksdb::FileSystemWrapper {
  public:
-  explicit CrcFileSystem(RunningCrc* crc)
-      : FileSystemWrapper(rocksdb::FileSystem::Default()), crc_(crc) {}
+  CrcFileSystem(RunningCrc* crc, size_t buffer_bytes)
+      : FileSystemWrapper(rocksdb::FileSystem::Default()),
+        crc_(crc),
+        buffer_bytes_(buffer_bytes) {}
   const char* Name() const override { return "RecpsCrcFileSystem"; }
   rocksdb::IOStatus NewWritableFile(const std::string& name,
                                     const rocksdb::FileOptions& options,
                                     std::unique_ptr<rocksdb::FSWritableFile>* out,
                                     rocksdb::IODebugContext* dbg) override {
     rocksdb::IOStatus s = target()->NewWritableFile(name, options, out, dbg);
-    if (s.ok()) *out = std::make_unique<CrcWritableFile>(std::move(*out), crc_);
+    if (s.ok()) {
+      *out = std::make_unique<AsyncCrcWritableFile>(std::move(*out), crc_,
+                                                    buffer_bytes_);
+    }
     return s;
   }
 
  private:
   RunningCrc* crc_;
+  size_t buffer_bytes_;
 };
 
 std::vector<uint32_t> SortedUnique(absl::Span<const uint32_t> slots) {
@@ -235,12 +363,10 @@ absl::StatusOr<RowFileInfo> RowFileWriter::Write(
   rocksdb::Options options = SstOptions(options_.block_size);
   RunningCrc running;
   const std::unique_ptr<rocksdb::Env> env =
-      rocksdb::NewCompositeEnv(std::make_shared<CrcFileSystem>(&running));
+      rocksdb::NewCompositeEnv(std::make_shared<CrcFileSystem>(
+          &running, std::max<size_t>(options_.write_buffer_bytes, 1 << 20)));
   options.env = env.get();
   rocksdb::EnvOptions env_options;
-  // Start write-back as the file grows (sync_file_range every few MiB), so
-  // the disk works while rows are encoded and the final fsync is short.
-  env_options.bytes_per_sync = options_.bytes_per_sync;
   rocksdb::SstFileWriter writer(env_options, options,
                                 /*column_family=*/nullptr,
                                 /*invalidate_page_cache=*/false);

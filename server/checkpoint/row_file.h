@@ -61,8 +61,10 @@ struct RowFileOptions {
   int64_t chunk_rows = 4096;
   // SST data block size: rows are large, big blocks keep the index small.
   size_t block_size = size_t{64} << 10;
-  // Write-back is started every this many bytes (0: only at the end).
-  uint64_t bytes_per_sync = uint64_t{4} << 20;
+  // The file is written by a thread of its own in buffers of this size
+  // (two of them: one filling, one being written; at least 1 MiB), and
+  // write-back (sync_file_range) starts after each.
+  size_t write_buffer_bytes = size_t{8} << 20;
 };
 
 // Writes the rows of a store to a new row file.
@@ -72,7 +74,7 @@ class RowFileWriter {
 
   // Every row of every table of `store` in `slots` (any order, duplicates
   // ignored) to a new file at `path`, synced to disk (fsync) before it
-  // returns; then its size and CRC-32C. Rows are read with ExportSlot, so a
+  // returns; then its size and CRC-32C (computed as the file is written). Rows are read with ExportSlot, so a
   // store that trains meanwhile gives a row-wise fuzzy copy. On error the
   // partial file is removed: RESOURCE_EXHAUSTED when the disk is full,
   // PERMISSION_DENIED / NOT_FOUND / FAILED_PRECONDITION naming the path when
