@@ -266,6 +266,90 @@ class CrcFileSystem : public rocksdb::FileSystemWrapper {
   size_t buffer_bytes_;
 };
 
+// Exports the chunks of (table, slot) in key order on a thread of its own,
+// a few chunks ahead of the caller, so the export copy overlaps the SST
+// encoding. Empty chunks are skipped; an export error ends the sequence.
+class ExportAhead {
+ public:
+  struct Item {
+    int table = 0;
+    uint32_t slot = 0;
+    SlotChunk chunk;
+    absl::Status status;
+  };
+
+  ExportAhead(const EmbeddingStore& store, const std::vector<int>& tables,
+              const std::vector<uint32_t>& slots, int64_t chunk_rows)
+      : store_(store), tables_(tables), slots_(slots), chunk_rows_(chunk_rows) {
+    thread_ = std::thread([this] { Produce(); });
+  }
+  ~ExportAhead() {
+    {
+      absl::MutexLock lock(&mu_);
+      cancel_ = true;
+    }
+    thread_.join();
+  }
+
+  // The next chunk, or nullptr after the last; valid until the next call.
+  const Item* Next() {
+    absl::MutexLock lock(&mu_);
+    if (holding_) ++released_;
+    mu_.Await(absl::Condition(this, &ExportAhead::ReadyOrDone));
+    holding_ = produced_ > released_;
+    return holding_ ? &ring_[released_ % kRing] : nullptr;
+  }
+
+ private:
+  static constexpr int64_t kRing = 4;
+
+  bool ReadyOrDone() const { return produced_ > released_ || finished_; }
+  bool HasRoomOrCancel() const { return produced_ - released_ < kRing || cancel_; }
+
+  void Produce() {
+    for (int t : tables_) {
+      for (uint32_t slot : slots_) {
+        SlotCursor cursor;
+        while (!cursor.done) {
+          {
+            absl::MutexLock lock(&mu_);
+            mu_.Await(absl::Condition(this, &ExportAhead::HasRoomOrCancel));
+            if (cancel_) return;
+          }
+          // ring_[produced_ % kRing] is not in [released_, produced_): ours.
+          Item& item = ring_[produced_ % kRing];
+          item.table = t;
+          item.slot = slot;
+          item.status = store_.ExportSlot(t, slot, &cursor, chunk_rows_, &item.chunk);
+          const bool failed = !item.status.ok();
+          if (!failed && item.chunk.ids.empty()) continue;
+          absl::MutexLock lock(&mu_);
+          ++produced_;
+          if (failed) {
+            finished_ = true;
+            return;
+          }
+        }
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    finished_ = true;
+  }
+
+  const EmbeddingStore& store_;
+  const std::vector<int>& tables_;
+  const std::vector<uint32_t>& slots_;
+  const int64_t chunk_rows_;
+  Item ring_[kRing];
+  absl::Mutex mu_;
+  int64_t produced_ = 0;  // items filled
+  int64_t released_ = 0;  // items the caller is done with
+  bool holding_ = false;  // the caller holds ring_[released_ % kRing]
+  bool finished_ = false;
+  bool cancel_ = false;
+  std::thread thread_;
+};
+
 std::vector<uint32_t> SortedUnique(absl::Span<const uint32_t> slots) {
   std::vector<uint32_t> out(slots.begin(), slots.end());
   std::sort(out.begin(), out.end());
@@ -384,33 +468,28 @@ absl::StatusOr<RowFileInfo> RowFileWriter::Write(
       "cannot write row file", path);
   if (!status.ok()) return fail(status);
 
-  SlotChunk chunk;
   std::string key;
-  for (int t : tables) {
-    const std::string& name = store.spec(t).name;
-    for (uint32_t slot : sorted) {
-      SlotCursor cursor;
-      while (!cursor.done) {
-        status = store.ExportSlot(t, slot, &cursor, options_.chunk_rows, &chunk);
-        if (!status.ok()) {
-          return fail(absl::Status(
-              status.code(), absl::StrCat("row file ", path, ": exporting table '",
-                                          name, "' slot ", slot, ": ",
-                                          status.message())));
-        }
-        const size_t row_bytes = static_cast<size_t>(chunk.row_stride) * sizeof(float);
-        for (size_t i = 0; i < chunk.ids.size(); ++i) {
-          EncodeRowKey(name, slot, chunk.ids[i], &key);
-          const rocksdb::Slice value(
-              reinterpret_cast<const char*>(chunk.rows.data() + i * chunk.row_stride),
-              row_bytes);
-          const rocksdb::Status s = writer.Put(key, value);
-          if (!s.ok()) {
-            return fail(FromRocksStatus(s, "cannot write row file", path));
-          }
-        }
-        info.rows += static_cast<int64_t>(chunk.ids.size());
+  {
+    ExportAhead ahead(store, tables, sorted, options_.chunk_rows);
+    while (const ExportAhead::Item* item = ahead.Next()) {
+      const std::string& name = store.spec(item->table).name;
+      if (!item->status.ok()) {
+        return fail(absl::Status(
+            item->status.code(),
+            absl::StrCat("row file ", path, ": exporting table '", name,
+                         "' slot ", item->slot, ": ", item->status.message())));
       }
+      const SlotChunk& chunk = item->chunk;
+      const size_t row_bytes = static_cast<size_t>(chunk.row_stride) * sizeof(float);
+      for (size_t i = 0; i < chunk.ids.size(); ++i) {
+        EncodeRowKey(name, item->slot, chunk.ids[i], &key);
+        const rocksdb::Slice value(
+            reinterpret_cast<const char*>(chunk.rows.data() + i * chunk.row_stride),
+            row_bytes);
+        const rocksdb::Status s = writer.Put(key, value);
+        if (!s.ok()) return fail(FromRocksStatus(s, "cannot write row file", path));
+      }
+      info.rows += static_cast<int64_t>(chunk.ids.size());
     }
   }
   // Finish writes the index and footer and syncs the file.
