@@ -1,0 +1,199 @@
+#include "server/checkpoint/checkpoint.h"
+
+#include <errno.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <memory>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/status_macros.h"
+#include "server/checkpoint/file_util.h"
+
+namespace recps::server::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status MakeDir(const std::string& path) {
+  if (mkdir(path.c_str(), 0755) == 0) return absl::OkStatus();
+  const int err = errno;
+  if (err == EEXIST) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      return absl::OkStatus();
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint directory ", path, " exists and is not a directory"));
+  }
+  return ErrnoStatus(err, "cannot create checkpoint directory", path);
+}
+
+// Every table layout of all shards, once; stores must agree.
+absl::StatusOr<std::vector<v1::CheckpointTable>> MergedLayout(
+    absl::Span<const ShardRows> shards, uint32_t* num_slots) {
+  std::vector<v1::CheckpointTable> out;
+  *num_slots = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    if (shards[s].store == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint shard ", s, " has no store"));
+    }
+    const uint32_t slots =
+        static_cast<uint32_t>(shards[s].store->RowsPerSlot().size());
+    if (*num_slots != 0 && slots != *num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint shard ", s, " has ", slots, " slots, shard 0 has ",
+          *num_slots));
+    }
+    *num_slots = slots;
+    for (v1::CheckpointTable& t : StoreLayout(*shards[s].store)) {
+      bool seen = false;
+      for (const v1::CheckpointTable& have : out) {
+        if (have.name() != t.name()) continue;
+        seen = true;
+        if (have.SerializeAsString() != t.SerializeAsString()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "checkpoint shard ", s, " stores table '", t.name(),
+              "' with another layout than an earlier shard"));
+        }
+      }
+      if (!seen) out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointInfo> WriteCheckpoint(
+    const std::string& root, const CheckpointSpec& spec,
+    absl::Span<const ShardRows> shards, const RowFileOptions& options) {
+  if (shards.empty()) {
+    return absl::InvalidArgumentError("a checkpoint needs at least one shard");
+  }
+  uint32_t num_slots = 0;
+  ASSIGN_OR_RETURN(std::vector<v1::CheckpointTable> tables,
+                   MergedLayout(shards, &num_slots));
+  RETURN_IF_ERROR(MakeDir(root));
+  const std::string dir = absl::StrCat(root, "/", CheckpointDirName(spec.step));
+  if (ReadManifest(dir).ok()) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "checkpoint ", dir, " is already complete; remove it to write step ",
+        spec.step, " again"));
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);  // a partial leftover of the same step
+  if (ec) return ErrnoStatus(ec.value(), "cannot remove partial checkpoint", dir);
+  RETURN_IF_ERROR(MakeDir(dir));
+
+  auto fail = [&](absl::Status status) {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+    return status;
+  };
+  v1::CheckpointManifest manifest;
+  manifest.set_format_version(kManifestFormatVersion);
+  manifest.set_kind(v1::CHECKPOINT_KIND_FULL);
+  manifest.set_step(spec.step);
+  manifest.set_job_config_digest(spec.job_config_digest);
+  *manifest.mutable_shard_map() = spec.shard_map;
+  manifest.set_num_slots(num_slots);
+  for (v1::CheckpointTable& t : tables) *manifest.add_tables() = std::move(t);
+
+  const RowFileWriter writer(options);
+  for (size_t s = 0; s < shards.size(); ++s) {
+    const std::string name = absl::StrFormat("shard-%05d.sst", s);
+    absl::StatusOr<RowFileInfo> info =
+        writer.Write(*shards[s].store, shards[s].slots, absl::StrCat(dir, "/", name));
+    if (!info.ok()) return fail(info.status());
+    v1::CheckpointFile* file = manifest.add_files();
+    file->set_name(name);
+    file->set_size_bytes(info->size_bytes);
+    file->set_crc32c(info->crc32c);
+    file->set_rows(info->rows);
+    file->set_shard(static_cast<uint32_t>(s));
+  }
+  // Row files' directory entries are durable before the manifest names them.
+  absl::Status status = SyncDir(dir);
+  if (status.ok()) {
+    manifest.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+    status = WriteManifest(dir, manifest);
+  }
+  if (status.ok()) status = SyncDir(root);
+  if (!status.ok()) return fail(status);
+  return CheckpointInfo{spec.step, dir, std::move(manifest)};
+}
+
+absl::StatusOr<RestoreStats> RestoreCheckpoint(
+    const std::string& checkpoint_dir, absl::string_view expected_digest,
+    EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const ImportOptions& options) {
+  ASSIGN_OR_RETURN(const v1::CheckpointManifest manifest,
+                   ReadManifest(checkpoint_dir));
+  const std::string manifest_path =
+      absl::StrCat(checkpoint_dir, "/", kManifestName);
+  if (!expected_digest.empty() &&
+      manifest.job_config_digest() != expected_digest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint manifest ", manifest_path, " was written by job config ",
+        manifest.job_config_digest(), ", not by this job (", expected_digest,
+        "): restore a checkpoint of the same job config"));
+  }
+  const std::vector<int64_t> rows_per_slot = store.RowsPerSlot();
+  if (manifest.num_slots() != rows_per_slot.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint manifest ", manifest_path, " has num_slots ",
+        manifest.num_slots(), " but the restore target has ",
+        rows_per_slot.size()));
+  }
+  RETURN_IF_ERROR(CheckLayout(manifest.tables(), store,
+                              absl::StrCat("checkpoint manifest ", manifest_path)));
+  for (int t = 0; t < store.num_tables(); ++t) {
+    bool found = false;
+    for (const v1::CheckpointTable& saved : manifest.tables()) {
+      found = found || saved.name() == store.spec(t).name;
+    }
+    if (!found) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint manifest ", manifest_path, " has no table '",
+          store.spec(t).name, "' of the restore target"));
+    }
+  }
+  for (uint32_t slot : slots) {
+    if (slot >= rows_per_slot.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "restore slot ", slot, " is outside the store's ",
+          rows_per_slot.size(), " slots"));
+    }
+    if (rows_per_slot[slot] != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "restore target already holds ", rows_per_slot[slot],
+          " rows in slot ", slot, "; restore into a fresh store"));
+    }
+  }
+  // Every file is checked whole before the first row is imported.
+  RestoreStats stats;
+  std::vector<std::unique_ptr<RowFileReader>> readers;
+  for (const v1::CheckpointFile& file : manifest.files()) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<RowFileReader> reader,
+        RowFileReader::Open(absl::StrCat(checkpoint_dir, "/", file.name()),
+                            file.size_bytes(), file.crc32c()));
+    RETURN_IF_ERROR(reader->CheckStore(store));
+    stats.bytes += file.size_bytes();
+    readers.push_back(std::move(reader));
+  }
+  for (const auto& reader : readers) {
+    ASSIGN_OR_RETURN(const int64_t rows, reader->Import(store, slots, options));
+    stats.rows += rows;
+    ++stats.files;
+  }
+  return stats;
+}
+
+}  // namespace recps::server::checkpoint

@@ -1,0 +1,71 @@
+// Writing and restoring a whole checkpoint in one process: the building
+// block that the orchestration (a cut at a step boundary across shard
+// servers, coordinator --restore) will drive. Each shard server's rows go
+// to one row file; the manifest is written last.
+#ifndef RECPS_SERVER_CHECKPOINT_CHECKPOINT_H_
+#define RECPS_SERVER_CHECKPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "recps/v1/shard_map.pb.h"
+#include "server/checkpoint/manifest.h"
+#include "server/checkpoint/row_file.h"
+#include "server/shard/embedding_store.h"
+
+namespace recps::server::checkpoint {
+
+// The rows of one shard server: its store and the slots it owns.
+struct ShardRows {
+  const EmbeddingStore* store = nullptr;
+  std::vector<uint32_t> slots;
+};
+
+struct CheckpointSpec {
+  uint64_t step = 0;
+  std::string job_config_digest;  // JobConfigDigest(job)
+  v1::ShardMap shard_map;         // the map at the cut
+};
+
+// Writes <root>/step-<step>/: one row file "shard-NNNNN.sst" per entry of
+// `shards` (in order), a directory fsync, then the manifest. Creates root
+// when missing. ALREADY_EXISTS when that step is already complete; a
+// partial directory of the same step is replaced. On any error the new
+// directory is removed (best effort) and nothing else is touched; it is
+// never listed since it has no manifest. Errors name the path:
+// RESOURCE_EXHAUSTED (disk full), PERMISSION_DENIED, FAILED_PRECONDITION
+// (root is not a directory), INVALID_ARGUMENT (no shards, a null store,
+// stores disagreeing on a table's layout or the slot count).
+absl::StatusOr<CheckpointInfo> WriteCheckpoint(
+    const std::string& root, const CheckpointSpec& spec,
+    absl::Span<const ShardRows> shards, const RowFileOptions& options = {});
+
+struct RestoreStats {
+  int64_t rows = 0;   // rows imported into the store
+  int files = 0;      // row files read
+  uint64_t bytes = 0; // bytes of the row files (each read whole for its CRC)
+};
+
+// Imports into `store` the rows of `slots` (the slots this server owns in
+// the current shard map, whatever the map was at save time) from every row
+// file of the checkpoint in `checkpoint_dir`. Everything is checked before
+// any row is imported: the manifest (NOT_FOUND when missing), the job
+// digest (FAILED_PRECONDITION naming both digests: a checkpoint of another
+// job), the slot count and table layouts (FAILED_PRECONDITION naming the
+// table and field; every table of the store must be in the checkpoint), the
+// size and CRC-32C of every row file (DATA_LOSS naming the file), and that
+// the store holds no row in `slots` yet (FAILED_PRECONDITION: restore into
+// a fresh store). An empty expected_digest skips the digest check.
+// options.pool imports slots in parallel.
+absl::StatusOr<RestoreStats> RestoreCheckpoint(
+    const std::string& checkpoint_dir, absl::string_view expected_digest,
+    EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const ImportOptions& options = {});
+
+}  // namespace recps::server::checkpoint
+
+#endif  // RECPS_SERVER_CHECKPOINT_CHECKPOINT_H_
