@@ -40,6 +40,8 @@ forbid worker 'server/|client/launcher/|client/admin/' \
   "the worker includes no server internals, launcher or admin CLI"
 forbid server/shard 'server/coordinator/|server/planner/|worker/|client/launcher/|client/admin/' \
   "the shard server includes no coordinator, planner, worker, launcher or admin code"
+forbid server/checkpoint 'server/coordinator/|server/planner/|worker/|client/' \
+  "checkpoint storage uses the store's interface only, no daemon internals"
 forbid server/coordinator 'server/shard/|worker/|client/' \
   "the coordinator reaches shard servers through the protos only"
 forbid server/planner 'server/coordinator/|worker/|client/' \
