@@ -23,6 +23,7 @@
 #include "common/wire/shard_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/checkpoint/crc32c.h"
@@ -40,15 +41,9 @@ using ::testing::HasSubstr;
 constexpr uint32_t kSlots = 64;
 constexpr char kDigest[] = "00000000000000aa";
 
-config::TableSpec Spec(std::string name, int dim, int64_t num_rows,
-                       OptimizerKind kind, float lr) {
-  config::TableSpec s;
-  s.name = std::move(name);
-  s.dim = dim;
-  s.num_rows = num_rows;
-  s.optimizer.kind = kind;
-  s.optimizer.learning_rate = lr;
-  return s;
+config::TableSpec Spec(std::string name, int dim, int64_t num_rows = 0,
+                       OptimizerKind kind = OptimizerKind::kSgd, float lr = 0.5f) {
+  return testing::TestTableSpec(std::move(name), dim, num_rows, kind, lr);
 }
 
 // One table per optimizer kind, fixed and dynamic.

@@ -15,6 +15,7 @@
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/embedding_store.h"
 #include "server/shard/id_index.h"
@@ -27,14 +28,8 @@ using ::recps::kernels::OptimizerKind;
 using ::testing::HasSubstr;
 
 config::TableSpec Spec(std::string name, int dim, int64_t num_rows = 0,
-               OptimizerKind kind = OptimizerKind::kSgd, float lr = 0.5f) {
-  config::TableSpec s;
-  s.name = std::move(name);
-  s.dim = dim;
-  s.num_rows = num_rows;
-  s.optimizer.kind = kind;
-  s.optimizer.learning_rate = lr;
-  return s;
+                       OptimizerKind kind = OptimizerKind::kSgd, float lr = 0.5f) {
+  return testing::TestTableSpec(std::move(name), dim, num_rows, kind, lr);
 }
 
 std::unique_ptr<EmbeddingStore> MakeStore(std::vector<config::TableSpec> specs,

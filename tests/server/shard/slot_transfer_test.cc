@@ -25,6 +25,7 @@
 #include "common/row_init.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/embedding_store.h"
 #include "server/shard/layered_store.h"
@@ -38,15 +39,9 @@ using ::testing::HasSubstr;
 constexpr uint64_t kSeed = 7;
 constexpr uint32_t kSlots = 16;
 
-config::TableSpec Spec(std::string name, int dim, int64_t num_rows,
-                       OptimizerKind kind, float lr) {
-  config::TableSpec s;
-  s.name = std::move(name);
-  s.dim = dim;
-  s.num_rows = num_rows;
-  s.optimizer.kind = kind;
-  s.optimizer.learning_rate = lr;
-  return s;
+config::TableSpec Spec(std::string name, int dim, int64_t num_rows = 0,
+                       OptimizerKind kind = OptimizerKind::kSgd, float lr = 0.5f) {
+  return testing::TestTableSpec(std::move(name), dim, num_rows, kind, lr);
 }
 
 // One table per optimizer kind; "fixed" has num_rows, the others are
