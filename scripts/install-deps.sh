@@ -15,9 +15,10 @@ PACKAGES=(
 # tests/worker/metrics_test.cc and the deploy tests (skipped without it);
 # clang builds the CPU-only tree with -Werror=thread-safety
 # (scripts/run-tests.sh); python3-venv holds the deploy tests' pinned PyPI
-# tools (tests/deploy/setup.sh, which also fetches kubectl's kustomize).
+# tools (tests/deploy/setup.sh, which also fetches kubectl's kustomize);
+# iproute2 (ip, tc) builds the hosts of tests/deploy/multihost_test.py.
 TEST_PACKAGES=(
-  prometheus clang python3-venv
+  prometheus clang python3-venv iproute2
 )
 
 if [[ ${1:-} == --test ]]; then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
