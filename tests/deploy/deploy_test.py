@@ -26,12 +26,14 @@ import tempfile
 import time
 import urllib.request
 
-SKIP = 77
+import testlib
+from testlib import (MIN_AUC, SKIP, binary, clean_env, fail, failures, info,
+                     skip, tail, wait_for)
+
 BINARIES = ["recps", "recps-shard", "recps-coordinator", "recps-worker", "recpsctl"]
 OVERLAYS = ["cpu", "gpu", "large", "monitoring"]
 IMAGE_BIN_DIR = "/opt/recps/bin"  # where the Dockerfile puts the binaries
 K8S_VERSION = "1.33.0"  # the Kubernetes API rendered objects are checked against
-MIN_AUC = 0.75
 # The worker metrics another change renames (recps_worker{quantity=...}
 # gauges today). Until it lands, their absence is reported, not a failure.
 WORKER_RENAMED = {
@@ -40,7 +42,6 @@ WORKER_RENAMED = {
 }
 
 SRC = BUILD = None
-failures = []
 partly_skipped = []  # parts of a check left out for a missing tool
 
 
@@ -54,20 +55,6 @@ def k8s_quantity(q):
         if q.endswith(suffix):
             return int(-(-float(q[:-len(suffix)]) * scale // 1))
     return int(-(-float(q) // 1))
-
-def fail(msg):
-    failures.append(msg)
-    print("FAIL: " + msg, flush=True)
-
-
-def info(msg):
-    print(msg, flush=True)
-
-
-def skip(msg):
-    info("SKIPPED: " + msg)
-    sys.exit(SKIP)
-
 
 # ---------------------------------------------------------------- processes
 
@@ -145,27 +132,6 @@ def free_port_range(n):
     raise RuntimeError("no %d consecutive free ports" % n)
 
 
-def wait_for(what, predicate, timeout, procs_alive=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = predicate()
-        if v:
-            return v
-        for name, p in procs_alive:
-            if p.poll() is not None:
-                raise RuntimeError("%s exited (code %s) while waiting for %s" % (name, p.returncode, what))
-        time.sleep(0.05)
-    raise RuntimeError("timed out after %ss waiting for %s" % (timeout, what))
-
-
-def tail(path, n=30):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
 def session_members(sid):
     """Pids of the processes still in session `sid` (from /proc)."""
     pids = []
@@ -177,16 +143,6 @@ def session_members(sid):
         if int(fields[3]) == sid:  # state ppid pgrp session ...
             pids.append(int(stat.split("/")[2]))
     return pids
-
-
-def clean_env():
-    """This environment without what would change a rank or a node's role."""
-    env = dict(os.environ)
-    for k in list(env):
-        if k.startswith(("SLURM_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_RANK",
-                         "JOB_COMPLETION_INDEX", "CUDA_VISIBLE_DEVICES", "RECPS_")):
-            del env[k]
-    return env
 
 
 # -------------------------------------------------------------------- tools
@@ -216,13 +172,6 @@ def need_yaml(tools):
     if not py:
         skip("PyYAML unavailable: " + tools.get("VENV_WHY", ""))
     os.execv(py, [py] + sys.argv)
-
-
-def binary(name):
-    path = os.path.join(BUILD, "bin", name)
-    if not os.access(path, os.X_OK):
-        raise RuntimeError("%s is not built (cmake --build %s --target %s)" % (path, BUILD, name))
-    return path
 
 
 _flags_cache = {}
@@ -1042,6 +991,7 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     SRC, BUILD = os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
+    testlib.BUILD = BUILD
     t0 = time.time()
     try:
         CHECKS[sys.argv[1]]()

@@ -31,8 +31,10 @@ import sys
 import tempfile
 import time
 
-SKIP = 77
-MIN_AUC = 0.75
+import testlib
+from testlib import (MIN_AUC, binary, clean_env, fail, failures, info,
+                     skip, tail, wait_for)
+
 TRAIN_STEPS = 600
 TBF_STEPS = 40
 TBF_RATES = ["80mbit", "20mbit"]  # each step's lookup + push must grow with
@@ -43,21 +45,6 @@ COORD_PORT, SHARD_PORT = 7000, 7100
 HOSTS = ["coord", "shard0", "shard1", "node0", "node1"]  # 10.213.0.1 .. .5
 
 SRC = BUILD = None
-failures = []
-
-
-def fail(msg):
-    failures.append(msg)
-    print("FAIL: " + msg, flush=True)
-
-
-def info(msg):
-    print(msg, flush=True)
-
-
-def skip(msg):
-    info("SKIPPED: " + msg)
-    sys.exit(SKIP)
 
 
 def sh(*argv, check=True):
@@ -65,30 +52,6 @@ def sh(*argv, check=True):
     if check and r.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(argv), r.returncode, r.stdout.strip()))
     return r
-
-
-def tail(path, n=30):
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
-def binary(name):
-    path = os.path.join(BUILD, "bin", name)
-    if not os.access(path, os.X_OK):
-        raise RuntimeError("%s is not built (cmake --build %s --target %s)" % (path, BUILD, name))
-    return path
-
-
-def clean_env():
-    env = dict(os.environ)
-    for k in list(env):
-        if k.startswith(("SLURM_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_RANK",
-                         "JOB_COMPLETION_INDEX", "CUDA_VISIBLE_DEVICES", "RECPS_")):
-            del env[k]
-    return env
 
 
 # --------------------------------------------------------------- the network
@@ -198,19 +161,6 @@ class Processes:
         for _, p, _ in reversed(self.procs):
             self.stop(p)
         self.procs = []
-
-
-def wait_for(what, predicate, timeout, alive=()):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = predicate()
-        if v:
-            return v
-        for name, p in alive:
-            if p.poll() is not None:
-                raise RuntimeError("%s exited (code %s) while waiting for %s" % (name, p.returncode, what))
-        time.sleep(0.05)
-    raise RuntimeError("timed out after %ss waiting for %s" % (timeout, what))
 
 
 def read(path):
@@ -418,6 +368,7 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     SRC, BUILD = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    testlib.BUILD = BUILD
     t0 = time.time()
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
