@@ -1,0 +1,140 @@
+// Row-level helpers of the host store (declared in host_table.h).
+#include "server/shard/host_table.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace recps::server::host_store {
+
+// Lookup's first phase over positions [lo, hi): copies the rows that exist
+// to out (in order), records the slot of every id in slots[] and the
+// positions without a row in `missing`. A three-stage software pipeline,
+// because each stage is a cache miss on a batch far larger than the caches:
+// id k's index entry is prefetched, kProbeAhead ids later it is probed and
+// its row prefetched, and kRowAhead ids after that the row is copied. Done
+// one id at a time, the two dependent misses cost ~200 ns per id.
+void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
+                      int64_t lo, int64_t hi, uint32_t* slots, float* out,
+                      MissingRows& missing) {
+  uint64_t mask = 0;
+  for (int64_t p = lo; p < hi; ++p) {
+    slots[p] = SlotOf(t.key, ids[p], t.num_slots);
+    mask |= uint64_t{1} << (slots[p] % kStripes);
+  }
+  const int dim = t.spec.dim;
+  const size_t row_bytes = sizeof(float) * dim;
+  std::vector<int64_t> absent;
+  {
+    const StripeReaderLocks locks(t, mask);
+    const float* src[kRowAhead];
+    for (int64_t k = lo; k < hi + kHeaderAhead + kProbeAhead + kRowAhead; ++k) {
+      // Stages from last to first: the copy frees the ring entry the probe
+      // then fills.
+      const int64_t entry = k - kHeaderAhead;
+      const int64_t probe = entry - kProbeAhead;
+      const int64_t copied = probe - kRowAhead;
+      if (copied >= lo && copied < hi && src[copied % kRowAhead] != nullptr) {
+        std::memcpy(out + copied * dim, src[copied % kRowAhead], row_bytes);
+      }
+      if (probe >= lo && probe < hi) {
+        const int64_t r = t.Find(slots[probe], ids[probe]);
+        const float* row = nullptr;
+        if (r >= 0) {
+          row = t.Row(r);
+          PrefetchRow(row, dim);
+        } else {
+          absent.push_back(probe);
+        }
+        src[probe % kRowAhead] = row;
+      }
+      if (entry >= lo && entry < hi) t.PrefetchIndex(slots[entry], ids[entry]);
+      if (k < hi) t.PrefetchIndexHeader(slots[k]);
+    }
+  }
+  if (!absent.empty()) missing.Add(absent);
+}
+
+// The first repeated id of `ids`, as the positions of its first two
+// occurrences. Open addressing over positions (ids compared in place):
+// ~3x faster than a hash map of ids for a push's tens of thousands.
+std::optional<std::pair<size_t, size_t>> FindRepeatedId(
+    absl::Span<const int64_t> ids) {
+  size_t size = 16;
+  while (size < 2 * ids.size()) size *= 2;
+  std::vector<size_t> table(size, 0);  // position + 1; 0: empty
+  const size_t mask = size - 1;
+  for (size_t p = 0; p < ids.size(); ++p) {
+    size_t i = Mix64(static_cast<uint64_t>(ids[p])) & mask;
+    for (; table[i] != 0; i = (i + 1) & mask) {
+      const size_t q = table[i] - 1;
+      if (ids[q] == ids[p]) return std::make_pair(q, p);
+    }
+    table[i] = p + 1;
+  }
+  return std::nullopt;
+}
+
+// OK when `row` (a whole fused row of table t) may be stored: weights and
+// optimizer state finite, second moments >= 0. Adam's step count (uint32
+// bits) takes any value; padding is not read.
+absl::Status ValidateImportedRow(const Table& t, const float* row, int64_t id,
+                                 size_t position) {
+  const int dim = t.spec.dim;
+  // (first column, columns, what they are, whether they must be >= 0)
+  using Part = std::tuple<int64_t, int64_t, const char*, bool>;
+  Part parts[3];
+  int num_parts = 0;
+  parts[num_parts++] = Part{0, dim, "weight", false};
+  switch (t.spec.optimizer.kind) {
+    case kernels::OptimizerKind::kSgd:
+      break;
+    case kernels::OptimizerKind::kAdagrad:
+      parts[num_parts++] = Part{dim, dim, "Adagrad sum of squares", true};
+      break;
+    case kernels::OptimizerKind::kRowWiseAdagrad:
+      parts[num_parts++] =
+          Part{dim, 1, "row-wise Adagrad sum of mean squares", true};
+      break;
+    case kernels::OptimizerKind::kAdam:
+    case kernels::OptimizerKind::kAdamW:
+      parts[num_parts++] = Part{dim, dim, "Adam first moment m", false};
+      parts[num_parts++] = Part{2 * dim, dim, "Adam second moment v", true};
+      break;
+  }
+  for (int k = 0; k < num_parts; ++k) {
+    const auto [first, n, what, non_negative] = parts[k];
+    for (int64_t c = first; c < first + n; ++c) {
+      const float v = row[c];
+      if (std::isfinite(v) && (!non_negative || v >= 0)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t.spec.name, "': row of id ", id, " (position ",
+          position, ") has ", what, " ", v, " at column ", c,
+          non_negative ? "; it must be finite and >= 0"
+                       : "; it must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Gives back the memory of bytes [from, to) of `buffer` that no longer
+// holds anything: whole pages to the system (they read as zeros when
+// touched again), the part of the first page before them zeroed, so a row
+// created there later starts from zeroed padding as in a fresh arena.
+void ReleaseBytes(const AlignedBuffer& buffer, int64_t from, int64_t to) {
+  if (to <= from) return;
+  static const int64_t kPage = sysconf(_SC_PAGESIZE);
+  char* base = buffer.as<char>();
+  const int64_t first_page = (from + kPage - 1) / kPage * kPage;
+  std::memset(base + from, 0, std::min(first_page, to) - from);
+  // The page holding `to` past its end holds nothing either.
+  const int64_t end_page = std::min<int64_t>(
+      (to + kPage - 1) / kPage * kPage, static_cast<int64_t>(buffer.size()));
+  if (end_page > first_page) {
+    madvise(base + first_page, end_page - first_page, MADV_DONTNEED);
+  }
+}
+
+}  // namespace recps::server::host_store

@@ -1,0 +1,309 @@
+// Internals of the host-memory EmbeddingStore (host_embedding_store.cc),
+// shared with host_table.cc: a table's arena and per-slot index (Table),
+// its lock stripes and how batches are grouped and run over them, and the
+// row-level helpers of lookups, pushes and slot transfer. Only those two
+// files include it.
+#ifndef RECPS_SERVER_SHARD_HOST_TABLE_H_
+#define RECPS_SERVER_SHARD_HOST_TABLE_H_
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/numeric/bits.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/aligned_buffer.h"
+#include "common/config/table_spec.h"
+#include "common/hashing.h"
+#include "common/row_init.h"
+#include "common/thread_pool.h"
+#include "kernels/embedding_optimizer.h"
+#include "server/shard/id_index.h"
+
+namespace recps::server::host_store {
+
+constexpr int kStripes = 64;
+// Successive calls start this many stripes apart (odd: every stripe is a
+// start in turn).
+constexpr uint32_t kStripeStep = 23;
+// Below this many ids a batch runs on the calling thread: waking the pool
+// costs more than it saves.
+constexpr int64_t kParallelMinIds = 4096;
+// Lookup's pipeline depths (ids): index buckets are prefetched kProbeAhead
+// ids before they are probed, rows kRowAhead ids before they are copied, so
+// that many misses of each kind are in flight at once.
+constexpr int64_t kProbeAhead = 16;
+// Lookup prefetches each slot's index header this many ids before its entry.
+constexpr int64_t kHeaderAhead = 8;
+constexpr int64_t kRowAhead = 16;
+
+struct Table {
+  config::TableSpec spec;
+  uint64_t key = 0;   // StableNameKey(spec.name)
+  uint64_t seed = 0;  // StoreOptions::seed
+  uint32_t num_slots = 0;
+  int64_t stride = 0;    // floats per fused row
+  int64_t capacity = 0;  // rows the arena can hold
+  AlignedBuffer arena;
+  // The id of each row (capacity int64s, committed as rows appear): written
+  // once when a row is created, read when DropSlot moves the row.
+  AlignedBuffer row_ids;
+  // Rows handed out == rows stored (rows [0, next_row) are all in use).
+  std::atomic<int64_t> next_row{0};
+  std::atomic<int64_t> lookup_ids{0};
+  std::atomic<int64_t> update_ids{0};
+  // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].
+  mutable std::array<absl::Mutex, kStripes> stripes;
+  // Where the next ForEachStripe starts (mod kStripes).
+  mutable std::atomic<uint32_t> next_first_stripe{0};
+  std::vector<IdIndex> index;
+  std::vector<int64_t> slot_rows;
+
+  float* Row(int64_t r) const { return arena.as<float>() + r * stride; }
+  int64_t* RowIds() const { return row_ids.as<int64_t>(); }
+
+  bool InRange(int64_t id) const {
+    return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
+  }
+
+  // Starts loading the index entry of `id`, for a Find or FindOrCreate a
+  // little later. REQUIRES: slot's stripe held (it reads the index header).
+  void PrefetchIndex(uint32_t slot, int64_t id) const {
+    index[slot].Prefetch(id);
+  }
+  // Starts loading the slot's index header, which PrefetchIndex reads: with
+  // thousands of slots it is rarely in L1 or L2.
+  void PrefetchIndexHeader(uint32_t slot) const {
+    __builtin_prefetch(&index[slot]);
+  }
+
+  // Row of `id`, or -1 when it has none. REQUIRES: slot's stripe held.
+  int64_t Find(uint32_t slot, int64_t id) const { return index[slot].Find(id); }
+
+  // Row of `id`, created with its initial value when missing; -1 when the
+  // arena is full. REQUIRES: slot's stripe held, so the row is complete
+  // before anyone else can find it.
+  int64_t FindOrCreate(uint32_t slot, int64_t id) {
+    return index[slot].FindOrInsert(id, [&]() -> int64_t {
+      int64_t r = next_row.load(std::memory_order_relaxed);
+      do {
+        if (r >= capacity) return -1;
+      } while (
+          !next_row.compare_exchange_weak(r, r + 1, std::memory_order_relaxed));
+      float* row = Row(r);
+      InitRow(spec.init, seed, key, id, spec.dim, row);
+      kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
+      RowIds()[r] = id;
+      ++slot_rows[slot];
+      return r;
+    });
+  }
+
+  absl::Status CheckRange(absl::Span<const int64_t> ids) const {
+    if (spec.num_rows == 0) return absl::OkStatus();
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (!InRange(ids[p])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", spec.name, "': id ", ids[p], " (position ", p,
+            ") is outside [0, ", spec.num_rows, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status FullError() const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", spec.name, "' is full: it holds ", capacity, " rows (",
+        spec.num_rows > 0 ? "its num_rows"
+                          : "StoreOptions.max_rows_per_table",
+        ")"));
+  }
+};
+
+// A batch's positions grouped by lock stripe with a counting sort: O(n),
+// stable (positions ascend within a stripe).
+struct StripeBuckets {
+  std::vector<uint32_t> slot;   // slot of ids[p]
+  std::vector<int64_t> order;   // positions, stripe after stripe
+  std::array<int64_t, kStripes + 1> begin{};
+
+  StripeBuckets(const Table& t, absl::Span<const int64_t> ids)
+      : slot(ids.size()) {
+    for (size_t p = 0; p < ids.size(); ++p) {
+      slot[p] = SlotOf(t.key, ids[p], t.num_slots);
+    }
+    Group(ids.size(), [](size_t k) { return static_cast<int64_t>(k); });
+  }
+  // Only `positions` (ascending) of a batch whose slots are known.
+  StripeBuckets(std::vector<uint32_t> slots, absl::Span<const int64_t> positions)
+      : slot(std::move(slots)) {
+    Group(positions.size(), [&](size_t k) { return positions[k]; });
+  }
+
+ private:
+  // Groups the n positions position(0..n-1).
+  template <typename Position>
+  void Group(size_t n, Position position) {
+    order.resize(n);
+    std::array<int64_t, kStripes> fill{};
+    for (size_t k = 0; k < n; ++k) ++fill[slot[position(k)] % kStripes];
+    for (int s = 0; s < kStripes; ++s) {
+      begin[s + 1] = begin[s] + fill[s];
+      fill[s] = begin[s];
+    }
+    for (size_t k = 0; k < n; ++k) {
+      const int64_t p = position(k);
+      order[fill[slot[p] % kStripes]++] = p;
+    }
+  }
+};
+
+// Calls fn(begin, end) for the order range of each non-empty stripe with its
+// lock held, in parallel on `pool` for large batches.
+template <typename Fn>
+void ForEachStripe(const Table& t, const StripeBuckets& b, ThreadPool* pool,
+                   Fn&& fn) {
+  if (static_cast<int64_t>(b.order.size()) < kParallelMinIds) pool = nullptr;
+  // Concurrent calls (the chunks of one large lookup, say) start at
+  // different stripes: walking the stripes in the same order, they would
+  // queue behind each other's lock at every stripe.
+  const uint32_t first = t.next_first_stripe.fetch_add(
+      kStripeStep, std::memory_order_relaxed);
+  ParallelFor(pool, kStripes, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi; ++k) {
+      const int64_t s = (k + first) % kStripes;
+      if (b.begin[s] == b.begin[s + 1]) continue;
+      absl::MutexLock lock(&t.stripes[s]);
+      fn(b.begin[s], b.begin[s + 1]);
+    }
+  });
+}
+
+// The first error reported by parallel tasks.
+class FirstError {
+ public:
+  void Set(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    if (status_.ok()) status_ = std::move(s);
+  }
+  absl::Status Get() {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+inline void PrefetchRow(const float* row, int dim) {
+  // The first lines; the hardware prefetcher follows the rest of the row.
+  const int64_t bytes = std::min<int64_t>(int64_t{dim} * 4, 256);
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off);
+}
+
+// The reader side of every stripe in a mask, taken in ascending order: the
+// only way anyone holds more than one stripe, so holders never wait on each
+// other in a cycle.
+class StripeReaderLocks {
+ public:
+  static_assert(kStripes == 64, "one bit per stripe in a uint64_t");
+  StripeReaderLocks(const Table& t, uint64_t mask) : t_(t), mask_(mask) {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) {
+      t_.stripes[absl::countr_zero(m)].ReaderLock();
+    }
+  }
+  ~StripeReaderLocks() {
+    for (uint64_t m = mask_; m != 0; m &= m - 1) {
+      t_.stripes[absl::countr_zero(m)].ReaderUnlock();
+    }
+  }
+  StripeReaderLocks(const StripeReaderLocks&) = delete;
+  StripeReaderLocks& operator=(const StripeReaderLocks&) = delete;
+
+ private:
+  const Table& t_;
+  const uint64_t mask_;
+};
+
+// The writer side of every stripe of a table, in ascending order (as
+// StripeReaderLocks): nobody else reads or writes any row of it meanwhile.
+class AllStripesLock {
+ public:
+  explicit AllStripesLock(const Table& t) : t_(t) {
+    for (absl::Mutex& m : t_.stripes) m.Lock();
+  }
+  ~AllStripesLock() {
+    for (absl::Mutex& m : t_.stripes) m.Unlock();
+  }
+  AllStripesLock(const AllStripesLock&) = delete;
+  AllStripesLock& operator=(const AllStripesLock&) = delete;
+
+ private:
+  const Table& t_;
+};
+
+// Positions of a lookup whose ids had no row yet, gathered from parallel
+// tasks (rare once a table is warm).
+class MissingRows {
+ public:
+  void Add(absl::Span<const int64_t> positions) {
+    absl::MutexLock lock(&mu_);
+    positions_.insert(positions_.end(), positions.begin(), positions.end());
+  }
+  bool empty() {
+    absl::MutexLock lock(&mu_);
+    return positions_.empty();
+  }
+  std::vector<int64_t> Sorted() {
+    absl::MutexLock lock(&mu_);
+    std::sort(positions_.begin(), positions_.end());
+    return std::move(positions_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int64_t> positions_ ABSL_GUARDED_BY(mu_);
+};
+
+// Lookup's first phase over positions [lo, hi): copies the rows that exist
+// to out (in order), records the slot of every id in slots[] and the
+// positions without a row in `missing`. A three-stage software pipeline,
+// because each stage is a cache miss on a batch far larger than the caches:
+// id k's index entry is prefetched, kProbeAhead ids later it is probed and
+// its row prefetched, and kRowAhead ids after that the row is copied. Done
+// one id at a time, the two dependent misses cost ~200 ns per id.
+void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
+                      int64_t lo, int64_t hi, uint32_t* slots, float* out,
+                      MissingRows& missing);
+
+// The first repeated id of `ids`, as the positions of its first two
+// occurrences. Open addressing over positions (ids compared in place):
+// ~3x faster than a hash map of ids for a push's tens of thousands.
+std::optional<std::pair<size_t, size_t>> FindRepeatedId(
+    absl::Span<const int64_t> ids);
+
+// OK when `row` (a whole fused row of table t) may be stored: weights and
+// optimizer state finite, second moments >= 0. Adam's step count (uint32
+// bits) takes any value; padding is not read.
+absl::Status ValidateImportedRow(const Table& t, const float* row, int64_t id,
+                                 size_t position);
+
+// Gives back the memory of bytes [from, to) of `buffer` that no longer
+// holds anything: whole pages to the system (they read as zeros when
+// touched again), the part of the first page before them zeroed, so a row
+// created there later starts from zeroed padding as in a fresh arena.
+void ReleaseBytes(const AlignedBuffer& buffer, int64_t from, int64_t to);
+
+}  // namespace recps::server::host_store
+
+#endif  // RECPS_SERVER_SHARD_HOST_TABLE_H_
