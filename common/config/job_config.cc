@@ -206,6 +206,20 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job) {
   if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
     return Bad("training.dense_optimizer.learning_rate", "must be > 0");
   }
+  const v1::CheckpointConfig& c = t.checkpoint();
+  if (c.every_steps() < 0) return Bad("training.checkpoint.every_steps", "must be >= 0");
+  if (c.every_steps() > kMaxSteps) {
+    return TooBig("training.checkpoint.every_steps", c.every_steps(), kMaxSteps, "steps");
+  }
+  if (c.keep_last() < 0) return Bad("training.checkpoint.keep_last", "must be >= 0 (0: 3)");
+  if (c.keep_last() > kMaxKeepLast) {
+    return TooBig("training.checkpoint.keep_last", c.keep_last(), kMaxKeepLast, "checkpoints");
+  }
+  if (c.full_every() < 0) return Bad("training.checkpoint.full_every", "must be >= 0 (0: 8)");
+  if (c.dir().empty() && (c.every_steps() > 0 || c.incremental())) {
+    return Bad("training.checkpoint.dir",
+               "is empty; every_steps and incremental need a directory for the checkpoints");
+  }
   return ValidateData(job);
 }
 

@@ -27,6 +27,7 @@ inline constexpr int64_t kMaxEvalBatches = 100'000;  // held-out batches per eva
 inline constexpr int kMaxStaleness = 10'000;       // BOUNDED mode, steps
 inline constexpr int kMaxNumDense = 4096;          // data.synthetic.num_dense
 inline constexpr int kMaxIdsPerBag = 1 << 16;      // data.synthetic ids per bag
+inline constexpr int kMaxKeepLast = 10'000;        // training.checkpoint.keep_last
 
 // Every check a job needs before it runs: tables (via the shard server's
 // table checks), features naming known tables of one common dim, model

@@ -60,6 +60,15 @@ TEST(JobConfig, EachMistakeNamesItsField) {
          j.mutable_data()->mutable_synthetic()->mutable_features(0)->set_max_ids_per_bag(0);
        }},
       {"data", [](v1::JobConfig& j) { j.mutable_data()->Clear(); }},
+      {"training.checkpoint.dir", [](v1::JobConfig& j) {
+         j.mutable_training()->mutable_checkpoint()->set_every_steps(10);
+       }},
+      {"training.checkpoint.every_steps", [](v1::JobConfig& j) {
+         j.mutable_training()->mutable_checkpoint()->set_every_steps(-1);
+       }},
+      {"training.checkpoint.keep_last", [](v1::JobConfig& j) {
+         j.mutable_training()->mutable_checkpoint()->set_keep_last(-2);
+       }},
   };
   absl::StatusOr<v1::JobConfig> good = config::ReadJobConfig(Example("small.textproto"));
   ASSERT_TRUE(good.ok()) << good.status();
