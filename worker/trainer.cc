@@ -1,6 +1,8 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -11,6 +13,7 @@
 #include "kernels/loss.h"
 #include "common/config/table_config.h"
 #include "common/config/job_config.h"
+#include "worker/model/dense_state.h"
 
 namespace recps::worker {
 namespace {
@@ -151,6 +154,17 @@ absl::StatusOr<float> Trainer::TrainStep(const Batch& batch, int64_t step,
   return Compute(batch, step, times, &buffers_[0]);
 }
 
+void Trainer::ReadLocalFlags(float* checkpoint, float* stop) {
+  *checkpoint = 0;
+  *stop = 0;
+  if (!options_.checkpoint) return;
+  if (options_.checkpoint_request_id &&
+      options_.checkpoint_request_id() > handled_request_id_) {
+    *checkpoint = 1;
+  }
+  if (options_.stop_requested && options_.stop_requested()) *stop = 1;
+}
+
 bool Trainer::OverlapLookups() const {
   return job_.training().consistency().mode() == v1::ConsistencyConfig::BOUNDED ||
          job_.training().consistency().mode() == v1::ConsistencyConfig::ASYNC;
@@ -231,7 +245,26 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   Charge(start, &times->push);
 
   start = absl::Now();
-  if (options_.allreduce) RETURN_IF_ERROR(options_.allreduce(model_->gradients()));
+  float checkpoint_flag = 0, stop_flag = 0;
+  ReadLocalFlags(&checkpoint_flag, &stop_flag);
+  if (options_.allreduce) {
+    // The checkpoint decision rides on the dense allreduce (two floats after
+    // the gradients), so every worker agrees on the cut with no extra round
+    // trip. Always appended, checkpoints or not: the reduced buffer, and so
+    // the gradients' summation, is the same either way.
+    const absl::Span<float> grads = model_->gradients();
+    const size_t n = grads.size();
+    reduce_buf_.resize(n + 2);
+    std::memcpy(reduce_buf_.data(), grads.data(), n * sizeof(float));
+    reduce_buf_[n] = checkpoint_flag;
+    reduce_buf_[n + 1] = stop_flag;
+    RETURN_IF_ERROR(options_.allreduce(absl::MakeSpan(reduce_buf_)));
+    std::memcpy(grads.data(), reduce_buf_.data(), n * sizeof(float));
+    checkpoint_flag = reduce_buf_[n];
+    stop_flag = reduce_buf_[n + 1];
+  }
+  agreed_checkpoint_ = checkpoint_flag > 0.5f;
+  agreed_stop_ = stop_flag > 0.5f;
   Charge(start, &times->allreduce);
   start = absl::Now();
   RETURN_IF_ERROR(optimizer_->Step(model_->parameters(), model_->gradients(),
@@ -271,7 +304,16 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
 absl::StatusOr<TrainResult> Trainer::Run() {
   TrainResult result;
   const v1::TrainingConfig& training = job_.training();
+  const int64_t start_step = options_.start_step;
+  if (start_step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("start step ", start_step, " is negative"));
+  }
+  result.steps = start_step;
   const absl::Time run_start = absl::Now();
+  // Requests made before this run started are not this run's to answer.
+  if (options_.checkpoint && options_.checkpoint_request_id) {
+    handled_request_id_ = options_.checkpoint_request_id();
+  }
   auto evaluate = [&](int64_t step) -> absl::Status {
     const absl::Time start = absl::Now();
     absl::StatusOr<EvalMetrics> evaluated = Evaluate(step);
@@ -281,8 +323,26 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (options_.on_eval) options_.on_eval(result.evals.back());
     return absl::OkStatus();
   };
-  // A first evaluation of the untrained model: the baseline to beat.
-  RETURN_IF_ERROR(evaluate(0));
+  // A cut after `step` steps (the agreement is in agreed_*_).
+  auto cut = [&](int64_t step, const std::string& reason, bool wait_complete) -> absl::Status {
+    const absl::Time start = absl::Now();
+    CheckpointCutInfo info;
+    info.step = step;
+    info.reason = reason;
+    info.wait_complete = wait_complete;
+    info.batches_read = step;
+    if (options_.rank == 0) info.dense = SaveDenseState(*model_, *optimizer_);
+    if (options_.checkpoint_request_id) {
+      handled_request_id_ = std::max(handled_request_id_, options_.checkpoint_request_id());
+    }
+    RETURN_IF_ERROR(options_.checkpoint(info));
+    result.checkpoint_steps.push_back(step);
+    result.checkpoint_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    return absl::OkStatus();
+  };
+  // A first evaluation of the untrained model: the baseline to beat (a
+  // resumed run had it before its checkpoint).
+  if (start_step == 0) RETURN_IF_ERROR(evaluate(0));
   // Batch and lookup buffers of the current step and, when lookups overlap
   // compute, of the next one (looked up on a helper thread meanwhile).
   Batch batches[2];
@@ -293,9 +353,16 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     Charge(start, &result.times.data);
     return more;
   };
-  ASSIGN_OR_RETURN(bool more, read(&batches[cur]));
-  if (more) RETURN_IF_ERROR(LookupAndPool(batches[cur], 0, &result.times, &buffers_[cur]));
-  for (int64_t step = 0; more && step < training.steps(); ++step) {
+  bool more = false;
+  if (start_step < training.steps()) {
+    ASSIGN_OR_RETURN(more, read(&batches[cur]));
+  }
+  if (more) {
+    RETURN_IF_ERROR(LookupAndPool(batches[cur], start_step, &result.times, &buffers_[cur]));
+  }
+  for (int64_t step = start_step; more && step < training.steps(); ++step) {
+    const absl::Time step_start = absl::Now();
+    double step_eval = 0;
     const int next = 1 - cur;
     bool next_more = false;
     std::thread prefetch;
@@ -326,19 +393,59 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.samples += batches[cur].size;
     result.last_loss = *loss;
     result.losses.push_back(*loss);
+    more = next_more;
+
+    // The step boundary after step + 1 steps: every worker decides the same
+    // (the flags were summed by this step's allreduce, the rest is a
+    // function of the step and the shared data length).
+    bool stop = false;
+    if (options_.checkpoint) {
+      const int64_t boundary = step + 1;
+      const bool last = !more;
+      stop = agreed_stop_;
+      std::string reason;
+      if (stop) {
+        reason = "preempted";
+      } else if (last) {
+        reason = "final";
+      } else if (agreed_checkpoint_) {
+        reason = "requested";
+      } else if (options_.checkpoint_every > 0 && boundary % options_.checkpoint_every == 0) {
+        reason = "periodic";
+      }
+      if (!reason.empty()) {
+        RETURN_IF_ERROR(cut(boundary, reason, stop || last));
+        if (more && OverlapLookups() && !stop) {
+          // Bounded and async: step+1's lookup ran during step `step`, before
+          // the cut. Redo it, so the step after a checkpoint reads the rows
+          // as saved, as a run resumed from it does.
+          const absl::Time start = absl::Now();
+          RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times,
+                                        &buffers_[next]));
+          result.checkpoint_seconds.back() += absl::ToDoubleSeconds(absl::Now() - start);
+        }
+      }
+    }
     result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
     if (options_.on_step) options_.on_step(step, *loss, result);
+    if (stop) {
+      result.preempted = true;
+      result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start));
+      break;
+    }
     if (training.eval_interval() > 0 && (step + 1) % training.eval_interval() == 0 &&
         step + 1 < training.steps()) {
+      const absl::Time start = absl::Now();
       RETURN_IF_ERROR(evaluate(step + 1));
+      step_eval = absl::ToDoubleSeconds(absl::Now() - start);
     }
-    more = next_more;
     if (more && !OverlapLookups()) {
       RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times, &buffers_[next]));
     }
+    result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start) - step_eval);
     cur = next;
   }
-  RETURN_IF_ERROR(evaluate(result.steps));
+  if (!result.preempted && result.steps > start_step) RETURN_IF_ERROR(evaluate(result.steps));
   result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
   return result;
 }

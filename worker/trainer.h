@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,6 +18,7 @@
 #include "client/embedding_client.h"
 #include "kernels/embedding_bag.h"
 #include "kernels/exec_context.h"
+#include "recps/v1/checkpoint.pb.h"
 #include "recps/v1/job.pb.h"
 #include "worker/data/batch.h"
 #include "worker/eval_metrics.h"
@@ -44,13 +46,42 @@ struct EvalRecord {
 };
 
 struct TrainResult {
+  // Steps completed, counting those before start_step (a resumed run).
   int64_t steps = 0;
-  int64_t samples = 0;  // this worker's
+  int64_t samples = 0;  // this worker's, in this run
   double seconds = 0;
   double last_loss = 0;
-  std::vector<float> losses;  // this worker's mean loss of every step
+  // This worker's mean loss of every step this run trained (the first is
+  // step start_step's).
+  std::vector<float> losses;
+  // Wall time of every step this run trained, including a checkpoint cut
+  // taken at its end and excluding evaluations (the stall measurements).
+  std::vector<double> step_seconds;
   StepTimes times;
   std::vector<EvalRecord> evals;
+  // Checkpoint cuts taken and the seconds each stalled training.
+  std::vector<int64_t> checkpoint_steps;
+  std::vector<double> checkpoint_seconds;
+  // Stopped early by TrainerOptions::stop_requested (pre-emption), after a
+  // checkpoint at `steps`.
+  bool preempted = false;
+};
+
+// What the trainer hands to TrainerOptions::checkpoint at a cut.
+struct CheckpointCutInfo {
+  // Steps completed: every step before it pushed and acknowledged, no lookup
+  // of it issued (or, in bounded and async modes, the one issued early is
+  // redone after the cut).
+  int64_t step = 0;
+  // "periodic", "requested", "preempted" or "final".
+  std::string reason;
+  // Answer only once the checkpoint is complete (final, pre-empted).
+  bool wait_complete = false;
+  // The dense model and optimizer (filled on rank 0 only; every replica is
+  // the same).
+  v1::DenseState dense;
+  // Training batches consumed: `step`, one per step.
+  int64_t batches_read = 0;
 };
 
 struct TrainerOptions {
@@ -64,6 +95,24 @@ struct TrainerOptions {
   // Called after every step and evaluation (progress display, metrics).
   std::function<void(int64_t step, float loss, const TrainResult&)> on_step;
   std::function<void(const EvalRecord&)> on_eval;
+
+  // A resumed run: steps already trained. Run trains steps [start_step,
+  // job.training.steps) without the baseline evaluation; the caller loaded
+  // the dense state (LoadDenseState) and skipped the data to there.
+  int64_t start_step = 0;
+
+  // Checkpoints (null: none, and nothing below is consulted). Called at a
+  // step boundary where every worker agreed to cut; must return once the
+  // cut is taken (the coordinator's CheckpointCut). An error fails the run.
+  std::function<absl::Status(const CheckpointCutInfo&)> checkpoint;
+  // Cut after every this many steps (0: only when asked and at the end).
+  int64_t checkpoint_every = 0;
+  // The lease's checkpoint_request_id: a value larger than at the last cut
+  // (or at the start) asks for a cut at the next step boundary.
+  std::function<uint64_t()> checkpoint_request_id;
+  // True once the process was asked to stop (SIGTERM): cut at the next
+  // step boundary with wait_complete, then return with preempted set.
+  std::function<bool()> stop_requested;
 };
 
 class Trainer {
@@ -86,6 +135,7 @@ class Trainer {
   absl::StatusOr<EvalMetrics> Evaluate(int64_t step);
 
   DlrmModel& model() { return *model_; }
+  DenseOptimizer& optimizer() { return *optimizer_; }
 
  private:
   Trainer() = default;
@@ -119,6 +169,8 @@ class Trainer {
                                 StepTimes* times, LookupBuffers* buf);
   // Whether the consistency mode lets lookups run a step ahead.
   bool OverlapLookups() const;
+  // The local reasons to cut, read just before the step's allreduce.
+  void ReadLocalFlags(float* checkpoint, float* stop);
 
   v1::JobConfig job_;
   TrainerOptions options_;
@@ -133,6 +185,14 @@ class Trainer {
   LookupBuffers eval_buffers_;
   std::vector<float> grad_pooled_, feature_grad_, backward_buf_;
   std::vector<float> logits_, probabilities_, grad_logits_;
+
+  // Dense gradients plus the two agreement flags ("checkpoint", "stop")
+  // that ride on the allreduce.
+  std::vector<float> reduce_buf_;
+  // The agreed flags of the last step (summed over workers).
+  bool agreed_checkpoint_ = false;
+  bool agreed_stop_ = false;
+  uint64_t handled_request_id_ = 0;
 };
 
 }  // namespace recps::worker

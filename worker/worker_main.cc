@@ -10,14 +10,18 @@
 // coordinator's key-value store.
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -38,6 +42,7 @@
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
 #include "common/port_file.h"
+#include "common/rpc/retry.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
 #include "prometheus/gauge.h"
@@ -52,6 +57,7 @@
 #include "worker/data/synthetic.h"
 #include "common/config/job_config.h"
 #include "common/flags_usage.h"
+#include "worker/model/dense_state.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, device, "cpu",
@@ -99,6 +105,15 @@ ABSL_FLAG(std::string, memory_limit, "",
           "suffix (powers of 1024), e.g. 8G; the job's estimated need is "
           "checked against it at start (default: MemAvailable in "
           "/proc/meminfo)");
+ABSL_FLAG(std::string, loss_log, "",
+          "append one line 'STEP LOSS' per trained step to this file (the "
+          "loss with 9 significant digits, exact for a float32; '{rank}' in "
+          "the path is replaced by this worker's rank); a resumed run appends "
+          "the steps it trains again");
+ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(5),
+          "with --coordinator: how long a starting worker waits for the "
+          "coordinator's resume state (it answers UNAVAILABLE while the shard "
+          "servers restore their rows)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
@@ -109,6 +124,44 @@ namespace {
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
+}
+
+// Set by SIGTERM/SIGINT when checkpoints are on: the trainer checkpoints at
+// the next step boundary (agreed with the other workers) and returns.
+std::atomic<bool> g_stop_requested{false};
+
+void OnStopSignal(int sig) {
+  // A second signal does not wait for the checkpoint.
+  if (g_stop_requested.exchange(true)) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+void InstallStopHandler() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+// Where this worker resumes: GetResumeState, retried while the coordinator
+// answers UNAVAILABLE (starting, or its shard servers still restoring) until
+// --resume_timeout.
+absl::StatusOr<v1::GetResumeStateResponse> FetchResumeState(
+    client::CoordinatorClient& coordinator, int rank) {
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_resume_timeout);
+  rpc::Backoff backoff;
+  for (;;) {
+    absl::StatusOr<v1::GetResumeStateResponse> r = coordinator.GetResumeState(rank);
+    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
+        absl::Now() >= give_up) {
+      return r;
+    }
+    absl::SleepFor(std::min(backoff.Next(), std::max(absl::ZeroDuration(),
+                                                     give_up - absl::Now())));
+  }
 }
 
 // This host's address on the route to `host_port`'s host (a UDP "connect"
@@ -216,16 +269,28 @@ std::string ResultJson(const TrainResult& r) {
   }
   std::string losses;
   for (float l : r.losses) absl::StrAppend(&losses, losses.empty() ? "" : ",", absl::StrFormat("%.9g", l));
+  std::string step_seconds;
+  for (double d : r.step_seconds) {
+    absl::StrAppend(&step_seconds, step_seconds.empty() ? "" : ",", absl::StrFormat("%.6f", d));
+  }
+  std::string checkpoints;
+  for (size_t i = 0; i < r.checkpoint_steps.size(); ++i) {
+    absl::StrAppend(&checkpoints, checkpoints.empty() ? "" : ",",
+                    absl::StrFormat("{\"step\":%d,\"seconds\":%.6f}", r.checkpoint_steps[i],
+                                    r.checkpoint_seconds[i]));
+  }
   const StepTimes& t = r.times;
   return absl::StrFormat(
       "{\"steps\":%d,\"samples\":%d,\"seconds\":%.3f,\"samples_per_second\":%.1f,"
       "\"last_loss\":%.6f,\"times\":{\"data\":%.4f,\"lookup\":%.4f,\"forward\":%.4f,"
       "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f,"
       "\"lookup_wait\":%.4f,\"eval\":%.4f},"
-      "\"evals\":[%s],\"losses\":[%s]}\n",
+      "\"evals\":[%s],\"losses\":[%s],\"start_step\":%d,\"step_seconds\":[%s],"
+      "\"checkpoints\":[%s],\"preempted\":%s}\n",
       r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9), r.last_loss,
       t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer,
-      t.lookup_wait, t.eval, evals, losses);
+      t.lookup_wait, t.eval, evals, losses, r.steps - static_cast<int64_t>(r.losses.size()),
+      step_seconds, checkpoints, r.preempted ? "true" : "false");
 }
 
 // The worker's Prometheus metrics: one metric per quantity, its unit in
@@ -416,6 +481,45 @@ int Run() {
     return 2;
   }
 
+  // Checkpoints need the coordinator (it gathers the cut and writes the
+  // manifest); without one, or with training.checkpoint.dir empty, the run
+  // is as before.
+  const bool checkpoints =
+      coordinator != nullptr && !job->training().checkpoint().dir().empty();
+  if (checkpoints) InstallStopHandler();
+  // Resume: the step to train from, the dense state and the data position
+  // (the coordinator answers "no resume" for a fresh job).
+  int64_t start_step = 0;
+  int64_t batches_read = 0;
+  v1::DenseState resume_dense;
+  if (coordinator != nullptr) {
+    absl::StatusOr<v1::GetResumeStateResponse> resume = FetchResumeState(*coordinator, rank);
+    if (!resume.ok() && resume.status().code() == absl::StatusCode::kUnimplemented) {
+      LogWarning("the coordinator does not know GetResumeState (older version): starting "
+                 "from step 0");
+    } else if (!resume.ok()) {
+      LogError("asking the coordinator where to resume failed: ", resume.status().ToString());
+      return 1;
+    } else if (resume->resume()) {
+      start_step = static_cast<int64_t>(resume->step());
+      batches_read = resume->position().batches_read();
+      if (!resume_dense.ParseFromString(resume->dense_state())) {
+        LogError("the dense state of checkpoint ", resume->dir(), " (step ", start_step,
+                 ") does not parse as recps.v1.DenseState");
+        return 1;
+      }
+      if (start_step > job->training().steps()) {
+        LogError("checkpoint ", resume->dir(), " is at step ", start_step,
+                 ", past this job's training.steps ", job->training().steps());
+        return 2;
+      }
+      if (batches_read != start_step) {
+        LogWarning("checkpoint ", resume->dir(), ": rank ", rank, " had read ",
+                   batches_read, " batches at step ", start_step, "; resuming its data there");
+      }
+    }
+  }
+
   std::vector<client::TableSchema> tables;
   for (const v1::TableConfig& t : job->tables()) tables.push_back({t.name(), t.dim()});
   client::EmbeddingClientOptions client_options;
@@ -466,6 +570,23 @@ int Run() {
         return MakeCriteoSource(eval_cfg, rank, world, batch_size);
       };
     }
+  }
+  if (batches_read > 0) {
+    // Seek before the prefetch thread starts reading.
+    const absl::Time start = absl::Now();
+    absl::StatusOr<int64_t> skipped = train->Skip(batches_read);
+    if (!skipped.ok()) {
+      LogError("skipping the ", batches_read, " batches trained before the checkpoint: ",
+               skipped.status().ToString());
+      return 1;
+    }
+    if (*skipped < batches_read) {
+      LogError("the training data ends after ", *skipped, " batches, but the checkpoint "
+               "says rank ", rank, " read ", batches_read);
+      return 2;
+    }
+    LogInfo(absl::StrFormat("data position: skipped %d batches in %.2f s", batches_read,
+                            absl::ToDoubleSeconds(absl::Now() - start)));
   }
   train = MakePrefetchingSource(std::move(train), 4);
 
@@ -542,6 +663,37 @@ int Run() {
   }
   options.rank = rank;
   options.world_size = world;
+  options.start_step = start_step;
+  if (checkpoints) {
+    options.checkpoint_every = job->training().checkpoint().every_steps();
+    options.stop_requested = [] { return g_stop_requested.load(); };
+    client::CoordinatorLease* const lease_ptr = lease.get();
+    options.checkpoint_request_id = [lease_ptr] { return lease_ptr->checkpoint_request_id(); };
+    options.checkpoint = [&, lease_ptr](const CheckpointCutInfo& info) -> absl::Status {
+      const absl::Time start = absl::Now();
+      v1::CheckpointCutRequest request;
+      request.set_member_id(lease_ptr->member_id());
+      request.set_rank(rank);
+      request.set_step(static_cast<uint64_t>(info.step));
+      if (rank == 0) request.set_dense_state(info.dense.SerializeAsString());
+      request.mutable_position()->set_rank(rank);
+      request.mutable_position()->set_batches_read(info.batches_read);
+      request.set_wait_complete(info.wait_complete);
+      request.set_reason(info.reason);
+      absl::StatusOr<v1::CheckpointCutResponse> cut = coordinator->CheckpointCut(request);
+      if (!cut.ok()) {
+        return absl::Status(cut.status().code(),
+                            absl::StrCat("checkpoint cut at step ", info.step, " (",
+                                         info.reason, "): ", cut.status().message()));
+      }
+      LogInfo(absl::StrFormat("checkpoint at step %d (%s) %s: training stalled %.1f ms",
+                              info.step, info.reason,
+                              info.wait_complete ? "complete in " + cut->dir()
+                                                 : "cut, writing " + cut->dir(),
+                              1e3 * absl::ToDoubleSeconds(absl::Now() - start)));
+      return absl::OkStatus();
+    };
+  }
   options.ctx.pool = &pool;
   if (absl::StatusOr<kernels::Device> device =
           kernels::ParseDevice(absl::GetFlag(FLAGS_device), &options.ctx.cuda_device);
@@ -557,14 +709,30 @@ int Run() {
   const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
   StepTimes times_so_far;
   int64_t samples_so_far = 0;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> loss_log(nullptr, &std::fclose);
+  if (std::string path = absl::GetFlag(FLAGS_loss_log); !path.empty()) {
+    if (const size_t at = path.find("{rank}"); at != std::string::npos) {
+      path.replace(at, 6, absl::StrCat(rank));
+    }
+    loss_log.reset(std::fopen(path.c_str(), "a"));
+    if (loss_log == nullptr) {
+      LogError("--loss_log=", path, ": cannot open for appending: ", std::strerror(errno));
+      return 2;
+    }
+  }
   options.on_step = [&](int64_t step, float loss, const TrainResult& r) {
+    if (loss_log != nullptr) {
+      std::fprintf(loss_log.get(), "%lld %.9g\n", static_cast<long long>(step), loss);
+      std::fflush(loss_log.get());
+    }
     const double rate = r.samples / std::max(r.seconds, 1e-9);
     metrics.ObserveStep(r.times, times_so_far, r.samples - samples_so_far, loss, rate);
     times_so_far = r.times;
     samples_so_far = r.samples;
     if (absl::Now() - last_print < every && step + 1 != total_steps) return;
     last_print = absl::Now();
-    const double eta = (total_steps - step - 1) * r.seconds / (step + 1);
+    const double eta = (total_steps - step - 1) * r.seconds /
+                       std::max<int64_t>(step + 1 - start_step, 1);
     LogInfo(absl::StrFormat("step %d/%d  loss %.4f  %s%.0f samples/s  eta %.0fs",
                             step + 1, total_steps, loss,
                             last_auc >= 0 ? absl::StrFormat("auc %.4f  ", last_auc) : "",
@@ -599,6 +767,16 @@ int Run() {
           }
         });
   }
+  if (start_step > 0) {
+    if (absl::Status s = LoadDenseState(resume_dense, &(*trainer)->model(),
+                                        &(*trainer)->optimizer());
+        !s.ok()) {
+      LogError("loading the checkpoint's dense state: ", s.message());
+      return 2;
+    }
+    LogInfo("resuming at step ", start_step, " of ", total_steps,
+            ": dense model and optimizer loaded, data at batch ", batches_read);
+  }
   if (collectives != nullptr) {
     // Every replica starts from rank 0's parameters.
     if (absl::Status s = collectives->Broadcast((*trainer)->model().parameters(), 0);
@@ -630,16 +808,26 @@ int Run() {
     }
     return 1;
   }
+  if (result->preempted) {
+    LogInfo("pre-empted: checkpoint at step ", result->steps);
+    if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
+      std::ofstream(path) << ResultJson(*result);
+    }
+    if (lease != nullptr) lease->Leave();
+    std::fflush(nullptr);
+    _exit(0);
+  }
   const StepTimes& t = result->times;
+  const int64_t trained = std::max<int64_t>(result->steps - start_step, 1);
   LogInfo(absl::StrFormat(
       "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
       "optimizer %.2f ms, waiting for overlapped lookups %.2f ms; evaluation %.1f s",
       result->steps, result->samples / std::max(result->seconds, 1e-9),
-      1e3 * t.data / result->steps, 1e3 * t.lookup / result->steps,
-      1e3 * t.forward / result->steps, 1e3 * t.backward / result->steps,
-      1e3 * t.push / result->steps, 1e3 * t.allreduce / result->steps,
-      1e3 * t.optimizer / result->steps, 1e3 * t.lookup_wait / result->steps, t.eval));
+      1e3 * t.data / trained, 1e3 * t.lookup / trained,
+      1e3 * t.forward / trained, 1e3 * t.backward / trained,
+      1e3 * t.push / trained, 1e3 * t.allreduce / trained,
+      1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained, t.eval));
   if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
     const absl::Span<const float> p = (*trainer)->model().parameters();
     std::ofstream(path, std::ios::binary)

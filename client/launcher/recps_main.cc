@@ -38,6 +38,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -74,6 +75,19 @@ ABSL_FLAG(std::string, result_dir, "",
 ABSL_FLAG(int, coordinator_restarts, 3,
           "local: how often the coordinator is restarted (same port, same "
           "state) when it dies, before the run fails");
+ABSL_FLAG(bool, resume, false,
+          "local: resume the job from the newest complete checkpoint in its "
+          "training.checkpoint.dir (the coordinator restores it with "
+          "--restore); from scratch when there is none");
+ABSL_FLAG(int, max_restarts, 0,
+          "local and launch (as torchrun's): when a process of the job dies, "
+          "stop the rest and restart the whole job from the newest complete "
+          "checkpoint (from scratch without one), at most this many times; "
+          "then fail with the last failure");
+ABSL_FLAG(absl::Duration, stop_timeout, absl::Seconds(120),
+          "after SIGTERM/SIGINT: how long workers of a job with checkpoints "
+          "get to take their final checkpoint and exit before they are "
+          "killed (10 s without checkpoints)");
 ABSL_FLAG(std::string, coordinator, "",
           "launch: the cluster's coordinator, host:port (required)");
 ABSL_FLAG(int, nproc_per_node, -1,
@@ -167,6 +181,8 @@ struct LocalServer {
   ChildProcess process;
   // For people: "shard server 1 (127.0.0.1:40123)".
   std::string description;
+  // Short, for the restart line: "shard-1", "coordinator".
+  std::string short_name;
   // Starts a replacement (same address and state); null: not restarted.
   std::function<absl::StatusOr<ChildProcess>()> restart;
   int restarts_left = 0;
@@ -197,9 +213,22 @@ void WritePidFile(const std::string& path, const std::vector<LocalServer>& serve
 // Workers still running after a grace period are killed. Returns 0, 1 (a
 // worker or server failed: the log names which), or 128 + the signal.
 // `on_change` runs after a server was restarted (to rewrite the pid file).
+// `failure` (when not null) gets what failed first, e.g. "shard-1 died
+// (signal 9)" or "worker 0 failed (exit code 1)". After a failure the
+// workers get `failure_signal` (SIGKILL when the job restarts from a
+// checkpoint: their state is lost either way); after a SIGINT/SIGTERM they
+// get that signal and `stop_grace` to exit (a final checkpoint).
 int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>& names,
               std::vector<LocalServer>* servers, const std::string& what,
-              const std::function<void()>& on_change = nullptr) {
+              const std::function<void()>& on_change = nullptr,
+              std::string* failure = nullptr, int failure_signal = SIGTERM,
+              absl::Duration stop_grace = absl::Seconds(10)) {
+  auto note = [failure](std::string text) {
+    if (failure != nullptr && failure->empty()) *failure = std::move(text);
+  };
+  auto how_code = [](int code) {
+    return code > 128 ? absl::StrCat("signal ", code - 128) : absl::StrCat("exit code ", code);
+  };
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
@@ -222,6 +251,7 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       --remaining;
       if (*code != 0 && exit_code == 0) {
         LogError(names[i], " failed with exit code ", *code, "; stopping ", what);
+        note(absl::StrCat(names[i], *code > 128 ? " died (" : " failed (", how_code(*code), ")"));
         exit_code = 1;
       }
     }
@@ -236,6 +266,8 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       if (s.restart == nullptr || s.restarts_left <= 0) {
         LogError(s.description, " (pid ", pid, ") ", how,
                  s.restart != nullptr ? " and has no restarts left" : "", "; stopping ", what);
+        note(absl::StrCat(s.short_name.empty() ? s.description : s.short_name,
+                          *code > 128 ? " died (" : " exited (", how_code(*code), ")"));
         exit_code = 1;
         continue;
       }
@@ -246,6 +278,7 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       if (!again.ok()) {
         LogError("restarting the ", s.description, " failed: ", again.status().message(),
                  "; stopping ", what);
+        note(absl::StrCat("restarting ", s.short_name, " failed"));
         exit_code = 1;
         continue;
       }
@@ -254,8 +287,10 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       if (on_change) on_change();
     }
   }
-  for (ChildProcess& w : workers) w.Signal(stop_signal);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  const bool signalled = exit_code > 128;
+  for (ChildProcess& w : workers) w.Signal(signalled ? stop_signal : failure_signal);
+  const absl::Time deadline =
+      absl::Now() + (signalled ? stop_grace : absl::Seconds(10));
   for (ChildProcess& w : workers) {
     if (w.running()) (void)w.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (w.running()) (void)w.Stop(absl::Seconds(1));
@@ -281,6 +316,25 @@ std::string FinalEvaluation(const std::string& result_json) {
                          std::atof(json.c_str() + auc + 6),
                          std::atof(json.c_str() + log_loss + 11),
                          std::atoll(json.c_str() + step + 7));
+}
+
+// The step of the newest complete checkpoint under `root` (a directory
+// step-<N> holding its MANIFEST, which is written last), or -1. Which one the
+// coordinator restores is its decision (it validates the manifest); this is
+// for the launcher's messages and whether to ask for a restore at all.
+int64_t NewestCompleteCheckpoint(const std::string& root) {
+  int64_t newest = -1;
+  std::error_code ec;
+  if (root.empty()) return newest;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) != 0) continue;
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(name.substr(5), &step) || step < 0) continue;
+    if (!std::filesystem::exists(entry.path() / "MANIFEST", ec)) continue;
+    newest = std::max(newest, step);
+  }
+  return newest;
 }
 
 int RunLocal(const std::vector<std::string>& worker_args) {
@@ -337,9 +391,33 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     google::protobuf::TextFormat::PrintToString(*job, &text);
     std::ofstream(job_copy) << text;
   }
+  const std::string checkpoint_root = job->training().checkpoint().dir();
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0) {
+    LogError("--max_restarts=", max_restarts, ": must be >= 0");
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_resume) && checkpoint_root.empty()) {
+    LogError("--resume: the job has no training.checkpoint.dir to resume from");
+    return 2;
+  }
+  if (max_restarts > 0 && checkpoint_root.empty()) {
+    LogWarning("--max_restarts=", max_restarts, " without training.checkpoint.dir: a "
+               "restarted job starts from step 0");
+  }
   LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s), ",
           num_workers, " worker(s); logs in ", work);
 
+  // Every worker writes its result; rank 0's evaluations give the summary.
+  std::string result_dir = absl::GetFlag(FLAGS_result_dir);
+  if (result_dir.empty()) result_dir = work;
+  std::filesystem::create_directories(result_dir);
+  int coordinator_restarts_used = 0;
+
+  // One start of the whole job. `restore`: the coordinator restores the
+  // newest complete checkpoint. Returns Supervise's code (or 1 when the
+  // start failed) and what failed in `failure`.
+  auto run_attempt = [&](int attempt, bool restore, std::string* failure) -> int {
   // Children stop in reverse order of start when this vector is destroyed;
   // workers are stopped explicitly first.
   std::vector<LocalServer> servers;
@@ -354,21 +432,25 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   };
   // The coordinator listens on `listen`; a restart reuses the port the
   // first start got and the state directory, so the shard servers and
-  // workers reconnect to it as to a hand-restarted one.
+  // workers reconnect to it as to a hand-restarted one. A restart of the
+  // whole job starts a fresh coordinator state (the checkpoint holds what
+  // the job needs).
   const std::string coord_log = work + "/coordinator.log";
   const std::string coord_ports = work + "/coordinator.ports";
+  const std::string coord_state =
+      attempt == 0 ? work + "/coordinator" : absl::StrCat(work, "/coordinator-restart", attempt);
   auto start_coordinator =
-      [&](const std::string& listen) -> absl::StatusOr<std::pair<ChildProcess, int>> {
+      [&, coord_state](const std::string& listen) -> absl::StatusOr<std::pair<ChildProcess, int>> {
     std::error_code ec;
     std::filesystem::remove(coord_ports, ec);  // a stale one is no sign of life
-    absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(
-        coordinator_bin,
-        {"--state_dir=" + work + "/coordinator", "--job=" + job_copy,
-         absl::StrCat("--num_shards=", num_shards),
-         // Bounds ranks and barrier counts by the job's real size.
-         absl::StrCat("--world_size=", num_workers), "--listen=" + listen,
-         "--port_file=" + coord_ports},
-        coord_log);
+    std::vector<std::string> args = {
+        "--state_dir=" + coord_state, "--job=" + job_copy,
+        absl::StrCat("--num_shards=", num_shards),
+        // Bounds ranks and barrier counts by the job's real size.
+        absl::StrCat("--world_size=", num_workers), "--listen=" + listen,
+        "--port_file=" + coord_ports};
+    if (restore) args.push_back("--restore=" + checkpoint_root);
+    absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(coordinator_bin, args, coord_log);
     if (!c.ok()) return c.status();
     absl::StatusOr<int> port = WaitForPort(*c, coord_ports, coord_log);
     if (!port.ok()) return port.status();
@@ -380,7 +462,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   const int coord_port = coordinator->second;
   const std::string coord_address = absl::StrCat("127.0.0.1:", coord_port);
   servers.push_back(LocalServer{
-      std::move(coordinator->first), "coordinator " + coord_address,
+      std::move(coordinator->first), "coordinator " + coord_address, "coordinator",
       [start_coordinator, coord_address]() -> absl::StatusOr<ChildProcess> {
         absl::StatusOr<std::pair<ChildProcess, int>> again = start_coordinator(coord_address);
         if (!again.ok()) return again.status();
@@ -393,18 +475,22 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   for (int i = 0; i < num_shards; ++i) {
     const std::string log = absl::StrCat(work, "/shard", i, ".log");
     const std::string ports = absl::StrCat(work, "/shard", i, ".ports");
+    std::error_code ec;
+    std::filesystem::remove(ports, ec);  // the last attempt's is stale
     absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(
         shard_bin,
         {"--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
          "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports},
         log);
     if (!shard.ok()) return fail(shard.status());
-    servers.push_back(LocalServer{*std::move(shard), absl::StrCat("shard server ", i)});
+    servers.push_back(LocalServer{*std::move(shard), absl::StrCat("shard server ", i),
+                                  absl::StrCat("shard-", i), nullptr, 0});
     absl::StatusOr<int> port = WaitForPort(servers.back().process, ports, log);
     if (!port.ok()) return fail(port.status());
     shard_addresses.push_back(absl::StrCat("127.0.0.1:", *port));
-    // Its rows live in its memory only: a restart would lose them, so a
-    // shard server that exits stops the run (naming it).
+    // Its rows live in its memory only: restarting it alone would lose them,
+    // so a shard server that exits stops the run (naming it), and with
+    // --max_restarts the whole job restarts from the last checkpoint.
     servers.back().description =
         absl::StrCat("shard server ", i, " (", shard_addresses.back(), ", log ", log, ")");
     write_pids();
@@ -418,10 +504,6 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                       num_workers);
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), /*overwrite=*/0);
-  // Every worker writes its result; rank 0's evaluations give the summary.
-  std::string result_dir = absl::GetFlag(FLAGS_result_dir);
-  if (result_dir.empty()) result_dir = work;
-  std::filesystem::create_directories(result_dir);
   for (int r = 0; r < num_workers; ++r) {
     std::vector<std::string> args = {
         "--coordinator=" + coord_address,
@@ -437,14 +519,52 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     write_pids();
   }
 
-  const int exit_code = Supervise(workers, names, &servers, "the cluster", write_pids);
+  const int code = Supervise(
+      workers, names, &servers, "the cluster", write_pids, failure,
+      // A restart from a checkpoint discards the workers' state: no point in
+      // letting them try to checkpoint a broken job.
+      max_restarts > 0 ? SIGKILL : SIGTERM,
+      checkpoint_root.empty() ? absl::Seconds(10) : absl::GetFlag(FLAGS_stop_timeout));
   for (auto it = servers.rbegin(); it != servers.rend(); ++it) {
     if (it->process.running()) (void)it->process.Stop(absl::Seconds(10));
   }
+  coordinator_restarts_used +=
+      absl::GetFlag(FLAGS_coordinator_restarts) - servers.front().restarts_left;
+  return code;
+  };
+
+  bool restore = false;
+  if (absl::GetFlag(FLAGS_resume)) {
+    const int64_t step = NewestCompleteCheckpoint(checkpoint_root);
+    if (step < 0) {
+      LogInfo("--resume: no complete checkpoint in ", checkpoint_root,
+              "; starting from step 0");
+    } else {
+      LogInfo("--resume: resuming from the checkpoint at step ", step, " in ",
+              checkpoint_root);
+      restore = true;
+    }
+  }
+  int exit_code = 0;
+  for (int attempt = 0;; ++attempt) {
+    std::string failure;
+    exit_code = run_attempt(attempt, restore, &failure);
+    if (exit_code != 1 || failure.empty()) break;  // done, stopped, or a start-up error
+    if (attempt >= max_restarts) {
+      if (max_restarts > 0) {
+        LogError("giving up after ", max_restarts, " restart(s): ", failure);
+      }
+      break;
+    }
+    const int64_t step = checkpoint_root.empty() ? -1 : NewestCompleteCheckpoint(checkpoint_root);
+    restore = step >= 0;
+    LogWarning("restart ", attempt + 1, "/", max_restarts, " after ", failure, ": ",
+               restore ? absl::StrCat("resuming from step ", step)
+                       : std::string("no complete checkpoint, starting from step 0"));
+  }
   if (exit_code != 0) LogError("logs are in ", work);
   if (exit_code == 0) {
-    const int restarts =
-        absl::GetFlag(FLAGS_coordinator_restarts) - servers.front().restarts_left;
+    const int restarts = coordinator_restarts_used;
     LogInfo("done", FinalEvaluation(result_dir + "/result0.json"),
             restarts > 0 ? absl::StrCat("; the coordinator was restarted ", restarts,
                                         " time(s)")
@@ -452,7 +572,12 @@ int RunLocal(const std::vector<std::string>& worker_args) {
             "; logs in ", work);
     if (absl::GetFlag(FLAGS_work_dir).empty()) {
       std::error_code ec;
-      std::filesystem::remove_all(work + "/coordinator", ec);
+      for (const auto& entry : std::filesystem::directory_iterator(work, ec)) {
+        if (entry.path().filename().string().rfind("coordinator", 0) == 0 &&
+            entry.is_directory()) {
+          std::filesystem::remove_all(entry.path(), ec);
+        }
+      }
     }
   }
   return exit_code;
@@ -514,6 +639,14 @@ int RunLaunch(const std::vector<std::string>& positional,
           topology->world_size, ", coordinator ", coordinator,
           gpus.empty() ? ", no GPUs" : ", GPUs " + absl::StrJoin(gpus, ","));
 
+  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (max_restarts < 0) {
+    LogError("--max_restarts=", max_restarts, ": must be >= 0");
+    return 2;
+  }
+  // One start of this node's workers; they ask the coordinator where to
+  // resume (GetResumeState).
+  auto run_attempt = [&](std::string* failure) -> int {
   std::vector<ChildProcess> workers;
   std::vector<std::string> names;
   for (const LaunchedWorker& w : topology->workers) {
@@ -552,7 +685,21 @@ int RunLaunch(const std::vector<std::string>& positional,
     workers.push_back(*std::move(child));
     names.push_back(absl::StrCat("rank ", w.rank, " (local rank ", w.local_rank, ")"));
   }
-  const int exit_code = Supervise(workers, names, nullptr, "the workers on this node");
+  return Supervise(workers, names, nullptr, "the workers on this node", nullptr, failure,
+                   max_restarts > 0 ? SIGKILL : SIGTERM, absl::GetFlag(FLAGS_stop_timeout));
+  };
+  int exit_code = 0;
+  for (int attempt = 0;; ++attempt) {
+    std::string failure;
+    exit_code = run_attempt(&failure);
+    if (exit_code != 1 || failure.empty()) break;
+    if (attempt >= max_restarts) {
+      if (max_restarts > 0) LogError("giving up after ", max_restarts, " restart(s): ", failure);
+      break;
+    }
+    LogWarning("restart ", attempt + 1, "/", max_restarts, " after ", failure,
+               ": restarting this node's workers; they resume where the coordinator says");
+  }
   if (exit_code == 0) LogInfo("all ", local_workers, " worker(s) finished");
   return exit_code;
 }

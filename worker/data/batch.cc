@@ -21,4 +21,16 @@ void ResetBatch(int num_dense, int num_sparse, Batch* batch) {
   batch->Clear();
 }
 
+absl::StatusOr<int64_t> BatchSource::Skip(int64_t n) {
+  Batch scratch;
+  int64_t skipped = 0;
+  while (skipped < n) {
+    absl::StatusOr<bool> more = Next(&scratch);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    ++skipped;
+  }
+  return skipped;
+}
+
 }  // namespace recps::worker

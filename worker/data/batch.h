@@ -41,6 +41,12 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual absl::StatusOr<bool> Next(Batch* batch) = 0;
+  // Drops the next `n` batches as if Next had been called n times, so a
+  // resumed run reads exactly the batches it would have read after its
+  // checkpoint. Returns how many were dropped (fewer at the end of the data).
+  // The default reads and drops them; readers that can seek override it
+  // (the synthetic source jumps in O(1)).
+  virtual absl::StatusOr<int64_t> Skip(int64_t n);
 };
 
 }  // namespace recps::worker

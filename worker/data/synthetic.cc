@@ -238,6 +238,15 @@ class SyntheticSource : public BatchSource {
     return true;
   }
 
+  // Every batch is a pure function of its index: skipping is a jump.
+  absl::StatusOr<int64_t> Skip(int64_t n) override {
+    if (n <= 0) return 0;
+    const int64_t left = num_batches_ < 0 ? n : std::max<int64_t>(num_batches_ - next_batch_, 0);
+    const int64_t skipped = std::min(n, left);
+    next_batch_ += skipped;
+    return skipped;
+  }
+
  private:
   void FillSample(uint64_t s, int64_t i, Batch* batch) const {
     SampleRng rng(Mix64(sample_key_ ^ Mix64(s)));
