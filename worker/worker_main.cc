@@ -114,6 +114,10 @@ ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(5),
           "with --coordinator: how long a starting worker waits for the "
           "coordinator's resume state (it answers UNAVAILABLE while the shard "
           "servers restore their rows)");
+ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Minutes(10),
+          "how long a worker waits at a checkpoint cut for the other workers "
+          "and the shard servers' snapshots (for the final and pre-emption "
+          "checkpoints: for the whole checkpoint to be written)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
@@ -154,7 +158,8 @@ absl::StatusOr<v1::GetResumeStateResponse> FetchResumeState(
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_resume_timeout);
   rpc::Backoff backoff;
   for (;;) {
-    absl::StatusOr<v1::GetResumeStateResponse> r = coordinator.GetResumeState(rank);
+    absl::StatusOr<v1::GetResumeStateResponse> r = coordinator.GetResumeState(
+        rank, std::max(absl::ZeroDuration(), give_up - absl::Now()));
     if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
         absl::Now() >= give_up) {
       return r;
@@ -680,7 +685,8 @@ int Run() {
       request.mutable_position()->set_batches_read(info.batches_read);
       request.set_wait_complete(info.wait_complete);
       request.set_reason(info.reason);
-      absl::StatusOr<v1::CheckpointCutResponse> cut = coordinator->CheckpointCut(request);
+      absl::StatusOr<v1::CheckpointCutResponse> cut =
+          coordinator->CheckpointCut(request, absl::GetFlag(FLAGS_checkpoint_timeout));
       if (!cut.ok()) {
         return absl::Status(cut.status().code(),
                             absl::StrCat("checkpoint cut at step ", info.step, " (",
