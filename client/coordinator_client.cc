@@ -27,7 +27,8 @@ CoordinatorClient::CoordinatorClient(std::string address,
                                      CoordinatorClientOptions options)
     : address_(std::move(address)),
       options_(options),
-      stub_(v1::Coordinator::NewStub(rpc::MakeChannel(address_, rpc::ChannelKind::kControl))) {}
+      stub_(v1::Coordinator::NewStub(rpc::MakeChannel(address_, rpc::ChannelKind::kControl))),
+      large_stub_(v1::Coordinator::NewStub(rpc::MakeChannel(address_, rpc::ChannelKind::kData))) {}
 
 absl::Status CoordinatorClient::ToStatus(const char* rpc_name, const grpc::Status& s) const {
   return rpc::FromGrpcStatus(s, absl::StrCat("coordinator ", address_), rpc_name);
@@ -191,6 +192,53 @@ absl::Status CoordinatorClient::Barrier(const std::string& name, int count, int 
   return ToStatus("Barrier", s);
 }
 
+absl::StatusOr<v1::CheckpointCutResponse> CoordinatorClient::CheckpointCut(
+    const v1::CheckpointCutRequest& request, absl::Duration timeout) {
+  const absl::Time end = absl::Now() + timeout;
+  v1::CheckpointCutResponse response;
+  grpc::Status s = rpc::RetryUnavailable(end, rpc::BackoffPolicy(), [&] {
+    grpc::ClientContext context;
+    rpc::SetDeadline(std::max(end, absl::Now() + options_.call_timeout), &context);
+    return stub_->CheckpointCut(&context, request, &response);
+  });
+  if (!s.ok()) return ToStatus("CheckpointCut", s);
+  return response;
+}
+
+absl::StatusOr<v1::RequestCheckpointResponse> CoordinatorClient::RequestCheckpoint(
+    const std::string& reason) {
+  v1::RequestCheckpointRequest request;
+  request.set_reason(reason);
+  v1::RequestCheckpointResponse response;
+  RETURN_IF_ERROR(CallWithRetry("RequestCheckpoint",
+                                &v1::Coordinator::Stub::RequestCheckpoint, request,
+                                &response));
+  return response;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints() {
+  v1::ListCheckpointsResponse response;
+  RETURN_IF_ERROR(CallWithRetry("ListCheckpoints", &v1::Coordinator::Stub::ListCheckpoints,
+                                v1::ListCheckpointsRequest(), &response));
+  return response;
+}
+
+absl::StatusOr<v1::GetResumeStateResponse> CoordinatorClient::GetResumeState(
+    int32_t rank, absl::Duration wait) {
+  v1::GetResumeStateRequest request;
+  request.set_rank(rank);
+  v1::GetResumeStateResponse response;
+  // UNAVAILABLE is also the answer while the servers restore: keep asking.
+  grpc::Status s = rpc::RetryUnavailable(
+      absl::Now() + std::max(wait, options_.retry_for), rpc::BackoffPolicy(), [&] {
+        grpc::ClientContext context;
+        rpc::SetDeadline(absl::Now() + options_.call_timeout, &context);
+        return large_stub_->GetResumeState(&context, request, &response);
+      });
+  if (!s.ok()) return ToStatus("GetResumeState", s);
+  return response;
+}
+
 std::string CoordinatorClient::DescribeSilentWorkers(absl::Time since) {
   grpc::ClientContext context;
   rpc::SetDeadline(absl::Now() + absl::Seconds(2), &context);
@@ -252,6 +300,11 @@ uint64_t CoordinatorLease::shard_map_epoch() const {
   return epoch_;
 }
 
+uint64_t CoordinatorLease::checkpoint_request_id() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoint_request_id_;
+}
+
 void CoordinatorLease::Loop() {
   bool warned = false;  // one warning per outage, not one per attempt
   absl::Duration wait = absl::ZeroDuration();
@@ -290,6 +343,7 @@ void CoordinatorLease::Loop() {
       if (r.ok()) {
         absl::MutexLock lock(&mu_);
         epoch_ = r->shard_map_epoch();
+        checkpoint_request_id_ = r->checkpoint_request_id();
       } else if (absl::IsFailedPrecondition(status) || absl::IsNotFound(status)) {
         // Expired while we were slow, or a coordinator without our record.
         LogWarning(status.message(), "; registering again");

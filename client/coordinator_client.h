@@ -75,6 +75,25 @@ class CoordinatorClient {
   absl::Status Barrier(const std::string& name, int count, int rank,
                        absl::Duration timeout);
 
+  // ---- Checkpoints (docs/operations.md) ----
+  // A worker at a checkpoint cut: returns once every worker arrived and
+  // every shard server took its snapshot (with request.wait_complete: once
+  // the manifest is written). Waits up to `timeout` in all, retrying
+  // UNAVAILABLE (a coordinator restart: the arrival is sent again and the
+  // new coordinator gathers the cut anew).
+  absl::StatusOr<v1::CheckpointCutResponse> CheckpointCut(
+      const v1::CheckpointCutRequest& request, absl::Duration timeout);
+  // Admin: asks the workers for a checkpoint at their next step boundary.
+  absl::StatusOr<v1::RequestCheckpointResponse> RequestCheckpoint(
+      const std::string& reason);
+  absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints();
+  // Where rank `rank` resumes (resume=false: a fresh run). Waits up to
+  // `wait` while the shard servers are still restoring (UNAVAILABLE). The
+  // dense state may be large: it comes over a channel without gRPC's 4 MiB
+  // receive limit.
+  absl::StatusOr<v1::GetResumeStateResponse> GetResumeState(int32_t rank,
+                                                            absl::Duration wait);
+
   // For an error report after a failed step: the workers whose lease ran
   // out or that sent no heartbeat since `since` (the moment the step
   // failed; ask a couple of heartbeat intervals later), one per entry:
@@ -97,6 +116,8 @@ class CoordinatorClient {
   const std::string address_;
   const CoordinatorClientOptions options_;
   const std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // For answers that may pass 4 MiB (GetResumeState's dense state).
+  const std::unique_ptr<v1::Coordinator::Stub> large_stub_;
 };
 
 // Keeps a member's lease: heartbeats every third of the lease on a
@@ -133,6 +154,10 @@ class CoordinatorLease {
   std::string member_id() const;
   // The shard map epoch of the last register or heartbeat reply (0: none).
   uint64_t shard_map_epoch() const;
+  // HeartbeatResponse.checkpoint_request_id of the last heartbeat (0: none
+  // yet). A worker compares it with the value it saw before: larger means
+  // `recpsctl checkpoint now` asked for a checkpoint. Cheap: no RPC.
+  uint64_t checkpoint_request_id() const;
 
  private:
   void Loop();
@@ -143,6 +168,7 @@ class CoordinatorLease {
   mutable absl::Mutex mu_;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t checkpoint_request_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   absl::Notification stop_;
   std::thread thread_;

@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/admin/checkpoint_commands.h"
 #include "client/admin/cluster_reader.h"
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
@@ -140,6 +141,33 @@ new member id. Needs --coordinator.
        {},
        2,
        2},
+      {"checkpoint",
+       "recpsctl checkpoint now [--wait] [--timeout=DURATION] [--reason=TEXT] [--json]",
+       "ask the workers for a checkpoint at their next step boundary",
+       R"(`checkpoint now` asks the coordinator for a checkpoint; the workers take
+it at their next step boundary. With --wait it returns once a checkpoint
+newer than the newest one before is complete and prints its step and
+directory; --timeout then bounds the wait (default 10m) and each RPC takes
+at most 5s. Exits 1 when checkpoints are off, the coordinator cannot be
+reached, or (--wait) the checkpoint failed or did not complete in time.
+Needs --coordinator.
+  --reason=TEXT     recorded in the manifest (default "requested")
+)",
+       {{"wait", false}, {"reason", true}},
+       1,
+       1},
+      {"checkpoints",
+       "recpsctl checkpoints [--json]",
+       "list the complete checkpoints and the one being written",
+       R"(Step, kind (full or incremental), base step, size (row files, dense
+state and manifest), rows, age and reason of every complete checkpoint in the
+job's training.checkpoint.dir, oldest first; then the checkpoint being
+written, the step this run was restored from, and the last error. Needs
+--coordinator.
+)",
+       {},
+       0,
+       0},
       {"plan",
        "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
        "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
@@ -462,6 +490,51 @@ int RunMembers(const ParsedArgs& parsed) {
   return Print(parsed, *member, text, kExitOk);
 }
 
+int RunCheckpointCommand(const ParsedArgs& parsed) {
+  if (parsed.command->name == "checkpoint" && parsed.args[0] != "now") {
+    return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                   "unknown checkpoint action \"", parsed.args[0],
+                                   "\" (expected now)")));
+  }
+  if (!parsed.servers.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "checkpoints are the coordinator's: give "
+                                   "--coordinator, not --server"));
+  }
+  CheckpointCommandOptions options;
+  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
+    options.coordinator = it->second;
+  } else if (const char* env = std::getenv("RECPS_COORDINATOR"); env != nullptr) {
+    options.coordinator = env;
+  }
+  if (options.coordinator.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "where is the coordinator? Give "
+                                   "--coordinator=HOST:PORT (or set RECPS_COORDINATOR)"));
+  }
+  if (absl::Status s = CheckAddressFlag("--coordinator", options.coordinator); !s.ok()) {
+    return UsageError(&parsed, s);
+  }
+  options.json = BoolFlag(parsed, "json");
+  options.wait = BoolFlag(parsed, "wait");
+  if (auto it = parsed.flags.find("reason"); it != parsed.flags.end()) {
+    options.reason = it->second;
+  }
+  absl::StatusOr<absl::Duration> timeout = DurationFlag(
+      parsed, "timeout", options.wait ? absl::Minutes(10) : absl::Seconds(5));
+  if (!timeout.ok()) return UsageError(&parsed, timeout.status());
+  if (options.wait) {
+    options.wait_timeout = *timeout;
+    options.rpc_timeout = std::min(*timeout, absl::Seconds(5));
+  } else {
+    options.rpc_timeout = *timeout;
+  }
+  if (parsed.command->name == "checkpoint") {
+    return RunCheckpointNow(options, std::cout, std::cerr);
+  }
+  return RunCheckpointList(options, std::cout, std::cerr);
+}
+
 int RunClusterCommand(const ParsedArgs& parsed) {
   absl::StatusOr<std::unique_ptr<ClusterReader>> reader = ReaderFromFlags(parsed);
   if (!reader.ok()) return UsageError(&parsed, reader.status());
@@ -670,6 +743,9 @@ int Main(int argc, char** argv) {
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   if (parsed->command->name == "members") return RunMembers(*parsed);
+  if (parsed->command->name == "checkpoint" || parsed->command->name == "checkpoints") {
+    return RunCheckpointCommand(*parsed);
+  }
   return RunClusterCommand(*parsed);
 }
 

@@ -120,6 +120,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   std::unique_ptr<Coordinator> c(
       new Coordinator(std::move(store), std::move(options), registry));
   RETURN_IF_ERROR(c->Load());
+  c->checkpoints_ = std::make_unique<CheckpointOrchestrator>(
+      c.get(), c->store_.get(), c->options_.checkpoint, c->options_.world_size,
+      c->options_.clock, registry);
   return c;
 }
 
@@ -129,7 +132,10 @@ Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
   if (registry != nullptr) metrics_ = std::make_unique<Metrics>(*registry);
 }
 
-Coordinator::~Coordinator() { CancelWaits(absl::CancelledError("coordinator closed")); }
+Coordinator::~Coordinator() {
+  checkpoints_.reset();
+  CancelWaits(absl::CancelledError("coordinator closed"));
+}
 
 absl::Status Coordinator::Load() {
   absl::MutexLock lock(&mu_);
@@ -253,6 +259,11 @@ absl::StatusOr<v1::JobConfig> Coordinator::GetJob() const {
         "the coordinator has no job: start it with --job=FILE");
   }
   return job_;
+}
+
+bool Coordinator::JobStarted() const {
+  absl::MutexLock lock(&mu_);
+  return !job_started_.empty();
 }
 
 absl::Status Coordinator::PutMember(const v1::MemberRecord& record) {
@@ -500,6 +511,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   v1::HeartbeatResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_shard_map_epoch(map_.epoch());
+  response.set_checkpoint_request_id(checkpoints_->request_id());
   return response;
 }
 
@@ -750,6 +762,7 @@ void Coordinator::Tick() {
     ExpireBarrierWaiters(now, &deferred);
   }
   deferred.Run(this);
+  checkpoints_->Tick();
 }
 
 }  // namespace recps::server

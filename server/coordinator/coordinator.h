@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "recps/v1/coordinator.pb.h"
+#include "server/coordinator/checkpoint_orchestrator.h"
 #include "server/coordinator/coordinator_store.h"
 
 namespace prometheus {
@@ -67,6 +68,10 @@ struct CoordinatorOptions {
   // uniform slots; the plan is stored and served by GetPlan. See
   // docs/planner.md.
   std::optional<v1::PlanSpec> plan_spec;
+  // Checkpoints: --restore, timeouts, the shard servers' RPCs
+  // (checkpoint_orchestrator.h). The checkpoint directory and policy come
+  // from the job's training.checkpoint.
+  CheckpointOrchestratorOptions checkpoint;
 };
 
 // OK when `address` is host:port with port 1..65535 and host a DNS name,
@@ -106,6 +111,12 @@ class Coordinator {
   absl::Status StoredJobStatus() const;
   // FAILED_PRECONDITION when there is no job.
   absl::StatusOr<v1::JobConfig> GetJob() const;
+  // Whether a worker ever registered for the stored job (training may have
+  // progressed), as kept in the state across restarts.
+  bool JobStarted() const;
+
+  // Checkpoint cuts, requests, the listing and --restore.
+  CheckpointOrchestrator& checkpoints() { return *checkpoints_; }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -247,6 +258,8 @@ class Coordinator {
   const std::unique_ptr<CoordinatorStore> store_;
   CoordinatorOptions options_;
   std::unique_ptr<Metrics> metrics_;
+  // Created last, destroyed first (it calls into the coordinator).
+  std::unique_ptr<CheckpointOrchestrator> checkpoints_;
 
   mutable absl::Mutex mu_;
   // By member id; ordered by MemberRecord.sequence when listed.

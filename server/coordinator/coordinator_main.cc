@@ -89,6 +89,26 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(1),
           "on SIGTERM, how long calls in flight may take to finish (and "
           "clients to close their connections; watches and waits end at once)");
+ABSL_FLAG(std::string, restore, "",
+          "resume the job from a checkpoint: DIR (a checkpoint root: its newest "
+          "complete checkpoint), DIR@STEP, or 'latest' (the newest under the "
+          "job's training.checkpoint.dir). Checked at start (a bad checkpoint "
+          "or another job's is an error naming the file); the shard servers "
+          "restore their slots once the first map is on all of them, then "
+          "workers get their step, dense state and data position "
+          "(GetResumeState). Empty: a fresh run, refused when "
+          "training.checkpoint.dir already holds complete checkpoints");
+ABSL_FLAG(absl::Duration, checkpoint_cut_timeout, absl::Minutes(2),
+          "every worker must arrive at a checkpoint cut within this of the "
+          "first one, else the cut fails for all; also how long a complete cut "
+          "waits for the previous checkpoint's files");
+ABSL_FLAG(absl::Duration, checkpoint_write_timeout, absl::Minutes(30),
+          "how long the shard servers may take to write a checkpoint's row "
+          "files before it fails");
+ABSL_FLAG(int64_t, max_dense_state_bytes, int64_t{1} << 30,
+          "largest dense state (model and optimizer state) a worker may send "
+          "at a checkpoint cut, in bytes (default 1 GiB); sets the gRPC "
+          "receive limit with --max_kv_value_bytes");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -141,6 +161,14 @@ int Run() {
   options.max_kv_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
   options.max_kv_keys = absl::GetFlag(FLAGS_max_kv_keys);
   options.max_kv_bytes = absl::GetFlag(FLAGS_max_kv_bytes);
+  options.checkpoint.restore = absl::GetFlag(FLAGS_restore);
+  options.checkpoint.cut_timeout = absl::GetFlag(FLAGS_checkpoint_cut_timeout);
+  options.checkpoint.write_timeout = absl::GetFlag(FLAGS_checkpoint_write_timeout);
+  const int64_t max_dense_state_bytes = absl::GetFlag(FLAGS_max_dense_state_bytes);
+  if (max_dense_state_bytes < 0) {
+    LogError("--max_dense_state_bytes must be >= 0");
+    return 2;
+  }
   if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
     v1::PlanSpec spec;
     if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {
@@ -167,6 +195,11 @@ int Run() {
   } else if (!(*coordinator)->GetJob().ok()) {
     LogWarning("no job yet (no --job, none in ", state_dir,
                "): members get none and GetJob fails");
+  }
+  // Resolves --restore (or refuses to overwrite checkpoints) before serving.
+  if (absl::Status s = (*coordinator)->checkpoints().Start(); !s.ok()) {
+    LogError(s.message());
+    return 2;
   }
   // The pusher's thread outlives the coordinator (see the end of Run()):
   // it reports through a pointer that is cleared first.
@@ -208,10 +241,13 @@ int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
   builder.RegisterService(&service);
-  // Room for the largest value a KvSet may carry, and not much more: a
-  // bigger request is refused by gRPC before it is parsed.
+  // Room for the largest value a KvSet may carry and the largest dense
+  // state a checkpoint cut may carry, and not much more: a bigger request is
+  // refused by gRPC before it is parsed.
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
-      std::max<int64_t>(options.max_kv_value_bytes + (1 << 20), 4 << 20), INT32_MAX)));
+      std::max({options.max_kv_value_bytes + (1 << 20),
+                max_dense_state_bytes + (1 << 20), int64_t{4} << 20}),
+      INT32_MAX)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);
@@ -259,7 +295,7 @@ int main(int argc, char** argv) {
       "recps coordinator: membership and leases, the shard map, the job and a "
       "rendezvous key-value store for a recps cluster.\n"
       "  recps-coordinator --state_dir=DIR [--job=FILE] [--num_shards=N] "
-      "[--num_slots=4096] [--lease=10s]");
+      "[--num_slots=4096] [--lease=10s] [--restore=DIR[@STEP]|latest]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-coordinator");
   return recps::server::Run();

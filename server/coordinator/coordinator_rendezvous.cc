@@ -371,6 +371,7 @@ void Coordinator::CancelWaits(const absl::Status& status) {
   for (auto& [name, barrier] : barriers) {
     for (BarrierWaiter& w : barrier.waiters) std::move(w.done)(status);
   }
+  if (checkpoints_ != nullptr) checkpoints_->CancelWaits(status);
 }
 
 }  // namespace recps::server

@@ -277,6 +277,51 @@ grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::CheckpointCut(
+    grpc::CallbackServerContext* context, const v1::CheckpointCutRequest* request,
+    v1::CheckpointCutResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  coordinator_->checkpoints().Cut(
+      *request,
+      [this, reactor, response](absl::StatusOr<v1::CheckpointCutResponse> r) {
+        if (r.ok()) *response = *std::move(r);
+        Finish("CheckpointCut", reactor, r.status());
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(
+    grpc::CallbackServerContext* context, const v1::RequestCheckpointRequest* request,
+    v1::RequestCheckpointResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::RequestCheckpointResponse> r =
+      coordinator_->checkpoints().Request(request->reason());
+  if (r.ok()) *response = *std::move(r);
+  Finish("RequestCheckpoint", reactor, r.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
+    grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest*,
+    v1::ListCheckpointsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::ListCheckpointsResponse> r = coordinator_->checkpoints().List();
+  if (r.ok()) *response = *std::move(r);
+  Finish("ListCheckpoints", reactor, r.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::GetResumeState(
+    grpc::CallbackServerContext* context, const v1::GetResumeStateRequest* request,
+    v1::GetResumeStateResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::GetResumeStateResponse> r =
+      coordinator_->checkpoints().ResumeState(request->rank());
+  if (r.ok()) *response = *std::move(r);
+  Finish("GetResumeState", reactor, r.status());
+  return reactor;
+}
+
 // --- ShardMapPusher ---------------------------------------------------------
 
 ShardMapPusher::ShardMapPusher(ResultFn on_result)

@@ -81,6 +81,19 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
                                     const v1::GetPlanRequest* request,
                                     v1::GetPlanResponse* response) override;
+  // Checkpoints: adapters over Coordinator::checkpoints().
+  grpc::ServerUnaryReactor* CheckpointCut(grpc::CallbackServerContext* context,
+                                          const v1::CheckpointCutRequest* request,
+                                          v1::CheckpointCutResponse* response) override;
+  grpc::ServerUnaryReactor* RequestCheckpoint(
+      grpc::CallbackServerContext* context, const v1::RequestCheckpointRequest* request,
+      v1::RequestCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* ListCheckpoints(
+      grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
+      v1::ListCheckpointsResponse* response) override;
+  grpc::ServerUnaryReactor* GetResumeState(
+      grpc::CallbackServerContext* context, const v1::GetResumeStateRequest* request,
+      v1::GetResumeStateResponse* response) override;
 
  private:
   friend class WatchReactor;

@@ -1,0 +1,674 @@
+// Cuts, writing a checkpoint, the listing. Restore: checkpoint_restore.cc.
+#include "server/coordinator/checkpoint_orchestrator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/config/table_config.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "kernels/embedding_optimizer.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/checkpoint/crc32c.h"
+#include "server/checkpoint/file_util.h"
+#include "server/checkpoint/manifest.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_store.h"
+
+namespace recps::server {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ckpt = checkpoint;
+
+constexpr char kRequestIdKey[] = "checkpoint/request_id";
+constexpr char kDenseName[] = "dense.pb";
+
+std::string JoinPath(const std::string& dir, const std::string& name) {
+  if (!dir.empty() && dir.back() == '/') return dir + name;
+  return absl::StrCat(dir, "/", name);
+}
+
+std::string RankList(const std::vector<int32_t>& ranks) {
+  if (ranks.size() <= 16) return absl::StrJoin(ranks, ", ");
+  return absl::StrCat(absl::StrJoin(ranks.begin(), ranks.begin() + 16, ", "), ", ... (",
+                      ranks.size(), " in all)");
+}
+
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  return {0.001, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 1800};
+}
+
+}  // namespace
+
+struct CheckpointOrchestrator::Metrics {
+  explicit Metrics(prometheus::Registry& registry)
+      : outcomes(prometheus::BuildCounter()
+                     .Name("recps_coordinator_checkpoints_total")
+                     .Help("Checkpoints by outcome (written: manifest written; "
+                           "failed)")
+                     .Register(registry)),
+        written(outcomes.Add({{"outcome", "written"}})),
+        failed(outcomes.Add({{"outcome", "failed"}})),
+        last_step(prometheus::BuildGauge()
+                      .Name("recps_coordinator_checkpoint_last_step")
+                      .Help("Step of the newest complete checkpoint of this "
+                            "coordinator process (or the restored one)")
+                      .Register(registry)
+                      .Add({})),
+        write_seconds(prometheus::BuildHistogram()
+                          .Name("recps_coordinator_checkpoint_write_seconds")
+                          .Help("From the complete cut to the manifest written")
+                          .Register(registry)
+                          .Add({}, SecondsBuckets())),
+        snapshot_seconds(prometheus::BuildHistogram()
+                             .Name("recps_coordinator_checkpoint_snapshot_seconds")
+                             .Help("From the complete cut to the workers "
+                                   "released (every server took its snapshot): "
+                                   "the training stall")
+                             .Register(registry)
+                             .Add({}, SecondsBuckets())),
+        cut_wait_seconds(prometheus::BuildHistogram()
+                             .Name("recps_coordinator_checkpoint_cut_wait_seconds")
+                             .Help("From the first worker's arrival at a cut "
+                                   "to the last one's")
+                             .Register(registry)
+                             .Add({}, SecondsBuckets())) {}
+  prometheus::Family<prometheus::Counter>& outcomes;
+  prometheus::Counter& written;
+  prometheus::Counter& failed;
+  prometheus::Gauge& last_step;
+  prometheus::Histogram& write_seconds;
+  prometheus::Histogram& snapshot_seconds;
+  prometheus::Histogram& cut_wait_seconds;
+};
+
+CheckpointOrchestrator::CheckpointOrchestrator(Coordinator* coordinator,
+                                               CoordinatorStore* store,
+                                               CheckpointOrchestratorOptions options,
+                                               int world_size,
+                                               std::function<absl::Time()> clock,
+                                               prometheus::Registry* registry)
+    : coordinator_(coordinator),
+      store_(store),
+      options_(std::move(options)),
+      world_size_(world_size),
+      clock_(clock ? std::move(clock) : [] { return absl::Now(); }),
+      rpc_(options_.rpc) {
+  if (rpc_ == nullptr) rpc_ = MakeGrpcShardCheckpointRpc();
+  if (registry != nullptr) metrics_ = std::make_unique<Metrics>(*registry);
+  absl::StatusOr<std::string> id = store_->Get(kRequestIdKey);
+  uint64_t value = 0;
+  if (id.ok() && id->size() == sizeof(value)) {
+    std::memcpy(&value, id->data(), sizeof(value));
+    request_id_ = value;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+CheckpointOrchestrator::~CheckpointOrchestrator() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+  CancelWaits(absl::CancelledError("the coordinator is stopping"));
+}
+
+absl::StatusOr<v1::JobConfig> CheckpointOrchestrator::CheckpointJob() const {
+  ASSIGN_OR_RETURN(v1::JobConfig job, coordinator_->GetJob());
+  if (job.training().checkpoint().dir().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoints are off: job '", job.name(),
+        "' has no training.checkpoint.dir"));
+  }
+  return job;
+}
+
+absl::StatusOr<v1::RequestCheckpointResponse> CheckpointOrchestrator::Request(
+    const std::string& reason) {
+  RETURN_IF_ERROR(CheckpointJob().status());
+  absl::MutexLock lock(&mu_);
+  const uint64_t id = request_id_.load() + 1;
+  std::string bytes(sizeof(id), '\0');
+  std::memcpy(bytes.data(), &id, sizeof(id));
+  RETURN_IF_ERROR(store_->Put(kRequestIdKey, bytes));
+  request_id_ = id;
+  request_reason_ = reason.empty() ? "requested" : reason.substr(0, 256);
+  LogInfo("checkpoint requested (", request_reason_, "): request id ", id);
+  v1::RequestCheckpointResponse response;
+  response.set_request_id(id);
+  return response;
+}
+
+void CheckpointOrchestrator::Cut(const v1::CheckpointCutRequest& request,
+                                 CutDone done) {
+  absl::StatusOr<v1::JobConfig> job = CheckpointJob();
+  if (!job.ok()) {
+    std::move(done)(job.status());
+    return;
+  }
+  if (world_size_ <= 0) {
+    std::move(done)(absl::FailedPreconditionError(
+        "checkpoint cut: the coordinator does not know the job's world size; "
+        "start it with --world_size=N"));
+    return;
+  }
+  const int32_t rank = request.rank();
+  if (rank < 0 || rank >= world_size_) {
+    std::move(done)(absl::InvalidArgumentError(
+        absl::StrCat("checkpoint cut: rank ", rank, " is outside [0, ", world_size_,
+                     ") (--world_size)")));
+    return;
+  }
+  std::vector<CutDone> refused;
+  absl::Status refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    if (restore_.has_value() && !restored_) {
+      refusal = absl::UnavailableError(absl::StrCat(
+          "checkpoint cut: the shard servers are still restoring step ",
+          restore_->manifest.step(),
+          restore_failure_.ok() ? "" : absl::StrCat(" (", restore_failure_.message(), ")")));
+    } else if (open_.has_value() && open_->step != request.step()) {
+      std::vector<int32_t> arrived;
+      for (const auto& [r, a] : open_->arrivals) arrived.push_back(r);
+      refusal = absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint cut: rank ", rank, " arrived for step ", request.step(),
+          " while the cut at step ", open_->step, " is open (ranks ", RankList(arrived),
+          " arrived); every worker must cut at the same step"));
+    } else if (queued_.has_value() && queued_->step == request.step() &&
+               queued_->arrivals.count(rank) != 0) {
+      // A retry while the complete cut waits for the previous checkpoint.
+      queued_->arrivals[rank].done.push_back(std::move(done));
+      return;
+    } else {
+      if (!open_.has_value()) {
+        open_.emplace();
+        open_->step = request.step();
+        open_->reason = request.reason().empty() ? "periodic" : request.reason().substr(0, 256);
+        open_->opened = Now();
+        open_->deadline = open_->opened + options_.cut_timeout;
+      }
+      Arrival& arrival = open_->arrivals[rank];
+      arrival.position = request.position();
+      arrival.position.set_rank(rank);
+      arrival.wait_complete = arrival.wait_complete || request.wait_complete();
+      arrival.done.push_back(std::move(done));
+      if (rank == 0) open_->dense_state = request.dense_state();
+      if (static_cast<int>(open_->arrivals.size()) == world_size_) {
+        if (queued_.has_value()) {
+          // Cannot happen with well-behaved workers: the queued cut's
+          // workers wait in it.
+          refusal = absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint cut at step ", open_->step, ": the cut at step ",
+              queued_->step, " still waits to be written"));
+          for (auto& [r, a] : open_->arrivals) {
+            for (CutDone& d : a.done) refused.push_back(std::move(d));
+          }
+          open_.reset();
+        } else {
+          if (metrics_ != nullptr) {
+            metrics_->cut_wait_seconds.Observe(
+                absl::ToDoubleSeconds(Now() - open_->opened));
+          }
+          queued_ = std::move(open_);
+          open_.reset();
+          queued_->deadline = Now() + options_.cut_timeout;
+        }
+      }
+      if (refused.empty()) return;
+    }
+  }
+  if (refused.empty()) {
+    std::move(done)(refusal);
+    return;
+  }
+  for (CutDone& d : refused) std::move(d)(refusal);
+}
+
+void CheckpointOrchestrator::Tick() {
+  std::vector<CutDone> expired;
+  absl::Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = Now();
+    if (open_.has_value() && now > open_->deadline) {
+      std::vector<int32_t> missing;
+      for (int32_t r = 0; r < world_size_; ++r) {
+        if (open_->arrivals.count(r) == 0) missing.push_back(r);
+      }
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint cut at step ", open_->step, ": ranks ", RankList(missing),
+          " did not arrive within ", absl::FormatDuration(options_.cut_timeout),
+          " (--checkpoint_cut_timeout); no checkpoint was taken"));
+      for (auto& [r, a] : open_->arrivals) {
+        for (CutDone& d : a.done) expired.push_back(std::move(d));
+      }
+      last_error_ = std::string(status.message());
+      open_.reset();
+    } else if (queued_.has_value() && writing_ && now > queued_->deadline) {
+      status = absl::UnavailableError(absl::StrCat(
+          "checkpoint cut at step ", queued_->step, ": the checkpoint at step ",
+          progress_.has_value() ? progress_->step : 0, " is still being written after ",
+          absl::FormatDuration(options_.cut_timeout),
+          " (--checkpoint_cut_timeout); no checkpoint was taken at step ",
+          queued_->step));
+      for (auto& [r, a] : queued_->arrivals) {
+        for (CutDone& d : a.done) expired.push_back(std::move(d));
+      }
+      last_error_ = std::string(status.message());
+      queued_.reset();
+    }
+  }
+  if (expired.empty()) return;
+  LogError(status.message());
+  if (metrics_ != nullptr) metrics_->failed.Increment();
+  for (CutDone& d : expired) std::move(d)(status);
+}
+
+void CheckpointOrchestrator::CancelWaits(const absl::Status& status) {
+  std::vector<CutDone> cancelled;
+  {
+    absl::MutexLock lock(&mu_);
+    for (std::optional<Cut_>* cut : {&open_, &queued_}) {
+      if (!cut->has_value()) continue;
+      for (auto& [r, a] : (*cut)->arrivals) {
+        for (CutDone& d : a.done) cancelled.push_back(std::move(d));
+      }
+      cut->reset();
+    }
+  }
+  for (CutDone& d : cancelled) std::move(d)(status);
+}
+
+bool CheckpointOrchestrator::WaitIdle(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(
+      absl::Condition(
+          +[](CheckpointOrchestrator* o) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !o->writing_ && !o->queued_.has_value() && !o->restore_queued_;
+          },
+          this),
+      timeout);
+}
+
+void CheckpointOrchestrator::Loop() {
+  while (true) {
+    std::optional<Cut_> cut;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](CheckpointOrchestrator* o) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return o->stop_ || o->restore_queued_ || o->queued_.has_value();
+          },
+          this));
+      if (stop_) return;
+      writing_ = true;
+      if (restore_queued_) {
+        restore_queued_ = false;
+      } else {
+        cut = std::move(queued_);
+        queued_.reset();
+        progress_.emplace();
+        progress_->step = cut->step;
+        progress_->started = absl::Now();
+      }
+    }
+    if (cut.has_value()) {
+      RunCheckpoint(*std::move(cut));
+    } else {
+      RunRestore();
+    }
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    progress_.reset();
+  }
+}
+
+void CheckpointOrchestrator::Answer(
+    Cut_& cut, const absl::StatusOr<v1::CheckpointCutResponse>& r, bool complete) {
+  for (auto& [rank, arrival] : cut.arrivals) {
+    if (r.ok() && arrival.wait_complete && !complete) continue;
+    for (CutDone& d : arrival.done) std::move(d)(r);
+    arrival.done.clear();
+  }
+}
+
+void CheckpointOrchestrator::Fail(uint64_t step, const absl::Status& status) {
+  const std::string message =
+      absl::StrCat("checkpoint at step ", step, " failed: ", status.message());
+  LogError(message);
+  if (metrics_ != nullptr) metrics_->failed.Increment();
+  absl::MutexLock lock(&mu_);
+  last_error_ = message;
+  // The servers' snapshots no longer match one base: start a new chain.
+  base_servers_.clear();
+}
+
+void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
+  const absl::Time started = absl::Now();
+  const uint64_t step = cut.step;
+  auto fail = [&](const absl::Status& s) {
+    Fail(step, s);
+    Answer(cut, absl::Status(s.code(), absl::StrCat("checkpoint at step ", step,
+                                                    " failed: ", s.message())),
+           true);
+  };
+  absl::StatusOr<v1::JobConfig> job = CheckpointJob();
+  if (!job.ok()) return fail(job.status());
+  absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
+  if (!map.ok()) return fail(map.status());
+  const v1::CheckpointConfig& config = job->training().checkpoint();
+  const std::string& root = config.dir();
+  const std::string step_dir = JoinPath(root, ckpt::CheckpointDirName(step));
+  v1::CheckpointCutResponse response;
+  response.set_step(step);
+  response.set_dir(step_dir);
+  if (ckpt::ReadManifest(step_dir).ok()) {
+    // Complete already: a retry after a coordinator restart, or the step
+    // that was restored.
+    response.set_complete(true);
+    Answer(cut, response, true);
+    return;
+  }
+  // A partial directory of this step stays: after a coordinator restart
+  // the servers may be writing into it.
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec) {
+    return fail(ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory",
+                                  step_dir));
+  }
+  std::vector<std::string> servers(map->servers().begin(), map->servers().end());
+  bool incremental = false;
+  uint64_t base_step = 0, full_step = step;
+  int increments = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const int full_every = config.full_every() > 0 ? config.full_every() : 8;
+    if (config.incremental() && base_servers_ == servers && base_step_ < step &&
+        increments_ < full_every) {
+      incremental = true;
+      base_step = base_step_;
+      full_step = full_step_;
+      increments = increments_ + 1;
+    }
+  }
+  const std::string digest = ckpt::JobConfigDigest(*job);
+  int64_t rows_total = 0;
+  if (absl::Status s = SnapshotAll(*map, step_dir, step, incremental, base_step,
+                                   digest, &rows_total);
+      !s.ok()) {
+    return fail(s);
+  }
+  v1::CheckpointFile dense;
+  if (!cut.dense_state.empty()) {
+    const std::string path = JoinPath(step_dir, kDenseName);
+    if (absl::Status s = ckpt::WriteFileAtomically(path, cut.dense_state); !s.ok()) {
+      return fail(s);
+    }
+    dense.set_name(kDenseName);
+    dense.set_size_bytes(cut.dense_state.size());
+    dense.set_crc32c(ckpt::Crc32cExtend(0, cut.dense_state.data(), cut.dense_state.size()));
+  }
+  cut.dense_state.clear();
+  if (metrics_ != nullptr) {
+    metrics_->snapshot_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - started));
+  }
+  Answer(cut, response, false);  // training goes on while the files are written
+
+  absl::StatusOr<std::vector<v1::CheckpointFile>> files = AwaitFiles(*map, step);
+  if (!files.ok()) return fail(files.status());
+  v1::CheckpointManifest manifest;
+  manifest.set_format_version(ckpt::kManifestFormatVersion);
+  manifest.set_kind(incremental ? v1::CHECKPOINT_KIND_INCREMENTAL
+                                : v1::CHECKPOINT_KIND_FULL);
+  manifest.set_step(step);
+  manifest.set_job_config_digest(digest);
+  *manifest.mutable_shard_map() = *map;
+  manifest.set_num_slots(map->num_slots());
+  for (const v1::TableConfig& table : job->tables()) {
+    absl::StatusOr<config::TableSpec> parsed = config::TableSpecFromConfig(table);
+    if (!parsed.ok()) return fail(parsed.status());
+    const config::TableSpec& spec = *parsed;
+    v1::CheckpointTable* t = manifest.add_tables();
+    t->set_name(spec.name);
+    t->set_dim(spec.dim);
+    t->set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
+    t->set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, spec.dim));
+    t->set_num_rows(spec.num_rows);
+  }
+  int64_t rows = 0;
+  for (v1::CheckpointFile& f : *files) {
+    rows += f.rows();
+    *manifest.add_files() = std::move(f);
+  }
+  if (!dense.name().empty()) *manifest.mutable_dense() = dense;
+  for (auto& [rank, arrival] : cut.arrivals) *manifest.add_workers() = arrival.position;
+  if (incremental) {
+    manifest.set_base_step(base_step);
+    manifest.set_full_step(full_step);
+  }
+  manifest.set_reason(cut.reason);
+  manifest.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
+  if (absl::Status s = ckpt::WriteManifest(step_dir, manifest); !s.ok()) return fail(s);
+  {
+    absl::MutexLock lock(&mu_);
+    base_step_ = step;
+    full_step_ = full_step;
+    base_servers_ = servers;
+    increments_ = incremental ? increments : 0;
+    last_error_.clear();
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
+  if (metrics_ != nullptr) {
+    metrics_->written.Increment();
+    metrics_->last_step.Set(static_cast<double>(step));
+    metrics_->write_seconds.Observe(seconds);
+  }
+  LogInfo("checkpoint at step ", step, " complete (",
+          incremental ? absl::StrCat("incremental on step ", base_step) : "full", ", ",
+          rows, " rows, ", manifest.files_size(), " row files, ",
+          absl::StrFormat("%.2f", seconds), " s, ", cut.reason, "): ", step_dir);
+  const int keep_last = config.keep_last() > 0 ? config.keep_last() : 3;
+  absl::StatusOr<std::vector<std::string>> pruned = ckpt::PruneCheckpoints(root, keep_last);
+  if (!pruned.ok()) {
+    LogWarning("pruning ", root, " to the last ", keep_last, " checkpoints: ",
+               pruned.status().message());
+  } else if (!pruned->empty()) {
+    LogInfo("removed ", absl::StrJoin(*pruned, ", "), " (keep_last ", keep_last, ")");
+  }
+  response.set_complete(true);
+  Answer(cut, response, true);
+}
+
+absl::Status CheckpointOrchestrator::SnapshotAll(
+    const v1::ShardMap& map, const std::string& step_dir,
+    uint64_t step, bool incremental, uint64_t base_step, const std::string& digest,
+    int64_t* rows_total) {
+  const int n = map.servers_size();
+  std::vector<absl::StatusOr<v1::SaveRowsResponse>> results(
+      n, absl::UnknownError("not called"));
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    v1::SaveRowsRequest request;
+    request.set_step(step);
+    request.set_path(JoinPath(step_dir, absl::StrFormat("shard-%05d.sst", i)));
+    request.set_incremental(incremental);
+    request.set_base_step(base_step);
+    request.set_shard(static_cast<uint32_t>(i));
+    request.set_job_config_digest(digest);
+    threads.emplace_back([this, &results, &map, i, request = std::move(request)] {
+      results[i] = rpc_->SaveRows(map.servers(i), request, options_.snapshot_timeout);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  *rows_total = 0;
+  std::vector<std::string> errors;
+  for (int i = 0; i < n; ++i) {
+    if (results[i].ok()) {
+      *rows_total += results[i]->rows();
+    } else if (!absl::IsAlreadyExists(results[i].status())) {
+      // ALREADY_EXISTS: it took this step's snapshot before (a retried cut
+      // after a coordinator restart); its status says how the file is doing.
+      errors.push_back(absl::StrCat("shard server ", map.servers(i), " (shard ", i,
+                                    "): ", results[i].status().message()));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (progress_.has_value()) {
+      progress_->rows_total = *rows_total;
+      progress_->files_total = n;
+    }
+  }
+  if (errors.empty()) return absl::OkStatus();
+  absl::StatusCode code = absl::StatusCode::kUnavailable;
+  for (int i = 0; i < n; ++i) {
+    if (!results[i].ok() && !absl::IsAlreadyExists(results[i].status())) {
+      code = results[i].status().code();
+      break;
+    }
+  }
+  return absl::Status(code, absl::StrCat("snapshot: ", absl::StrJoin(errors, "; "),
+                                         incremental ? " (an incremental checkpoint; "
+                                                       "the next one is full)"
+                                                     : ""));
+}
+
+absl::StatusOr<std::vector<v1::CheckpointFile>> CheckpointOrchestrator::AwaitFiles(
+    const v1::ShardMap& map, uint64_t step) {
+  const int n = map.servers_size();
+  std::vector<std::optional<v1::CheckpointFile>> files(n);
+  std::vector<absl::Time> last_answer(n, absl::Now());
+  const absl::Time deadline = absl::Now() + options_.write_timeout;
+  v1::SaveRowsStatusRequest request;
+  request.set_step(step);
+  while (true) {
+    int done = 0;
+    int64_t rows_written = 0;
+    for (int i = 0; i < n; ++i) {
+      if (files[i].has_value()) {
+        ++done;
+        rows_written += files[i]->rows();
+        continue;
+      }
+      const std::string& address = map.servers(i);
+      absl::StatusOr<v1::SaveRowsStatusResponse> status =
+          rpc_->SaveRowsStatus(address, request, std::min(options_.unreachable_timeout,
+                                                          absl::Seconds(10)));
+      const absl::Time now = absl::Now();
+      if (!status.ok()) {
+        if ((absl::IsUnavailable(status.status()) ||
+             absl::IsDeadlineExceeded(status.status())) &&
+            now - last_answer[i] < options_.unreachable_timeout) {
+          continue;
+        }
+        return absl::Status(status.status().code(),
+                            absl::StrCat("shard server ", address, " (shard ", i,
+                                         ") while writing its row file: ",
+                                         status.status().message()));
+      }
+      last_answer[i] = now;
+      switch (status->state()) {
+        case v1::SaveRowsStatusResponse::DONE:
+          files[i] = status->file();
+          files[i]->set_shard(static_cast<uint32_t>(i));
+          ++done;
+          rows_written += files[i]->rows();
+          break;
+        case v1::SaveRowsStatusResponse::FAILED:
+          return absl::DataLossError(absl::StrCat("shard server ", address, " (shard ", i,
+                                                  "): ", status->error()));
+        case v1::SaveRowsStatusResponse::WRITING:
+          rows_written += status->rows_written();
+          break;
+        default:
+          return absl::FailedPreconditionError(absl::StrCat(
+              "shard server ", address, " (shard ", i, ") has no snapshot of step ",
+              step, " (did it restart?)"));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    if (progress_.has_value()) {
+      progress_->rows_written = rows_written;
+      progress_->files_done = done;
+      progress_->files_total = n;
+    }
+    if (done == n) break;
+    if (stop_) return absl::CancelledError("the coordinator is stopping");
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          done, " of ", n, " row files written after ",
+          absl::FormatDuration(options_.write_timeout), " (--checkpoint_write_timeout)"));
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.poll_interval);
+  }
+  std::vector<v1::CheckpointFile> out;
+  out.reserve(n);
+  for (auto& f : files) out.push_back(*std::move(f));
+  return out;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> CheckpointOrchestrator::List() const {
+  v1::ListCheckpointsResponse response;
+  absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
+  if (!job.ok()) return job.status();
+  const std::string root = job->training().checkpoint().dir();
+  response.set_root(root);
+  {
+    absl::MutexLock lock(&mu_);
+    response.set_last_error(last_error_);
+    if (restore_.has_value()) response.set_restored_step(restore_->manifest.step());
+    if (progress_.has_value()) {
+      v1::CheckpointProgress* p = response.mutable_in_progress();
+      p->set_step(progress_->step);
+      p->set_rows_written(progress_->rows_written);
+      p->set_rows_total(progress_->rows_total);
+      p->set_files_done(progress_->files_done);
+      p->set_files_total(progress_->files_total);
+      p->set_started_unix_ms(absl::ToUnixMillis(progress_->started));
+    }
+  }
+  if (root.empty()) return response;
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
+  if (absl::IsNotFound(list.status())) return response;  // none written yet
+  if (!list.ok()) return list.status();
+  for (const ckpt::CheckpointInfo& info : *list) {
+    v1::CheckpointSummary* s = response.add_checkpoints();
+    const v1::CheckpointManifest& m = info.manifest;
+    s->set_step(info.step);
+    s->set_kind(m.kind());
+    s->set_base_step(m.base_step());
+    int64_t size = static_cast<int64_t>(m.dense().size_bytes());
+    int64_t rows = 0;
+    for (const v1::CheckpointFile& f : m.files()) {
+      size += static_cast<int64_t>(f.size_bytes());
+      rows += f.rows();
+    }
+    std::error_code ec;
+    const uintmax_t manifest_bytes =
+        fs::file_size(JoinPath(info.dir, ckpt::kManifestName), ec);
+    if (!ec) size += static_cast<int64_t>(manifest_bytes);
+    s->set_size_bytes(size);
+    s->set_rows(rows);
+    s->set_created_unix_ms(m.created_unix_ms());
+    s->set_dir(info.dir);
+    s->set_reason(m.reason());
+  }
+  return response;
+}
+
+}  // namespace recps::server

@@ -1,0 +1,230 @@
+// The coordinator's side of checkpoints (docs/operations.md): the cut
+// barrier of the workers, the shard servers' snapshots (ShardAdmin.SaveRows,
+// in parallel), the dense state file, the manifest written last, pruning to
+// keep_last, the listing, and --restore (the chain checked at start, rows
+// restored once the first map is on every server, the workers' resume
+// state).
+//
+// One background thread runs the checkpoints one at a time (and the restore
+// at start); the cut barrier itself holds no thread: CheckpointCut calls
+// wait as callbacks. No lock is held across an RPC or a file write.
+//
+// Thread-safe.
+#ifndef RECPS_SERVER_COORDINATOR_CHECKPOINT_ORCHESTRATOR_H_
+#define RECPS_SERVER_COORDINATOR_CHECKPOINT_ORCHESTRATOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "recps/v1/checkpoint.pb.h"
+#include "recps/v1/coordinator.pb.h"
+#include "recps/v1/job.pb.h"
+#include "recps/v1/shard_admin.pb.h"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
+
+namespace recps::server {
+
+class Coordinator;
+class CoordinatorStore;
+
+// The shard servers' checkpoint RPCs, behind an interface so the
+// orchestration is testable without servers. Each call is one attempt with
+// `timeout`; errors name the server.
+class ShardCheckpointRpc {
+ public:
+  virtual ~ShardCheckpointRpc() = default;
+  virtual absl::StatusOr<v1::SaveRowsResponse> SaveRows(
+      const std::string& address, const v1::SaveRowsRequest& request,
+      absl::Duration timeout) = 0;
+  virtual absl::StatusOr<v1::SaveRowsStatusResponse> SaveRowsStatus(
+      const std::string& address, const v1::SaveRowsStatusRequest& request,
+      absl::Duration timeout) = 0;
+  virtual absl::StatusOr<v1::RestoreRowsResponse> RestoreRows(
+      const std::string& address, const v1::RestoreRowsRequest& request,
+      absl::Duration timeout) = 0;
+  // The epoch of the shard map the server routes by (0: none).
+  virtual absl::StatusOr<uint64_t> ShardMapEpoch(const std::string& address,
+                                                 absl::Duration timeout) = 0;
+};
+
+// ShardAdmin over rpc::MakeChannel (kControl channels).
+std::unique_ptr<ShardCheckpointRpc> MakeGrpcShardCheckpointRpc();
+
+struct CheckpointOrchestratorOptions {
+  // --restore: empty: a fresh run; "latest": the newest complete checkpoint
+  // under training.checkpoint.dir; "DIR": the newest under DIR (a
+  // checkpoint root); "DIR@STEP": that step under DIR.
+  std::string restore;
+  // Every worker must arrive at a cut within this of the first one, else
+  // the cut fails for all (--checkpoint_cut_timeout). Also bounds how long a
+  // complete cut waits for the previous checkpoint's files.
+  absl::Duration cut_timeout = absl::Minutes(2);
+  // Deadline of one SaveRows call: the server first waits for the steps
+  // before the cut to be applied, then takes its snapshot.
+  absl::Duration snapshot_timeout = absl::Minutes(2);
+  // How long the row files may take to be written (--checkpoint_write_timeout).
+  absl::Duration write_timeout = absl::Minutes(30);
+  // A server that does not answer SaveRowsStatus for this long fails the
+  // checkpoint (it died or restarted mid-write).
+  absl::Duration unreachable_timeout = absl::Seconds(30);
+  // Deadline of RestoreRows on each server, and of waiting for the first
+  // map to be installed on every server before it.
+  absl::Duration restore_timeout = absl::Minutes(30);
+  // Between two SaveRowsStatus rounds.
+  absl::Duration poll_interval = absl::Milliseconds(50);
+  // Default: MakeGrpcShardCheckpointRpc().
+  std::shared_ptr<ShardCheckpointRpc> rpc;
+};
+
+class CheckpointOrchestrator {
+ public:
+  using CutDone =
+      absl::AnyInvocable<void(absl::StatusOr<v1::CheckpointCutResponse>) &&>;
+
+  // `coordinator` and `store` must outlive this; `registry` may be null.
+  // `world_size`: workers meeting at a cut (0: unknown, cuts are refused).
+  CheckpointOrchestrator(Coordinator* coordinator, CoordinatorStore* store,
+                         CheckpointOrchestratorOptions options, int world_size,
+                         std::function<absl::Time()> clock,
+                         prometheus::Registry* registry);
+  // Fails waiting cuts (CANCELLED) and stops the background thread; a
+  // checkpoint being written is abandoned (no manifest: it does not exist).
+  ~CheckpointOrchestrator();
+
+  // Once, after the job is set and before serving. With options.restore:
+  // resolves the checkpoint and its chain, checks every manifest, the job
+  // digest and the dense state file (errors name the file), and starts the
+  // background restore (RestoreRows on every server once the first map is
+  // on all of them). Without: refuses (FAILED_PRECONDITION) when
+  // training.checkpoint.dir already holds complete checkpoints and this
+  // coordinator's state shows no earlier run of the job (a fresh run must
+  // not overwrite them). A restarted coordinator (same --state_dir) whose
+  // restore was done already does not restore again.
+  absl::Status Start();
+
+  // A worker at a cut (CheckpointCutRequest). `done` runs once: after every
+  // worker arrived and every server took its snapshot, or after the
+  // manifest with wait_complete, or with the error.
+  void Cut(const v1::CheckpointCutRequest& request, CutDone done);
+  // Bumps the request id the heartbeats carry; stored, so it never goes
+  // back across a restart.
+  absl::StatusOr<v1::RequestCheckpointResponse> Request(const std::string& reason);
+  uint64_t request_id() const { return request_id_.load(); }
+  absl::StatusOr<v1::ListCheckpointsResponse> List() const;
+  // UNAVAILABLE until the rows are restored (or with the restore's error);
+  // resume=false without --restore.
+  absl::StatusOr<v1::GetResumeStateResponse> ResumeState(int32_t rank) const;
+
+  // Fails a cut whose workers did not all arrive in time, and a complete
+  // cut that waited too long for the previous checkpoint.
+  void Tick();
+  // Fails every waiting cut with `status` (shutdown).
+  void CancelWaits(const absl::Status& status);
+
+  // For tests: waits until no checkpoint is queued or being written.
+  bool WaitIdle(absl::Duration timeout);
+
+ private:
+  struct Metrics;
+  struct Arrival {
+    v1::WorkerPosition position;
+    bool wait_complete = false;
+    std::vector<CutDone> done;  // a retried arrival adds its own
+  };
+  // A cut: its barrier while open, then the checkpoint to write.
+  struct Cut_ {
+    uint64_t step = 0;
+    std::string reason;
+    absl::Time opened;
+    absl::Time deadline;  // of the barrier, then of waiting to be written
+    std::string dense_state;
+    std::map<int32_t, Arrival> arrivals;
+  };
+  struct Progress {
+    uint64_t step = 0;
+    int64_t rows_written = 0;
+    int64_t rows_total = 0;
+    int32_t files_done = 0;
+    int32_t files_total = 0;
+    absl::Time started;
+  };
+  struct Restore {
+    std::string root;
+    std::vector<std::string> chain;  // checkpoint dirs, full one first
+    v1::CheckpointManifest manifest;  // of the last one
+    std::string dense_state;          // its dense.pb, checked
+  };
+
+  absl::StatusOr<v1::JobConfig> CheckpointJob() const;
+  absl::Status CheckNoCheckpoints(const v1::JobConfig& job);
+  absl::StatusOr<Restore> ResolveRestore(const v1::JobConfig& job) const;
+  void Loop();
+  void RunRestore();
+  // Writes one checkpoint; the cut's callbacks are all answered.
+  void RunCheckpoint(Cut_ cut);
+  absl::Status SnapshotAll(const v1::ShardMap& map,
+                           const std::string& step_dir, uint64_t step,
+                           bool incremental, uint64_t base_step,
+                           const std::string& digest, int64_t* rows_total);
+  absl::StatusOr<std::vector<v1::CheckpointFile>> AwaitFiles(
+      const v1::ShardMap& map, uint64_t step);
+  void Fail(uint64_t step, const absl::Status& status);
+  // Answers the cut's callbacks: the ones with wait_complete only when
+  // `complete` (or on error).
+  static void Answer(Cut_& cut, const absl::StatusOr<v1::CheckpointCutResponse>& r,
+                     bool complete);
+  absl::Time Now() const { return clock_(); }
+
+  Coordinator* const coordinator_;
+  CoordinatorStore* const store_;
+  const CheckpointOrchestratorOptions options_;
+  const int world_size_;
+  const std::function<absl::Time()> clock_;
+  std::shared_ptr<ShardCheckpointRpc> rpc_;
+  std::unique_ptr<Metrics> metrics_;
+  std::atomic<uint64_t> request_id_{0};
+
+  mutable absl::Mutex mu_;
+  std::optional<Cut_> open_ ABSL_GUARDED_BY(mu_);     // barrier in progress
+  std::optional<Cut_> queued_ ABSL_GUARDED_BY(mu_);   // complete, to write
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool restore_queued_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<Progress> progress_ ABSL_GUARDED_BY(mu_);
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::string request_reason_ ABSL_GUARDED_BY(mu_);
+  // The base of the next incremental checkpoint: the last complete one of
+  // this process (or the restored one), its chain's full step, the servers
+  // that took or restored it, and the increments since the full one.
+  // base_servers_ empty: the next checkpoint is full.
+  uint64_t base_step_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t full_step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> base_servers_ ABSL_GUARDED_BY(mu_);
+  int increments_ ABSL_GUARDED_BY(mu_) = 0;
+  // --restore.
+  std::optional<Restore> restore_ ABSL_GUARDED_BY(mu_);
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status restore_failure_ ABSL_GUARDED_BY(mu_);
+
+  std::thread thread_;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_COORDINATOR_CHECKPOINT_ORCHESTRATOR_H_
