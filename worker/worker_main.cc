@@ -687,6 +687,14 @@ int Run() {
       request.set_reason(info.reason);
       absl::StatusOr<v1::CheckpointCutResponse> cut =
           coordinator->CheckpointCut(request, absl::GetFlag(FLAGS_checkpoint_timeout));
+      if (!cut.ok() && !info.wait_complete) {
+        // Every worker gets the same answer (the cut is a barrier): all go
+        // on, and the previous complete checkpoint stays the one to resume.
+        LogWarning("checkpoint at step ", info.step, " (", info.reason, ") failed; training "
+                   "goes on and the previous complete checkpoint stays: ",
+                   cut.status().message());
+        return absl::OkStatus();
+      }
       if (!cut.ok()) {
         return absl::Status(cut.status().code(),
                             absl::StrCat("checkpoint cut at step ", info.step, " (",
