@@ -437,8 +437,15 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   // the job needs).
   const std::string coord_log = work + "/coordinator.log";
   const std::string coord_ports = work + "/coordinator.ports";
+  // A restore starts from an empty state directory: a previous run's (same
+  // --work_dir) would bring back its shard map, with the old servers in it.
   const std::string coord_state =
-      attempt == 0 ? work + "/coordinator" : absl::StrCat(work, "/coordinator-restart", attempt);
+      attempt > 0 ? absl::StrCat(work, "/coordinator-restart", attempt)
+                  : restore ? work + "/coordinator-resume" : work + "/coordinator";
+  if (restore) {
+    std::error_code ec;
+    std::filesystem::remove_all(coord_state, ec);
+  }
   auto start_coordinator =
       [&, coord_state](const std::string& listen) -> absl::StatusOr<std::pair<ChildProcess, int>> {
     std::error_code ec;

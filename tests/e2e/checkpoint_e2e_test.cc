@@ -42,7 +42,7 @@ using ::recps::testing::Eventually;
 using ::recps::testing::TempDir;
 using ::testing::HasSubstr;
 
-constexpr int kSteps = 160;
+constexpr int kSteps = 300;
 constexpr int kEvery = 20;
 
 std::string ReadAll(const std::string& path) {
