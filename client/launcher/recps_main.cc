@@ -15,7 +15,9 @@
 // named by index and address. WORK/pids lists every child's pid; the last
 // line gives rank 0's final held-out AUC.
 // With no flags it trains examples/small.textproto with 2 shards and 2
-// workers in sync mode.
+// workers in sync mode. `--resume` restores the newest complete checkpoint of
+// training.checkpoint.dir; `--max_restarts=N` restarts the whole job from it
+// when a process dies (docs/operations.md).
 //
 // `launch` starts this node's workers of a cluster whose coordinator and
 // shard servers run elsewhere, like torchrun: RANK, LOCAL_RANK, WORLD_SIZE
@@ -732,12 +734,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
       "  recps local [--job=FILE] [--shards=N] [--workers=N] "
-      "[--consistency=sync|bounded|async] [--steps=N] [-- WORKER FLAGS]\n"
+      "[--consistency=sync|bounded|async] [--steps=N] [--resume] [--max_restarts=N] "
+      "[-- WORKER FLAGS]\n"
       "    start a coordinator, shard servers and workers on 127.0.0.1 and "
       "train the job (default: examples/small.textproto, 2 shards, 2 workers, "
       "sync)\n"
       "  recps launch --coordinator=HOST:PORT [--nproc_per_node=N] [--nnodes=M "
-      "--node_rank=R] [--gpus=auto|none|0,1,..] [CONFIG] [-- WORKER FLAGS]\n"
+      "--node_rank=R] [--gpus=auto|none|0,1,..] [--max_restarts=N] [CONFIG] "
+      "[-- WORKER FLAGS]\n"
       "    start this node's workers of a cluster (RANK, LOCAL_RANK, WORLD_SIZE, "
       "LOCAL_WORLD_SIZE set; node rank also from SLURM or JOB_COMPLETION_INDEX)");
   // Signals are taken with sigtimedwait; block them before any thread starts.
