@@ -30,6 +30,7 @@
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
 #include "server/checkpoint/row_file.h"
+#include "server/checkpoint/store_rows.h"
 #include "server/shard/embedding_store.h"
 
 namespace recps {
@@ -152,7 +153,7 @@ int Main(int argc, char** argv) {
     server::checkpoint::ImportOptions import_options;
     import_options.pool = p;
     absl::StatusOr<int64_t> imported =
-        reader.ok() ? (*reader)->Import(*target, slots, import_options)
+        reader.ok() ? server::checkpoint::ImportRowFile(**reader, *target, slots, import_options)
                     : reader.status();
     const double s = Now() - r0;
     if (!imported.ok() || *imported != rows) {

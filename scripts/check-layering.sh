@@ -42,6 +42,15 @@ forbid server/shard 'server/coordinator/|server/planner/|worker/|client/launcher
   "the shard server includes no coordinator, planner, worker, launcher or admin code"
 forbid server/checkpoint 'server/coordinator/|server/planner/|worker/|client/' \
   "checkpoint storage uses the store's interface only, no daemon internals"
+# The checkpoint format library (every file but the store-facing ones)
+# links no store: the coordinator and recpsctl use it.
+checkpoint_store_files='server/checkpoint/(checkpoint|store_rows)\.h'
+checkpoint_format_files=$(find server/checkpoint -type f \( -name '*.h' -o -name '*.cc' \) \
+  | grep -vE 'server/checkpoint/(checkpoint|store_rows)\.(h|cc)$')
+forbid "$checkpoint_format_files" "server/shard/|$checkpoint_store_files|kernels/" \
+  "the checkpoint format library reads and writes files only, without the store"
+forbid "server/coordinator client" "$checkpoint_store_files" \
+  "the coordinator and the clients use the checkpoint format headers only (no store)"
 forbid server/coordinator 'server/shard/|worker/|client/' \
   "the coordinator reaches shard servers through the protos only"
 forbid server/planner 'server/coordinator/|worker/|client/' \
@@ -75,9 +84,9 @@ if [[ -n $build_dir ]]; then
   }
   links worker/CMakeFiles/recps-worker.dir/link.txt recps_server_store recps_server recps_coordinator recps_planner recps_launcher recps_admin
   links client/launcher/CMakeFiles/recps.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator recps_client
-  links client/admin/CMakeFiles/recpsctl.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator
+  links client/admin/CMakeFiles/recpsctl.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator recps_checkpoint
   links server/shard/CMakeFiles/recps-shard.dir/link.txt recps_worker recps_coordinator recps_planner recps_admin
-  links server/coordinator/CMakeFiles/recps-coordinator.dir/link.txt recps_worker recps_server recps_server_store recps_admin
+  links server/coordinator/CMakeFiles/recps-coordinator.dir/link.txt recps_worker recps_server recps_server_store recps_admin recps_checkpoint
   # The kernels' own tests link no protobuf or gRPC.
   links tests/CMakeFiles/recps_kernels_test.dir/link.txt recps_proto protobuf grpc++
 fi

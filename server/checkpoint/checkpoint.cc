@@ -133,63 +133,105 @@ absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
     EmbeddingStore& store, absl::Span<const uint32_t> slots,
     const ImportOptions& options) {
-  ASSIGN_OR_RETURN(const v1::CheckpointManifest manifest,
-                   ReadManifest(checkpoint_dir));
-  const std::string manifest_path =
-      absl::StrCat(checkpoint_dir, "/", kManifestName);
-  if (!expected_digest.empty() &&
-      manifest.job_config_digest() != expected_digest) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint manifest ", manifest_path, " was written by job config ",
-        manifest.job_config_digest(), ", not by this job (", expected_digest,
-        "): restore a checkpoint of the same job config"));
+  const std::vector<uint32_t> all(slots.begin(), slots.end());
+  const std::vector<std::vector<uint32_t>> by_table(store.num_tables(), all);
+  const std::string dirs[] = {checkpoint_dir};
+  return RestoreChain(dirs, expected_digest, store, by_table, options);
+}
+
+absl::StatusOr<RestoreStats> RestoreChain(
+    absl::Span<const std::string> dirs, absl::string_view expected_digest,
+    EmbeddingStore& store,
+    absl::Span<const std::vector<uint32_t>> slots_by_table,
+    const ImportOptions& options) {
+  if (dirs.empty()) {
+    return absl::InvalidArgumentError("restore: the checkpoint chain is empty");
   }
   const std::vector<int64_t> rows_per_slot = store.RowsPerSlot();
-  if (manifest.num_slots() != rows_per_slot.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint manifest ", manifest_path, " has num_slots ",
-        manifest.num_slots(), " but the restore target has ",
-        rows_per_slot.size()));
-  }
-  RETURN_IF_ERROR(CheckLayout(manifest.tables(), store,
-                              absl::StrCat("checkpoint manifest ", manifest_path)));
-  for (int t = 0; t < store.num_tables(); ++t) {
-    bool found = false;
-    for (const v1::CheckpointTable& saved : manifest.tables()) {
-      found = found || saved.name() == store.spec(t).name;
-    }
-    if (!found) {
+  std::vector<v1::CheckpointManifest> manifests;
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    const std::string& dir = dirs[i];
+    ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(dir));
+    const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
+    if (!expected_digest.empty() &&
+        manifest.job_config_digest() != expected_digest) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "checkpoint manifest ", manifest_path, " has no table '",
-          store.spec(t).name, "' of the restore target"));
+          "checkpoint manifest ", manifest_path, " was written by job config ",
+          manifest.job_config_digest(), ", not by this job (", expected_digest,
+          "): restore a checkpoint of the same job config"));
     }
-  }
-  for (uint32_t slot : slots) {
-    if (slot >= rows_per_slot.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "restore slot ", slot, " is outside the store's ",
-          rows_per_slot.size(), " slots"));
-    }
-    if (rows_per_slot[slot] != 0) {
+    if (i == 0 && manifest.kind() == v1::CHECKPOINT_KIND_INCREMENTAL) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "restore target already holds ", rows_per_slot[slot],
-          " rows in slot ", slot, "; restore into a fresh store"));
+          "checkpoint ", dir, " is incremental (base step ",
+          manifest.base_step(), "): a chain starts with a full checkpoint"));
+    }
+    if (i > 0) {
+      const v1::CheckpointManifest& prev = manifests.back();
+      if (manifest.kind() != v1::CHECKPOINT_KIND_INCREMENTAL ||
+          manifest.base_step() != prev.step()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "broken checkpoint chain: ", dir, " (step ", manifest.step(),
+            manifest.kind() == v1::CHECKPOINT_KIND_INCREMENTAL
+                ? absl::StrCat(", base step ", manifest.base_step())
+                : std::string(", full"),
+            ") does not follow ", dirs[i - 1], " (step ", prev.step(), ")"));
+      }
+    }
+    if (manifest.num_slots() != rows_per_slot.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint manifest ", manifest_path, " has num_slots ",
+          manifest.num_slots(), " but the restore target has ",
+          rows_per_slot.size()));
+    }
+    RETURN_IF_ERROR(CheckLayout(
+        manifest.tables(), store,
+        absl::StrCat("checkpoint manifest ", manifest_path)));
+    if (i == 0) {
+      for (int t = 0; t < store.num_tables(); ++t) {
+        bool found = false;
+        for (const v1::CheckpointTable& saved : manifest.tables()) {
+          found = found || saved.name() == store.spec(t).name;
+        }
+        if (!found) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "checkpoint manifest ", manifest_path, " has no table '",
+              store.spec(t).name, "' of the restore target"));
+        }
+      }
+    }
+    manifests.push_back(std::move(manifest));
+  }
+  for (size_t t = 0; t < slots_by_table.size(); ++t) {
+    for (uint32_t slot : slots_by_table[t]) {
+      if (slot >= rows_per_slot.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "restore slot ", slot, " is outside the store's ",
+            rows_per_slot.size(), " slots"));
+      }
+      if (rows_per_slot[slot] != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "restore target already holds ", rows_per_slot[slot],
+            " rows in slot ", slot, "; restore into a fresh store"));
+      }
     }
   }
   // Every file is checked whole before the first row is imported.
   RestoreStats stats;
   std::vector<std::unique_ptr<RowFileReader>> readers;
-  for (const v1::CheckpointFile& file : manifest.files()) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<RowFileReader> reader,
-        RowFileReader::Open(absl::StrCat(checkpoint_dir, "/", file.name()),
-                            file.size_bytes(), file.crc32c()));
-    RETURN_IF_ERROR(reader->CheckStore(store));
-    stats.bytes += file.size_bytes();
-    readers.push_back(std::move(reader));
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    for (const v1::CheckpointFile& file : manifests[i].files()) {
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<RowFileReader> reader,
+          RowFileReader::Open(absl::StrCat(dirs[i], "/", file.name()),
+                              file.size_bytes(), file.crc32c()));
+      RETURN_IF_ERROR(CheckRowFileStore(*reader, store));
+      stats.bytes += file.size_bytes();
+      readers.push_back(std::move(reader));
+    }
   }
   for (const auto& reader : readers) {
-    ASSIGN_OR_RETURN(const int64_t rows, reader->Import(store, slots, options));
+    ASSIGN_OR_RETURN(const int64_t rows,
+                     ImportRowFile(*reader, store, slots_by_table, options));
     stats.rows += rows;
     ++stats.files;
   }

@@ -1,6 +1,6 @@
-// Writing and restoring a whole checkpoint in one process: the building
-// block that the orchestration (a cut at a step boundary across shard
-// servers, coordinator --restore) will drive. Each shard server's rows go
+// Writing and restoring a whole checkpoint in one process (library
+// recps_checkpoint, store-facing): WriteCheckpoint for tests and tools,
+// RestoreChain for the shard server's RestoreRows. Each shard server's rows go
 // to one row file; the manifest is written last.
 #ifndef RECPS_SERVER_CHECKPOINT_CHECKPOINT_H_
 #define RECPS_SERVER_CHECKPOINT_CHECKPOINT_H_
@@ -15,6 +15,7 @@
 #include "recps/v1/shard_map.pb.h"
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/row_file.h"
+#include "server/checkpoint/store_rows.h"
 #include "server/shard/embedding_store.h"
 
 namespace recps::server::checkpoint {
@@ -64,6 +65,20 @@ struct RestoreStats {
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
     EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const ImportOptions& options = {});
+
+// RestoreCheckpoint over a chain (`dirs` oldest first: a full checkpoint,
+// then increments whose base_step is the previous one's step; later files
+// override earlier ones), with the slots to import per store table
+// (slots_by_table[t]; the one-list form imports `slots` of every table).
+// All checks of RestoreCheckpoint are made on every checkpoint of the
+// chain, and the chain's links (FAILED_PRECONDITION naming both
+// directories), before any row is imported. INVALID_ARGUMENT for an empty
+// chain.
+absl::StatusOr<RestoreStats> RestoreChain(
+    absl::Span<const std::string> dirs, absl::string_view expected_digest,
+    EmbeddingStore& store,
+    absl::Span<const std::vector<uint32_t>> slots_by_table,
     const ImportOptions& options = {});
 
 }  // namespace recps::server::checkpoint

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -196,22 +198,33 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
   int complete = 0;
   uint64_t newest_complete = 0;
   bool any_complete = false;
+  absl::flat_hash_map<uint64_t, const StepDir*> by_step;
   for (const StepDir& d : dirs) {
     if (!d.complete) continue;
     ++complete;
     newest_complete = d.step;
     any_complete = true;
+    by_step[d.step] = &d;
   }
-  std::vector<std::string> removed;
+  // The newest keep_last, and every checkpoint their chains need.
+  absl::flat_hash_set<uint64_t> keep;
   int complete_seen = 0;
   for (const StepDir& d : dirs) {
-    bool remove = false;
-    if (d.complete) {
-      ++complete_seen;
-      remove = complete - complete_seen >= keep_last;
-    } else {
-      remove = any_complete && d.step < newest_complete;
+    if (!d.complete) continue;
+    ++complete_seen;
+    if (complete - complete_seen >= keep_last) continue;
+    const StepDir* cur = &d;
+    while (cur != nullptr && keep.insert(cur->step).second &&
+           cur->manifest.kind() == v1::CHECKPOINT_KIND_INCREMENTAL) {
+      auto it = by_step.find(cur->manifest.base_step());
+      cur = it == by_step.end() ? nullptr : it->second;
     }
+  }
+  std::vector<std::string> removed;
+  for (const StepDir& d : dirs) {
+    const bool remove = d.complete
+                            ? !keep.contains(d.step)
+                            : any_complete && d.step < newest_complete;
     if (!remove) continue;
     RETURN_IF_ERROR(RemoveCheckpointDir(d.dir));
     removed.push_back(d.dir);

@@ -59,7 +59,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
     const std::string& root);
 
 // Removes all complete checkpoints but the newest keep_last (>= 1, else
-// INVALID_ARGUMENT), and the partial step directories older than the newest
+// INVALID_ARGUMENT) and every checkpoint their chains need (the bases of a
+// kept increment, down to its full checkpoint: chain.h), and the partial step directories older than the newest
 // complete one (a newer partial one may be in progress). The newest complete
 // checkpoint is never removed. A checkpoint loses its manifest first, so an
 // interrupted prune leaves a partial directory, never a damaged complete

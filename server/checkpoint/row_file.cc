@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
-#include "kernels/embedding_optimizer.h"
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
 #include "rocksdb/iterator.h"
@@ -42,15 +41,6 @@ uint64_t GetBigEndian(const char* p, int bytes) {
   uint64_t v = 0;
   for (int i = 0; i < bytes; ++i) v = (v << 8) | static_cast<uint8_t>(p[i]);
   return v;
-}
-
-// The key prefix of one (table, slot): every key of its rows starts with it.
-void EncodeSlotPrefix(absl::string_view table, uint32_t slot,
-                      std::string* out) {
-  out->clear();
-  out->append(table.data(), table.size());
-  out->push_back('\0');
-  PutBigEndian(slot, 4, out);
 }
 
 rocksdb::Options SstOptions(size_t block_size) {
@@ -266,98 +256,15 @@ class CrcFileSystem : public rocksdb::FileSystemWrapper {
   size_t buffer_bytes_;
 };
 
-// Exports the chunks of (table, slot) in key order on a thread of its own,
-// a few chunks ahead of the caller, so the export copy overlaps the SST
-// encoding. Empty chunks are skipped; an export error ends the sequence.
-class ExportAhead {
- public:
-  struct Item {
-    int table = 0;
-    uint32_t slot = 0;
-    SlotChunk chunk;
-    absl::Status status;
-  };
-
-  ExportAhead(const EmbeddingStore& store, const std::vector<int>& tables,
-              const std::vector<uint32_t>& slots, int64_t chunk_rows)
-      : store_(store), tables_(tables), slots_(slots), chunk_rows_(chunk_rows) {
-    thread_ = std::thread([this] { Produce(); });
-  }
-  ~ExportAhead() {
-    {
-      absl::MutexLock lock(&mu_);
-      cancel_ = true;
-    }
-    thread_.join();
-  }
-
-  // The next chunk, or nullptr after the last; valid until the next call.
-  const Item* Next() {
-    absl::MutexLock lock(&mu_);
-    if (holding_) ++released_;
-    mu_.Await(absl::Condition(this, &ExportAhead::ReadyOrDone));
-    holding_ = produced_ > released_;
-    return holding_ ? &ring_[released_ % kRing] : nullptr;
-  }
-
- private:
-  static constexpr int64_t kRing = 4;
-
-  bool ReadyOrDone() const { return produced_ > released_ || finished_; }
-  bool HasRoomOrCancel() const { return produced_ - released_ < kRing || cancel_; }
-
-  void Produce() {
-    for (int t : tables_) {
-      for (uint32_t slot : slots_) {
-        SlotCursor cursor;
-        while (!cursor.done) {
-          {
-            absl::MutexLock lock(&mu_);
-            mu_.Await(absl::Condition(this, &ExportAhead::HasRoomOrCancel));
-            if (cancel_) return;
-          }
-          // ring_[produced_ % kRing] is not in [released_, produced_): ours.
-          Item& item = ring_[produced_ % kRing];
-          item.table = t;
-          item.slot = slot;
-          item.status = store_.ExportSlot(t, slot, &cursor, chunk_rows_, &item.chunk);
-          const bool failed = !item.status.ok();
-          if (!failed && item.chunk.ids.empty()) continue;
-          absl::MutexLock lock(&mu_);
-          ++produced_;
-          if (failed) {
-            finished_ = true;
-            return;
-          }
-        }
-      }
-    }
-    absl::MutexLock lock(&mu_);
-    finished_ = true;
-  }
-
-  const EmbeddingStore& store_;
-  const std::vector<int>& tables_;
-  const std::vector<uint32_t>& slots_;
-  const int64_t chunk_rows_;
-  Item ring_[kRing];
-  absl::Mutex mu_;
-  int64_t produced_ = 0;  // items filled
-  int64_t released_ = 0;  // items the caller is done with
-  bool holding_ = false;  // the caller holds ring_[released_ % kRing]
-  bool finished_ = false;
-  bool cancel_ = false;
-  std::thread thread_;
-};
-
-std::vector<uint32_t> SortedUnique(absl::Span<const uint32_t> slots) {
-  std::vector<uint32_t> out(slots.begin(), slots.end());
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
 }  // namespace
+
+void EncodeSlotPrefix(absl::string_view table, uint32_t slot,
+                      std::string* out) {
+  out->clear();
+  out->append(table.data(), table.size());
+  out->push_back('\0');
+  PutBigEndian(slot, 4, out);
+}
 
 void EncodeRowKey(absl::string_view table, uint32_t slot, int64_t id,
                   std::string* out) {
@@ -365,146 +272,103 @@ void EncodeRowKey(absl::string_view table, uint32_t slot, int64_t id,
   PutBigEndian(static_cast<uint64_t>(id) ^ (uint64_t{1} << 63), 8, out);
 }
 
-std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store) {
-  std::vector<v1::CheckpointTable> out;
-  for (int t = 0; t < store.num_tables(); ++t) {
-    const config::TableSpec& spec = store.spec(t);
-    v1::CheckpointTable table;
-    table.set_name(spec.name);
-    table.set_dim(spec.dim);
-    table.set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
-    table.set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, spec.dim));
-    table.set_num_rows(spec.num_rows);
-    out.push_back(std::move(table));
-  }
-  return out;
+bool DecodeRowKey(absl::string_view key, absl::string_view* table,
+                  uint32_t* slot, int64_t* id) {
+  if (key.size() < 1 + 1 + 4 + 8) return false;
+  const size_t name_end = key.size() - 12 - 1;
+  if (key[name_end] != '\0' || name_end == 0) return false;
+  if (key.substr(0, name_end).find('\0') != absl::string_view::npos) return false;
+  *table = key.substr(0, name_end);
+  *slot = static_cast<uint32_t>(GetBigEndian(key.data() + name_end + 1, 4));
+  *id = static_cast<int64_t>(GetBigEndian(key.data() + name_end + 5, 8) ^
+                             (uint64_t{1} << 63));
+  return true;
 }
 
-absl::Status CheckLayout(
-    const google::protobuf::RepeatedPtrField<v1::CheckpointTable>& saved,
-                         const EmbeddingStore& store,
-                         absl::string_view source) {
-  for (const v1::CheckpointTable& want : StoreLayout(store)) {
-    for (const v1::CheckpointTable& got : saved) {
-      if (got.name() != want.name()) continue;
-      auto mismatch = [&](absl::string_view field, auto saved_value,
-                          auto store_value) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            source, ": table '", want.name(), "' was saved with ", field, " ",
-            saved_value, " but the restore target has ", field, " ",
-            store_value, "; restore into a job with the same table config"));
-      };
-      if (got.dim() != want.dim()) return mismatch("dim", got.dim(), want.dim());
-      if (got.optimizer_kind() != want.optimizer_kind()) {
-        return mismatch(
-            "optimizer",
-            kernels::OptimizerName(
-                static_cast<kernels::OptimizerKind>(got.optimizer_kind())),
-            kernels::OptimizerName(
-                static_cast<kernels::OptimizerKind>(want.optimizer_kind())));
-      }
-      if (got.row_stride() != want.row_stride()) {
-        return mismatch("row_stride", got.row_stride(), want.row_stride());
-      }
-      if (got.num_rows() != want.num_rows()) {
-        return mismatch("num_rows", got.num_rows(), want.num_rows());
-      }
+struct RowFileBuilder::Crc : RunningCrc {};
+
+absl::StatusOr<std::unique_ptr<RowFileBuilder>> RowFileBuilder::Create(
+    const std::string& path, const v1::RowFileHeader& header,
+    const RowFileOptions& options) {
+  for (const v1::CheckpointTable& t : header.tables()) {
+    if (t.name().empty() || t.name().find('\0') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row file ", path, ": table name '", t.name(),
+          "' is empty or contains a 0 byte"));
     }
+  }
+  std::unique_ptr<RowFileBuilder> b(new RowFileBuilder());
+  b->path_ = path;
+  b->progress_ = options.rows_written;
+  b->crc_ = std::make_unique<Crc>();
+  b->env_ = rocksdb::NewCompositeEnv(std::make_shared<CrcFileSystem>(
+      b->crc_.get(), std::max<size_t>(options.write_buffer_bytes, 1 << 20)));
+  rocksdb::Options sst = SstOptions(options.block_size);
+  sst.env = b->env_.get();
+  b->writer_ = std::make_unique<rocksdb::SstFileWriter>(
+      rocksdb::EnvOptions(), sst, /*column_family=*/nullptr,
+      /*invalidate_page_cache=*/false);
+  RETURN_IF_ERROR(FromRocksStatus(b->writer_->Open(path),
+                                  "cannot create row file", path));
+  RETURN_IF_ERROR(FromRocksStatus(
+      b->writer_->Put(kHeaderKey, header.SerializeAsString()),
+      "cannot write row file", path));
+  return b;
+}
+
+RowFileBuilder::~RowFileBuilder() {
+  if (finished_ || writer_ == nullptr) return;
+  writer_.reset();  // abandons the table, closes the file
+  unlink(path_.c_str());
+}
+
+absl::Status RowFileBuilder::Add(absl::string_view table, uint32_t slot,
+                                 absl::Span<const int64_t> ids,
+                                 const float* rows, int64_t stride) {
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EncodeRowKey(table, slot, ids[i], &key_);
+    const rocksdb::Slice value(
+        reinterpret_cast<const char*>(rows + i * stride), row_bytes);
+    const rocksdb::Status s = writer_->Put(key_, value);
+    if (!s.ok()) return FromRocksStatus(s, "cannot write row file", path_);
+  }
+  rows_ += static_cast<int64_t>(ids.size());
+  if (progress_ != nullptr) {
+    progress_->fetch_add(static_cast<int64_t>(ids.size()),
+                         std::memory_order_relaxed);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<RowFileInfo> RowFileWriter::Write(
-    const EmbeddingStore& store, absl::Span<const uint32_t> slots,
-    const std::string& path) const {
-  const uint32_t num_slots = static_cast<uint32_t>(store.RowsPerSlot().size());
-  const std::vector<uint32_t> sorted = SortedUnique(slots);
-  if (!sorted.empty() && sorted.back() >= num_slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row file ", path, ": slot ", sorted.back(),
-                     " is outside the store's ", num_slots, " slots"));
-  }
-  // Keys go in sorted order: tables by name, then slot, then id.
-  std::vector<int> tables(store.num_tables());
-  for (int t = 0; t < store.num_tables(); ++t) {
-    tables[t] = t;
-    if (store.spec(t).name.find('\0') != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "row file ", path, ": table name contains a 0 byte"));
-    }
-  }
-  std::sort(tables.begin(), tables.end(), [&](int a, int b) {
-    return store.spec(a).name < store.spec(b).name;
-  });
+absl::Status RowFileBuilder::AddEncoded(absl::string_view key,
+                                        absl::string_view value) {
+  const rocksdb::Status s = writer_->Put(rocksdb::Slice(key.data(), key.size()),
+                                         rocksdb::Slice(value.data(), value.size()));
+  if (!s.ok()) return FromRocksStatus(s, "cannot write row file", path_);
+  ++rows_;
+  if (progress_ != nullptr) progress_->fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
 
-  v1::RowFileHeader header;
-  header.set_format_version(kRowFileFormatVersion);
-  header.set_num_slots(num_slots);
-  for (v1::CheckpointTable& t : StoreLayout(store)) {
-    *header.add_tables() = std::move(t);
-  }
-
-  rocksdb::Options options = SstOptions(options_.block_size);
-  RunningCrc running;
-  const std::unique_ptr<rocksdb::Env> env =
-      rocksdb::NewCompositeEnv(std::make_shared<CrcFileSystem>(
-          &running, std::max<size_t>(options_.write_buffer_bytes, 1 << 20)));
-  options.env = env.get();
-  rocksdb::EnvOptions env_options;
-  rocksdb::SstFileWriter writer(env_options, options,
-                                /*column_family=*/nullptr,
-                                /*invalidate_page_cache=*/false);
-  RETURN_IF_ERROR(FromRocksStatus(writer.Open(path), "cannot create row file",
-                                  path));
-  RowFileInfo info;
-  info.path = path;
-  auto fail = [&](absl::Status status) {
-    // The writer owns the open file; closing it first would need Finish.
-    unlink(path.c_str());
-    return status;
-  };
-  absl::Status status = FromRocksStatus(
-      writer.Put(kHeaderKey, header.SerializeAsString()),
-      "cannot write row file", path);
-  if (!status.ok()) return fail(status);
-
-  std::string key;
-  {
-    ExportAhead ahead(store, tables, sorted, options_.chunk_rows);
-    while (const ExportAhead::Item* item = ahead.Next()) {
-      const std::string& name = store.spec(item->table).name;
-      if (!item->status.ok()) {
-        return fail(absl::Status(
-            item->status.code(),
-            absl::StrCat("row file ", path, ": exporting table '", name,
-                         "' slot ", item->slot, ": ", item->status.message())));
-      }
-      const SlotChunk& chunk = item->chunk;
-      const size_t row_bytes = static_cast<size_t>(chunk.row_stride) * sizeof(float);
-      for (size_t i = 0; i < chunk.ids.size(); ++i) {
-        EncodeRowKey(name, item->slot, chunk.ids[i], &key);
-        const rocksdb::Slice value(
-            reinterpret_cast<const char*>(chunk.rows.data() + i * chunk.row_stride),
-            row_bytes);
-        const rocksdb::Status s = writer.Put(key, value);
-        if (!s.ok()) return fail(FromRocksStatus(s, "cannot write row file", path));
-      }
-      info.rows += static_cast<int64_t>(chunk.ids.size());
-    }
-  }
+absl::StatusOr<RowFileInfo> RowFileBuilder::Finish() {
   // Finish writes the index and footer and syncs the file.
-  status = FromRocksStatus(writer.Finish(), "cannot finish row file", path);
-  if (!status.ok()) return fail(status);
+  RETURN_IF_ERROR(
+      FromRocksStatus(writer_->Finish(), "cannot finish row file", path_));
+  RowFileInfo info;
+  info.path = path_;
+  info.rows = rows_;
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", path);
-  if (running.valid && running.bytes == static_cast<uint64_t>(st.st_size)) {
-    info.size_bytes = running.bytes;
-    info.crc32c = running.crc;
+  if (stat(path_.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot stat", path_);
+  if (crc_->valid && crc_->bytes == static_cast<uint64_t>(st.st_size)) {
+    info.size_bytes = crc_->bytes;
+    info.crc32c = crc_->crc;
   } else {
-    ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
+    ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path_));
     info.size_bytes = crc.size_bytes;
     info.crc32c = crc.crc32c;
   }
+  finished_ = true;
   return info;
 }
 
@@ -547,111 +411,79 @@ absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
   return out;
 }
 
-absl::Status RowFileReader::CheckStore(const EmbeddingStore& store) const {
-  const size_t num_slots = store.RowsPerSlot().size();
-  if (header_.num_slots() != num_slots) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "row file ", path_, " was written with num_slots ", header_.num_slots(),
-        " but the restore target has ", num_slots,
-        "; rows are keyed by slot, the slot count cannot change on restore"));
+const v1::CheckpointTable* RowFileReader::FindTable(
+    absl::string_view table) const {
+  for (const v1::CheckpointTable& t : header_.tables()) {
+    if (t.name() == table) return &t;
   }
-  return CheckLayout(header_.tables(), store, absl::StrCat("row file ", path_));
+  return nullptr;
 }
 
-absl::StatusOr<int64_t> RowFileReader::ImportSlots(
-    EmbeddingStore& store, absl::Span<const uint32_t> sorted,
-    int64_t batch_rows) const {
+absl::Status RowFileReader::ReadSlots(const v1::CheckpointTable& table,
+                                      absl::Span<const uint32_t> sorted,
+                                      int64_t batch_rows,
+                                      const RowsFn& fn) const {
+  if (batch_rows < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_rows is ", batch_rows, "; it must be at least 1"));
+  }
   // RocksDB's own readahead (growing on sequential reads) is left on: a
   // fixed large one is thrown away at every Seek.
-  std::unique_ptr<rocksdb::Iterator> it(
-      reader_->NewIterator(rocksdb::ReadOptions()));
+  rocksdb::ReadOptions read_options;
+  read_options.verify_checksums = false;  // the whole file's CRC was checked
+  std::unique_ptr<rocksdb::Iterator> it(reader_->NewIterator(read_options));
+  const int64_t stride = table.row_stride();
+  const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
   std::vector<int64_t> ids;
   std::vector<float> rows;
+  ids.reserve(batch_rows);
+  rows.resize(static_cast<size_t>(batch_rows) * stride);
   std::string prefix;
-  int64_t imported = 0;
-  for (const v1::CheckpointTable& saved : header_.tables()) {
-    const absl::StatusOr<int> table = store.FindTable(saved.name());
-    if (!table.ok()) continue;  // another server's table
-    const int64_t stride = saved.row_stride();
-    const size_t row_bytes = static_cast<size_t>(stride) * sizeof(float);
-    ids.reserve(batch_rows);
-    rows.resize(static_cast<size_t>(batch_rows) * stride);
-    bool positioned = false;  // tables are not in key order: Seek first
-    for (uint32_t slot : sorted) {
-      EncodeSlotPrefix(saved.name(), slot, &prefix);
-      auto flush = [&]() -> absl::Status {
-        if (ids.empty()) return absl::OkStatus();
-        absl::Status s = store.ImportRows(*table, slot, ids, rows.data());
-        if (!s.ok()) {
-          return absl::Status(s.code(),
-                              absl::StrCat("importing row file ", path_, ": ",
-                                           s.message()));
-        }
-        imported += static_cast<int64_t>(ids.size());
-        ids.clear();
-        return absl::OkStatus();
-      };
-      // After the previous slot the iterator stands on the first key past
-      // it; when that is not below this slot's prefix it is already where a
-      // Seek would go (slots are sorted), and a Seek would re-read blocks.
-      if (!positioned || !it->Valid() || it->key().compare(prefix) < 0) {
-        it->Seek(prefix);
-        positioned = true;
-      }
-      for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
-        const rocksdb::Slice key = it->key();
-        const rocksdb::Slice value = it->value();
-        if (key.size() != prefix.size() + 8 || value.size() != row_bytes) {
-          return absl::DataLossError(absl::StrCat(
-              "row file ", path_, ": table '", saved.name(), "' slot ", slot,
-              " holds an entry of key size ", key.size(), " and value size ",
-              value.size(), " (expected ", prefix.size() + 8, " and ",
-              row_bytes, ")"));
-        }
-        const int64_t id = static_cast<int64_t>(
-            GetBigEndian(key.data() + prefix.size(), 8) ^ (uint64_t{1} << 63));
-        std::memcpy(rows.data() + ids.size() * stride, value.data(), row_bytes);
-        ids.push_back(id);
-        if (static_cast<int64_t>(ids.size()) == batch_rows) RETURN_IF_ERROR(flush());
-      }
-      RETURN_IF_ERROR(FromRocksStatus(it->status(), "cannot read row file", path_));
-      RETURN_IF_ERROR(flush());
+  bool positioned = false;
+  for (uint32_t slot : sorted) {
+    EncodeSlotPrefix(table.name(), slot, &prefix);
+    auto flush = [&]() -> absl::Status {
+      if (ids.empty()) return absl::OkStatus();
+      absl::Status s = fn(slot, ids, rows.data());
+      ids.clear();
+      return s;
+    };
+    // After the previous slot the iterator stands on the first key past
+    // it; when that is not below this slot's prefix it is already where a
+    // Seek would go (slots are sorted), and a Seek would re-read blocks.
+    if (!positioned || !it->Valid() || it->key().compare(prefix) < 0) {
+      it->Seek(prefix);
+      positioned = true;
     }
+    for (; it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      const rocksdb::Slice key = it->key();
+      const rocksdb::Slice value = it->value();
+      if (key.size() != prefix.size() + 8 || value.size() != row_bytes) {
+        return absl::DataLossError(absl::StrCat(
+            "row file ", path_, ": table '", table.name(), "' slot ", slot,
+            " holds an entry of key size ", key.size(), " and value size ",
+            value.size(), " (expected ", prefix.size() + 8, " and ", row_bytes,
+            ")"));
+      }
+      const int64_t id = static_cast<int64_t>(
+          GetBigEndian(key.data() + prefix.size(), 8) ^ (uint64_t{1} << 63));
+      std::memcpy(rows.data() + ids.size() * stride, value.data(), row_bytes);
+      ids.push_back(id);
+      if (static_cast<int64_t>(ids.size()) == batch_rows) RETURN_IF_ERROR(flush());
+    }
+    RETURN_IF_ERROR(FromRocksStatus(it->status(), "cannot read row file", path_));
+    RETURN_IF_ERROR(flush());
   }
-  return imported;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> RowFileReader::Import(EmbeddingStore& store,
-                                              absl::Span<const uint32_t> slots,
-                                              const ImportOptions& options) const {
-  if (options.batch_rows < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch_rows is ", options.batch_rows, "; it must be at least 1"));
-  }
-  const std::vector<uint32_t> sorted = SortedUnique(slots);
-  if (options.pool == nullptr || sorted.size() < 2) {
-    return ImportSlots(store, sorted, options.batch_rows);
-  }
-  // Slots are independent (each has its own lock in the store): chunks of
-  // them import in parallel, each with its own iterator.
-  absl::Mutex mu;
-  absl::Status first_error;
-  std::atomic<int64_t> imported{0};
-  options.pool->ParallelFor(
-      static_cast<int64_t>(sorted.size()), /*grain=*/16,
-      [&](int64_t begin, int64_t end) {
-        absl::StatusOr<int64_t> rows = ImportSlots(
-            store, absl::MakeConstSpan(sorted).subspan(begin, end - begin),
-            options.batch_rows);
-        if (rows.ok()) {
-          imported.fetch_add(*rows, std::memory_order_relaxed);
-          return;
-        }
-        absl::MutexLock lock(&mu);
-        if (first_error.ok()) first_error = rows.status();
-      });
-  if (!first_error.ok()) return first_error;
-  return imported.load();
+std::unique_ptr<rocksdb::Iterator> RowFileReader::NewRowIterator() const {
+  rocksdb::ReadOptions read_options;
+  read_options.verify_checksums = false;
+  std::unique_ptr<rocksdb::Iterator> it(reader_->NewIterator(read_options));
+  it->Seek(kHeaderKey);
+  if (it->Valid() && it->key() == kHeaderKey) it->Next();
+  return it;
 }
 
 }  // namespace recps::server::checkpoint

@@ -1,18 +1,22 @@
-// Row files: the rows of one shard server in one RocksDB SST file, keyed by
-// (table, slot, id) so that a restore onto any shard map reads back exactly
-// the slots a server owns now.
+// Row files (checkpoint format library, no store): the rows of one shard
+// server in one RocksDB SST file, keyed by (table, slot, id) so that a
+// restore onto any shard map reads back exactly the slots a server owns now.
 //
 // Key: the table name, a 0 byte, the slot as big-endian uint32, the id as
 // big-endian uint64 with the sign bit flipped: byte order == (table name,
 // slot, id) order, so one slot of one table is a contiguous key range.
-// Value: the fused row (kernels::FusedRowStride floats: weights, optimizer
-// state, padding) as little-endian float32, as EmbeddingStore::ExportSlot
-// gives it. The first key, "\0recps.row_file", holds a v1::RowFileHeader
-// (slot count, the tables' layouts). Layout: docs/operations.md.
+// Value: the fused row (CheckpointTable.row_stride floats: weights,
+// optimizer state, padding) as little-endian float32, as
+// EmbeddingStore::ExportSlot gives it. The first key, "\0recps.row_file",
+// holds a v1::RowFileHeader (slot count, the tables' layouts, digest, step).
+// Layout: docs/operations.md. The store-facing side (writing a store's rows,
+// importing into a store) is server/checkpoint/store_rows.h.
 #ifndef RECPS_SERVER_CHECKPOINT_ROW_FILE_H_
 #define RECPS_SERVER_CHECKPOINT_ROW_FILE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -20,13 +24,14 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "common/thread_pool.h"
 #include "recps/v1/checkpoint.pb.h"
-#include "server/shard/embedding_store.h"
 
 namespace rocksdb {
+class Iterator;
 class SstFileReader;
-}
+class SstFileWriter;
+class Env;
+}  // namespace rocksdb
 
 namespace recps::server::checkpoint {
 
@@ -36,18 +41,12 @@ inline constexpr uint32_t kRowFileFormatVersion = 1;
 // The key of (table, slot, id), appended to *out (cleared first).
 void EncodeRowKey(absl::string_view table, uint32_t slot, int64_t id,
                   std::string* out);
-
-// The layout of every table of `store`, as a checkpoint records it.
-std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store);
-
-// OK when every table of `store` that appears in `saved` has the same dim,
-// optimizer, row stride and row count; FAILED_PRECONDITION naming `source`
-// (a file), the table, the field and both values otherwise. Tables only in
-// one of them are not checked here.
-absl::Status CheckLayout(
-    const google::protobuf::RepeatedPtrField<v1::CheckpointTable>& saved,
-                         const EmbeddingStore& store,
-                         absl::string_view source);
+// The key prefix of one (table, slot): every key of its rows starts with it.
+void EncodeSlotPrefix(absl::string_view table, uint32_t slot,
+                      std::string* out);
+// The parts of a row key; false when `key` is not one (e.g. the header).
+bool DecodeRowKey(absl::string_view key, absl::string_view* table,
+                  uint32_t* slot, int64_t* id);
 
 struct RowFileInfo {
   std::string path;
@@ -57,44 +56,67 @@ struct RowFileInfo {
 };
 
 struct RowFileOptions {
-  // Rows per ExportSlot call (one hold of the slot's lock each).
+  // Rows per EmbeddingStore::ExportSlot call (one hold of the slot's lock
+  // each) when a store's rows are written (store_rows.h).
   int64_t chunk_rows = 4096;
   // SST data block size: rows are large, big blocks keep the index small.
-  size_t block_size = size_t{64} << 10;
+  size_t block_size = size_t{256} << 10;
   // The file is written by a thread of its own in buffers of this size
   // (two of them: one filling, one being written; at least 1 MiB), and
   // write-back (sync_file_range) starts after each.
   size_t write_buffer_bytes = size_t{8} << 20;
+  // When set, counts the rows added so far (progress of a long write).
+  std::atomic<int64_t>* rows_written = nullptr;
 };
 
-// Writes the rows of a store to a new row file.
-class RowFileWriter {
+// Builds a new row file from rows given in key order. Not thread-safe.
+class RowFileBuilder {
  public:
-  explicit RowFileWriter(RowFileOptions options = {}) : options_(options) {}
+  // Creates `path` (which must not exist as a complete file the caller
+  // cares about: it is overwritten) and writes the header entry. Errors
+  // name the path: PERMISSION_DENIED / NOT_FOUND / FAILED_PRECONDITION when
+  // it cannot be created, RESOURCE_EXHAUSTED when the disk is full,
+  // INVALID_ARGUMENT for a table name holding a 0 byte.
+  static absl::StatusOr<std::unique_ptr<RowFileBuilder>> Create(
+      const std::string& path, const v1::RowFileHeader& header,
+      const RowFileOptions& options = {});
+  // Removes the file unless Finish succeeded.
+  ~RowFileBuilder();
+  RowFileBuilder(const RowFileBuilder&) = delete;
+  RowFileBuilder& operator=(const RowFileBuilder&) = delete;
 
-  // Every row of every table of `store` in `slots` (any order, duplicates
-  // ignored) to a new file at `path`, synced to disk (fsync) before it
-  // returns; then its size and CRC-32C (computed as the file is written). Rows are read with ExportSlot, so a
-  // store that trains meanwhile gives a row-wise fuzzy copy. On error the
-  // partial file is removed: RESOURCE_EXHAUSTED when the disk is full,
-  // PERMISSION_DENIED / NOT_FOUND / FAILED_PRECONDITION naming the path when
-  // it cannot be created, INVALID_ARGUMENT for a slot >= the store's slots.
-  absl::StatusOr<RowFileInfo> Write(const EmbeddingStore& store,
-                                    absl::Span<const uint32_t> slots,
-                                    const std::string& path) const;
+  // Rows of (table, slot): ids ascending, rows ids.size() x stride floats;
+  // every key after every key added before (tables by name, then slot,
+  // then id), else INVALID_ARGUMENT from RocksDB naming the file.
+  absl::Status Add(absl::string_view table, uint32_t slot,
+                   absl::Span<const int64_t> ids, const float* rows,
+                   int64_t stride);
+  // One entry as a RowFileReader iterator gives it (a merge's output).
+  absl::Status AddEncoded(absl::string_view key, absl::string_view value);
+
+  int64_t rows() const { return rows_; }
+  const std::string& path() const { return path_; }
+
+  // Writes the index and footer, syncs the file (fsync) and returns its
+  // size and CRC-32C (computed while it was written, no second pass).
+  absl::StatusOr<RowFileInfo> Finish();
 
  private:
-  RowFileOptions options_;
+  struct Crc;
+  RowFileBuilder() = default;
+
+  std::string path_;
+  std::unique_ptr<Crc> crc_;
+  std::unique_ptr<rocksdb::Env> env_;
+  std::unique_ptr<rocksdb::SstFileWriter> writer_;
+  std::string key_;
+  int64_t rows_ = 0;
+  std::atomic<int64_t>* progress_ = nullptr;
+  bool finished_ = false;
 };
 
-struct ImportOptions {
-  // Rows per EmbeddingStore::ImportRows call.
-  int64_t batch_rows = 4096;
-  // Imports slots in parallel when set.
-  ThreadPool* pool = nullptr;
-};
-
-// Reads a row file back into a store, by slot.
+// Reads a row file. Thread-safe after Open (each call uses its own
+// iterator).
 class RowFileReader {
  public:
   ~RowFileReader();
@@ -112,28 +134,26 @@ class RowFileReader {
 
   const std::string& path() const { return path_; }
   const v1::RowFileHeader& header() const { return header_; }
+  // The header's layout of `table`, or null when the file has none.
+  const v1::CheckpointTable* FindTable(absl::string_view table) const;
 
-  // OK when `store` can take this file's rows: same slot count, and each
-  // table in both has the same layout (CheckLayout). FAILED_PRECONDITION
-  // naming the file, the table and the field otherwise.
-  absl::Status CheckStore(const EmbeddingStore& store) const;
+  // Rows of one (table, slot) batch: ids ascending, rows ids.size() x
+  // row_stride floats. Returning an error stops the read with it.
+  using RowsFn = std::function<absl::Status(
+      uint32_t slot, absl::Span<const int64_t> ids, const float* rows)>;
+  // Calls fn for the rows of `table` in `sorted_slots` (ascending),
+  // batch_rows at most per call, in key order. DATA_LOSS naming the file
+  // for an entry of the wrong size. A table the file lacks reads as empty.
+  absl::Status ReadSlots(const v1::CheckpointTable& table,
+                         absl::Span<const uint32_t> sorted_slots,
+                         int64_t batch_rows, const RowsFn& fn) const;
 
-  // Imports the rows of `slots` (any order) of every table of `store` that
-  // the file holds, batch_rows at a time per slot (EmbeddingStore::
-  // ImportRows), on options.pool when given (slots in parallel); returns the
-  // rows imported. Call CheckStore first. A store refusing a batch (e.g.
-  // RESOURCE_EXHAUSTED: the table is full) stops the import with the
-  // batches before it applied.
-  absl::StatusOr<int64_t> Import(EmbeddingStore& store,
-                                 absl::Span<const uint32_t> slots,
-                                 const ImportOptions& options = {}) const;
+  // An iterator over the row entries in key order (the header skipped):
+  // for merges (compaction, export). Check status() when !Valid().
+  std::unique_ptr<rocksdb::Iterator> NewRowIterator() const;
 
  private:
   RowFileReader() = default;
-  // Import of `sorted` slots on the calling thread.
-  absl::StatusOr<int64_t> ImportSlots(EmbeddingStore& store,
-                                      absl::Span<const uint32_t> sorted,
-                                      int64_t batch_rows) const;
 
   std::string path_;
   std::unique_ptr<rocksdb::SstFileReader> reader_;

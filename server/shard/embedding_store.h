@@ -157,6 +157,36 @@ class EmbeddingStore {
   // INVALID_ARGUMENT for a slot >= num_slots, NOT_FOUND for an unknown
   // table.
   virtual absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) = 0;
+
+  // ---- Snapshots and row generations: checkpoints while training runs. ----
+  // Every row carries the generation of its last change (its creation, a
+  // push, an import): one integer per row, stored as the row is written,
+  // no allocation. Between snapshots, changes carry generation last_cut+1
+  // (1 before the first snapshot).
+
+  // Opens a snapshot at cut `cut`: the rows as they are now stay readable
+  // through ExportSnapshotSlot until EndSnapshot, while lookups and pushes
+  // go on. A change to a row not changed since the cut first copies the
+  // row aside (once per row: copy-on-write), so the cost during the
+  // snapshot is one row copy per distinct row touched, and the call itself
+  // holds every table's locks only for the generation bump (O(tables x lock
+  // stripes), not O(rows)). Changes after the call carry generation cut+1.
+  // INVALID_ARGUMENT when cut is 0 or not above every earlier cut;
+  // FAILED_PRECONDITION when a snapshot is already open.
+  virtual absl::Status BeginSnapshot(uint64_t cut) = 0;
+  // As ExportSlot, but the rows as they were at the cut, and only those
+  // whose generation at the cut was above `since` (0: every row; the cut of
+  // an earlier snapshot: the rows changed since that snapshot). Rows created
+  // after the cut are not seen. FAILED_PRECONDITION when no snapshot is
+  // open.
+  virtual absl::Status ExportSnapshotSlot(int table, uint32_t slot,
+                                          uint64_t since, SlotCursor* cursor,
+                                          int64_t max_rows,
+                                          SlotChunk* out) const = 0;
+  // Closes the open snapshot (if any) and frees the rows copied aside.
+  virtual void EndSnapshot() = 0;
+  // Bytes of rows copied aside for the open snapshot (0 when none).
+  virtual int64_t SnapshotBytes() const = 0;
 };
 
 // The store for options.device: the host store for CPU. A GPU-resident

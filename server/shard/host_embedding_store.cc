@@ -264,6 +264,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
           error.Set(t->FullError());
           return;
         }
+        t->Touch(b.slot[p], ids[p], rows[k]);
         PrefetchRow(t->Row(rows[k]), static_cast<int>(t->stride));
         PrefetchRow(grads + p * t->spec.dim, t->spec.dim);
       }
@@ -430,14 +431,19 @@ class HostEmbeddingStore final : public EmbeddingStore {
     } while (!t->next_row.compare_exchange_weak(next, next + fresh,
                                                 std::memory_order_relaxed));
     // Rows are written under the lock, before anyone can find them.
+    const uint64_t gen = t->write_gen.load(std::memory_order_relaxed);
     for (size_t p = 0; p < ids.size(); ++p) {
       const float* src = rows + p * t->stride;
+      bool created_now = false;
       const int64_t r = index.FindOrInsert(ids[p], [&]() -> int64_t {
         const int64_t created = next++;
         t->RowIds()[created] = ids[p];
+        t->RowGens()[created] = gen;
         ++t->slot_rows[slot];
+        created_now = true;
         return created;
       });
+      if (!created_now) t->Touch(slot, ids[p], r);
       float* dst = t->Row(r);
       std::memcpy(dst, src, sizeof(float) * used);
       std::fill(dst + used, dst + t->stride, 0.0f);
@@ -454,6 +460,125 @@ class HostEmbeddingStore final : public EmbeddingStore {
     }
     ASSIGN_OR_RETURN(Table * t, Get(table));
     return DropSlotOf(*t, slot);
+  }
+
+  absl::Status BeginSnapshot(uint64_t cut) override {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (open_cut_ != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a snapshot (cut ", open_cut_, ") is open; end it before cut ", cut));
+    }
+    if (cut == 0 || cut <= last_cut_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "snapshot cut ", cut, " must be above the last cut ", last_cut_,
+          " (and above 0)"));
+    }
+    for (const auto& t : tables_) {
+      // Every stripe: no row of the table changes while the generation
+      // moves, so each row is either before the cut or after it.
+      const AllStripesLock stripes(*t);
+      t->snapshot_cut.store(cut, std::memory_order_relaxed);
+      t->write_gen.store(cut + 1, std::memory_order_relaxed);
+    }
+    open_cut_ = cut;
+    last_cut_ = cut;
+    return absl::OkStatus();
+  }
+
+  absl::Status ExportSnapshotSlot(int table, uint32_t slot, uint64_t since,
+                                  SlotCursor* cursor, int64_t max_rows,
+                                  SlotChunk* out) const override {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    RETURN_IF_ERROR(CheckSlot(*t, slot));
+    if (cursor == nullptr || out == nullptr) {
+      return absl::InvalidArgumentError(
+          "ExportSnapshotSlot: cursor or out is null");
+    }
+    if (max_rows < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ExportSnapshotSlot: max_rows is ", max_rows, "; it must be >= 1"));
+    }
+    out->row_stride = t->stride;
+    out->ids.clear();
+    out->rows.clear();
+    if (cursor->done) return absl::OkStatus();
+    // (id, source): source >= 0 is a row of the arena, < 0 the pre-image
+    // -1 - source; only used under this lock.
+    std::vector<std::pair<int64_t, int64_t>> found;
+    bool done = true;
+    {
+      absl::ReaderMutexLock lock(&t->stripes[slot % kStripes]);
+      const uint64_t cut = t->snapshot_cut.load(std::memory_order_relaxed);
+      if (cut == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table '", t->spec.name, "': no snapshot is open"));
+      }
+      const IdIndex& index = t->index[slot];
+      const uint64_t* gens = t->RowGens();
+      const Table::PreImages& pre = t->pre_images[slot % kStripes];
+      found.reserve(index.size());
+      index.ForEach([&](int64_t id, int64_t row) {
+        if (cursor->started && id <= cursor->last_id) return;
+        const uint64_t gen = gens[row];
+        if (gen <= cut) {
+          if (gen > since) found.emplace_back(id, row);
+          return;
+        }
+        if (pre.at.empty()) return;  // created after the cut
+        const auto it = pre.at.find(std::make_pair(slot, id));
+        if (it != pre.at.end() && pre.gens[it->second] > since) {
+          found.emplace_back(id, -1 - it->second);
+        }
+      });
+      if (static_cast<int64_t>(found.size()) > max_rows) {
+        done = false;
+        std::nth_element(found.begin(), found.begin() + max_rows, found.end());
+        found.resize(max_rows);
+      }
+      std::sort(found.begin(), found.end());
+      out->ids.resize(found.size());
+      out->rows.resize(found.size() * t->stride);
+      for (size_t k = 0; k < found.size(); ++k) {
+        out->ids[k] = found[k].first;
+        const float* src =
+            found[k].second >= 0
+                ? t->Row(found[k].second)
+                : pre.rows.data() + (-1 - found[k].second) * t->stride;
+        std::memcpy(out->rows.data() + k * t->stride, src,
+                    sizeof(float) * t->stride);
+      }
+    }
+    // The cursor advances past every id looked at, kept or not.
+    if (!found.empty()) {
+      cursor->started = true;
+      cursor->last_id = found.back().first;
+    }
+    cursor->done = done;
+    return absl::OkStatus();
+  }
+
+  void EndSnapshot() override {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (open_cut_ == 0) return;
+    for (const auto& t : tables_) {
+      std::array<Table::PreImages, kStripes> dropped;
+      {
+        const AllStripesLock stripes(*t);
+        t->snapshot_cut.store(0, std::memory_order_relaxed);
+        dropped.swap(t->pre_images);
+        t->pre_image_bytes.store(0, std::memory_order_relaxed);
+      }
+      // `dropped` frees its memory here, with no lock held.
+    }
+    open_cut_ = 0;
+  }
+
+  int64_t SnapshotBytes() const override {
+    int64_t bytes = 0;
+    for (const auto& t : tables_) {
+      bytes += t->pre_image_bytes.load(std::memory_order_relaxed);
+    }
+    return bytes;
   }
 
   std::vector<int64_t> RowsPerSlot() const override {
@@ -514,6 +639,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
     const int64_t new_end = end - n;
     const size_t row_bytes = sizeof(float) * t.stride;
     int64_t* const row_ids = t.RowIds();
+    uint64_t* const row_gens = t.RowGens();
     // Holes below new_end are exactly as many as live rows at or above it:
     // fill them with those, taken from the end.
     int64_t tail = end - 1;
@@ -527,6 +653,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
       const int64_t id = row_ids[tail];
       std::memcpy(t.Row(to), t.Row(tail), row_bytes);
       row_ids[to] = id;
+      row_gens[to] = row_gens[tail];
       const bool moved =
           t.index[SlotOf(t.key, id, t.num_slots)].SetRow(id, to);
       if (!moved) {
@@ -544,6 +671,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
                  end * static_cast<int64_t>(row_bytes));
     ReleaseBytes(t.row_ids, new_end * static_cast<int64_t>(sizeof(int64_t)),
                  end * static_cast<int64_t>(sizeof(int64_t)));
+    ReleaseBytes(t.row_gens, new_end * static_cast<int64_t>(sizeof(uint64_t)),
+                 end * static_cast<int64_t>(sizeof(uint64_t)));
     return n;
   }
 
@@ -589,6 +718,10 @@ class HostEmbeddingStore final : public EmbeddingStore {
   const StoreOptions options_;
   const std::vector<std::unique_ptr<Table>> tables_;
   absl::flat_hash_map<std::string, int> by_name_;
+  // Serialises BeginSnapshot and EndSnapshot.
+  absl::Mutex snapshot_mu_;
+  uint64_t open_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
+  uint64_t last_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
 };
 
 }  // namespace
@@ -645,6 +778,14 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
           " rows: ", row_ids.status().message()));
     }
     t->row_ids = *std::move(row_ids);
+    auto row_gens = AlignedBuffer::Allocate(
+        static_cast<size_t>(t->capacity) * sizeof(uint64_t));
+    if (!row_gens.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "table '", spec.name, "': reserving the generations of ",
+          t->capacity, " rows: ", row_gens.status().message()));
+    }
+    t->row_gens = *std::move(row_gens);
     t->index.resize(options.num_slots);
     t->slot_rows.assign(options.num_slots, 0);
     t->spec = std::move(spec);

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/numeric/bits.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -67,8 +68,50 @@ struct Table {
   std::vector<IdIndex> index;
   std::vector<int64_t> slot_rows;
 
+  // ---- Snapshots (EmbeddingStore::BeginSnapshot) ----
+  // The generation of each row's last change (capacity uint64s, committed
+  // as rows appear), written under the row's stripe like the row.
+  AlignedBuffer row_gens;
+  // The generation stamped on changes now, and the open snapshot's cut (0:
+  // none). Written with every stripe held (AllStripesLock), so a reader
+  // holding any one stripe sees a consistent pair.
+  std::atomic<uint64_t> write_gen{1};
+  std::atomic<uint64_t> snapshot_cut{0};
+  // Rows as they were at the cut, copied aside just before their first
+  // change after it; one per stripe, guarded by that stripe.
+  struct PreImages {
+    // (slot, id) -> index into gens (rows at index x stride in `rows`).
+    absl::flat_hash_map<std::pair<uint32_t, int64_t>, int64_t> at;
+    std::vector<float> rows;
+    std::vector<uint64_t> gens;  // the row's generation at the cut
+  };
+  mutable std::array<PreImages, kStripes> pre_images;
+  std::atomic<int64_t> pre_image_bytes{0};
+
   float* Row(int64_t r) const { return arena.as<float>() + r * stride; }
   int64_t* RowIds() const { return row_ids.as<int64_t>(); }
+  uint64_t* RowGens() const { return row_gens.as<uint64_t>(); }
+
+  // Call before row r (id, in slot) changes, with slot's stripe held as a
+  // writer: keeps the row's cut value when a snapshot needs it (its first
+  // change since the cut), then stamps the row with the current generation.
+  void Touch(uint32_t slot, int64_t id, int64_t r) {
+    uint64_t& gen = RowGens()[r];
+    const uint64_t cut = snapshot_cut.load(std::memory_order_relaxed);
+    if (cut != 0 && gen <= cut) SavePreImage(slot, id, r, gen);
+    gen = write_gen.load(std::memory_order_relaxed);
+  }
+  void SavePreImage(uint32_t slot, int64_t id, int64_t r, uint64_t gen) {
+    PreImages& p = pre_images[slot % kStripes];
+    const auto [it, inserted] = p.at.try_emplace(
+        std::make_pair(slot, id), static_cast<int64_t>(p.gens.size()));
+    if (!inserted) return;
+    p.gens.push_back(gen);
+    const float* row = Row(r);
+    p.rows.insert(p.rows.end(), row, row + stride);
+    pre_image_bytes.fetch_add(stride * static_cast<int64_t>(sizeof(float)),
+                              std::memory_order_relaxed);
+  }
 
   bool InRange(int64_t id) const {
     return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
@@ -102,6 +145,7 @@ struct Table {
       InitRow(spec.init, seed, key, id, spec.dim, row);
       kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
       RowIds()[r] = id;
+      RowGens()[r] = write_gen.load(std::memory_order_relaxed);
       ++slot_rows[slot];
       return r;
     });

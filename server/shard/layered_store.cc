@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace recps::server {
 
@@ -36,6 +37,12 @@ absl::Status LayeredStore::Add(std::unique_ptr<EmbeddingStore> store) {
       return absl::InvalidArgumentError(
           absl::StrCat("table '", name, "' already exists on this server"));
     }
+  }
+  // A store added after snapshots continues their generations: its rows
+  // are all newer than the last cut (and absent from an open snapshot).
+  if (last_cut_ > 0) {
+    RETURN_IF_ERROR(store->BeginSnapshot(last_cut_));
+    if (!snapshot_open_) store->EndSnapshot();
   }
   for (int t = 0; t < n; ++t) {
     entries_[first + t] = Entry{store.get(), t};
@@ -167,6 +174,56 @@ absl::StatusOr<int64_t> LayeredStore::DropSlot(int table, uint32_t slot) {
     dropped += *n;
   }
   return dropped;
+}
+
+std::vector<EmbeddingStore*> LayeredStore::Stores() const {
+  std::vector<EmbeddingStore*> stores = {base_.get()};
+  absl::ReaderMutexLock lock(&mu_);
+  for (const std::unique_ptr<EmbeddingStore>& s : added_) {
+    stores.push_back(s.get());
+  }
+  return stores;
+}
+
+absl::Status LayeredStore::BeginSnapshot(uint64_t cut) {
+  // mu_ keeps Add out: every store takes the same cut.
+  absl::MutexLock lock(&mu_);
+  std::vector<EmbeddingStore*> stores = {base_.get()};
+  for (const auto& s : added_) stores.push_back(s.get());
+  for (size_t i = 0; i < stores.size(); ++i) {
+    absl::Status st = stores[i]->BeginSnapshot(cut);
+    if (!st.ok()) {
+      for (size_t j = 0; j < i; ++j) stores[j]->EndSnapshot();
+      return st;
+    }
+  }
+  last_cut_ = cut;
+  snapshot_open_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status LayeredStore::ExportSnapshotSlot(int table, uint32_t slot,
+                                              uint64_t since,
+                                              SlotCursor* cursor,
+                                              int64_t max_rows,
+                                              SlotChunk* out) const {
+  const Entry* e = Get(table);
+  if (e == nullptr) return NoTable(table);
+  return e->store->ExportSnapshotSlot(e->local, slot, since, cursor, max_rows,
+                                      out);
+}
+
+void LayeredStore::EndSnapshot() {
+  absl::MutexLock lock(&mu_);
+  base_->EndSnapshot();
+  for (const auto& s : added_) s->EndSnapshot();
+  snapshot_open_ = false;
+}
+
+int64_t LayeredStore::SnapshotBytes() const {
+  int64_t bytes = 0;
+  for (EmbeddingStore* s : Stores()) bytes += s->SnapshotBytes();
+  return bytes;
 }
 
 }  // namespace recps::server

@@ -57,8 +57,17 @@ class LayeredStore final : public EmbeddingStore {
                           absl::Span<const int64_t> ids,
                           const float* rows) override;
   absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override;
+  // Snapshots span every layer with the same cut; a store added later
+  // starts at the last cut's generation.
+  absl::Status BeginSnapshot(uint64_t cut) override;
+  absl::Status ExportSnapshotSlot(int table, uint32_t slot, uint64_t since,
+                                  SlotCursor* cursor, int64_t max_rows,
+                                  SlotChunk* out) const override;
+  void EndSnapshot() override;
+  int64_t SnapshotBytes() const override;
 
  private:
+  std::vector<EmbeddingStore*> Stores() const;
   struct Entry {
     EmbeddingStore* store = nullptr;
     int local = 0;  // the table's index in `store`
@@ -80,6 +89,8 @@ class LayeredStore final : public EmbeddingStore {
   mutable absl::Mutex mu_;  // serialises Add; guards the name index
   std::vector<std::unique_ptr<EmbeddingStore>> added_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> added_names_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_cut_ ABSL_GUARDED_BY(mu_) = 0;
+  bool snapshot_open_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace recps::server
