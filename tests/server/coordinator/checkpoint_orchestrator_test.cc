@@ -152,7 +152,9 @@ class CheckpointOrchestratorTest : public ::testing::Test {
       r.set_address(address);
       EXPECT_TRUE((*c)->Register(r).ok());
     }
-    if (start) EXPECT_TRUE((*c)->checkpoints().Start().ok());
+    if (start) {
+      EXPECT_TRUE((*c)->checkpoints().Start().ok());
+    }
     return *std::move(c);
   }
 
@@ -178,7 +180,7 @@ class CheckpointOrchestratorTest : public ::testing::Test {
       absl::MutexLock lock(&a1.mu);
       a1.result = std::move(r);
     });
-    a1.get();
+    EXPECT_EQ(a1.get().status().code(), a0.get().status().code());
     return a0.get();
   }
 
@@ -267,7 +269,9 @@ TEST_F(CheckpointOrchestratorTest, IncrementalChainsToThePreviousAndFullEveryN) 
     auto m = ckpt::ReadManifest(root_ + "/" + ckpt::CheckpointDirName(step));
     ASSERT_TRUE(m.ok()) << m.status();
     kinds.emplace_back(m->kind(), m->base_step());
-    if (step == 30) EXPECT_EQ(m->full_step(), 10u);
+    if (step == 30) {
+      EXPECT_EQ(m->full_step(), 10u);
+    }
   }
   EXPECT_THAT(kinds, ElementsAre(std::pair<int, uint64_t>{v1::CHECKPOINT_KIND_FULL, 0},
                                  std::pair<int, uint64_t>{v1::CHECKPOINT_KIND_INCREMENTAL, 10},
