@@ -66,7 +66,58 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                           .Name("recps_shard_resident_bytes")
                           .Help("Resident memory of the process")
                           .Register(registry)
-                          .Add({})) {}
+                          .Add({})),
+      checkpoint_rows_(prometheus::BuildCounter()
+                           .Name("recps_shard_checkpoint_rows_written_total")
+                           .Help("Rows written to checkpoint row files")
+                           .Register(registry)
+                           .Add({})),
+      checkpoint_bytes_(prometheus::BuildCounter()
+                            .Name("recps_shard_checkpoint_bytes_written_total")
+                            .Help("Bytes of checkpoint row files written")
+                            .Register(registry)
+                            .Add({})),
+      checkpoint_write_seconds_(
+          prometheus::BuildHistogram()
+              .Name("recps_shard_checkpoint_write_seconds")
+              .Help("Time to write one checkpoint row file (in the background)")
+              .Register(registry)
+              .Add({}, prometheus::Histogram::BucketBoundaries{
+                           0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300})),
+      snapshot_stall_(prometheus::BuildGauge()
+                          .Name("recps_shard_checkpoint_last_snapshot_stall_seconds")
+                          .Help("How long the last checkpoint snapshot held "
+                                "the store (pushes and lookups wait)")
+                          .Register(registry)
+                          .Add({})),
+      restored_rows_(prometheus::BuildCounter()
+                         .Name("recps_shard_checkpoint_restored_rows_total")
+                         .Help("Rows imported by RestoreRows")
+                         .Register(registry)
+                         .Add({})),
+      last_checkpoint_time_(
+          prometheus::BuildGauge()
+              .Name("recps_shard_checkpoint_last_written_unixtime")
+              .Help("When the last checkpoint row file was complete, Unix "
+                    "seconds (0: none yet)")
+              .Register(registry)
+              .Add({})) {}
+
+void ShardMetrics::RecordCheckpointWrite(int64_t rows, int64_t bytes,
+                                         double seconds) {
+  checkpoint_rows_.Increment(static_cast<double>(rows));
+  checkpoint_bytes_.Increment(static_cast<double>(bytes));
+  checkpoint_write_seconds_.Observe(seconds);
+  last_checkpoint_time_.Set(absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+}
+
+void ShardMetrics::SetSnapshotStall(double seconds) {
+  snapshot_stall_.Set(seconds);
+}
+
+void ShardMetrics::RecordRestore(int64_t rows, double) {
+  restored_rows_.Increment(static_cast<double>(rows));
+}
 
 void ShardMetrics::RecordRequest(const std::string& rpc, absl::StatusCode code,
                                  double seconds) {

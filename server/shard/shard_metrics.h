@@ -55,6 +55,11 @@ class ShardMetrics {
   void RecordSyncWait(double seconds);
   void SetTableRows(const std::string& table, int64_t rows, int64_t bytes);
   void SetResidentBytes(int64_t bytes);
+  // Checkpoints: one row file written (in the background), the last
+  // snapshot's stall, one restore.
+  void RecordCheckpointWrite(int64_t rows, int64_t bytes, double seconds);
+  void SetSnapshotStall(double seconds);
+  void RecordRestore(int64_t rows, double seconds);
   // Appends one RpcStats per method seen so far (sorted by name): counts,
   // errors and the latency histogram, for ShardAdmin.Stats.
   void AppendRpcStats(v1::StatsResponse* response);
@@ -70,6 +75,12 @@ class ShardMetrics {
   prometheus::Family<prometheus::Gauge>& table_rows_;
   prometheus::Family<prometheus::Gauge>& table_bytes_;
   prometheus::Gauge& resident_bytes_;
+  prometheus::Counter& checkpoint_rows_;
+  prometheus::Counter& checkpoint_bytes_;
+  prometheus::Histogram& checkpoint_write_seconds_;
+  prometheus::Gauge& snapshot_stall_;
+  prometheus::Counter& restored_rows_;
+  prometheus::Gauge& last_checkpoint_time_;
 
   absl::Mutex mu_;  // caches the per-label children (Family::Add locks too)
   absl::flat_hash_map<std::string, prometheus::Counter*> request_counters_

@@ -133,7 +133,13 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
   work_ = std::make_unique<WorkQueue>(options_.work_threads);
 }
 
-ShardServer::~ShardServer() = default;
+ShardServer::~ShardServer() {
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    ckpt_stop_ = true;
+  }
+  if (ckpt_thread_.joinable()) ckpt_thread_.join();
+}
 
 ShardServer::MapView ShardServer::CurrentMap() const {
   absl::MutexLock lock(&map_mu_);

@@ -12,8 +12,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -103,6 +106,19 @@ class ShardServer {
   // not have, groups that do not cover the table's dim, no create_store).
   absl::Status SetShardMap(const v1::SetShardMapRequest& request);
 
+  // ---- Checkpoints (ShardAdmin; see shard_admin.proto for the contract) ----
+  // Checkpoint work runs on one thread of the server's own, one request at
+  // a time, never on the caller's: SaveRows waits there (at most the step
+  // timeout) for the cut, takes the snapshot, calls done, then writes the
+  // row file while training goes on; a SaveRows that arrives meanwhile
+  // waits for that write. RestoreRows imports there.
+  void SaveRows(const v1::SaveRowsRequest* request,
+                v1::SaveRowsResponse* response, Done done);
+  absl::Status SaveRowsStatus(const v1::SaveRowsStatusRequest& request,
+                              v1::SaveRowsStatusResponse* response) const;
+  void RestoreRows(const v1::RestoreRowsRequest* request,
+                   v1::RestoreRowsResponse* response, Done done);
+
   // Whether the server holds a map that lists it (and its tables).
   bool serving() const { return CurrentMap()->self >= 0; }
   // Sets the metrics that are levels, not counts (resident memory, rows per
@@ -149,6 +165,33 @@ class ShardServer {
   // `self` and that do not exist yet.
   absl::Status AddColumnGroupTables(const ShardMap& map, int self);
 
+  // One SaveRows, from its snapshot to its file.
+  struct SaveState {
+    uint64_t step = 0;
+    uint64_t cut = 0;
+    v1::SaveRowsStatusResponse::State state =
+        v1::SaveRowsStatusResponse::WRITING;
+    std::string error;
+    v1::CheckpointFile file;
+    int64_t rows_total = 0;
+    std::atomic<int64_t> rows_written{0};
+  };
+  // Runs task(false) on the checkpoint thread, or task(true) when the
+  // server stops first.
+  void PostCheckpointTask(absl::AnyInvocable<void(bool cancelled) &&> task);
+  void RunCheckpointTasks();
+  // On the checkpoint thread: the cut and the snapshot (SaveRows' reply).
+  absl::StatusOr<std::shared_ptr<SaveState>> TakeSnapshot(
+      const v1::SaveRowsRequest& request, v1::SaveRowsResponse* response);
+  // On the checkpoint thread, after the reply: the row file.
+  void WriteSnapshot(const v1::SaveRowsRequest& request,
+                     const std::shared_ptr<SaveState>& save, int num_tables,
+                     uint64_t since);
+  absl::Status DoRestoreRows(const v1::RestoreRowsRequest& request,
+                             v1::RestoreRowsResponse* response);
+  // Records `cut` as the snapshot of `step` that increments may build on.
+  void AddBase(uint64_t step, uint64_t cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_);
+
   std::unique_ptr<LayeredStore> store_;
   ShardServerOptions options_;
   ShardMetrics* metrics_;
@@ -166,6 +209,18 @@ class ShardServer {
 
   std::atomic<int64_t> lookup_requests_{0};
   std::atomic<int64_t> push_requests_{0};
+
+  // Checkpoint state; the thread is stopped in ~ShardServer before any
+  // member goes.
+  mutable absl::Mutex ckpt_mu_;
+  std::map<uint64_t, std::shared_ptr<SaveState>> saves_ ABSL_GUARDED_BY(ckpt_mu_);
+  // step -> the cut of its snapshot (written or restored): the bases an
+  // incremental SaveRows may name.
+  std::map<uint64_t, uint64_t> bases_ ABSL_GUARDED_BY(ckpt_mu_);
+  uint64_t next_cut_ ABSL_GUARDED_BY(ckpt_mu_) = 1;
+  std::deque<absl::AnyInvocable<void(bool) &&>> ckpt_tasks_ ABSL_GUARDED_BY(ckpt_mu_);
+  bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  std::thread ckpt_thread_;
 
   // Declared last: destroyed first, so no task outlives the members above.
   std::unique_ptr<StepClock> clock_;

@@ -163,4 +163,40 @@ grpc::ServerUnaryReactor* ShardAdminService::SetShardMap(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ShardAdminService::SaveRows(
+    grpc::CallbackServerContext* context, const v1::SaveRowsRequest* request,
+    v1::SaveRowsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  server_->SaveRows(request, response,
+                    [this, context, reactor, start](absl::Status s) {
+                      Finish("SaveRows", context, reactor, s, start, metrics_);
+                    });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardAdminService::SaveRowsStatus(
+    grpc::CallbackServerContext* context,
+    const v1::SaveRowsStatusRequest* request,
+    v1::SaveRowsStatusResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  Finish("SaveRowsStatus", context, reactor,
+         server_->SaveRowsStatus(*request, response), start, metrics_);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
+    grpc::CallbackServerContext* context,
+    const v1::RestoreRowsRequest* request, v1::RestoreRowsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  server_->RestoreRows(request, response,
+                       [this, context, reactor, start](absl::Status s) {
+                         Finish("RestoreRows", context, reactor, s, start,
+                                metrics_);
+                       });
+  return reactor;
+}
+
 }  // namespace recps::server

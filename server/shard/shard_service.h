@@ -52,6 +52,17 @@ class ShardAdminService final : public v1::ShardAdmin::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::SetShardMapRequest* request,
       v1::SetShardMapResponse* response) override;
+  grpc::ServerUnaryReactor* SaveRows(grpc::CallbackServerContext* context,
+                                     const v1::SaveRowsRequest* request,
+                                     v1::SaveRowsResponse* response) override;
+  grpc::ServerUnaryReactor* SaveRowsStatus(
+      grpc::CallbackServerContext* context,
+      const v1::SaveRowsStatusRequest* request,
+      v1::SaveRowsStatusResponse* response) override;
+  grpc::ServerUnaryReactor* RestoreRows(
+      grpc::CallbackServerContext* context,
+      const v1::RestoreRowsRequest* request,
+      v1::RestoreRowsResponse* response) override;
 
  private:
   ShardServer* server_;

@@ -51,6 +51,11 @@ bool StepClock::LookupReady(int64_t step) const {
   return true;
 }
 
+bool StepClock::started() const {
+  absl::MutexLock lock(&mu_);
+  return any_push_ || applied_step_ >= 0;
+}
+
 int64_t StepClock::applied_step() const {
   absl::MutexLock lock(&mu_);
   return applied_step_;
@@ -82,6 +87,10 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
   }
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    any_push_ = true;
   }
   if (options_.mode == ConsistencyMode::kAsync) {
     absl::Status s = apply_(push);
@@ -195,6 +204,61 @@ void StepClock::AwaitLookup(int64_t step,
     }
   }
   std::move(done)(result);
+}
+
+absl::Status StepClock::RunAtCut(int64_t step, absl::Duration timeout,
+                                 absl::FunctionRef<absl::Status()> fn) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
+  }
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !apply_error_.ok() ||
+           (!applying_ && applied_step_ >= step - 1);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (stopping_) return absl::UnavailableError("shard server is shutting down");
+  if (!apply_error_.ok()) return apply_error_;
+  if (applied_step_ >= step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint at step ", step, " is too late: this server has applied "
+        "steps up to ", applied_step_, " (", applied_step_ + 1,
+        " steps completed); a cut must be taken before step ", step,
+        " is applied"));
+  }
+  if (applying_ || applied_step_ < step - 1) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "checkpoint at step ", step, " waited ", absl::FormatDuration(timeout),
+        " for step ", step - 1, " to be applied: ",
+        Missing(applied_step_ + 1)));
+  }
+  return fn();
+}
+
+absl::Status StepClock::ResumeAt(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
+  }
+  std::vector<Waiter> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (any_push_ || applied_step_ >= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot restart the step clock at step ", step,
+          ": pushes already arrived (applied up to step ", applied_step_,
+          "); restore before training starts"));
+    }
+    applied_step_ = step - 1;
+    for (size_t i = 0; i < waiters_.size();) {
+      if (LookupReady(waiters_[i].step)) {
+        ready.push_back(TakeWaiter(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (Waiter& w : ready) std::move(w.done)(absl::OkStatus());
+  return absl::OkStatus();
 }
 
 std::string StepClock::Missing(int64_t step) const {

@@ -26,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -93,6 +94,28 @@ class StepClock {
   void AwaitLookup(int64_t step, absl::AnyInvocable<void(absl::Status) &&> done,
                    int64_t ids = 0, std::function<bool()> cancelled = nullptr);
 
+  // ---- Checkpoints ----
+  // Waits (at most `timeout`) until every step before `step` is applied and
+  // no apply runs, then calls fn() with the clock held: no step is applied
+  // (and no lookup released) while fn runs, so fn sees the state after
+  // exactly `step` steps (sync and bounded modes; in async mode pushes are
+  // applied outside the clock and the cut is per row). Returns fn's status;
+  // FAILED_PRECONDITION when step `step` or a later one was already
+  // applied; DEADLINE_EXCEEDED naming the missing pushes; UNAVAILABLE while
+  // shutting down; the apply error after a failed apply.
+  absl::Status RunAtCut(int64_t step, absl::Duration timeout,
+                        absl::FunctionRef<absl::Status()> fn);
+  // Restarts the clock at `step` (steps completed, e.g. a restored
+  // checkpoint's): step-1 counts as applied, so lookups for `step` run and
+  // pushes for `step` are the next to apply; waiting lookups that may now
+  // run are released. FAILED_PRECONDITION once any push arrived or a step
+  // was applied (the clock only moves forward from a fresh start);
+  // INVALID_ARGUMENT for a negative step.
+  absl::Status ResumeAt(int64_t step);
+
+  // Whether any push arrived or a step was applied (ResumeAt is refused).
+  bool started() const;
+
   // Newest applied step; -1 before the first.
   int64_t applied_step() const;
   // Lookups currently waiting, and their ids.
@@ -132,6 +155,7 @@ class StepClock {
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t waiting_ids_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool any_push_ ABSL_GUARDED_BY(mu_) = false;
   std::thread timer_;
 };
 
