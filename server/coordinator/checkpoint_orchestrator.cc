@@ -258,7 +258,7 @@ void CheckpointOrchestrator::Tick() {
       last_error_ = std::string(status.message());
       open_.reset();
     } else if (queued_.has_value() && writing_ && now > queued_->deadline) {
-      status = absl::UnavailableError(absl::StrCat(
+      status = absl::AbortedError(absl::StrCat(
           "checkpoint cut at step ", queued_->step, ": the checkpoint at step ",
           progress_.has_value() ? progress_->step : 0, " is still being written after ",
           absl::FormatDuration(options_.cut_timeout),
@@ -361,8 +361,14 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   const uint64_t step = cut.step;
   auto fail = [&](const absl::Status& s) {
     Fail(step, s);
-    Answer(cut, absl::Status(s.code(), absl::StrCat("checkpoint at step ", step,
-                                                    " failed: ", s.message())),
+    // A server's UNAVAILABLE must not reach the workers as such: their
+    // client would resend the arrival. ABORTED: try at a later step.
+    const absl::StatusCode code =
+        absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)
+            ? absl::StatusCode::kAborted
+            : s.code();
+    Answer(cut, absl::Status(code, absl::StrCat("checkpoint at step ", step,
+                                                " failed: ", s.message())),
            true);
   };
   absl::StatusOr<v1::JobConfig> job = CheckpointJob();

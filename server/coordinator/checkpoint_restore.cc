@@ -135,7 +135,9 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveR
   std::vector<const ckpt::CheckpointInfo*> chain;
   for (const ckpt::CheckpointInfo& c : *resolved) chain.push_back(&c);
   const ckpt::CheckpointInfo* target = chain.back();
-  for (const ckpt::CheckpointInfo* c : chain) {
+  // The newest first: the checkpoint asked for is the one to name.
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const ckpt::CheckpointInfo* c = *it;
     if (c->manifest.job_config_digest() != digest) {
       return error(absl::FailedPreconditionError(absl::StrCat(
           JoinPath(c->dir, ckpt::kManifestName), " was written by another job (config digest ",
