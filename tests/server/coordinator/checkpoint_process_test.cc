@@ -181,12 +181,17 @@ class CheckpointProcessTest : public ::testing::Test {
   std::vector<absl::StatusOr<v1::CheckpointCutResponse>> Cut(const Cluster& c,
                                                                uint64_t step,
                                                                bool wait = true) {
+    return Cut(c.coordinator->address(), step, wait);
+  }
+  std::vector<absl::StatusOr<v1::CheckpointCutResponse>> Cut(const std::string& address,
+                                                               uint64_t step,
+                                                               bool wait = true) {
     std::vector<absl::StatusOr<v1::CheckpointCutResponse>> results(
         2, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (int rank = 0; rank < 2; ++rank) {
       threads.emplace_back([&, rank] {
-        client::CoordinatorClient client(c.coordinator->address());
+        client::CoordinatorClient client(address);
         v1::CheckpointCutRequest request;
         request.set_rank(rank);
         request.set_step(step);
@@ -357,6 +362,51 @@ TEST_F(CheckpointProcessTest, FailedServerLeavesNoManifestAndKeepsThePrevious) {
                       {"checkpoints", "--coordinator=" + c.coordinator->address()});
   EXPECT_EQ(failed.code, 0);
   EXPECT_THAT(failed.out, HasSubstr("last error: checkpoint at step 5 failed"));
+}
+
+TEST_F(CheckpointProcessTest, CutAcrossACoordinatorRestart) {
+  Cluster c = Start(2, Job(root_, false), "state");
+  ASSERT_EQ(c.shards.size(), 2u);
+  {
+    // A worker registered: the job ran (a restart must not refuse the
+    // checkpoints it wrote).
+    client::CoordinatorClient worker(c.coordinator->address());
+    v1::RegisterRequest r;
+    r.set_role(v1::WORKER);
+    r.set_rank(0);
+    ASSERT_TRUE(worker.Register(r).ok());
+    ASSERT_TRUE(worker.RequestCheckpoint("").ok());
+  }
+  auto client = Client(c);
+  Train(client.get(), 0, 3);
+  for (const auto& r : Cut(c, 3)) ASSERT_TRUE(r.ok()) << r.status();
+  Train(client.get(), 3, 5);
+
+  // The coordinator dies; the workers' cut at step 5 waits for its
+  // restart (their client resends on UNAVAILABLE) and completes there.
+  const std::string address = c.coordinator->address();
+  const std::string port = address.substr(address.rfind(':') + 1);
+  c.coordinator->Kill();
+  c.coordinator.reset();
+  std::vector<absl::StatusOr<v1::CheckpointCutResponse>> results;
+  std::thread cut([&] { results = Cut(address, 5); });
+  auto restarted = LocalShard::Start(
+      RECPS_COORDINATOR_BINARY,
+      {"--state_dir=" + dir_.path() + "/state", "--listen=127.0.0.1:" + port,
+       "--num_shards=2", "--num_slots=64", "--world_size=2", "--lease=3s",
+       "--tick=20ms", "--checkpoint_cut_timeout=20s"});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  c.coordinator = *std::move(restarted);
+  cut.join();
+  for (const auto& r : results) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->complete());
+  }
+  EXPECT_TRUE(ck::ReadManifest(root_ + "/" + ck::CheckpointDirName(5)).ok());
+  client::CoordinatorClient admin(c.coordinator->address());
+  auto id = admin.RequestCheckpoint("");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->request_id(), 2u);  // kept across the restart
 }
 
 }  // namespace
