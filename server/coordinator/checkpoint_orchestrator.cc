@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config/table_config.h"
+#include "common/hashing.h"
+#include "common/wire/shard_map.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
@@ -43,6 +45,32 @@ std::string RankList(const std::vector<int32_t>& ranks) {
   if (ranks.size() <= 16) return absl::StrJoin(ranks, ", ");
   return absl::StrCat(absl::StrJoin(ranks.begin(), ranks.begin() + 16, ", "), ", ... (",
                       ranks.size(), " in all)");
+}
+
+// The table layouts the servers' stores have: the job's tables and, for a
+// table split column-wise in `map`, each column group as a table of its own
+// (the names the servers store them under).
+absl::StatusOr<std::vector<v1::CheckpointTable>> ManifestTables(const v1::JobConfig& job,
+                                                                 const v1::ShardMap& map) {
+  ASSIGN_OR_RETURN(const ShardMap parsed, ShardMap::FromProto(map));
+  std::vector<v1::CheckpointTable> out;
+  auto add = [&out](const std::string& name, const config::TableSpec& spec, int dim) {
+    v1::CheckpointTable t;
+    t.set_name(name);
+    t.set_dim(dim);
+    t.set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
+    t.set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, dim));
+    t.set_num_rows(spec.num_rows);
+    out.push_back(std::move(t));
+  };
+  for (const v1::TableConfig& table : job.tables()) {
+    ASSIGN_OR_RETURN(const config::TableSpec spec, config::TableSpecFromConfig(table));
+    add(spec.name, spec, spec.dim);
+    for (const ColumnGroup& g : parsed.ColumnGroupsOf(StableNameKey(spec.name))) {
+      add(g.table, spec, g.end - g.begin);
+    }
+  }
+  return out;
 }
 
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
@@ -444,17 +472,9 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   manifest.set_job_config_digest(digest);
   *manifest.mutable_shard_map() = *map;
   manifest.set_num_slots(map->num_slots());
-  for (const v1::TableConfig& table : job->tables()) {
-    absl::StatusOr<config::TableSpec> parsed = config::TableSpecFromConfig(table);
-    if (!parsed.ok()) return fail(parsed.status());
-    const config::TableSpec& spec = *parsed;
-    v1::CheckpointTable* t = manifest.add_tables();
-    t->set_name(spec.name);
-    t->set_dim(spec.dim);
-    t->set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
-    t->set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, spec.dim));
-    t->set_num_rows(spec.num_rows);
-  }
+  absl::StatusOr<std::vector<v1::CheckpointTable>> tables = ManifestTables(*job, *map);
+  if (!tables.ok()) return fail(tables.status());
+  for (v1::CheckpointTable& t : *tables) *manifest.add_tables() = std::move(t);
   int64_t rows = 0;
   for (v1::CheckpointFile& f : *files) {
     rows += f.rows();

@@ -257,6 +257,30 @@ TEST_F(CheckpointOrchestratorTest, CutWaitsForEveryWorkerThenWritesManifestLast)
   EXPECT_TRUE(list->last_error().empty());
 }
 
+TEST_F(CheckpointOrchestratorTest, ColumnGroupsOfASplitTableAreManifestTables) {
+  auto c = Open(Job(root_));
+  absl::StatusOr<v1::ShardMap> map = c->GetShardMap();
+  ASSERT_TRUE(map.ok());
+  map->set_epoch(2);
+  v1::TableRouting* routing = map->add_tables();
+  routing->set_table("t0");
+  for (int g = 0; g < 2; ++g) {
+    v1::ColumnGroupRouting* group = routing->add_column_groups();
+    group->set_column_begin(4 * g);
+    group->set_column_end(4 * g + 4);
+    group->set_owner(g);
+  }
+  ASSERT_TRUE(c->SetShardMap(*map).ok());
+  ASSERT_TRUE(CutAll(*c, 10).ok());
+  auto m = ckpt::ReadManifest(root_ + "/" + ckpt::CheckpointDirName(10));
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->tables_size(), 3);
+  EXPECT_EQ(m->tables(0).dim(), 8);
+  EXPECT_EQ(m->tables(1).dim(), 4);
+  EXPECT_EQ(m->tables(1).row_stride(), 8);  // Adagrad over 4 columns
+  EXPECT_NE(m->tables(1).name(), m->tables(2).name());
+}
+
 TEST_F(CheckpointOrchestratorTest, IncrementalChainsToThePreviousAndFullEveryN) {
   v1::JobConfig job = Job(root_);
   job.mutable_training()->mutable_checkpoint()->set_incremental(true);
