@@ -367,14 +367,17 @@ TEST_F(CheckpointProcessTest, FailedServerLeavesNoManifestAndKeepsThePrevious) {
 TEST_F(CheckpointProcessTest, CutAcrossACoordinatorRestart) {
   Cluster c = Start(2, Job(root_, false), "state");
   ASSERT_EQ(c.shards.size(), 2u);
+  // A worker registered: the job ran (a restart must not refuse the
+  // checkpoints it wrote).
+  std::string member_id;
   {
-    // A worker registered: the job ran (a restart must not refuse the
-    // checkpoints it wrote).
     client::CoordinatorClient worker(c.coordinator->address());
     v1::RegisterRequest r;
     r.set_role(v1::WORKER);
     r.set_rank(0);
-    ASSERT_TRUE(worker.Register(r).ok());
+    auto registered = worker.Register(r);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    member_id = registered->member_id();
     ASSERT_TRUE(worker.RequestCheckpoint("").ok());
   }
   auto client = Client(c);
@@ -403,10 +406,25 @@ TEST_F(CheckpointProcessTest, CutAcrossACoordinatorRestart) {
     EXPECT_TRUE(r->complete());
   }
   EXPECT_TRUE(ck::ReadManifest(root_ + "/" + ck::CheckpointDirName(5)).ok());
-  client::CoordinatorClient admin(c.coordinator->address());
-  auto id = admin.RequestCheckpoint("");
-  ASSERT_TRUE(id.ok()) << id.status();
-  EXPECT_EQ(id->request_id(), 2u);  // kept across the restart
+
+  // `recpsctl checkpoint now --wait`: the worker sees the request in its
+  // heartbeat (id 2: kept across the restart), cuts, recpsctl prints it.
+  Output now;
+  std::thread ctl([&] {
+    now = RunBinary(dir_, RECPSCTL_BINARY,
+                    {"checkpoint", "now", "--wait", "--timeout=60s",
+                     "--coordinator=" + c.coordinator->address()});
+  });
+  client::CoordinatorClient worker(c.coordinator->address());
+  EXPECT_TRUE(testing::Eventually([&] {
+    auto hb = worker.HeartbeatOnce(member_id);
+    return hb.ok() && hb->checkpoint_request_id() == 2;
+  }));
+  Train(client.get(), 5, 6);
+  for (const auto& r : Cut(c, 6)) EXPECT_TRUE(r.ok()) << r.status();
+  ctl.join();
+  EXPECT_EQ(now.code, 0) << now.err;
+  EXPECT_THAT(now.out, HasSubstr("checkpoint at step 6 complete"));
 }
 
 }  // namespace
