@@ -149,6 +149,7 @@ CheckpointOrchestrator::~CheckpointOrchestrator() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  rpc_->CancelAll();
   thread_.join();
   CancelWaits(absl::CancelledError("the coordinator is stopping"));
 }

@@ -61,6 +61,9 @@ class ShardCheckpointRpc {
   // The epoch of the shard map the server routes by (0: none).
   virtual absl::StatusOr<uint64_t> ShardMapEpoch(const std::string& address,
                                                  absl::Duration timeout) = 0;
+  // Ends the calls in flight and refuses new ones (CANCELLED), so that a
+  // stopping coordinator need not wait for a long RestoreRows.
+  virtual void CancelAll() {}
 };
 
 // ShardAdmin over rpc::MakeChannel (kControl channels).
