@@ -202,9 +202,18 @@ void CheckpointOrchestrator::Cut(const v1::CheckpointCutRequest& request,
   }
   std::vector<CutDone> refused;
   absl::Status refusal;
+  std::optional<v1::CheckpointCutResponse> complete;
   {
     absl::MutexLock lock(&mu_);
-    if (restore_.has_value() && !restored_) {
+    if (!open_.has_value() && last_complete_step_ != 0 &&
+        request.step() == last_complete_step_) {
+      // A repeated arrival (a client retry) after the checkpoint completed.
+      complete.emplace();
+      complete->set_step(request.step());
+      complete->set_dir(JoinPath(job->training().checkpoint().dir(),
+                                 ckpt::CheckpointDirName(request.step())));
+      complete->set_complete(true);
+    } else if (restore_.has_value() && !restored_) {
       refusal = absl::UnavailableError(absl::StrCat(
           "checkpoint cut: the shard servers are still restoring step ",
           restore_->manifest.step(),
@@ -258,6 +267,10 @@ void CheckpointOrchestrator::Cut(const v1::CheckpointCutRequest& request,
       }
       if (refused.empty()) return;
     }
+  }
+  if (complete.has_value()) {
+    std::move(done)(*std::move(complete));
+    return;
   }
   if (refused.empty()) {
     std::move(done)(refusal);
@@ -496,6 +509,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
     full_step_ = full_step;
     base_servers_ = servers;
     increments_ = incremental ? increments : 0;
+    last_complete_step_ = step;
     last_error_.clear();
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);

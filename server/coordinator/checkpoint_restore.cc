@@ -78,6 +78,7 @@ absl::Status CheckpointOrchestrator::Start() {
   base_step_ = m.step();
   full_step_ = m.kind() == v1::CHECKPOINT_KIND_INCREMENTAL ? m.full_step() : m.step();
   increments_ = static_cast<int>(restore.chain.size()) - 1;
+  last_complete_step_ = m.step();
   restore_ = std::move(restore);
   restore_queued_ = true;
   return absl::OkStatus();

@@ -319,6 +319,19 @@ TEST_F(CheckpointOrchestratorTest, RefusedIncrementalFailsAndTheNextOneIsFull) {
   EXPECT_EQ(m->kind(), v1::CHECKPOINT_KIND_FULL);
 }
 
+TEST_F(CheckpointOrchestratorTest, LateRepeatedArrivalIsAnsweredAtOnce) {
+  auto c = Open(Job(root_));
+  ASSERT_TRUE(CutAll(*c, 10).ok());
+  Answer late;
+  c->checkpoints().Cut(CutAt(1, 10), [&](auto r) {
+    absl::MutexLock lock(&late.mu);
+    late.result = std::move(r);
+  });
+  ASSERT_TRUE(late.done());  // no new barrier that would time out
+  ASSERT_TRUE(late.get().ok());
+  EXPECT_TRUE(late.get()->complete());
+}
+
 TEST_F(CheckpointOrchestratorTest, KeepsTheLastKeepLast) {
   v1::JobConfig job = Job(root_);
   job.mutable_training()->mutable_checkpoint()->set_keep_last(2);
