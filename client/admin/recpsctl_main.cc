@@ -6,6 +6,7 @@
 // Flags are parsed here rather than with absl flags: every subcommand has
 // its own flags and --help, and the exit codes below must hold for usage
 // errors too (absl's parser exits with 1).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -217,11 +218,13 @@ std::string MainHelp() {
       "Usage: recpsctl COMMAND [flags]   (recpsctl COMMAND --help for "
       "details)\n\n"
       "Commands:\n";
+  size_t width = 4;  // "help"
+  for (const CommandSpec& c : Commands()) width = std::max(width, c.name.size());
   for (const CommandSpec& c : Commands()) {
-    out += absl::StrCat("  ", c.name, std::string(8 - c.name.size(), ' '),
+    out += absl::StrCat("  ", c.name, std::string(width + 2 - c.name.size(), ' '),
                         c.summary, "\n");
   }
-  out += "  help    help on a command\n\n";
+  out += absl::StrCat("  help", std::string(width - 2, ' '), "help on a command\n\n");
   out += kConnectionHelp;
   out += "\n";
   out += kExitCodesHelp;

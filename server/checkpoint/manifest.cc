@@ -105,12 +105,23 @@ absl::Status RemoveCheckpointDir(const std::string& dir) {
 }  // namespace
 
 std::string JobConfigDigest(const v1::JobConfig& job) {
+  // What a resumed run may change without changing the trained state: how
+  // long it trains, how it evaluates, where and how often it checkpoints.
+  v1::JobConfig trained = job;
+  v1::TrainingConfig* training = trained.mutable_training();
+  training->clear_steps();
+  training->clear_eval_interval();
+  training->clear_eval_batches();
+  training->clear_checkpoint();
+  if (trained.data().has_criteo()) {
+    trained.mutable_data()->mutable_criteo()->clear_eval_paths();
+  }
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    job.SerializeToCodedStream(&coded);
+    trained.SerializeToCodedStream(&coded);
   }
   return absl::StrFormat("%016x", StableNameKey(bytes));
 }

@@ -27,7 +27,10 @@ inline constexpr int64_t kMaxManifestBytes = int64_t{64} << 20;
 
 // A stable digest of a job config: 16 hex digits of FNV-1a 64 (mixed,
 // common/hashing.h StableNameKey) over its deterministic serialization. Two
-// configs with the same fields give the same digest.
+// configs with the same fields give the same digest. training.steps, the
+// eval settings (eval_interval, eval_batches, criteo eval_paths) and
+// training.checkpoint are left out, so a resumed run may train longer,
+// evaluate differently or checkpoint elsewhere.
 std::string JobConfigDigest(const v1::JobConfig& job);
 
 // "step-" and the step padded to 12 digits.

@@ -12,6 +12,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/config/table_config.h"
+#include "common/hashing.h"
+#include "common/wire/shard_map.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
@@ -43,6 +45,32 @@ std::string RankList(const std::vector<int32_t>& ranks) {
   if (ranks.size() <= 16) return absl::StrJoin(ranks, ", ");
   return absl::StrCat(absl::StrJoin(ranks.begin(), ranks.begin() + 16, ", "), ", ... (",
                       ranks.size(), " in all)");
+}
+
+// The table layouts the servers' stores have: the job's tables and, for a
+// table split column-wise in `map`, each column group as a table of its own
+// (the names the servers store them under).
+absl::StatusOr<std::vector<v1::CheckpointTable>> ManifestTables(const v1::JobConfig& job,
+                                                                 const v1::ShardMap& map) {
+  ASSIGN_OR_RETURN(const ShardMap parsed, ShardMap::FromProto(map));
+  std::vector<v1::CheckpointTable> out;
+  auto add = [&out](const std::string& name, const config::TableSpec& spec, int dim) {
+    v1::CheckpointTable t;
+    t.set_name(name);
+    t.set_dim(dim);
+    t.set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
+    t.set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, dim));
+    t.set_num_rows(spec.num_rows);
+    out.push_back(std::move(t));
+  };
+  for (const v1::TableConfig& table : job.tables()) {
+    ASSIGN_OR_RETURN(const config::TableSpec spec, config::TableSpecFromConfig(table));
+    add(spec.name, spec, spec.dim);
+    for (const ColumnGroup& g : parsed.ColumnGroupsOf(StableNameKey(spec.name))) {
+      add(g.table, spec, g.end - g.begin);
+    }
+  }
+  return out;
 }
 
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
@@ -121,6 +149,7 @@ CheckpointOrchestrator::~CheckpointOrchestrator() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  rpc_->CancelAll();
   thread_.join();
   CancelWaits(absl::CancelledError("the coordinator is stopping"));
 }
@@ -173,9 +202,18 @@ void CheckpointOrchestrator::Cut(const v1::CheckpointCutRequest& request,
   }
   std::vector<CutDone> refused;
   absl::Status refusal;
+  std::optional<v1::CheckpointCutResponse> complete;
   {
     absl::MutexLock lock(&mu_);
-    if (restore_.has_value() && !restored_) {
+    if (!open_.has_value() && last_complete_step_ != 0 &&
+        request.step() == last_complete_step_) {
+      // A repeated arrival (a client retry) after the checkpoint completed.
+      complete.emplace();
+      complete->set_step(request.step());
+      complete->set_dir(JoinPath(job->training().checkpoint().dir(),
+                                 ckpt::CheckpointDirName(request.step())));
+      complete->set_complete(true);
+    } else if (restore_.has_value() && !restored_) {
       refusal = absl::UnavailableError(absl::StrCat(
           "checkpoint cut: the shard servers are still restoring step ",
           restore_->manifest.step(),
@@ -230,6 +268,10 @@ void CheckpointOrchestrator::Cut(const v1::CheckpointCutRequest& request,
       if (refused.empty()) return;
     }
   }
+  if (complete.has_value()) {
+    std::move(done)(*std::move(complete));
+    return;
+  }
   if (refused.empty()) {
     std::move(done)(refusal);
     return;
@@ -258,7 +300,7 @@ void CheckpointOrchestrator::Tick() {
       last_error_ = std::string(status.message());
       open_.reset();
     } else if (queued_.has_value() && writing_ && now > queued_->deadline) {
-      status = absl::UnavailableError(absl::StrCat(
+      status = absl::AbortedError(absl::StrCat(
           "checkpoint cut at step ", queued_->step, ": the checkpoint at step ",
           progress_.has_value() ? progress_->step : 0, " is still being written after ",
           absl::FormatDuration(options_.cut_timeout),
@@ -361,8 +403,14 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   const uint64_t step = cut.step;
   auto fail = [&](const absl::Status& s) {
     Fail(step, s);
-    Answer(cut, absl::Status(s.code(), absl::StrCat("checkpoint at step ", step,
-                                                    " failed: ", s.message())),
+    // A server's UNAVAILABLE must not reach the workers as such: their
+    // client would resend the arrival. ABORTED: try at a later step.
+    const absl::StatusCode code =
+        absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)
+            ? absl::StatusCode::kAborted
+            : s.code();
+    Answer(cut, absl::Status(code, absl::StrCat("checkpoint at step ", step,
+                                                " failed: ", s.message())),
            true);
   };
   absl::StatusOr<v1::JobConfig> job = CheckpointJob();
@@ -438,17 +486,9 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   manifest.set_job_config_digest(digest);
   *manifest.mutable_shard_map() = *map;
   manifest.set_num_slots(map->num_slots());
-  for (const v1::TableConfig& table : job->tables()) {
-    absl::StatusOr<config::TableSpec> parsed = config::TableSpecFromConfig(table);
-    if (!parsed.ok()) return fail(parsed.status());
-    const config::TableSpec& spec = *parsed;
-    v1::CheckpointTable* t = manifest.add_tables();
-    t->set_name(spec.name);
-    t->set_dim(spec.dim);
-    t->set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
-    t->set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, spec.dim));
-    t->set_num_rows(spec.num_rows);
-  }
+  absl::StatusOr<std::vector<v1::CheckpointTable>> tables = ManifestTables(*job, *map);
+  if (!tables.ok()) return fail(tables.status());
+  for (v1::CheckpointTable& t : *tables) *manifest.add_tables() = std::move(t);
   int64_t rows = 0;
   for (v1::CheckpointFile& f : *files) {
     rows += f.rows();
@@ -469,6 +509,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
     full_step_ = full_step;
     base_servers_ = servers;
     increments_ = incremental ? increments : 0;
+    last_complete_step_ = step;
     last_error_.clear();
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started);

@@ -61,6 +61,9 @@ class ShardCheckpointRpc {
   // The epoch of the shard map the server routes by (0: none).
   virtual absl::StatusOr<uint64_t> ShardMapEpoch(const std::string& address,
                                                  absl::Duration timeout) = 0;
+  // Ends the calls in flight and refuses new ones (CANCELLED), so that a
+  // stopping coordinator need not wait for a long RestoreRows.
+  virtual void CancelAll() {}
 };
 
 // ShardAdmin over rpc::MakeChannel (kControl channels).
@@ -217,6 +220,9 @@ class CheckpointOrchestrator {
   uint64_t full_step_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> base_servers_ ABSL_GUARDED_BY(mu_);
   int increments_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest complete checkpoint of this process (or the restored one):
+  // a late repeated arrival for it is answered at once.
+  uint64_t last_complete_step_ ABSL_GUARDED_BY(mu_) = 0;
   // --restore.
   std::optional<Restore> restore_ ABSL_GUARDED_BY(mu_);
   bool restored_ ABSL_GUARDED_BY(mu_) = false;

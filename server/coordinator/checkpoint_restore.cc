@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "server/checkpoint/chain.h"
 #include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/file_util.h"
 #include "server/checkpoint/manifest.h"
@@ -77,6 +78,7 @@ absl::Status CheckpointOrchestrator::Start() {
   base_step_ = m.step();
   full_step_ = m.kind() == v1::CHECKPOINT_KIND_INCREMENTAL ? m.full_step() : m.step();
   increments_ = static_cast<int>(restore.chain.size()) - 1;
+  last_complete_step_ = m.step();
   restore_ = std::move(restore);
   restore_queued_ = true;
   return absl::OkStatus();
@@ -111,67 +113,32 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveR
     const v1::JobConfig& job) const {
   const std::string& spec = options_.restore;
   Restore restore;
-  std::optional<uint64_t> want_step;
+  auto error = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("--restore=", spec, ": ", s.message()));
+  };
+  ckpt::CheckpointRef ref;
   if (spec == "latest") {
-    restore.root = job.training().checkpoint().dir();
-    if (restore.root.empty()) {
+    ref.root = job.training().checkpoint().dir();
+    if (ref.root.empty()) {
       return absl::InvalidArgumentError(
           "--restore=latest needs training.checkpoint.dir in the job; or give "
           "--restore=DIR[@STEP]");
     }
   } else {
-    restore.root = spec;
-    const size_t at = spec.rfind('@');
-    if (at != std::string::npos) {
-      uint64_t step = 0;
-      if (!absl::SimpleAtoi(spec.substr(at + 1), &step)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--restore=", spec, ": '", spec.substr(at + 1),
-            "' is not a step; use DIR (the newest checkpoint), DIR@STEP or latest"));
-      }
-      restore.root = spec.substr(0, at);
-      want_step = step;
-    }
+    absl::StatusOr<ckpt::CheckpointRef> parsed = ckpt::ParseCheckpointRef(spec);
+    if (!parsed.ok()) return error(parsed.status());
+    ref = *std::move(parsed);
   }
-  auto error = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("--restore=", spec, ": ", s.message()));
-  };
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list =
-      ckpt::ListCheckpoints(restore.root);
-  if (!list.ok()) return error(list.status());
-  if (list->empty()) {
-    return error(absl::NotFoundError(absl::StrCat(
-        "no complete checkpoint in ", restore.root,
-        " (a step directory without a valid MANIFEST is partial)")));
-  }
-  auto find = [&](uint64_t step) -> const ckpt::CheckpointInfo* {
-    for (const auto& c : *list) {
-      if (c.step == step) return &c;
-    }
-    return nullptr;
-  };
-  const ckpt::CheckpointInfo* target = want_step ? find(*want_step) : &list->back();
-  if (target == nullptr) {
-    return error(absl::NotFoundError(absl::StrCat(
-        "no complete checkpoint of step ", *want_step, " in ", restore.root,
-        " (", ckpt::CheckpointDirName(*want_step),
-        " is missing or has no valid MANIFEST); complete ones: ", StepList(*list))));
-  }
+  restore.root = ref.root;
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> resolved = ckpt::ResolveChain(ref);
+  if (!resolved.ok()) return error(resolved.status());
   const std::string digest = ckpt::JobConfigDigest(job);
-  std::vector<const ckpt::CheckpointInfo*> chain = {target};
-  while (chain.back()->manifest.kind() == v1::CHECKPOINT_KIND_INCREMENTAL) {
-    const ckpt::CheckpointInfo* last = chain.back();
-    const uint64_t base = last->manifest.base_step();
-    const ckpt::CheckpointInfo* prev = base < last->step ? find(base) : nullptr;
-    if (prev == nullptr || chain.size() > list->size()) {
-      return error(absl::NotFoundError(absl::StrCat(
-          JoinPath(last->dir, ckpt::kManifestName), " is an increment on step ", base,
-          ", which is not a complete checkpoint in ", restore.root,
-          ": the chain is broken; restore an older full checkpoint (DIR@STEP)")));
-    }
-    chain.push_back(prev);
-  }
-  for (const ckpt::CheckpointInfo* c : chain) {
+  std::vector<const ckpt::CheckpointInfo*> chain;
+  for (const ckpt::CheckpointInfo& c : *resolved) chain.push_back(&c);
+  const ckpt::CheckpointInfo* target = chain.back();
+  // The newest first: the checkpoint asked for is the one to name.
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const ckpt::CheckpointInfo* c = *it;
     if (c->manifest.job_config_digest() != digest) {
       return error(absl::FailedPreconditionError(absl::StrCat(
           JoinPath(c->dir, ckpt::kManifestName), " was written by another job (config digest ",
@@ -179,8 +146,7 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveR
           "): the tables, model or data differ; restore it with the job that wrote it")));
     }
   }
-  std::reverse(chain.begin(), chain.end());
-  for (const ckpt::CheckpointInfo* c : chain) restore.chain.push_back(c->dir);
+  restore.chain = ckpt::ChainDirs(*resolved);
   restore.manifest = target->manifest;
   const v1::CheckpointManifest& m = restore.manifest;
   if (world_size_ > 0 && m.workers_size() > 0 && m.workers_size() != world_size_) {

@@ -2,6 +2,7 @@
 // made once and kept (channels reconnect on their own).
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -42,6 +43,11 @@ class GrpcShardCheckpointRpc final : public ShardCheckpointRpc {
     if (!map.ok()) return map.status();
     return map->epoch();
   }
+  void CancelAll() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  }
 
  private:
   v1::ShardAdmin::Stub* StubFor(const std::string& address) {
@@ -60,8 +66,17 @@ class GrpcShardCheckpointRpc final : public ShardCheckpointRpc {
     v1::ShardAdmin::Stub* stub = StubFor(address);
     grpc::ClientContext context;
     rpc::SetTimeout(timeout, &context);
+    {
+      absl::MutexLock lock(&mu_);
+      if (cancelled_) return absl::CancelledError("the coordinator is stopping");
+      in_flight_.insert(&context);
+    }
     Response response;
     const grpc::Status s = (stub->*method)(&context, request, &response);
+    {
+      absl::MutexLock lock(&mu_);
+      in_flight_.erase(&context);
+    }
     if (!s.ok()) return rpc::FromGrpcStatus(s, address, name);
     return response;
   }
@@ -69,6 +84,8 @@ class GrpcShardCheckpointRpc final : public ShardCheckpointRpc {
   absl::Mutex mu_;
   // Only the servers of a shard map: stays small.
   std::map<std::string, std::unique_ptr<v1::ShardAdmin::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
