@@ -19,7 +19,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/admin/checkpoint_commands.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -169,6 +171,34 @@ printed with a note saying so.
         {"workers", true},
         {"batch_size", true},
         {"device", true}},
+       1,
+       1,
+       false},
+      {"checkpoint",
+       "recpsctl checkpoint compact --dir=ROOT [--step=N] [--json]",
+       "fold a checkpoint chain into one full checkpoint (offline)",
+       R"(`checkpoint compact` folds the chain of the checkpoint at --step under
+--dir (the newest complete one by default: a full checkpoint and its
+increments) into a full checkpoint at the same step, in the same directory:
+new row files, then the MANIFEST swapped atomically, then the superseded
+files removed. An interruption leaves the old chain valid. Older
+checkpoints stay until pruned. Progress goes to stderr. Reads and writes
+files only: run it where the checkpoint directory is mounted.
+)",
+       {{"dir", true}, {"step", true}},
+       1,
+       1,
+       false},
+      {"export",
+       "recpsctl export OUT_DIR --table=T --dir=ROOT[@STEP] [--json]",
+       "write a table's weights from a checkpoint (offline)",
+       R"(Writes the weights of table T (no optimizer state) at the checkpoint
+ROOT@STEP (the newest complete one when @STEP is left out; its whole chain is
+read) to OUT_DIR as T.ids (int64 little-endian, ascending), T.weights
+(float32 little-endian, rows x dim) and T.meta.json (name, dim, rows, dtype,
+step, digest, CRC-32C of both files). docs/operations.md has the format.
+)",
+       {{"dir", true}, {"table", true}},
        1,
        1,
        false},
@@ -653,6 +683,49 @@ int RunPlan(const ParsedArgs& parsed) {
   return Print(parsed, *plan, text, kExitOk);
 }
 
+// `checkpoint compact` and `export` (client/admin/checkpoint_commands.h).
+int RunOfflineCheckpointCommand(const ParsedArgs& parsed) {
+  auto flag = [&](const std::string& name) -> std::string {
+    auto it = parsed.flags.find(name);
+    return it == parsed.flags.end() ? "" : it->second;
+  };
+  absl::StatusOr<OfflineResult> result;
+  if (parsed.command->name == "checkpoint") {
+    if (parsed.args[0] != "compact") {
+      return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                     "unknown checkpoint command \"",
+                                     parsed.args[0], "\"")));
+    }
+    if (flag("dir").empty()) {
+      return UsageError(&parsed, absl::InvalidArgumentError("--dir is required"));
+    }
+    std::optional<uint64_t> step;
+    if (!flag("step").empty()) {
+      uint64_t v = 0;
+      if (!absl::SimpleAtoi(flag("step"), &v)) {
+        return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                       "--step=", flag("step"),
+                                       ": expected a step number")));
+      }
+      step = v;
+    }
+    result = CompactCheckpoint(flag("dir"), step);
+  } else {
+    if (flag("dir").empty() || flag("table").empty()) {
+      return UsageError(&parsed, absl::InvalidArgumentError(
+                                     "--dir and --table are required"));
+    }
+    result = ExportCheckpointTable(flag("dir"), flag("table"), parsed.args[0]);
+  }
+  if (absl::IsInvalidArgument(result.status())) {
+    return UsageError(&parsed, result.status());
+  }
+  if (!result.ok()) return Error(result.status());
+  std::cout << (BoolFlag(parsed, "json") ? result->json : result->text);
+  std::cout.flush();
+  return kExitOk;
+}
+
 int Main(int argc, char** argv) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argc, argv);
   if (!parsed.ok()) {
@@ -667,6 +740,10 @@ int Main(int argc, char** argv) {
     std::cout << (parsed->command != nullptr ? CommandHelp(*parsed->command)
                                              : MainHelp());
     return kExitOk;
+  }
+  if (parsed->command->name == "checkpoint" ||
+      parsed->command->name == "export") {
+    return RunOfflineCheckpointCommand(*parsed);
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   if (parsed->command->name == "members") return RunMembers(*parsed);
