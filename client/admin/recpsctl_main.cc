@@ -220,7 +220,9 @@ std::string MainHelp() {
       "details)\n\n"
       "Commands:\n";
   for (const CommandSpec& c : Commands()) {
-    out += absl::StrCat("  ", c.name, std::string(8 - c.name.size(), ' '),
+    // Names longer than the column ("checkpoint") get one space.
+    out += absl::StrCat("  ", c.name,
+                        std::string(c.name.size() < 8 ? 8 - c.name.size() : 1, ' '),
                         c.summary, "\n");
   }
   out += "  help    help on a command\n\n";
