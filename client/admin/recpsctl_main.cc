@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/admin/checkpoint_commands.h"
+#include "client/admin/checkpoint_file_commands.h"
 #include "client/admin/cluster_reader.h"
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
@@ -143,8 +144,9 @@ new member id. Needs --coordinator.
        2,
        2},
       {"checkpoint",
-       "recpsctl checkpoint now [--wait] [--timeout=DURATION] [--reason=TEXT] [--json]",
-       "ask the workers for a checkpoint at their next step boundary",
+       "recpsctl checkpoint now [--wait] [--timeout=DURATION] [--reason=TEXT] [--json]\n"
+       "       recpsctl checkpoint compact --dir=ROOT [--step=N] [--json]",
+       "take a checkpoint now, or fold a chain into a full one (compact, offline)",
        R"(`checkpoint now` asks the coordinator for a checkpoint; the workers take
 it at their next step boundary. With --wait it returns once a checkpoint
 newer than the newest one before is complete and prints its step and
@@ -153,8 +155,17 @@ at most 5s. Exits 1 when checkpoints are off, the coordinator cannot be
 reached, or (--wait) the checkpoint failed or did not complete in time.
 Needs --coordinator.
   --reason=TEXT     recorded in the manifest (default "requested")
+
+`checkpoint compact` folds the chain of the checkpoint at --step under
+--dir (the newest complete one by default: a full checkpoint and its
+increments) into a full checkpoint at the same step, in the same directory:
+new row files, then the MANIFEST swapped atomically, then the superseded
+files removed. An interruption leaves the old chain valid. Older
+checkpoints stay until pruned. Progress goes to stderr. Reads and writes
+files only: run it where the checkpoint directory is mounted; needs no
+cluster.
 )",
-       {{"wait", false}, {"reason", true}},
+       {{"wait", false}, {"reason", true}, {"dir", true}, {"step", true}},
        1,
        1},
       {"checkpoints",
@@ -198,6 +209,19 @@ printed with a note saying so.
         {"workers", true},
         {"batch_size", true},
         {"device", true}},
+       1,
+       1,
+       false},
+      {"export",
+       "recpsctl export OUT_DIR --table=T --dir=ROOT[@STEP] [--json]",
+       "write a table's weights from a checkpoint (offline)",
+       R"(Writes the weights of table T (no optimizer state) at the checkpoint
+ROOT@STEP (the newest complete one when @STEP is left out; its whole chain is
+read) to OUT_DIR as T.ids (int64 little-endian, ascending), T.weights
+(float32 little-endian, rows x dim) and T.meta.json (name, dim, rows, dtype,
+step, digest, CRC-32C of both files). docs/operations.md has the format.
+)",
+       {{"dir", true}, {"table", true}},
        1,
        1,
        false},
@@ -497,7 +521,7 @@ int RunCheckpointCommand(const ParsedArgs& parsed) {
   if (parsed.command->name == "checkpoint" && parsed.args[0] != "now") {
     return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
                                    "unknown checkpoint action \"", parsed.args[0],
-                                   "\" (expected now)")));
+                                   "\" (expected now or compact)")));
   }
   if (!parsed.servers.empty()) {
     return UsageError(&parsed, absl::InvalidArgumentError(
@@ -729,6 +753,49 @@ int RunPlan(const ParsedArgs& parsed) {
   return Print(parsed, *plan, text, kExitOk);
 }
 
+// `checkpoint compact` and `export` (client/admin/checkpoint_file_commands.h).
+int RunOfflineCheckpointCommand(const ParsedArgs& parsed) {
+  auto flag = [&](const std::string& name) -> std::string {
+    auto it = parsed.flags.find(name);
+    return it == parsed.flags.end() ? "" : it->second;
+  };
+  absl::StatusOr<OfflineResult> result;
+  if (parsed.command->name == "checkpoint") {
+    if (parsed.args[0] != "compact") {
+      return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                     "unknown checkpoint command \"",
+                                     parsed.args[0], "\"")));
+    }
+    if (flag("dir").empty()) {
+      return UsageError(&parsed, absl::InvalidArgumentError("--dir is required"));
+    }
+    std::optional<uint64_t> step;
+    if (!flag("step").empty()) {
+      uint64_t v = 0;
+      if (!absl::SimpleAtoi(flag("step"), &v)) {
+        return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                       "--step=", flag("step"),
+                                       ": expected a step number")));
+      }
+      step = v;
+    }
+    result = CompactCheckpoint(flag("dir"), step);
+  } else {
+    if (flag("dir").empty() || flag("table").empty()) {
+      return UsageError(&parsed, absl::InvalidArgumentError(
+                                     "--dir and --table are required"));
+    }
+    result = ExportCheckpointTable(flag("dir"), flag("table"), parsed.args[0]);
+  }
+  if (absl::IsInvalidArgument(result.status())) {
+    return UsageError(&parsed, result.status());
+  }
+  if (!result.ok()) return Error(result.status());
+  std::cout << (BoolFlag(parsed, "json") ? result->json : result->text);
+  std::cout.flush();
+  return kExitOk;
+}
+
 int Main(int argc, char** argv) {
   absl::StatusOr<ParsedArgs> parsed = ParseArgs(argc, argv);
   if (!parsed.ok()) {
@@ -743,6 +810,10 @@ int Main(int argc, char** argv) {
     std::cout << (parsed->command != nullptr ? CommandHelp(*parsed->command)
                                              : MainHelp());
     return kExitOk;
+  }
+  if (parsed->command->name == "export" ||
+      (parsed->command->name == "checkpoint" && parsed->args[0] == "compact")) {
+    return RunOfflineCheckpointCommand(*parsed);
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   if (parsed->command->name == "members") return RunMembers(*parsed);

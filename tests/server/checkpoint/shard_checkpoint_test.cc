@@ -427,6 +427,17 @@ TEST_F(ShardCheckpointTest, IncrementalChainCompactAndExport) {
   }
   EXPECT_TRUE(fs::exists(exported->meta_path));
 
+  // The same through recpsctl (offline).
+  auto rc_export = testing::RunProcess(
+      RECPSCTL_BINARY,
+      {"export", dir_.path() + "/export2", "--table=item",
+       "--dir=" + root_ + "@4", "--json"},
+      absl::Seconds(60));
+  ASSERT_TRUE(rc_export.ok()) << rc_export.status();
+  EXPECT_EQ(*rc_export, 0);
+  EXPECT_TRUE(fs::exists(dir_.path() + "/export2/item.meta.json"));
+  EXPECT_EQ(fs::file_size(dir_.path() + "/export2/item.weights"), 200u * 4 * 4);
+
   // Compaction folds the chain into a full checkpoint at step 4.
   auto compacted = ck::CompactChain(root_, std::nullopt);
   ASSERT_TRUE(compacted.ok()) << compacted.status();
@@ -444,6 +455,11 @@ TEST_F(ShardCheckpointTest, IncrementalChainCompactAndExport) {
   }
   auto fc = Client(fresh);
   ExpectWeights(fc.get(), 4, *ref);
+  auto rc_compact = testing::RunProcess(
+      RECPSCTL_BINARY, {"checkpoint", "compact", "--dir=" + root_, "--step=4"},
+      absl::Seconds(60));
+  ASSERT_TRUE(rc_compact.ok());
+  EXPECT_EQ(*rc_compact, 0);  // already full
   // Pruning keeps what the newest needs only.
   auto removed = ck::PruneCheckpoints(root_, 1);
   ASSERT_TRUE(removed.ok()) << removed.status();
