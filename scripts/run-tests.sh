@@ -3,6 +3,7 @@
 # is present), runs every test with ctest, then builds a CPU-only tree
 # (-DRECPS_CUDA=OFF) with clang, whose -Werror=thread-safety checks every
 # lock annotation, and runs the tests there too. GPU tests skip without a GPU.
+# Last, the fuzz targets run RECPS_FUZZ_SECONDS (default 20) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh --test  # and promtool, for the metrics test
@@ -14,3 +15,9 @@ CC=clang CXX=clang++ BUILD_DIR=build-clang-cpu scripts/build.sh -DRECPS_CUDA=OFF
   -DRECPS_REQUIRE_CUDA=OFF -DRECPS_BUILD_BENCHMARKS=OFF
 # The deploy tests check files and binaries' flags, not the compiler: once.
 ctest --test-dir build-clang-cpu --output-on-failure -j "$(nproc)" -LE deploy
+
+# Every parser of untrusted bytes under libFuzzer with ASan + UBSan, a short
+# fixed time each on the committed seed corpus (docs/fuzzing.md); a crash
+# fails the tests and leaves its input in build-fuzz/artifacts/<target>/.
+echo "== fuzz targets (clang, ASan + UBSan), ${RECPS_FUZZ_SECONDS:-20}s each"
+scripts/fuzz.sh --seconds "${RECPS_FUZZ_SECONDS:-20}"

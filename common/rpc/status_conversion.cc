@@ -40,11 +40,13 @@ std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& context) {
   const auto& trailers = context.GetServerTrailingMetadata();
   const auto it = trailers.find(kShardMapEpochKey);
   if (it == trailers.end()) return std::nullopt;
+  return ParseShardMapEpoch(
+      absl::string_view(it->second.data(), it->second.size()));
+}
+
+std::optional<uint64_t> ParseShardMapEpoch(absl::string_view value) {
   uint64_t epoch = 0;
-  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()),
-                        &epoch)) {
-    return std::nullopt;
-  }
+  if (!absl::SimpleAtoi(value, &epoch)) return std::nullopt;
   return epoch;
 }
 

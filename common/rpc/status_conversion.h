@@ -35,6 +35,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view peer,
 // The shard map epoch a server sent in `context`'s trailing metadata, if any.
 std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& context);
 
+// The epoch in a kShardMapEpochKey value (decimal digits, as a server
+// writes it); nullopt for anything else. What ShardMapEpochOf parses.
+std::optional<uint64_t> ParseShardMapEpoch(absl::string_view value);
+
 }  // namespace recps::rpc
 
 #endif  // RECPS_COMMON_RPC_STATUS_CONVERSION_H_

@@ -420,5 +420,41 @@ TEST(ShardHardening, FloodOfBadRequestsIsCountedAndBarelyLogged) {
       << text.substr(0, 4000);
 }
 
+// Found by tests/fuzz/fuzz_shard_lookup: a lookup whose second table has an
+// id outside that fixed table was refused only after the first table's
+// rows were created. Now refused before any row is made.
+TEST(ShardHardening, LookupRefusedForALaterTableCreatesNoRows) {
+  TempDir dir;
+  const std::string tables = dir.WriteFile("fixed.textproto", R"(
+tables { name: "user" dim: 8 optimizer { kind: SGD learning_rate: 0.1 } }
+tables { name: "fixed" dim: 4 num_rows: 10 optimizer { kind: SGD learning_rate: 0.1 } }
+)");
+  auto shard = LocalShard::Start(
+      RECPS_SHARD_BINARY, {"--tables=" + tables, "--standalone",
+                           "--max_rows_per_table=1000", "--threads=2",
+                           "--store_threads=1"});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  v1::LookupRequest lookup;
+  lookup.mutable_header()->set_shard_map_epoch(1);
+  v1::TableIds* user = lookup.add_tables();
+  user->set_table("user");
+  user->set_ids(EncodedIds(0, 3));
+  v1::TableIds* fixed = lookup.add_tables();
+  fixed->set_table("fixed");
+  fixed->set_ids(EncodedIds(10, 1));  // one past the last row
+  auto stub = v1::EmbeddingShard::NewStub(
+      rpc::MakeChannel((*shard)->address(), rpc::ChannelKind::kData));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(30)));
+  v1::LookupResponse rows;
+  const grpc::Status s = stub->Lookup(&ctx, lookup, &rows);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("table 'fixed': id 10 (position 0) is outside [0, 10)"),
+            std::string::npos) << s.error_message();
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf((*shard)->address());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->total_rows(), 0);
+}
+
 }  // namespace
 }  // namespace recps
