@@ -1,34 +1,75 @@
 #!/usr/bin/env bash
-# Samples/s of one worker against one shard server, on the small example and
-# the Criteo-sized one (synthetic data), with the step time split into data,
-# lookup, forward, backward, push and optimizer.
-#   bench/worker_bench.sh [STEPS]   (default 300 steps each)
+# Samples/s of training with the step time split into data, lookup, forward,
+# backward, push, allreduce and optimizer (ms/step, rank 0's), next to an
+# anchor measured in the same run (memcpy GB/s of 256 MiB), since a shared
+# machine is noisy: compare x_memcpy = (samples/s) / (memcpy GB/s) across runs.
+#
+#   bench/worker_bench.sh [STEPS] [CONFIG...]
+#     default: 300 steps of examples/small.textproto and examples/criteo.textproto
+#   WORKERS=2 SHARDS=2 bench/worker_bench.sh 20 bench/configs/s_p1_w2.textproto
+#     W > 1 or S > 1 runs through `recps local` (coordinator, Gloo allreduce).
+#   BIN_DIR=/path/to/bin   binaries to run (default build/bin), e.g. an old
+#     build to interleave before/after runs.
+#   SYNC_PREFETCH=0|1      passes --sync_prefetch to the workers (if set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD_DIR=${BUILD_DIR:-build}
+BIN_DIR=${BIN_DIR:-${BUILD_DIR:-build}/bin}
 STEPS=${1:-300}
+shift || true
+CONFIGS=("$@")
+[[ ${#CONFIGS[@]} -gt 0 ]] || CONFIGS=(examples/small.textproto examples/criteo.textproto)
+WORKERS=${WORKERS:-1}
+SHARDS=${SHARDS:-1}
 work=$(mktemp -d)
 trap 'kill -TERM $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+extra=()
+[[ -n ${SYNC_PREFETCH:-} ]] && extra+=("--sync_prefetch=$SYNC_PREFETCH")
 
-printf '%-14s %6s %8s %11s | %8s %8s %8s %8s %8s %8s  (ms/step)\n' \
-  job batch steps samples/s data lookup forward backward push optim
-for job in small criteo; do
-  config=examples/$job.textproto
-  rm -f "$work/ports"
-  "$BUILD_DIR/bin/recps-shard" --job="$config" --standalone --world_size=1 \
-    --port_file="$work/ports" 2>/dev/null &
-  for _ in $(seq 100); do [[ -s $work/ports ]] && break; sleep 0.1; done
-  port=$(cut -d' ' -f1 "$work/ports")
-  "$BUILD_DIR/bin/recps-worker" --config="$config" --shards="127.0.0.1:$port" \
-    --steps="$STEPS" --result_json="$work/$job.json" 2>/dev/null
-  kill -TERM %1; wait %1 || true
-  /usr/bin/python3 - "$work/$job.json" "$job" "$config" <<'PY'
-import json, re, sys
-r = json.load(open(sys.argv[1]))
-batch = re.search(r"batch_size:\s*(\d+)", open(sys.argv[3]).read()).group(1)
+memcpy_gbps() {
+  /usr/bin/python3 -c '
+import time
+b = bytearray(b"x" * (256 << 20)); c = bytearray(len(b)); m = memoryview(c); best = 1e9
+for _ in range(5):
+    t = time.perf_counter(); m[:] = b; best = min(best, time.perf_counter() - t)
+print(f"{len(b) / best / 1e9:.2f}")'
+}
+
+printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s  (ms/step)\n' \
+  job "$WORKERS" "$SHARDS" batch steps samples/s memcpy x_memcpy data lookup forward backward \
+  push allred optim lk_wait
+for config in "${CONFIGS[@]}"; do
+  job=$(basename "$config" .textproto)
+  anchor=$(memcpy_gbps)
+  rm -rf "$work/out" && mkdir -p "$work/out"
+  if [[ $WORKERS == 1 && $SHARDS == 1 ]]; then
+    rm -f "$work/ports"
+    "$BIN_DIR/recps-shard" --job="$config" --standalone --world_size=1 \
+      --port_file="$work/ports" 2>/dev/null &
+    for _ in $(seq 100); do [[ -s $work/ports ]] && break; sleep 0.1; done
+    port=$(cut -d' ' -f1 "$work/ports")
+    "$BIN_DIR/recps-worker" --config="$config" --shards="127.0.0.1:$port" \
+      --steps="$STEPS" --result_json="$work/out/result0.json" "${extra[@]}" 2>/dev/null
+    kill -TERM %1; wait %1 || true
+  else
+    # `recps local` has no pass-through for worker flags; SYNC_PREFETCH
+    # applies to W1 S1 runs only.
+    "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --shards="$SHARDS" \
+      --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
+      --result_dir="$work/out" >/dev/null 2>&1
+  fi
+  /usr/bin/python3 - "$work/out" "$job" "$config" "$anchor" <<'PY'
+import glob, json, re, sys
+results = [json.load(open(p)) for p in sorted(glob.glob(sys.argv[1] + "/result*.json"))]
+r = results[0]
+batch = int(re.search(r"batch_size:\s*(\d+)", open(sys.argv[3]).read()).group(1))
+# Global samples/s over training steps only (the evaluations excluded).
+train_s = sum(r["step_seconds"])
+rate = batch * len(results) * len(r["step_seconds"]) / train_s
 t = {k: 1e3 * v / r["steps"] for k, v in r["times"].items()}
-print(f'{sys.argv[2]:<14} {batch:>6} {r["steps"]:>8} {r["samples_per_second"]:>11.0f} | '
-      f'{t["data"]:8.2f} {t["lookup"]:8.2f} {t["forward"]:8.2f} {t["backward"]:8.2f} '
-      f'{t["push"]:8.2f} {t["optimizer"]:8.2f}')
+anchor = float(sys.argv[4])
+print(f'{sys.argv[2]:<10} {"":5} {batch:>6} {r["steps"]:>5} {rate:>9.0f} {anchor:>7.2f} '
+      f'{rate / anchor:>8.0f} | '
+      f'{t["data"]:7.2f} {t["lookup"]:7.2f} {t["forward"]:7.2f} {t["backward"]:7.2f} '
+      f'{t["push"]:7.2f} {t["allreduce"]:7.2f} {t["optimizer"]:7.2f} {t["lookup_wait"]:7.2f}')
 PY
 done
