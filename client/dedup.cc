@@ -46,6 +46,16 @@ void Deduplicate(absl::Span<const int64_t> ids, Dedup* out) {
   DeduplicateAppend(ids, out);
 }
 
+void AssignDistinct(absl::Span<const int64_t> ids, Dedup* out) {
+  out->unique.assign(ids.begin(), ids.end());
+  out->inverse.resize(ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    out->inverse[k] = static_cast<int32_t>(k);
+  }
+  // Empty: DeduplicateAppend rebuilds it from `unique` when it needs it.
+  out->table.clear();
+}
+
 void DeduplicateAppend(absl::Span<const int64_t> ids, Dedup* out) {
   size_t num_unique = out->unique.size();
   if (out->table.empty()) {

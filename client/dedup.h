@@ -31,6 +31,12 @@ void Deduplicate(absl::Span<const int64_t> ids, Dedup* out);
 // DeduplicateAppend (or is empty) and was not modified since.
 void DeduplicateAppend(absl::Span<const int64_t> ids, Dedup* out);
 
+// Takes `ids`, which the caller knows to be distinct, as out->unique with
+// the identity inverse, without hashing (an id list deduplicated once
+// upstream). A later DeduplicateAppend on `out` rebuilds the hash table
+// first. REQUIRES: ids distinct, ids.size() < 2^30.
+void AssignDistinct(absl::Span<const int64_t> ids, Dedup* out);
+
 }  // namespace recps::client
 
 #endif  // RECPS_CLIENT_DEDUP_H_

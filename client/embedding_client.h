@@ -92,6 +92,11 @@ struct LookupSpec {
   int table = -1;
   absl::Span<const int64_t> ids;
   float* out = nullptr;
+  // The caller promises `ids` are distinct (a worker that deduplicated them
+  // itself): the client takes them as its unique ids without hashing them a
+  // second time. Repeated ids with this set are a caller bug (their rows
+  // would be fetched twice; a push would send one id twice).
+  bool distinct = false;
 };
 
 // One gradient row per id, ids.size() x dim floats. Ids should be distinct;
@@ -100,6 +105,7 @@ struct PushSpec {
   int table = -1;
   absl::Span<const int64_t> ids;
   const float* grads = nullptr;
+  bool distinct = false;  // as LookupSpec::distinct
 };
 
 // Thread-safe: Lookup and PushGradients may run concurrently (for example a

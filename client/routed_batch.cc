@@ -68,7 +68,11 @@ void RoutedBatch::Dedupe(absl::Span<const Spec> batch,
           plan.column_offset = groups[g].begin;
         }
       }
-      Deduplicate(spec.ids, &plans[p].dedup);
+      if (spec.distinct) {
+        AssignDistinct(spec.ids, &plans[p].dedup);  // hashed once, upstream
+      } else {
+        Deduplicate(spec.ids, &plans[p].dedup);
+      }
     } else {
       DeduplicateAppend(spec.ids, &plans[p].dedup);
     }

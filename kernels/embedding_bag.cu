@@ -325,6 +325,10 @@ absl::Status EmbeddingBagForwardCuda(const EmbeddingBagForwardArgs& args,
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": num_rows must be >= 0, got ", args.num_rows));
   }
+  if (args.output_stride != 0 && args.output_stride != args.dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": output_stride ", args.output_stride, " (only 0 or dim on CUDA)"));
+  }
   if (args.row_stride < args.dim) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": row_stride ", args.row_stride, " is less than dim ", args.dim));
@@ -378,6 +382,12 @@ absl::Status EmbeddingBagBackwardCuda(const EmbeddingBagBackwardArgs& args,
   if (args.num_rows < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": num_rows must be >= 0, got ", args.num_rows));
+  }
+  if ((args.grad_output_stride != 0 && args.grad_output_stride != args.dim) ||
+      args.accumulate) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": grad_output_stride ", args.grad_output_stride, " and accumulate ",
+        args.accumulate, " (only 0 or dim, and false, on CUDA)"));
   }
   if (args.num_indices > 0 && args.grad_output == nullptr) {
     return absl::InvalidArgumentError(

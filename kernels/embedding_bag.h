@@ -48,6 +48,11 @@ struct EmbeddingBagForwardArgs {
   // Row-major fp32 output: num_bags x dim (kSum, kMean) or num_indices x dim
   // (kNone). Fully overwritten.
   float* output = nullptr;
+  // Floats from one output row to the next (0: dim). A larger stride writes
+  // the rows into a wider matrix in place, e.g. one feature's column block
+  // of the trainer's sample-major B x F x D pooled tensor (no copy after).
+  // CPU only; CUDA refuses a stride other than 0 or dim.
+  int64_t output_stride = 0;
 };
 
 // Returns INVALID_ARGUMENT for inconsistent shapes, bad offsets or (CPU) an
@@ -75,6 +80,16 @@ struct EmbeddingBagBackwardArgs {
   // zero. The fixed summation order makes the result deterministic.
   int64_t num_rows = 0;
   float* grad_rows = nullptr;
+  // Floats from one grad_output row to the next (0: dim), as the forward's
+  // output_stride. CPU only; CUDA refuses a stride other than 0 or dim.
+  int64_t grad_output_stride = 0;
+  // Add into grad_rows instead of overwriting them (CPU only): each row
+  // that some index names gets its sum (formed as above, then added as one
+  // term), the other rows are left as they are. Several features that share
+  // a table accumulate in feature order with no zeroing pass and no scratch
+  // rows: the first call overwrites every row (zeros where no index names
+  // one), later ones accumulate.
+  bool accumulate = false;
 };
 
 // Same validation as the forward.

@@ -84,6 +84,10 @@ int64_t GrainFor(int64_t n, const ExecContext& ctx) {
   return std::max<int64_t>(1, n / (threads * 8));
 }
 
+int64_t GradStride(const EmbeddingBagBackwardArgs& a) {
+  return a.grad_output_stride > 0 ? a.grad_output_stride : a.dim;
+}
+
 }  // namespace
 
 absl::Status EmbeddingBagForwardCpu(const EmbeddingBagForwardArgs& a,
@@ -102,6 +106,10 @@ absl::Status EmbeddingBagForwardCpu(const EmbeddingBagForwardArgs& a,
   if (n > 0 && a.output == nullptr) {
     return absl::InvalidArgumentError("output is null");
   }
+  if (a.output_stride != 0 && a.output_stride < a.dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "output_stride ", a.output_stride, " is smaller than dim ", a.dim));
+  }
   auto range = RECPS_ISA_SELECT(ctx.isa, EmbeddingBagForwardRange);
   ParallelFor(ctx.pool, n, GrainFor(n, ctx),
               [&](int64_t lo, int64_t hi) { range(a, lo, hi); });
@@ -118,6 +126,11 @@ absl::Status EmbeddingBagBackwardCpu(const EmbeddingBagBackwardArgs& a,
   }
   if (a.num_rows > 0 && a.grad_rows == nullptr) {
     return absl::InvalidArgumentError("grad_rows is null");
+  }
+  if (a.grad_output_stride != 0 && a.grad_output_stride < a.dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "grad_output_stride ", a.grad_output_stride, " is smaller than dim ",
+        a.dim));
   }
 
   // Stable counting sort of positions by row: entries of row r keep
@@ -148,8 +161,9 @@ absl::Status EmbeddingBagBackwardCpu(const EmbeddingBagBackwardArgs& a,
     }
   }
 
-  const EmbeddingBagBackwardPlan plan{a.grad_output,  a.dim,        row_begin.data(),
-                                      source_row.data(), scale.data(), a.grad_rows};
+  const EmbeddingBagBackwardPlan plan{
+      a.grad_output,     a.dim,        GradStride(a),   a.accumulate, row_begin.data(),
+      source_row.data(), scale.data(), a.grad_rows};
   auto range = RECPS_ISA_SELECT(ctx.isa, EmbeddingBagBackwardRange);
   ParallelFor(ctx.pool, a.num_rows, GrainFor(a.num_rows, ctx),
               [&](int64_t lo, int64_t hi) { range(plan, lo, hi); });

@@ -16,6 +16,8 @@ namespace recps::kernels {
 struct EmbeddingBagBackwardPlan {
   const float* grad_output;
   int dim;
+  int64_t grad_output_stride;  // floats between grad_output rows
+  bool accumulate;             // add each row's sum into grad_rows
   const int64_t* row_begin;    // num_rows + 1
   const int64_t* source_row;   // grad_output row of each entry
   const float* scale;          // scale of each entry

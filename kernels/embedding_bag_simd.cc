@@ -2,6 +2,7 @@
 // Arguments arrive validated by embedding_bag_cpu.cc.
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/embedding_bag_internal.h"
 #include "kernels/row_math_simd.h"
@@ -22,6 +23,7 @@ void ForwardRange(const EmbeddingBagForwardArgs& a, int64_t begin,
   const int dim = a.dim;
   const int64_t stride = a.row_stride;
   const int64_t row_bytes = static_cast<int64_t>(dim) * sizeof(Row);
+  const int64_t out_stride = a.output_stride > 0 ? a.output_stride : dim;
   // The first term of each output row is stored, later ones added.
   auto axpy = [&](float* out, int64_t p, float w, auto assign) {
     constexpr bool kAssign = decltype(assign)::value;
@@ -40,7 +42,7 @@ void ForwardRange(const EmbeddingBagForwardArgs& a, int64_t begin,
       if (p + kPrefetchDistance < end) {
         PrefetchRow(rows + idx[p + kPrefetchDistance] * stride, row_bytes);
       }
-      axpy(a.output + p * dim, p, psw ? psw[p] : 1.0f, kFirst);
+      axpy(a.output + p * out_stride, p, psw ? psw[p] : 1.0f, kFirst);
     }
     return;
   }
@@ -49,7 +51,7 @@ void ForwardRange(const EmbeddingBagForwardArgs& a, int64_t begin,
   const int64_t* offsets = a.offsets;
   const int64_t pos_end = offsets[end];
   for (int64_t b = begin; b < end; ++b) {
-    float* out = a.output + b * dim;
+    float* out = a.output + b * out_stride;
     const int64_t lo = offsets[b];
     const int64_t hi = offsets[b + 1];
     if (lo == hi) std::memset(out, 0, sizeof(float) * dim);
@@ -84,18 +86,40 @@ void EmbeddingBagForwardRange(const EmbeddingBagForwardArgs& args,
 void EmbeddingBagBackwardRange(const EmbeddingBagBackwardPlan& plan,
                                int64_t row_begin, int64_t row_end) {
   const int dim = plan.dim;
+  const int64_t stride = plan.grad_output_stride;
+  // Accumulate: a row's sum is formed here, then added as one term, so a
+  // row shared by several calls sums call by call (the order the trainer
+  // had with a scratch buffer per feature). Rows up to kMaxStackDim wide
+  // (all dims in practice) use the stack.
+  constexpr int kMaxStackDim = 1024;
+  float stack_sum[kMaxStackDim];
+  std::vector<float> heap_sum;
+  float* sum = stack_sum;
+  if (plan.accumulate && dim > kMaxStackDim) {
+    heap_sum.resize(dim);
+    sum = heap_sum.data();
+  }
   for (int64_t r = row_begin; r < row_end; ++r) {
     float* out = plan.grad_rows + r * dim;
     const int64_t lo = plan.row_begin[r], hi = plan.row_begin[r + 1];
-    if (lo == hi) std::memset(out, 0, sizeof(float) * dim);
+    if (lo == hi) {
+      if (!plan.accumulate) std::memset(out, 0, sizeof(float) * dim);
+      continue;
+    }
+    float* target = plan.accumulate ? sum : out;
     for (int64_t e = lo; e < hi; ++e) {
-      const float* src = plan.grad_output + plan.source_row[e] * dim;
+      if (e + 4 < hi) {
+        PrefetchRow(plan.grad_output + plan.source_row[e + 4] * stride,
+                    static_cast<int64_t>(dim) * sizeof(float));
+      }
+      const float* src = plan.grad_output + plan.source_row[e] * stride;
       if (e == lo) {
-        AxpyRow<true>(out, src, plan.scale[e], dim);
+        AxpyRow<true>(target, src, plan.scale[e], dim);
       } else {
-        AxpyRow(out, src, plan.scale[e], dim);
+        AxpyRow(target, src, plan.scale[e], dim);
       }
     }
+    if (plan.accumulate) AxpyRow(out, sum, 1.0f, dim);
   }
 }
 

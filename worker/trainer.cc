@@ -85,7 +85,6 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
   std::vector<TableState>& tables_ = buf->tables;
   std::vector<FeatureState>& features_ = buf->features;
   std::vector<float>& pooled_ = buf->pooled;
-  std::vector<float>& feature_buf_ = buf->feature_buf;
   const int num_features = static_cast<int>(features_.size());
   if (batch.num_sparse() != num_features) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -113,7 +112,9 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
     if (!seen[t]) continue;
     TableState& ts = tables_[t];
     ts.rows.resize(ts.dedup.unique.size() * dim_);
-    specs.push_back({static_cast<int>(t), ts.dedup.unique, ts.rows.data()});
+    // Distinct already: the client routes them without hashing again.
+    specs.push_back({static_cast<int>(t), ts.dedup.unique, ts.rows.data(),
+                     /*distinct=*/true});
   }
   absl::Time start = absl::Now();
   RETURN_IF_ERROR(client_->Lookup(step, specs));
@@ -122,7 +123,9 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
   start = absl::Now();
   const int64_t b = batch.size;
   pooled_.resize(b * num_features * dim_);
-  feature_buf_.resize(b * dim_);
+  // Each feature pools straight from its table's unique rows into its
+  // column block of the sample-major B x F x D tensor (output_stride), so
+  // no per-feature buffer and no interleaving copy.
   for (int f = 0; f < num_features; ++f) {
     const FeatureState& fs = features_[f];
     const TableState& ts = tables_[fs.table];
@@ -136,13 +139,9 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
     a.offsets = batch.offsets[f].data();
     a.num_bags = b;
     a.pooling = fs.pooling;
-    a.output = feature_buf_.data();
+    a.output = pooled_.data() + static_cast<int64_t>(f) * dim_;
+    a.output_stride = static_cast<int64_t>(num_features) * dim_;
     RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, options_.ctx));
-    // Interleave into sample-major B x F x D for the interaction.
-    for (int64_t i = 0; i < b; ++i) {
-      std::memcpy(&pooled_[(i * num_features + f) * dim_], &feature_buf_[i * dim_],
-                  sizeof(float) * dim_);
-    }
   }
   Charge(start, &times->forward);
   return absl::OkStatus();
@@ -175,7 +174,6 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   std::vector<TableState>& tables_ = buf->tables;
   std::vector<FeatureState>& features_ = buf->features;
   std::vector<float>& pooled_ = buf->pooled;
-  std::vector<float>& feature_buf_ = backward_buf_;
   const int64_t b = batch.size;
   const int num_features = static_cast<int>(features_.size());
 
@@ -205,21 +203,21 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   grad_pooled_.resize(pooled_.size());
   RETURN_IF_ERROR(model_->Backward(grad_logits_.data(), grad_pooled_.data(),
                                    options_.ctx));
-  for (TableState& ts : tables_) {
-    ts.grad_rows.assign(ts.dedup.unique.size() * dim_, 0.0f);
-  }
-  feature_grad_.resize(b * dim_);
+  // Each feature's pooled gradient is read in place from its column block
+  // of grad_pooled (grad_output_stride) and summed straight into its
+  // table's per-unique-id gradient rows: the first feature of a table
+  // writes every row (no zeroing pass), later ones sharing the table add
+  // their sums in feature order (deterministic, as before).
+  std::vector<bool>& written = grad_written_;
+  written.assign(tables_.size(), false);
   for (int f = 0; f < num_features; ++f) {
     const FeatureState& fs = features_[f];
     TableState& ts = tables_[fs.table];
-    for (int64_t i = 0; i < b; ++i) {
-      std::memcpy(&feature_grad_[i * dim_], &grad_pooled_[(i * num_features + f) * dim_],
-                  sizeof(float) * dim_);
-    }
     const int64_t num_rows = static_cast<int64_t>(ts.dedup.unique.size());
-    feature_buf_.resize(std::max<int64_t>(b, num_rows) * dim_);
+    if (!written[fs.table]) ts.grad_rows.resize(num_rows * dim_);
     kernels::EmbeddingBagBackwardArgs a;
-    a.grad_output = feature_grad_.data();
+    a.grad_output = grad_pooled_.data() + static_cast<int64_t>(f) * dim_;
+    a.grad_output_stride = static_cast<int64_t>(num_features) * dim_;
     a.dim = dim_;
     a.indices = fs.indices.data();
     a.num_indices = static_cast<int64_t>(fs.indices.size());
@@ -227,10 +225,10 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     a.num_bags = b;
     a.pooling = fs.pooling;
     a.num_rows = num_rows;
-    a.grad_rows = feature_buf_.data();
+    a.grad_rows = ts.grad_rows.data();
+    a.accumulate = written[fs.table];
     RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, options_.ctx));
-    // Features sharing a table add up, in feature order (deterministic).
-    for (int64_t k = 0; k < num_rows * dim_; ++k) ts.grad_rows[k] += feature_buf_[k];
+    written[fs.table] = true;
   }
   Charge(start, &times->backward);
 
@@ -239,7 +237,8 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   for (size_t t = 0; t < tables_.size(); ++t) {
     const TableState& ts = tables_[t];
     if (ts.dedup.unique.empty()) continue;
-    pushes.push_back({static_cast<int>(t), ts.dedup.unique, ts.grad_rows.data()});
+    pushes.push_back({static_cast<int>(t), ts.dedup.unique, ts.grad_rows.data(),
+                      /*distinct=*/true});
   }
   RETURN_IF_ERROR(client_->PushGradients(step, pushes));
   Charge(start, &times->push);

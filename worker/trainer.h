@@ -157,8 +157,7 @@ class Trainer {
   struct LookupBuffers {
     std::vector<TableState> tables;
     std::vector<FeatureState> features;
-    std::vector<float> pooled;       // B x F x D, sample-major
-    std::vector<float> feature_buf;  // B x D scratch
+    std::vector<float> pooled;  // B x F x D, sample-major
   };
 
   // Looks up and pools `batch`'s embeddings into buf->pooled.
@@ -183,7 +182,8 @@ class Trainer {
 
   LookupBuffers buffers_[2];
   LookupBuffers eval_buffers_;
-  std::vector<float> grad_pooled_, feature_grad_, backward_buf_;
+  std::vector<float> grad_pooled_;
+  std::vector<bool> grad_written_;  // per table: gradient rows written
   std::vector<float> logits_, probabilities_, grad_logits_;
 
   // Dense gradients plus the two agreement flags ("checkpoint", "stop")
