@@ -289,6 +289,17 @@ absl::Status EmbeddingClient::LostStatus() const {
 
 absl::Status EmbeddingClient::Lookup(int64_t step,
                                      absl::Span<const LookupSpec> batch) {
+  return LookupImpl(step, batch, /*updated_only=*/false);
+}
+
+absl::Status EmbeddingClient::LookupUpdated(int64_t step,
+                                            absl::Span<const LookupSpec> batch) {
+  return LookupImpl(step, batch, /*updated_only=*/true);
+}
+
+absl::Status EmbeddingClient::LookupImpl(int64_t step,
+                                         absl::Span<const LookupSpec> batch,
+                                         bool updated_only) {
   RETURN_IF_ERROR(CheckBatch(step, batch, tables_.size()));
   RETURN_IF_ERROR(LostStatus());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -301,6 +312,7 @@ absl::Status EmbeddingClient::Lookup(int64_t step,
   // Column groups come from this map; it lives until the call ends.
   const std::shared_ptr<const ShardMap> map = CurrentMap();
   routed->PrepareLookup(batch, tables_, table_keys_, *map);
+  routed->updated_only = updated_only;
   absl::Status status = Run<LookupRpc>(step, *routed);
   ReleaseBatch(std::move(routed));
   return status;

@@ -138,6 +138,15 @@ class EmbeddingClient {
   // otherwise the server's own code.
   absl::Status Lookup(int64_t step, absl::Span<const LookupSpec> batch);
 
+  // Sync mode's exact overlap (docs/training.md): every spec's `out`
+  // already holds its rows as read while step `step - 1` was being applied
+  // (a Lookup with step `step - 1` sent during that step). Waits like a
+  // lookup of `step` and overwrites only the rows that step `step - 1`
+  // updated on their server; a server that cannot tell sends every row.
+  // The caller must redo a plain Lookup if the shard map's epoch changed
+  // since the first read (rows that moved are not covered).
+  absl::Status LookupUpdated(int64_t step, absl::Span<const LookupSpec> batch);
+
   // Sends each distinct (table, id)'s gradient to its owner, and an empty
   // push to every other server of the map, so that servers in sync mode know
   // this rank is done with `step`. OK means every server accepted the push.
@@ -180,6 +189,8 @@ class EmbeddingClient {
   // OK, or the DATA_LOSS that CheckIncarnation found.
   absl::Status LostStatus() const;
 
+  absl::Status LookupImpl(int64_t step, absl::Span<const LookupSpec> batch,
+                          bool updated_only);
   // Sends `batch` in rounds until every part is accepted (see the .cc).
   template <typename Rpc>
   absl::Status Run(int64_t step, internal::RoutedBatch& batch);

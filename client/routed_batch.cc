@@ -238,6 +238,7 @@ void RoutedBatch::NextRound() {
 
 void RoutedBatch::BuildLookup(int server, int32_t begin, int32_t end,
                               v1::LookupRequest* request) const {
+  if (updated_only) request->set_updated_only(true);
   ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
     const TablePlan& plan = plans[p];
     v1::TableIds* table = request->add_tables();
@@ -301,6 +302,10 @@ constexpr uint32_t kDimTag =
     WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_VARINT);
 constexpr uint32_t kRowsTag =
     WireFormatLite::MakeTag(3, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr uint32_t kPositionsTag =
+    WireFormatLite::MakeTag(4, WireFormatLite::WIRETYPE_LENGTH_DELIMITED);
+constexpr uint32_t kUpdatedOnlyTag =
+    WireFormatLite::MakeTag(5, WireFormatLite::WIRETYPE_VARINT);
 constexpr uint32_t kIncarnationTag =
     WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_FIXED64);
 
@@ -325,6 +330,7 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
   absl::InlinedVector<TableShare, 4> shares;  // the part's tables, in order
   std::string name_scratch;                   // a response's table name
   std::vector<char> row_scratch;  // a row to decode (fp16 / bf16)
+  std::vector<int32_t> positions_scratch;  // an updated_only table's positions
   ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
     shares.push_back({p, first, n});
   });
@@ -359,6 +365,10 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
     bool have_name = false;
     bool have_dim = false;
     uint64_t rows_bytes = 0;
+    // An updated_only answer: rows only for these positions of the part's
+    // ids (sent before the rows); the other rows stay as the caller has them.
+    bool partial = false;
+    positions_scratch.clear();
     const size_t row_bytes = static_cast<size_t>(plan.dim) * width;
     auto wrong_table = [&] {
       return absl::InternalError(absl::StrCat(
@@ -376,6 +386,58 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
         if (!in.ReadVarint32(&v)) return Malformed("bad dim");
         dim = static_cast<int32_t>(v);
         have_dim = true;
+      } else if (t == kUpdatedOnlyTag) {
+        uint64_t v;
+        if (!in.ReadVarint64(&v)) return Malformed("bad updated_only");
+        if (!updated_only && v != 0) return Malformed("updated_only not asked for");
+        partial = v != 0;
+      } else if (t == kPositionsTag) {
+        uint32_t size;
+        if (!in.ReadVarint32(&size) || size % sizeof(int32_t) != 0 ||
+            size / sizeof(int32_t) > static_cast<uint32_t>(n)) {
+          return Malformed("bad positions");
+        }
+        positions_scratch.resize(size / sizeof(int32_t));
+        if (!in.ReadRaw(positions_scratch.data(), static_cast<int>(size))) {
+          return Malformed("truncated positions");
+        }
+        for (const int32_t q : positions_scratch) {
+          if (q < 0 || q >= n) return Malformed("position out of range");
+        }
+      } else if (t == kRowsTag && partial) {
+        // Only the updated rows, one per position, one at a time.
+        if ((have_name && name_scratch != *plan.name) ||
+            (have_dim && dim != plan.dim)) {
+          return wrong_table();
+        }
+        uint32_t size;
+        if (!in.ReadVarint32(&size)) return Malformed("bad rows length");
+        rows_bytes = size;
+        if (rows_bytes != row_bytes * positions_scratch.size()) {
+          return absl::InternalError(absl::StrCat(
+              "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ",
+              positions_scratch.size(), " updated positions of ", row_bytes,
+              " bytes"));
+        }
+        row_scratch.resize(row_bytes);
+        for (const int32_t q : positions_scratch) {
+          const int32_t u = routed[q];
+          float* first = data.dst[data.dst_begin[u]] + plan.column_offset;
+          if (width == sizeof(float)) {
+            if (!in.ReadRaw(first, static_cast<int>(row_bytes))) {
+              return Malformed("truncated rows");
+            }
+          } else {
+            if (!in.ReadRaw(row_scratch.data(), static_cast<int>(row_bytes))) {
+              return Malformed("truncated rows");
+            }
+            DecodeRow(row_scratch.data(), plan.dim, encoding, first);
+          }
+          for (int32_t d = data.dst_begin[u] + 1; d < data.dst_begin[u + 1]; ++d) {
+            std::memcpy(data.dst[d] + plan.column_offset, first,
+                        sizeof(float) * plan.dim);
+          }
+        }
       } else if (t == kRowsTag) {
         // Name and dim come first from a real server (fields in number
         // order): refuse a wrong table before writing any of its rows.
@@ -458,7 +520,8 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
     if (!in.ConsumedEntireMessage()) return Malformed("bad table");
     in.PopLimit(limit);
     if (name_scratch != *plan.name || dim != plan.dim) return wrong_table();
-    if (rows_bytes != row_bytes * n) {  // no rows field at all
+    if (partial ? rows_bytes != row_bytes * positions_scratch.size()
+                : rows_bytes != row_bytes * n) {  // no rows field at all
       return absl::InternalError(absl::StrCat(
           "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ", n,
           " ids of ", row_bytes, " bytes"));

@@ -114,6 +114,10 @@ struct RoutedBatch {
 
   std::vector<TablePlan> plans;  // only the first num_plans are in use
   int num_plans = 0;
+  // Lookup: ask for LookupRequest.updated_only (set per call by the client).
+  // The callers' buffers then already hold every row, and a response may
+  // carry only some of them (TableRows.positions).
+  bool updated_only = false;
 
  private:
   // Starts a plan per distinct table of the batch (first-seen order) and

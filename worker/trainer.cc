@@ -82,9 +82,28 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 
 absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
                                     StepTimes* times, LookupBuffers* buf) {
+  RETURN_IF_ERROR(DedupAndLookup(batch, step, times, buf));
+  return Pool(batch, times, buf);
+}
+
+absl::Status Trainer::CorrectAndPool(const Batch& batch, int64_t step,
+                                     uint64_t prefetch_epoch, StepTimes* times,
+                                     LookupBuffers* buf) {
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(client_->LookupUpdated(step, buf->specs));
+  // Rows that moved to another server since the prefetch are not covered
+  // by its answer: read everything again (rare: a map change).
+  if (client_->shard_map_epoch() != prefetch_epoch) {
+    RETURN_IF_ERROR(client_->Lookup(step, buf->specs));
+  }
+  Charge(start, &times->lookup);
+  return Pool(batch, times, buf);
+}
+
+absl::Status Trainer::DedupAndLookup(const Batch& batch, int64_t step,
+                                     StepTimes* times, LookupBuffers* buf) {
   std::vector<TableState>& tables_ = buf->tables;
   std::vector<FeatureState>& features_ = buf->features;
-  std::vector<float>& pooled_ = buf->pooled;
   const int num_features = static_cast<int>(features_.size());
   if (batch.num_sparse() != num_features) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -107,7 +126,8 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
     fs.indices.assign(ts.dedup.inverse.begin() + before, ts.dedup.inverse.end());
   }
   // One Lookup for every table: the client fans out to the shard servers.
-  std::vector<client::LookupSpec> specs;
+  std::vector<client::LookupSpec>& specs = buf->specs;
+  specs.clear();
   for (size_t t = 0; t < tables_.size(); ++t) {
     if (!seen[t]) continue;
     TableState& ts = tables_[t];
@@ -119,8 +139,16 @@ absl::Status Trainer::LookupAndPool(const Batch& batch, int64_t step,
   absl::Time start = absl::Now();
   RETURN_IF_ERROR(client_->Lookup(step, specs));
   Charge(start, &times->lookup);
+  return absl::OkStatus();
+}
 
-  start = absl::Now();
+absl::Status Trainer::Pool(const Batch& batch, StepTimes* times,
+                           LookupBuffers* buf) {
+  const std::vector<TableState>& tables_ = buf->tables;
+  const std::vector<FeatureState>& features_ = buf->features;
+  std::vector<float>& pooled_ = buf->pooled;
+  const int num_features = static_cast<int>(features_.size());
+  const absl::Time start = absl::Now();
   const int64_t b = batch.size;
   pooled_.resize(b * num_features * dim_);
   // Each feature pools straight from its table's unique rows into its
@@ -162,6 +190,12 @@ void Trainer::ReadLocalFlags(float* checkpoint, float* stop) {
     *checkpoint = 1;
   }
   if (options_.stop_requested && options_.stop_requested()) *stop = 1;
+}
+
+bool Trainer::SyncPrefetch() const {
+  const v1::ConsistencyConfig::Mode mode = job_.training().consistency().mode();
+  return options_.sync_prefetch && (mode == v1::ConsistencyConfig::SYNC ||
+                                    mode == v1::ConsistencyConfig::MODE_UNSPECIFIED);
 }
 
 bool Trainer::OverlapLookups() const {
@@ -367,6 +401,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     std::thread prefetch;
     absl::Status prefetch_status;
     StepTimes prefetch_times;
+    // Sync mode: step+1's ids were deduplicated and their rows read during
+    // this step; only the rows this step updates are read again after it.
+    bool prefetched = false;
+    uint64_t prefetch_epoch = 0;
     if (step + 1 < training.steps()) {
       ASSIGN_OR_RETURN(next_more, read(&batches[next]));
       if (next_more && OverlapLookups()) {
@@ -375,6 +413,17 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         prefetch = std::thread([&, step] {
           prefetch_status = LookupAndPool(batches[next], step + 1, &prefetch_times,
                                           &buffers_[next]);
+        });
+      } else if (next_more && SyncPrefetch()) {
+        // Read as a lookup of step `step` (the server answers once step-1
+        // is applied, i.e. at once): every row is then as after step-1 or
+        // as after `step`, and CorrectAndPool re-reads exactly the rows
+        // `step` updates, so step+1 sees what a plain lookup would.
+        prefetched = true;
+        prefetch_epoch = client_->shard_map_epoch();
+        prefetch = std::thread([&, step] {
+          prefetch_status = DedupAndLookup(batches[next], step, &prefetch_times,
+                                           &buffers_[next]);
         });
       }
     }
@@ -438,7 +487,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       RETURN_IF_ERROR(evaluate(step + 1));
       step_eval = absl::ToDoubleSeconds(absl::Now() - start);
     }
-    if (more && !OverlapLookups()) {
+    if (more && prefetched) {
+      RETURN_IF_ERROR(CorrectAndPool(batches[next], step + 1, prefetch_epoch,
+                                     &result.times, &buffers_[next]));
+    } else if (more && !OverlapLookups()) {
       RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times, &buffers_[next]));
     }
     result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start) - step_eval);

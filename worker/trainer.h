@@ -113,6 +113,11 @@ struct TrainerOptions {
   // True once the process was asked to stop (SIGTERM): cut at the next
   // step boundary with wait_complete, then return with preempted set.
   std::function<bool()> stop_requested;
+
+  // Sync mode: read step t+1's rows while step t computes and pushes, then
+  // re-read only the rows step t updated (exactly synchronous; see
+  // docs/training.md, Overlap in sync mode). False: look up after the push.
+  bool sync_prefetch = true;
 };
 
 class Trainer {
@@ -158,16 +163,30 @@ class Trainer {
     std::vector<TableState> tables;
     std::vector<FeatureState> features;
     std::vector<float> pooled;  // B x F x D, sample-major
+    std::vector<client::LookupSpec> specs;  // of the last lookup
   };
 
   // Looks up and pools `batch`'s embeddings into buf->pooled.
   absl::Status LookupAndPool(const Batch& batch, int64_t step, StepTimes* times,
                              LookupBuffers* buf);
+  // Its two halves: dedup the ids per table and read their rows (as a
+  // lookup of `step`) into buf; pool buf's rows into buf->pooled.
+  absl::Status DedupAndLookup(const Batch& batch, int64_t step,
+                              StepTimes* times, LookupBuffers* buf);
+  absl::Status Pool(const Batch& batch, StepTimes* times, LookupBuffers* buf);
+  // Sync prefetch: re-reads the rows of buf that step `step - 1` updated
+  // (EmbeddingClient::LookupUpdated), all of them if the shard map moved
+  // since `prefetch_epoch`, then pools.
+  absl::Status CorrectAndPool(const Batch& batch, int64_t step,
+                              uint64_t prefetch_epoch, StepTimes* times,
+                              LookupBuffers* buf);
   // Forward, backward, push and optimizer for a looked-up batch.
   absl::StatusOr<float> Compute(const Batch& batch, int64_t step,
                                 StepTimes* times, LookupBuffers* buf);
   // Whether the consistency mode lets lookups run a step ahead.
   bool OverlapLookups() const;
+  // Sync mode with options_.sync_prefetch.
+  bool SyncPrefetch() const;
   // The local reasons to cut, read just before the step's allreduce.
   void ReadLocalFlags(float* checkpoint, float* stop);
 

@@ -121,6 +121,9 @@ ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
+ABSL_FLAG(bool, sync_prefetch, true,
+          "sync mode: read step t+1's rows during step t and re-read only the "
+          "rows step t updated (exact; false: look up after each push)");
 
 namespace recps::worker {
 namespace {
@@ -709,6 +712,7 @@ int Run() {
     };
   }
   options.ctx.pool = &pool;
+  options.sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
   if (absl::StatusOr<kernels::Device> device =
           kernels::ParseDevice(absl::GetFlag(FLAGS_device), &options.ctx.cuda_device);
       device.ok()) {

@@ -16,6 +16,10 @@ constexpr uint8_t kTablesTag = (1 << 3) | 2;
 constexpr uint8_t kNameTag = (1 << 3) | 2;
 constexpr uint8_t kDimTag = (2 << 3) | 0;
 constexpr uint8_t kRowsTag = (3 << 3) | 2;
+// TableRows.positions = 4 (length delimited), updated_only = 5 (varint),
+// written before the rows.
+constexpr uint8_t kPositionsTag = (4 << 3) | 2;
+constexpr uint8_t kUpdatedOnlyTag = (5 << 3) | 0;
 // LookupResponse.incarnation = 2 (fixed64).
 constexpr uint8_t kIncarnationTag = (2 << 3) | 1;
 constexpr size_t kIncarnationBytes = 1 + sizeof(uint64_t);
@@ -51,6 +55,10 @@ size_t TableFieldsSize(const SerializedLookupResponse::Table& t) {
   size_t n = 0;
   if (!t.name.empty()) n += 1 + VarintSize(t.name.size()) + t.name.size();
   if (t.dim != 0) n += 1 + VarintSize(Int32Varint(t.dim));
+  if (t.updated_only) n += 2;
+  if (!t.positions.empty()) {
+    n += 1 + VarintSize(t.positions.size()) + t.positions.size();
+  }
   if (t.rows_bytes != 0) n += 1 + VarintSize(t.rows_bytes);
   return n;
 }
@@ -112,6 +120,16 @@ absl::Status SerializedLookupResponse::Init(BufferPool& pool,
     if (t.dim != 0) {
       *p++ = kDimTag;
       p = PutVarint(Int32Varint(t.dim), p);
+    }
+    if (t.updated_only) {
+      *p++ = kUpdatedOnlyTag;
+      *p++ = 1;
+    }
+    if (!t.positions.empty()) {
+      *p++ = kPositionsTag;
+      p = PutVarint(t.positions.size(), p);
+      std::memcpy(p, t.positions.data(), t.positions.size());
+      p += t.positions.size();
     }
     if (t.rows_bytes != 0) {
       *p++ = kRowsTag;

@@ -26,6 +26,10 @@ class SerializedLookupResponse {
     absl::string_view name;
     int dim = 0;
     size_t rows_bytes = 0;
+    // LookupRequest.updated_only's answer: TableRows.updated_only and the
+    // packed positions, written before the rows.
+    bool updated_only = false;
+    absl::string_view positions;
   };
   // A byte range of the buffer; the message is the concatenation of the
   // segments, in order.

@@ -124,6 +124,19 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       Routing{std::move(map), self, options_.self_address});
   clock_ = std::make_unique<StepClock>(
       options_.consistency, [this](GradientPush& push) -> absl::Status {
+        if (options_.consistency.mode == ConsistencyMode::kSync) {
+          // The ids this step updates, for updated_only lookups of the
+          // next step (8 bytes per id; the set is built only when asked).
+          absl::MutexLock lock(&updates_mu_);
+          for (auto& [table, updates] : last_step_updates_) {
+            updates.ids.clear();
+            updates.set_built = false;
+          }
+          for (const TableGradients& tg : push) {
+            StepUpdates& u = last_step_updates_[tg.table];
+            u.ids.insert(u.ids.end(), tg.ids.begin(), tg.ids.end());
+          }
+        }
         for (TableGradients& tg : push) {
           RETURN_IF_ERROR(store_->ApplyGradients(tg.table, tg.ids, tg.grads.data()));
           if (metrics_ != nullptr) metrics_->AddUpdatedIds(tg.ids.size());
@@ -306,6 +319,31 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
     parts.push_back(part);
     layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width});
   }
+  // updated_only (sync mode): the worker holds every row as it was before
+  // step `step - 1` was applied; only the rows that step updated changed
+  // since. Answered only when the clock shows exactly that step as the
+  // newest applied (otherwise every row, which is always right).
+  const bool updated_only =
+      request.updated_only() &&
+      options_.consistency.mode == ConsistencyMode::kSync &&
+      clock_->applied_step() == request.header().step() - 1;
+  std::vector<std::vector<int32_t>> positions;
+  std::vector<std::vector<int64_t>> updated_ids;
+  if (updated_only) {
+    positions.resize(parts.size());
+    updated_ids.resize(parts.size());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      UpdatedPositions(parts[i].table, parts[i].ids, &positions[i]);
+      updated_ids[i].reserve(positions[i].size());
+      for (const int32_t p : positions[i]) updated_ids[i].push_back(parts[i].ids[p]);
+      parts[i].ids = updated_ids[i];
+      layout[i].rows_bytes = parts[i].ids.size() * store_->spec(parts[i].table).dim * width;
+      layout[i].updated_only = true;
+      layout[i].positions = absl::string_view(
+          reinterpret_cast<const char*>(positions[i].data()),
+          positions[i].size() * sizeof(int32_t));
+    }
+  }
   RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_));
   std::vector<float> converted;
   int64_t bytes = 0;
@@ -325,6 +363,24 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
   }
   if (metrics_ != nullptr) metrics_->AddLookedUpIds(total_ids, bytes);
   return absl::OkStatus();
+}
+
+void ShardServer::UpdatedPositions(int table, absl::Span<const int64_t> ids,
+                                   std::vector<int32_t>* positions) {
+  positions->clear();
+  absl::MutexLock lock(&updates_mu_);
+  const auto it = last_step_updates_.find(table);
+  if (it == last_step_updates_.end() || it->second.ids.empty()) return;
+  StepUpdates& u = it->second;
+  if (!u.set_built) {
+    u.set.clear();
+    u.set.reserve(u.ids.size());
+    u.set.insert(u.ids.begin(), u.ids.end());
+    u.set_built = true;
+  }
+  for (size_t p = 0; p < ids.size(); ++p) {
+    if (u.set.contains(ids[p])) positions->push_back(static_cast<int32_t>(p));
+  }
 }
 
 absl::StatusOr<GradientPush> ShardServer::DecodePush(

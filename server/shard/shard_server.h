@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -221,6 +223,22 @@ class ShardServer {
   std::deque<absl::AnyInvocable<void(bool) &&>> ckpt_tasks_ ABSL_GUARDED_BY(ckpt_mu_);
   bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
   std::thread ckpt_thread_;
+
+  // Sync mode's exact overlap (LookupRequest.updated_only): the ids each
+  // table's rows were updated with by the newest applied step, recorded by
+  // the apply, and a membership set built from them by the first lookup
+  // that needs it.
+  struct StepUpdates {
+    std::vector<int64_t> ids;
+    absl::flat_hash_set<int64_t> set;
+    bool set_built = false;
+  };
+  // Positions of `ids` that the newest applied step updated in `table`.
+  void UpdatedPositions(int table, absl::Span<const int64_t> ids,
+                        std::vector<int32_t>* positions);
+  absl::Mutex updates_mu_;
+  absl::flat_hash_map<int, StepUpdates> last_step_updates_
+      ABSL_GUARDED_BY(updates_mu_);
 
   // Declared last: destroyed first, so no task outlives the members above.
   std::unique_ptr<StepClock> clock_;
