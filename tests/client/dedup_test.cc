@@ -137,3 +137,23 @@ TEST(DeduplicateAppend, OnEmptyDedupActsLikeDeduplicate) {
 
 }  // namespace
 }  // namespace recps::client
+
+namespace recps::client {
+namespace {
+
+// Ids deduplicated upstream (the trainer's) are taken without hashing; a
+// later append still finds them (the hash table is rebuilt from `unique`).
+TEST(AssignDistinct, IdentityInverseAndAppendStillFindsThem) {
+  Dedup d;
+  Deduplicate(std::vector<int64_t>{9, 9, 9, 9, 9, 9}, &d);  // stale table
+  const std::vector<int64_t> ids = {5, -3, 70, 1};
+  AssignDistinct(ids, &d);
+  EXPECT_THAT(d.unique, ElementsAre(5, -3, 70, 1));
+  EXPECT_THAT(d.inverse, ElementsAre(0, 1, 2, 3));
+  DeduplicateAppend(std::vector<int64_t>{70, 2, 5, 9}, &d);
+  EXPECT_THAT(d.unique, ElementsAre(5, -3, 70, 1, 2, 9));
+  EXPECT_THAT(d.inverse, ElementsAre(0, 1, 2, 3, 2, 4, 0, 5));
+}
+
+}  // namespace
+}  // namespace recps::client

@@ -162,6 +162,145 @@ TEST_P(EmbeddingBagCase, ForwardAndBackwardMatchNaiveLoopsOnEveryPath) {
   }
 }
 
+// The trainer's layout: F features pool into one sample-major B x F x D
+// tensor through output_stride, and their gradients (read in place through
+// grad_output_stride) sum into the rows of the table they share with
+// accumulate. Against the scalar reference of the old trainer (per-feature
+// contiguous buffers, each feature's backward into scratch, then added in
+// feature order), exactly, on every ISA path and with 1..7 threads (the
+// result must not depend on the thread count).
+TEST(EmbeddingBag, StridedSharedTableMatchesPerFeatureBuffersExactly) {
+  constexpr int kFeatures = 3;
+  for (int dim : {1, 7, 16, 64}) {
+    for (PoolingMode pooling : {PoolingMode::kSum, PoolingMode::kMean}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + " pooling " +
+                   std::to_string(static_cast<int>(pooling)));
+      const int64_t num_rows = 53, num_bags = 29;
+      std::vector<Jagged> j;
+      for (int f = 0; f < kFeatures; ++f) {
+        j.push_back(MakeJagged(num_bags, 5, num_rows, 100 + f));
+      }
+      const std::vector<float> rows = RandomFloats(num_rows * dim, 8);
+      const std::vector<float> grad_pooled =
+          RandomFloats(num_bags * kFeatures * dim, 9);
+      // Reference: contiguous per-feature forward then interleave; backward
+      // per feature into scratch, then table += scratch in feature order.
+      std::vector<float> want_pooled(num_bags * kFeatures * dim);
+      std::vector<float> want_grad(num_rows * dim, 0.0f);
+      for (int f = 0; f < kFeatures; ++f) {
+        EmbeddingBagForwardArgs a;
+        a.rows = rows.data();
+        a.num_rows = num_rows;
+        a.row_stride = dim;
+        a.dim = dim;
+        a.indices = j[f].indices.data();
+        a.num_indices = j[f].indices.size();
+        a.offsets = j[f].offsets.data();
+        a.num_bags = num_bags;
+        a.pooling = pooling;
+        const std::vector<float> out = NaiveForward(a, rows, {});
+        for (int64_t b = 0; b < num_bags; ++b) {
+          std::memcpy(&want_pooled[(b * kFeatures + f) * dim], &out[b * dim],
+                      sizeof(float) * dim);
+        }
+        std::vector<float> scratch(num_rows * dim, 0.0f);
+        std::vector<bool> touched(num_rows, false);
+        for (int64_t b = 0; b < num_bags; ++b) {
+          const int64_t lo = j[f].offsets[b], hi = j[f].offsets[b + 1];
+          const float scale = pooling == PoolingMode::kMean
+                                  ? 1.0f / static_cast<float>(std::max<int64_t>(1, hi - lo))
+                                  : 1.0f;
+          for (int64_t p = lo; p < hi; ++p) {
+            const int64_t r = j[f].indices[p];
+            for (int d = 0; d < dim; ++d) {
+              const float term = scale * grad_pooled[(b * kFeatures + f) * dim + d];
+              scratch[r * dim + d] = touched[r] ? scratch[r * dim + d] + term : term;
+            }
+            touched[r] = true;
+          }
+        }
+        for (int64_t k = 0; k < num_rows * dim; ++k) {
+          want_grad[k] = f == 0 ? scratch[k] : want_grad[k] + scratch[k];
+        }
+      }
+      for (int threads : {1, 2, 3, 7}) {
+        ThreadPool pool(threads);
+        for (const ExecContext& ctx : EveryCpuIsa(threads > 1 ? &pool : nullptr)) {
+          SCOPED_TRACE(std::string(CpuIsaName(ctx.isa)) + " threads " +
+                       std::to_string(threads));
+          std::vector<float> pooled(num_bags * kFeatures * dim, -7.0f);
+          std::vector<float> grad(num_rows * dim, -7.0f);
+          for (int f = 0; f < kFeatures; ++f) {
+            EmbeddingBagForwardArgs a;
+            a.rows = rows.data();
+            a.num_rows = num_rows;
+            a.row_stride = dim;
+            a.dim = dim;
+            a.indices = j[f].indices.data();
+            a.num_indices = j[f].indices.size();
+            a.offsets = j[f].offsets.data();
+            a.num_bags = num_bags;
+            a.pooling = pooling;
+            a.output = pooled.data() + f * dim;
+            a.output_stride = kFeatures * dim;
+            ASSERT_TRUE(EmbeddingBagForwardCpu(a, ctx).ok());
+            EmbeddingBagBackwardArgs g;
+            g.grad_output = grad_pooled.data() + f * dim;
+            g.grad_output_stride = kFeatures * dim;
+            g.dim = dim;
+            g.indices = a.indices;
+            g.num_indices = a.num_indices;
+            g.offsets = a.offsets;
+            g.num_bags = num_bags;
+            g.pooling = pooling;
+            g.num_rows = num_rows;
+            g.grad_rows = grad.data();
+            g.accumulate = f > 0;
+            ASSERT_TRUE(EmbeddingBagBackwardCpu(g, ctx).ok());
+          }
+          EXPECT_EQ(0, std::memcmp(pooled.data(), want_pooled.data(),
+                                   pooled.size() * sizeof(float)));
+          EXPECT_EQ(0, std::memcmp(grad.data(), want_grad.data(),
+                                   grad.size() * sizeof(float)));
+        }
+      }
+    }
+  }
+}
+
+TEST(EmbeddingBag, StridesSmallerThanDimAreRefused) {
+  const std::vector<int64_t> indices = {0};
+  const std::vector<int64_t> offsets = {0, 1};
+  std::vector<float> rows(8), out(8);
+  EmbeddingBagForwardArgs a;
+  a.rows = rows.data();
+  a.num_rows = 1;
+  a.row_stride = 8;
+  a.dim = 8;
+  a.indices = indices.data();
+  a.num_indices = 1;
+  a.offsets = offsets.data();
+  a.num_bags = 1;
+  a.output = out.data();
+  a.output_stride = 4;
+  const absl::Status s = EmbeddingBagForwardCpu(a, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("output_stride 4"), std::string::npos) << s;
+  EmbeddingBagBackwardArgs g;
+  g.grad_output = out.data();
+  g.grad_output_stride = 3;
+  g.dim = 8;
+  g.indices = indices.data();
+  g.num_indices = 1;
+  g.offsets = offsets.data();
+  g.num_bags = 1;
+  g.num_rows = 1;
+  g.grad_rows = rows.data();
+  const absl::Status t = EmbeddingBagBackwardCpu(g, {});
+  EXPECT_TRUE(absl::IsInvalidArgument(t)) << t;
+  EXPECT_NE(t.message().find("grad_output_stride 3"), std::string::npos) << t;
+}
+
 // Adjoint check in double: <grad_out, F(rows)> == <B(grad_out), rows>, so the
 // backward really is the forward's transpose.
 void ExpectAdjoint(const Case& c) {

@@ -56,8 +56,10 @@ struct RunResult {
 };
 
 // Trains the small example for kSteps steps with `workers` workers of
-// `batch` samples each over `shards` shard servers.
-RunResult Train(int workers, int shards, int batch) {
+// `batch` samples each over `shards` shard servers; `worker_flags` go to
+// every worker.
+RunResult Train(int workers, int shards, int batch,
+                const std::vector<std::string>& worker_flags = {}) {
   testing::TempDir dir;
   std::string job = ReadFile(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
   job = absl::StrReplaceAll(job, {{"batch_size: 512", absl::StrCat("batch_size: ", batch)}});
@@ -75,14 +77,14 @@ RunResult Train(int workers, int shards, int batch) {
   std::vector<absl::StatusOr<int>> codes(workers, absl::UnknownError("not run"));
   for (int r = 0; r < workers; ++r) {
     threads.emplace_back([&, r] {
-      codes[r] = testing::RunProcess(
-          RECPS_WORKER_BINARY,
-          {"--config=" + job_path, "--shards=" + addresses, absl::StrCat("--rank=", r),
-           absl::StrCat("--world_size=", workers), absl::StrCat("--steps=", kSteps),
-           "--threads=1", "--rendezvous_dir=" + dir.path() + "/rendezvous",
-           absl::StrCat("--result_json=", dir.path(), "/result", r, ".json"),
-           absl::StrCat("--dense_out=", dir.path(), "/dense", r, ".bin")},
-          absl::Minutes(3));
+      std::vector<std::string> args = {
+          "--config=" + job_path, "--shards=" + addresses, absl::StrCat("--rank=", r),
+          absl::StrCat("--world_size=", workers), absl::StrCat("--steps=", kSteps),
+          "--threads=1", "--rendezvous_dir=" + dir.path() + "/rendezvous",
+          absl::StrCat("--result_json=", dir.path(), "/result", r, ".json"),
+          absl::StrCat("--dense_out=", dir.path(), "/dense", r, ".bin")};
+      args.insert(args.end(), worker_flags.begin(), worker_flags.end());
+      codes[r] = testing::RunProcess(RECPS_WORKER_BINARY, args, absl::Minutes(3));
     });
   }
   for (auto& t : threads) t.join();
@@ -135,6 +137,61 @@ TEST(DataParallel, OneAndThreeShardsGiveBitIdenticalRowsAndDenseParameters) {
   ASSERT_EQ(one.rows.size(), three.rows.size());
   EXPECT_EQ(0, std::memcmp(one.rows.data(), three.rows.data(), one.rows.size() * 4));
   EXPECT_EQ(one.losses, three.losses);
+}
+
+// Sync mode's overlap: step t+1's rows are read during step t and only the
+// rows step t updated (by either worker) are read again after it. The
+// result must be exactly that of looking everything up after the push:
+// losses, dense parameters and rows bit for bit, two workers sharing hot
+// ids over two shard servers.
+TEST(DataParallel, SyncPrefetchIsBitIdenticalToLookingUpAfterThePush) {
+  const RunResult plain = Train(2, 2, 128, {"--sync_prefetch=false"});
+  const RunResult overlapped = Train(2, 2, 128, {"--sync_prefetch=true"});
+  ASSERT_EQ(plain.losses.size(), 2u);
+  ASSERT_EQ(plain.losses[0].size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(plain.losses, overlapped.losses);
+  ASSERT_FALSE(plain.dense.empty());
+  EXPECT_EQ(plain.dense, overlapped.dense);
+  ASSERT_EQ(plain.rows.size(), overlapped.rows.size());
+  EXPECT_EQ(0, std::memcmp(plain.rows.data(), overlapped.rows.data(),
+                           plain.rows.size() * 4));
+}
+
+// The mechanism under it, through a real recps-shard: after step 0 pushed
+// ids 1 and 2, an updated_only lookup of step 1 rewrites exactly those rows
+// in the caller's buffer and leaves id 3's row as the caller had it.
+TEST(DataParallel, LookupUpdatedRewritesOnlyTheRowsTheLastStepUpdated) {
+  testing::TempDir dir;
+  const std::string job_path = dir.WriteFile(
+      "job.textproto",
+      ReadFile(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto"));
+  auto cluster = testing::StartShardCluster(
+      RECPS_SHARD_BINARY, {"--job=" + job_path, "--world_size=1"}, 1, kSlots);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::vector<client::TableSchema> tables;
+  for (int t = 0; t < 8; ++t) tables.push_back({absl::StrCat("t", t), 16});
+  auto client = client::EmbeddingClient::Create(
+      tables, client::MakeServerShardMapSource({(*cluster)[0]->address()}), {});
+  ASSERT_TRUE(client.ok()) << client.status();
+  const std::vector<int64_t> ids = {1, 2, 3};
+  std::vector<float> before(3 * 16);
+  ASSERT_TRUE((*client)->Lookup(0, {{0, ids, before.data()}}).ok());
+  const std::vector<int64_t> pushed = {1, 2};
+  const std::vector<float> grads(2 * 16, 0.5f);
+  std::vector<client::PushSpec> push = {{0, pushed, grads.data()}};
+  for (int t = 1; t < 8; ++t) push.push_back({t, {}, nullptr});
+  ASSERT_TRUE((*client)->PushGradients(0, push).ok());
+
+  std::vector<float> corrected(3 * 16, 777.0f);
+  const absl::Status s = (*client)->LookupUpdated(1, {{0, ids, corrected.data()}});
+  ASSERT_TRUE(s.ok()) << s;
+  std::vector<float> after(3 * 16);
+  ASSERT_TRUE((*client)->Lookup(1, {{0, ids, after.data()}}).ok());
+  for (int k = 0; k < 2 * 16; ++k) {
+    EXPECT_EQ(corrected[k], after[k]) << k;
+    EXPECT_NE(after[k], before[k]) << k;  // the push changed rows 1 and 2
+  }
+  for (int k = 2 * 16; k < 3 * 16; ++k) EXPECT_EQ(corrected[k], 777.0f) << k;
 }
 
 // A worker that dies mid-training makes its peer fail with a clear error
