@@ -41,6 +41,29 @@ TEST(SerializedLookupResponseTest, MatchesGeneratedCode) {
 
 TEST(SerializedLookupResponseTest, NoTables) { ExpectSameAsGenerated({}); }
 
+// An updated_only answer: the generated code reads the flag, the positions
+// and the rows, and positions come before rows (the client places rows as
+// they arrive).
+TEST(SerializedLookupResponseTest, UpdatedOnlyAnswerWritesPositionsBeforeRows) {
+  auto pool = BufferPool::Create(size_t{64} << 20);
+  const std::vector<int32_t> positions = {0, 5};
+  SerializedLookupResponse::Table t{"t", 4, 2 * 4 * 4};
+  t.updated_only = true;
+  t.positions = absl::string_view(reinterpret_cast<const char*>(positions.data()),
+                                  positions.size() * sizeof(int32_t));
+  SerializedLookupResponse response;
+  ASSERT_TRUE(response.Init(*pool, {t}).ok());
+  std::memset(response.rows(0), 0x3f, t.rows_bytes);
+  const std::string bytes = response.ToString();
+  v1::LookupResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+  ASSERT_EQ(parsed.tables_size(), 1);
+  EXPECT_TRUE(parsed.tables(0).updated_only());
+  EXPECT_EQ(parsed.tables(0).positions(), std::string(t.positions));
+  EXPECT_EQ(parsed.tables(0).rows(), std::string(t.rows_bytes, '\x3f'));
+  EXPECT_LT(bytes.find(std::string(t.positions)), bytes.find(std::string(8, '\x3f')));
+}
+
 TEST(SerializedLookupResponseTest, ReusesBuffersAcrossResponses) {
   auto pool = BufferPool::Create(size_t{64} << 20);
   const char* first = nullptr;
