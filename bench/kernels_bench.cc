@@ -9,6 +9,7 @@
 //   fused Adagrad >= 0.5 x forward (same width and threads)
 //
 //   recps_kernels_bench [--benchmark_filter=...] [--table_gib=N]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -176,6 +178,102 @@ void BM_EmbeddingBagForward(benchmark::State& state, int dim, int pooling,
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 
+// The worker's embedding step for one batch (pool every feature, then its
+// backward into per-unique-id gradient rows), F features of one table each,
+// B bags of `pooling` ids, dim 64, rows already gathered per unique id.
+// "copy": the trainer before issue 17 (each feature pooled into a B x D
+// scratch and interleaved into B x F x D; gradients zeroed, copied out per
+// feature, pooled back into scratch and added). "strided": straight into and
+// out of B x F x D (output_stride / grad_output_stride), first feature
+// writing every row. Bytes counted: the forward's gathered rows.
+std::string TrainerKey(bool strided, int features, int pooling, int threads) {
+  return absl::StrFormat("trainer/%s/F%d/pool%d/t%d", strided ? "strided" : "copy",
+                         features, pooling, threads);
+}
+
+void BM_TrainerEmbeddingStep(benchmark::State& state, bool strided, int features,
+                             int pooling, int threads) {
+  constexpr int kDim = 64;
+  constexpr int64_t kBags = 4096;
+  const int64_t num_indices = kBags * pooling;
+  const int64_t num_rows = std::min<int64_t>(num_indices, 100000);
+  std::vector<int64_t> offsets(kBags + 1);
+  for (int64_t b = 0; b <= kBags; ++b) offsets[b] = b * pooling;
+  std::vector<std::vector<int64_t>> indices(features, std::vector<int64_t>(num_indices));
+  std::mt19937_64 rng(features * 131 + pooling);
+  for (auto& f : indices) {
+    for (int64_t& i : f) i = static_cast<int64_t>(rng() % num_rows);
+  }
+  std::vector<std::vector<float>> rows(features, std::vector<float>(num_rows * kDim, 0.25f));
+  std::vector<std::vector<float>> grad_rows(features);
+  std::vector<float> pooled(kBags * features * kDim);
+  std::vector<float> grad_pooled(pooled.size(), 0.5f);
+  std::vector<float> scratch(std::max<int64_t>(kBags, num_rows) * kDim);
+  std::vector<float> feature_grad(kBags * kDim);
+  ExecContext ctx;
+  ctx.pool = &Pool(threads);
+
+  double bytes = 0, seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int f = 0; f < features; ++f) {
+      EmbeddingBagForwardArgs a;
+      a.rows = rows[f].data();
+      a.num_rows = num_rows;
+      a.row_stride = kDim;
+      a.dim = kDim;
+      a.indices = indices[f].data();
+      a.num_indices = num_indices;
+      a.offsets = offsets.data();
+      a.num_bags = kBags;
+      if (strided) {
+        a.output = pooled.data() + f * kDim;
+        a.output_stride = static_cast<int64_t>(features) * kDim;
+        (void)EmbeddingBagForwardCpu(a, ctx);
+      } else {
+        a.output = scratch.data();
+        (void)EmbeddingBagForwardCpu(a, ctx);
+        for (int64_t i = 0; i < kBags; ++i) {
+          std::memcpy(&pooled[(i * features + f) * kDim], &scratch[i * kDim],
+                      sizeof(float) * kDim);
+        }
+      }
+    }
+    for (int f = 0; f < features; ++f) {
+      EmbeddingBagBackwardArgs g;
+      g.dim = kDim;
+      g.indices = indices[f].data();
+      g.num_indices = num_indices;
+      g.offsets = offsets.data();
+      g.num_bags = kBags;
+      g.num_rows = num_rows;
+      if (strided) {
+        grad_rows[f].resize(num_rows * kDim);
+        g.grad_output = grad_pooled.data() + f * kDim;
+        g.grad_output_stride = static_cast<int64_t>(features) * kDim;
+        g.grad_rows = grad_rows[f].data();
+        (void)EmbeddingBagBackwardCpu(g, ctx);
+      } else {
+        grad_rows[f].assign(num_rows * kDim, 0.0f);
+        for (int64_t i = 0; i < kBags; ++i) {
+          std::memcpy(&feature_grad[i * kDim], &grad_pooled[(i * features + f) * kDim],
+                      sizeof(float) * kDim);
+        }
+        g.grad_output = feature_grad.data();
+        g.grad_rows = scratch.data();
+        (void)EmbeddingBagBackwardCpu(g, ctx);
+        float* out = grad_rows[f].data();
+        for (int64_t k = 0; k < num_rows * kDim; ++k) out[k] += scratch[k];
+      }
+    }
+    seconds += Seconds(start);
+    bytes += static_cast<double>(features) * num_indices * kDim * sizeof(float);
+  }
+  Record(state, TrainerKey(strided, features, pooling, threads), bytes, seconds,
+         MemcpyKey(threads));
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+}
+
 std::string UpdateKey(OptimizerKind kind, int dim, int threads) {
   return absl::StrFormat("update/%s/dim%d/t%d", OptimizerName(kind), dim,
                          threads);
@@ -253,6 +351,15 @@ void RegisterAll() {
     reg(ForwardKey(64, 32, true, t), [=](benchmark::State& s) {
       BM_EmbeddingBagForward(s, 64, 32, true, t);
     });
+    // Interleaved copy / strided pairs, issue 17's S-p1, S-p20 and M-p1
+    // shapes (per worker of one: F=8 and 26, 2048-4096 bags).
+    for (auto [features, pooling] : {std::pair{8, 1}, std::pair{8, 20}, std::pair{26, 1}}) {
+      for (bool strided : {false, true}) {
+        reg(TrainerKey(strided, features, pooling, t), [=](benchmark::State& s) {
+          BM_TrainerEmbeddingStep(s, strided, features, pooling, t);
+        });
+      }
+    }
     for (OptimizerKind kind :
          {OptimizerKind::kSgd, OptimizerKind::kAdagrad,
           OptimizerKind::kRowWiseAdagrad, OptimizerKind::kAdam,
@@ -287,6 +394,15 @@ void PrintSummary() {
                     t == all ? (fwd / mem >= 0.4 ? "  [target 0.4: met]"
                                                  : "  [target 0.4: MISSED]")
                              : "");
+      }
+    }
+    for (auto [features, pooling] : {std::pair{8, 1}, std::pair{8, 20}, std::pair{26, 1}}) {
+      const double copy = get(TrainerKey(false, features, pooling, t));
+      const double strided = get(TrainerKey(true, features, pooling, t));
+      if (copy > 0 && strided > 0) {
+        std::printf("  trainer embedding step F%d pool%d t%d: copy %.2f x memcpy, "
+                    "strided %.2f x memcpy (%.2fx faster)\n",
+                    features, pooling, t, copy / mem, strided / mem, strided / copy);
       }
     }
     const double fwd = get(ForwardKey(64, 32, false, t));

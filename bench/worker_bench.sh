@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Samples/s of training with the step time split into data, lookup, forward,
-# backward, push, allreduce and optimizer (ms/step, rank 0's), next to an
+# backward, push, allreduce and optimizer (ms/step, rank 0's; lk_wait: waiting
+# for an overlapped lookup; prefetch: sync mode's read of the next step beside
+# the step, not part of its time), next to an
 # anchor measured in the same run (memcpy GB/s of 256 MiB), since a shared
 # machine is noisy: compare x_memcpy = (samples/s) / (memcpy GB/s) across runs.
 #
@@ -34,9 +36,9 @@ for _ in range(5):
 print(f"{len(b) / best / 1e9:.2f}")'
 }
 
-printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s  (ms/step)\n' \
+printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %8s  (ms/step)\n' \
   job "$WORKERS" "$SHARDS" batch steps samples/s memcpy x_memcpy data lookup forward backward \
-  push allred optim lk_wait
+  push allred optim lk_wait prefetch
 for config in "${CONFIGS[@]}"; do
   job=$(basename "$config" .textproto)
   anchor=$(memcpy_gbps)
@@ -70,6 +72,7 @@ anchor = float(sys.argv[4])
 print(f'{sys.argv[2]:<10} {"":5} {batch:>6} {r["steps"]:>5} {rate:>9.0f} {anchor:>7.2f} '
       f'{rate / anchor:>8.0f} | '
       f'{t["data"]:7.2f} {t["lookup"]:7.2f} {t["forward"]:7.2f} {t["backward"]:7.2f} '
-      f'{t["push"]:7.2f} {t["allreduce"]:7.2f} {t["optimizer"]:7.2f} {t["lookup_wait"]:7.2f}')
+      f'{t["push"]:7.2f} {t["allreduce"]:7.2f} {t["optimizer"]:7.2f} {t["lookup_wait"]:7.2f} '
+      f'{t.get("prefetch", 0):8.2f}')
 PY
 done

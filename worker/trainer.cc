@@ -435,7 +435,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     }
     RETURN_IF_ERROR(loss.status());
     RETURN_IF_ERROR(prefetch_status);
-    result.times.lookup += prefetch_times.lookup;
+    // The sync prefetch ran beside the step: its own phase, so `lookup`
+    // stays what the training thread spent looking up (the correction).
+    (prefetched ? result.times.prefetch : result.times.lookup) += prefetch_times.lookup;
     result.times.forward += prefetch_times.forward;
     result.steps = step + 1;
     result.samples += batches[cur].size;

@@ -31,10 +31,14 @@ namespace recps::worker {
 // (bounded and async modes) `lookup` and the pooling part of `forward` run
 // on a helper thread beside the rest; `lookup_wait` is what the training
 // thread then spent waiting for them, the part of the lookup the overlap
-// did not hide. `eval` is the evaluations run during training.
+// did not hide. `eval` is the evaluations run during training. In sync
+// mode with sync_prefetch, `prefetch` is the lookup of the next step's rows
+// on the helper thread (overlapped, not in total()) and `lookup` the
+// correction after the push.
 struct StepTimes {
   double data = 0, lookup = 0, forward = 0, backward = 0, push = 0,
-         allreduce = 0, optimizer = 0, lookup_wait = 0, eval = 0;
+         allreduce = 0, optimizer = 0, lookup_wait = 0, eval = 0,
+         prefetch = 0;
   double total() const {
     return data + lookup + forward + backward + push + allreduce + optimizer;
   }

@@ -292,12 +292,12 @@ std::string ResultJson(const TrainResult& r) {
       "{\"steps\":%d,\"samples\":%d,\"seconds\":%.3f,\"samples_per_second\":%.1f,"
       "\"last_loss\":%.6f,\"times\":{\"data\":%.4f,\"lookup\":%.4f,\"forward\":%.4f,"
       "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f,"
-      "\"lookup_wait\":%.4f,\"eval\":%.4f},"
+      "\"lookup_wait\":%.4f,\"eval\":%.4f,\"prefetch\":%.4f},"
       "\"evals\":[%s],\"losses\":[%s],\"start_step\":%d,\"step_seconds\":[%s],"
       "\"checkpoints\":[%s],\"preempted\":%s}\n",
       r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9), r.last_loss,
       t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer,
-      t.lookup_wait, t.eval, evals, losses, r.steps - static_cast<int64_t>(r.losses.size()),
+      t.lookup_wait, t.eval, t.prefetch, evals, losses, r.steps - static_cast<int64_t>(r.losses.size()),
       step_seconds, checkpoints, r.preempted ? "true" : "false");
 }
 
@@ -382,7 +382,7 @@ class WorkerMetrics {
     const char* name;
     double StepTimes::*field;
   };
-  static constexpr std::array<Phase, 8> kPhases = {{
+  static constexpr std::array<Phase, 9> kPhases = {{
       {"data", &StepTimes::data},
       {"lookup", &StepTimes::lookup},
       {"forward", &StepTimes::forward},
@@ -391,6 +391,7 @@ class WorkerMetrics {
       {"allreduce", &StepTimes::allreduce},
       {"optimizer", &StepTimes::optimizer},
       {"lookup_wait", &StepTimes::lookup_wait},
+      {"prefetch", &StepTimes::prefetch},
   }};
   // 10 us to 10 s, three buckets a decade.
   static prometheus::Histogram::BucketBoundaries Buckets() {
@@ -840,12 +841,14 @@ int Run() {
   LogInfo(absl::StrFormat(
       "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
-      "optimizer %.2f ms, waiting for overlapped lookups %.2f ms; evaluation %.1f s",
+      "optimizer %.2f ms, waiting for overlapped lookups %.2f ms (prefetch %.2f ms "
+      "beside the step); evaluation %.1f s",
       result->steps, result->samples / std::max(result->seconds, 1e-9),
       1e3 * t.data / trained, 1e3 * t.lookup / trained,
       1e3 * t.forward / trained, 1e3 * t.backward / trained,
       1e3 * t.push / trained, 1e3 * t.allreduce / trained,
-      1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained, t.eval));
+      1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained,
+      1e3 * t.prefetch / trained, t.eval));
   if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
     const absl::Span<const float> p = (*trainer)->model().parameters();
     std::ofstream(path, std::ios::binary)
