@@ -387,7 +387,7 @@ absl::Status EmbeddingBagBackwardCuda(const EmbeddingBagBackwardArgs& args,
       args.accumulate) {
     return absl::InvalidArgumentError(absl::StrCat(
         op, ": grad_output_stride ", args.grad_output_stride, " and accumulate ",
-        args.accumulate, " (only 0 or dim, and false, on CUDA)"));
+        args.accumulate ? "true" : "false", " (only 0 or dim, and false, on CUDA)"));
   }
   if (args.num_indices > 0 && args.grad_output == nullptr) {
     return absl::InvalidArgumentError(
