@@ -284,7 +284,14 @@ class ShardServer {
     v1::CheckpointFile file;
     int64_t rows_total = 0;
     std::atomic<int64_t> rows_written{0};
+    // [table][slot]: 1 when this server owned the unit at the cut (only
+    // those go to the file).
+    std::vector<std::vector<uint8_t>> owned;
   };
+  // Drops handed-over units now, or after the checkpoint being written
+  // (its snapshot must still read them).
+  void DropHandedOver(std::vector<std::pair<int, uint32_t>> units);
+  void RunDeferredDrops();
   // Runs task(false) on the checkpoint thread, or task(true) when the
   // server stops first.
   void PostCheckpointTask(absl::AnyInvocable<void(bool cancelled) &&> task);
@@ -329,6 +336,10 @@ class ShardServer {
   uint64_t next_cut_ ABSL_GUARDED_BY(ckpt_mu_) = 1;
   std::deque<absl::AnyInvocable<void(bool) &&>> ckpt_tasks_ ABSL_GUARDED_BY(ckpt_mu_);
   bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  // A snapshot is open (BeginSnapshot to EndSnapshot), and the units
+  // handed over meanwhile, dropped when it ends.
+  bool snapshot_open_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  std::vector<std::pair<int, uint32_t>> deferred_drops_ ABSL_GUARDED_BY(ckpt_mu_);
   std::thread ckpt_thread_;
 
   // Slot moves. Lock order: moves_mu_, then install_mu_, then map_mu_.

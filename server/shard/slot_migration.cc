@@ -545,7 +545,16 @@ absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
 }
 
 absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
-  // Rows left from an earlier, failed copy of these units.
+  // Rows left from an earlier, failed copy of these units, or handed over
+  // from here earlier and kept for a checkpoint: dropped now, not later.
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    const absl::flat_hash_set<Unit> mine(move->units.begin(), move->units.end());
+    deferred_drops_.erase(
+        std::remove_if(deferred_drops_.begin(), deferred_drops_.end(),
+                       [&](const Unit& u) { return mine.contains(u); }),
+        deferred_drops_.end());
+  }
   const std::vector<int64_t> per_slot = store_->RowsPerSlot();
   for (const Unit& u : move->units) {
     if (per_slot[u.second] > 0) {
@@ -961,7 +970,7 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   set.set_self(self);
   const absl::flat_hash_set<Unit> handed(units.begin(), units.end());
   absl::Status installed = InstallMap(set, &handed);
-  if (installed.ok()) DropCopy(units);
+  if (installed.ok()) DropHandedOver(units);
   ReleaseHold(hold);
   if (!installed.ok()) {
     return absl::InternalError(absl::StrCat(
