@@ -451,6 +451,35 @@ TEST(SlotMigration, TargetKilledMidCopyLeavesTheSourceOwningAndServing) {
   EXPECT_EQ(TotalRows(cluster.address(0)), rows0);
 }
 
+TEST(SlotMigration, ATargetStopsPromptlyWhileCopying) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  std::vector<int64_t> ids(20000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919;
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  v1::MigrateInRequest in;
+  in.set_move_id("stopping");
+  in.set_source(cluster.address(0));
+  for (uint32_t s : SlotsOf(cluster.map(), 0, 1)) in.add_slots(s);
+  in.set_max_bytes_per_second(16 << 10);  // minutes for these rows
+  grpc::Status copy_status;
+  std::thread copy([&] { copy_status = MigrateIn(cluster.address(1), in); });
+  ASSERT_TRUE(Eventually([&] {
+    for (const auto& m : ListMoves(cluster.address(1))) {
+      if (m.phase() == v1::MoveState::COPYING && m.rows() > 0) return true;
+    }
+    return false;
+  }));
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<int> code = cluster.shard(1).Terminate(absl::Seconds(15));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  copy.join();
+  EXPECT_FALSE(copy_status.ok());
+}
+
 TEST(SlotMigration, HandOverRefusedByTheTargetKeepsTheSource) {
   Cluster cluster(2, 1, "sync");
   auto client = cluster.NewClient(0);
