@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -435,27 +436,37 @@ void ShardServer::RunPush(const v1::PushGradientsRequest* request,
   absl::StatusOr<GradientPush> push = DecodePush(*request);
   absl::Status s = push.status();
   if (s.ok()) {
-    const v1::RequestHeader& header = request->header();
     // Async pushes apply here: a hand-over waits for those in flight by
     // taking the gate as a writer once its hold is in place.
-    const bool async = options_.consistency.mode == ConsistencyMode::kAsync;
-    if (async) push_gate_.ReaderLock();
-    if (active_holds_.load() > 0 &&
-        ParkIfHeld(header, nullptr, &*push, [&]() -> absl::AnyInvocable<void() &&> {
-          return [this, request, response, done = std::move(done)]() mutable {
-            RunPush(request, response, std::move(done));
-          };
-        })) {
-      if (async) push_gate_.ReaderUnlock();
-      return;
+    std::optional<absl::Status> applied;
+    if (options_.consistency.mode == ConsistencyMode::kAsync) {
+      absl::ReaderMutexLock gate(&push_gate_);
+      applied = HoldOrApply(request, response, *std::move(push), done);
+    } else {
+      applied = HoldOrApply(request, response, *std::move(push), done);
     }
-    s = clock_->Push(header.worker_rank(), header.step(), *std::move(push),
-                     header.push_part());
-    if (async) push_gate_.ReaderUnlock();
+    if (!applied.has_value()) return;  // held: runs again when released
+    s = *applied;
   }
   response->set_applied_step(clock_->applied_step());
   response->set_incarnation(incarnation_);
   std::move(done)(s);
+}
+
+std::optional<absl::Status> ShardServer::HoldOrApply(
+    const v1::PushGradientsRequest* request,
+    v1::PushGradientsResponse* response, GradientPush push, Done& done) {
+  const v1::RequestHeader& header = request->header();
+  if (active_holds_.load() > 0 &&
+      ParkIfHeld(header, nullptr, &push, [&]() -> absl::AnyInvocable<void() &&> {
+        return [this, request, response, done = std::move(done)]() mutable {
+          RunPush(request, response, std::move(done));
+        };
+      })) {
+    return std::nullopt;
+  }
+  return clock_->Push(header.worker_rank(), header.step(), std::move(push),
+                      header.push_part());
 }
 
 absl::Status ShardServer::Stats(const v1::StatsRequest& request,

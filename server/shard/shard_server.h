@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <string>
 #include <vector>
@@ -279,6 +280,11 @@ class ShardServer {
                        std::function<bool()> cancelled);
   void RunPush(const v1::PushGradientsRequest* request,
                v1::PushGradientsResponse* response, Done done);
+  // The push's status, or nullopt when a hand-over holds it (it took
+  // `done` and runs RunPush again when the hold ends).
+  std::optional<absl::Status> HoldOrApply(
+      const v1::PushGradientsRequest* request,
+      v1::PushGradientsResponse* response, GradientPush push, Done& done);
   void ReleaseHold(const std::shared_ptr<Hold>& hold);
   void NoteLookupStep(int64_t step);
   // Creates the tables of the column groups that `map` gives server index
