@@ -96,6 +96,7 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
     const MapView& view, absl::Span<const uint32_t> slots,
     absl::Span<const std::string> tables, const std::string& owner) const {
   const uint32_t num_slots = options_.num_slots;
+  const v1::ShardMap proto = view->map.ToProto();
   absl::flat_hash_set<uint32_t> seen;
   std::vector<Unit> units;
   for (uint32_t slot : slots) {
@@ -108,11 +109,30 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", slot, " is listed twice"));
     }
+    // The slot's share of every row-wise table the owner holds it of (a
+    // table routed by its own slot owners may give it to another server).
+    bool any = false;
+    int row_wise = 0;
     for (int t = 0; t < store_->num_base_tables(); ++t) {
       const TableRoute route =
           view->map.RouteOf(StableNameKey(store_->spec(t).name));
       if (route.column_split() || route.single_owner() >= 0) continue;
+      ++row_wise;
+      if (UnitOwner(view->map, proto, {t, slot}) != owner) continue;
       units.emplace_back(t, slot);
+      any = true;
+    }
+    if (row_wise == 0) {
+      return absl::InvalidArgumentError(
+          "the move's slots hold no row-wise table (every table is "
+          "table-wise or split column-wise): name tables instead");
+    }
+    if (!any) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "slot ", slot, " is owned by ",
+          view->map.servers()[view->map.OwnerOfSlot(slot)], ", not by ", owner,
+          " at shard map epoch ", view->map.epoch(),
+          " (no row-wise table's share of it is); nothing changed"));
     }
   }
   for (const std::string& name : tables) {
@@ -134,7 +154,6 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
             : "the move's slots hold no row-wise table (every table is "
               "table-wise or split column-wise): name tables instead");
   }
-  const v1::ShardMap proto = view->map.ToProto();
   int64_t wrong = 0;
   std::string first;
   for (const Unit& u : units) {

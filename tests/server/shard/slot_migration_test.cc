@@ -590,6 +590,60 @@ TEST(SlotMigration, BadMoveRequestsAreRefusedAndChangeNothing) {
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+int64_t TableRows(const std::string& address, const std::string& table) {
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf(address);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  if (!stats.ok()) return -1;
+  for (const auto& t : stats->tables()) {
+    if (t.name() == table) return t.rows();
+  }
+  return -1;
+}
+
+TEST(SlotMigration, ATableWiseTableMovesWhole) {
+  Cluster cluster(2, 1, "sync");
+  // Epoch 2, before any row: "item" lives whole on server 0.
+  v1::ShardMap table_wise = cluster.map();
+  table_wise.set_epoch(2);
+  v1::TableRouting* routing = table_wise.add_tables();
+  routing->set_table("item");
+  routing->set_owner(0);
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    v1::SetShardMapRequest set;
+    *set.mutable_shard_map() = table_wise;
+    set.set_self(cluster.address(i));
+    v1::SetShardMapResponse resp;
+    ASSERT_TRUE(Admin(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
+  }
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 3; ++s) Step(*client, 0, s);
+  const int64_t items = TableRows(cluster.address(0), "item");
+  ASSERT_GT(items, 0);
+  ASSERT_EQ(TableRows(cluster.address(1), "item"), 0);
+  v1::MigrateInRequest in;
+  in.set_move_id("item");
+  in.set_source(cluster.address(0));
+  in.add_tables("item");
+  v1::MigrateInResponse copied;
+  ASSERT_TRUE(MigrateIn(cluster.address(1), in, &copied).ok());
+  EXPECT_EQ(copied.rows(), items);
+  v1::ShardMap next = table_wise;
+  next.set_epoch(3);
+  next.mutable_tables(0)->set_owner(1);
+  v1::HandOverRequest over;
+  over.set_move_id("item");
+  over.set_target(cluster.address(1));
+  *over.mutable_new_map() = next;
+  const grpc::Status h = HandOver(cluster.address(0), over);
+  ASSERT_TRUE(h.ok()) << h.error_message();
+  EXPECT_EQ(TableRows(cluster.address(0), "item"), 0);
+  EXPECT_EQ(TableRows(cluster.address(1), "item"), items);
+  for (int s = 3; s < 5; ++s) Step(*client, 0, s);
+  EXPECT_EQ(TableRows(cluster.address(0), "item"), 0);
+}
+
 // Rows of the checkpoint file `server` writes for `step` (SaveRows, then
 // SaveRowsStatus until DONE).
 int64_t CheckpointRows(const std::string& server, uint64_t step,
