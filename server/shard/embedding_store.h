@@ -111,6 +111,9 @@ class EmbeddingStore {
   virtual TableInfo Info(int table) const = 0;
   // Rows stored per slot, summed over tables (num_slots entries).
   virtual std::vector<int64_t> RowsPerSlot() const = 0;
+  // Bytes of row storage per slot (rows x padded row bytes, summed over
+  // tables; num_slots entries): what moving the slot copies.
+  virtual std::vector<int64_t> BytesPerSlot() const = 0;
 
   // ---- Slot transfer: the base of checkpoints and slot migration. ----
   // Rows move as (id, fused row) pairs in the layout of ReadRows

@@ -603,6 +603,20 @@ class HostEmbeddingStore final : public EmbeddingStore {
     return bytes;
   }
 
+  std::vector<int64_t> BytesPerSlot() const override {
+    std::vector<int64_t> out(options_.num_slots, 0);
+    for (const auto& t : tables_) {
+      const int64_t row_bytes = t->stride * static_cast<int64_t>(sizeof(float));
+      for (int s = 0; s < kStripes; ++s) {
+        absl::MutexLock lock(&t->stripes[s]);
+        for (uint32_t slot = s; slot < options_.num_slots; slot += kStripes) {
+          out[slot] += t->slot_rows[slot] * row_bytes;
+        }
+      }
+    }
+    return out;
+  }
+
   std::vector<int64_t> RowsPerSlot() const override {
     std::vector<int64_t> out(options_.num_slots, 0);
     for (const auto& t : tables_) {

@@ -136,6 +136,17 @@ std::vector<int64_t> LayeredStore::RowsPerSlot() const {
   return out;
 }
 
+std::vector<int64_t> LayeredStore::BytesPerSlot() const {
+  std::vector<int64_t> out = base_->BytesPerSlot();
+  absl::ReaderMutexLock lock(&mu_);
+  for (const std::unique_ptr<EmbeddingStore>& s : added_) {
+    const std::vector<int64_t> more = s->BytesPerSlot();
+    if (more.size() > out.size()) out.resize(more.size(), 0);
+    for (size_t i = 0; i < more.size(); ++i) out[i] += more[i];
+  }
+  return out;
+}
+
 absl::Status LayeredStore::ExportSlot(int table, uint32_t slot,
                                       SlotCursor* cursor, int64_t max_rows,
                                       SlotChunk* out) const {

@@ -49,6 +49,7 @@ class LayeredStore final : public EmbeddingStore {
                         float* out) const override;
   TableInfo Info(int table) const override;
   std::vector<int64_t> RowsPerSlot() const override;
+  std::vector<int64_t> BytesPerSlot() const override;
   // The three below go to the store that holds the table; DropSlot of
   // kAllTables goes to every store.
   absl::Status ExportSlot(int table, uint32_t slot, SlotCursor* cursor,

@@ -55,6 +55,7 @@ class OwnedUnitsStore final : public EmbeddingStore {
   }
   TableInfo Info(int t) const override { return s_->Info(t); }
   std::vector<int64_t> RowsPerSlot() const override { return s_->RowsPerSlot(); }
+  std::vector<int64_t> BytesPerSlot() const override { return s_->BytesPerSlot(); }
   absl::Status ExportSlot(int t, uint32_t slot, SlotCursor* cursor,
                           int64_t max_rows, SlotChunk* out) const override {
     if (!Owned(t, slot)) return Skip(cursor, out);

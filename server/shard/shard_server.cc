@@ -503,10 +503,12 @@ absl::Status ShardServer::Stats(const v1::StatsRequest& request,
   if (metrics_ != nullptr) metrics_->AppendRpcStats(response);
   if (request.include_slots() && view->self >= 0) {
     const std::vector<int64_t> per_slot = store_->RowsPerSlot();
+    const std::vector<int64_t> bytes = store_->BytesPerSlot();
     for (uint32_t slot : view->map.SlotsOf(view->self)) {
       v1::SlotStats* ss = response->add_slots();
       ss->set_slot(slot);
       ss->set_rows(slot < per_slot.size() ? per_slot[slot] : 0);
+      ss->set_bytes(slot < bytes.size() ? bytes[slot] : 0);
     }
   }
   return absl::OkStatus();

@@ -350,6 +350,17 @@ TEST(SlotMigration, MovedRowsLiveOnlyOnTheTargetAfterwards) {
   // Training goes on against the target (the client re-routes).
   for (int s = 4; s < 6; ++s) Step(*client, 0, s);
   EXPECT_EQ(TotalRows(cluster.address(0)), 0);
+  // Per-slot bytes (what a plan moves) add up to the server's row bytes.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::StatsRequest with_slots;
+  with_slots.set_include_slots(true);
+  v1::StatsResponse stats;
+  ASSERT_TRUE(Admin(cluster.address(1))->Stats(&ctx, with_slots, &stats).ok());
+  int64_t slot_bytes = 0;
+  for (const auto& slot : stats.slots()) slot_bytes += slot.bytes();
+  EXPECT_GT(slot_bytes, 0);
+  EXPECT_EQ(slot_bytes, stats.row_bytes());
 }
 
 TEST(SlotMigration, AsyncMovesLoseNoPushAndApplyNoneTwice) {
