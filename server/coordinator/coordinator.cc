@@ -123,6 +123,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->checkpoints_ = std::make_unique<CheckpointOrchestrator>(
       c.get(), c->store_.get(), c->options_.checkpoint, c->options_.world_size,
       c->options_.clock, registry);
+  c->moves_ = std::make_unique<MoveOrchestrator>(c.get(), c->store_.get(), c->options_.moves,
+                                                 c->options_.clock, registry);
   return c;
 }
 
@@ -133,6 +135,7 @@ Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
 }
 
 Coordinator::~Coordinator() {
+  moves_.reset();
   checkpoints_.reset();
   CancelWaits(absl::CancelledError("coordinator closed"));
 }

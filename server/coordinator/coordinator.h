@@ -31,6 +31,7 @@
 #include "recps/v1/coordinator.pb.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
 #include "server/coordinator/coordinator_store.h"
+#include "server/coordinator/move_orchestrator.h"
 
 namespace prometheus {
 class Registry;
@@ -72,6 +73,8 @@ struct CoordinatorOptions {
   // (checkpoint_orchestrator.h). The checkpoint directory and policy come
   // from the job's training.checkpoint.
   CheckpointOrchestratorOptions checkpoint;
+  // Rebalancing: slot moves between shard servers (move_orchestrator.h).
+  MoveOrchestratorOptions moves;
 };
 
 // OK when `address` is host:port with port 1..65535 and host a DNS name,
@@ -117,6 +120,8 @@ class Coordinator {
 
   // Checkpoint cuts, requests, the listing and --restore.
   CheckpointOrchestrator& checkpoints() { return *checkpoints_; }
+  // Rebalance plans and slot moves; call moves().Start() before serving.
+  MoveOrchestrator& moves() { return *moves_; }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -260,6 +265,7 @@ class Coordinator {
   std::unique_ptr<Metrics> metrics_;
   // Created last, destroyed first (it calls into the coordinator).
   std::unique_ptr<CheckpointOrchestrator> checkpoints_;
+  std::unique_ptr<MoveOrchestrator> moves_;
 
   mutable absl::Mutex mu_;
   // By member id; ordered by MemberRecord.sequence when listed.
