@@ -52,8 +52,8 @@ using ::recps::testing::Eventually;
 using ::recps::testing::TempDir;
 using ::testing::HasSubstr;
 
-constexpr int kSteps = 600;
-constexpr int kEvery = 100;
+constexpr int kSteps = 3000;
+constexpr int kEvery = 500;
 
 std::string ReadAll(const std::string& path) {
   std::stringstream text;

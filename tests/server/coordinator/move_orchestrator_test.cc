@@ -292,7 +292,8 @@ class FakeMoveShards : public ShardMoveRpc {
 
 class MoveOrchestratorTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Coordinator> Open(std::vector<std::string> servers = {kA, kB}) {
+  std::unique_ptr<Coordinator> Open(std::vector<std::string> servers = {kA, kB},
+                                    bool auto_rebalance = false) {
     auto store = CoordinatorStore::Open(dir_.path() + "/state");
     EXPECT_TRUE(store.ok()) << store.status();
     CoordinatorOptions options;
@@ -301,6 +302,7 @@ class MoveOrchestratorTest : public ::testing::Test {
     options.moves.rpc = shards_;
     options.moves.retry_interval = absl::Milliseconds(5);
     options.moves.max_parallel_copies = 2;
+    options.moves.auto_rebalance_new_servers = auto_rebalance;
     auto c = Coordinator::Create(*std::move(store), options, nullptr);
     EXPECT_TRUE(c.ok()) << c.status();
     // The fake servers learn every map the coordinator pushes.
@@ -504,6 +506,18 @@ TEST_F(MoveOrchestratorTest, RestartedCoordinatorResolvesMovesLeftInFlight) {
   EXPECT_EQ(list.moves(0).state(), v1::MoveRecord::ABORTED);
   EXPECT_EQ(list.moves(1).state(), v1::MoveRecord::DONE);
   EXPECT_THAT(list.moves(1).resolved(), HasSubstr("restarted"));
+}
+
+TEST_F(MoveOrchestratorTest, AutoRebalanceBringsALateServerIntoUse) {
+  auto c = Open({kA, kB, kC}, /*auto_rebalance=*/true);
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        const ShardMap map = *ShardMap::FromProto(*c->GetShardMap());
+        return map.IndexOf(kC) >= 0 && map.SlotsOf(map.IndexOf(kC)).size() == 4;
+      },
+      absl::Seconds(10)));
+  ASSERT_TRUE(c->moves().WaitIdle(absl::Seconds(10)));
+  EXPECT_EQ(c->moves().List().moves_size(), 2);
 }
 
 TEST_F(MoveOrchestratorTest, UnreachableServerFailsThePlanNamingIt) {
