@@ -28,6 +28,16 @@
 #include "server/coordinator/coordinator_store.h"
 
 namespace recps::server {
+
+std::vector<std::string> CheckpointLayout(const v1::ShardMap& map) {
+  std::vector<std::string> out(map.servers().begin(), map.servers().end());
+  v1::ShardMap owners;
+  *owners.mutable_slot_owner() = map.slot_owner();
+  *owners.mutable_tables() = map.tables();
+  out.push_back(absl::StrCat("owners:", owners.SerializeAsString()));
+  return out;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -415,6 +425,9 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   };
   absl::StatusOr<v1::JobConfig> job = CheckpointJob();
   if (!job.ok()) return fail(job.status());
+  // No slot changes owner between reading the map and every snapshot.
+  std::optional<Coordinator::MapChangeGuard> no_hand_over;
+  no_hand_over.emplace(coordinator_, Coordinator::MapChangeGuard::kSnapshot);
   absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
   if (!map.ok()) return fail(map.status());
   const v1::CheckpointConfig& config = job->training().checkpoint();
@@ -438,7 +451,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
     return fail(ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory",
                                   step_dir));
   }
-  std::vector<std::string> servers(map->servers().begin(), map->servers().end());
+  const std::vector<std::string> servers = CheckpointLayout(*map);
   bool incremental = false;
   uint64_t base_step = 0, full_step = step;
   int increments = 0;
@@ -460,6 +473,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
       !s.ok()) {
     return fail(s);
   }
+  no_hand_over.reset();
   v1::CheckpointFile dense;
   if (!cut.dense_state.empty()) {
     const std::string path = JoinPath(step_dir, kDenseName);

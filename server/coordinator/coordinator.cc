@@ -675,6 +675,23 @@ absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
   return absl::OkStatus();
 }
 
+Coordinator::MapChangeGuard::MapChangeGuard(Coordinator* c, Kind kind)
+    : c_(c), kind_(kind) {
+  absl::MutexLock lock(&c_->gate_mu_);
+  const int other = kind == kHandOver ? kSnapshot : kHandOver;
+  auto clear = [this, other] {
+    c_->gate_mu_.AssertHeld();
+    return c_->gate_holders_[other] == 0;
+  };
+  c_->gate_mu_.Await(absl::Condition(&clear));
+  ++c_->gate_holders_[kind];
+}
+
+Coordinator::MapChangeGuard::~MapChangeGuard() {
+  absl::MutexLock lock(&c_->gate_mu_);
+  --c_->gate_holders_[kind_];
+}
+
 uint64_t Coordinator::shard_map_epoch() const {
   absl::MutexLock lock(&mu_);
   return map_.epoch();

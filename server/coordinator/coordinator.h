@@ -120,6 +120,21 @@ class Coordinator {
 
   // Checkpoint cuts, requests, the listing and --restore.
   CheckpointOrchestrator& checkpoints() { return *checkpoints_; }
+  // Hand-overs of slot moves and checkpoint snapshots exclude each other,
+  // so a checkpoint never sees a moving slot on both servers or on neither.
+  // While one holds a MapChangeGuard of its kind, the other kind waits.
+  class MapChangeGuard {
+   public:
+    enum Kind { kHandOver, kSnapshot };
+    MapChangeGuard(Coordinator* c, Kind kind);
+    ~MapChangeGuard();
+    MapChangeGuard(const MapChangeGuard&) = delete;
+    MapChangeGuard& operator=(const MapChangeGuard&) = delete;
+
+   private:
+    Coordinator* const c_;
+    const Kind kind_;
+  };
   // Rebalance plans and slot moves; call moves().Start() before serving.
   MoveOrchestrator& moves() { return *moves_; }
 
@@ -295,6 +310,10 @@ class Coordinator {
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
   // The latest refused push per server address (only servers of a map).
   std::map<std::string, v1::MapPushRefusal> push_refusals_ ABSL_GUARDED_BY(mu_);
+
+  // MapChangeGuard holders of each kind.
+  absl::Mutex gate_mu_;
+  int gate_holders_[2] ABSL_GUARDED_BY(gate_mu_) = {0, 0};
 
   // Separate from mu_ so watchers run outside it, and Unwatch can wait for
   // a delivery in progress.

@@ -435,6 +435,8 @@ void MoveOrchestrator::CopyWorker(const std::string& rebalance_id, int64_t bytes
 }
 
 void MoveOrchestrator::HandOverOne(const std::string& move_id) {
+  // Not while a checkpoint takes its snapshots (they read one map).
+  Coordinator::MapChangeGuard no_snapshot(coordinator_, Coordinator::MapChangeGuard::kHandOver);
   v1::MoveRecord r = Get(move_id);
   absl::StatusOr<v1::ShardMap> current = coordinator_->GetShardMap();
   v1::SlotMove m;
