@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "client/routed_batch.h"
 #include "client/shard_fanout.h"
@@ -28,6 +30,8 @@ struct LookupRpc {
   static constexpr char kName[] = "Lookup";
   // Only servers that own some id get a lookup.
   static constexpr bool kEveryServer = false;
+  // Lookups carry no push part id.
+  static constexpr bool kParts = false;
   // A large part is split into requests of at most
   // max_ids_per_lookup_request ids.
   static constexpr bool kChunked = true;
@@ -60,9 +64,14 @@ struct PushRpc {
   static constexpr char kName[] = "PushGradients";
   // Sync servers count a step done once every rank pushed, ids or not.
   static constexpr bool kEveryServer = true;
-  // Never split: a server takes a second push of the same (rank, step) for a
-  // retry of the first and drops it.
+  // Never split in one round: one part per server and round. A request
+  // carries a part id (RequestHeader.push_part): a retry of a request whose
+  // outcome is unknown (UNAVAILABLE, deadline) keeps it, so the server drops
+  // it if the first attempt was accepted; ids re-routed after a stale-epoch
+  // refusal (never accepted) go out with a new id, and a server that already
+  // accepted this step's push merges them in.
   static constexpr bool kChunked = false;
+  static constexpr bool kParts = true;
 
   static void Start(const internal::ServerStubs& stubs,
                     grpc::ClientContext* ctx, const Request* request,
@@ -204,7 +213,8 @@ EmbeddingClient::EmbeddingClient(std::vector<TableSchema> tables,
       options_(std::move(options)),
       source_(std::move(source)),
       map_(std::make_shared<const ShardMap>(std::move(map))),
-      stubs_(std::make_unique<internal::StubCache>(options_.security)) {
+      stubs_(std::make_unique<internal::StubCache>(options_.security)),
+      next_push_part_(absl::Uniform<uint64_t>(absl::BitGen()) | 1) {
   for (size_t i = 0; i < tables_.size(); ++i) {
     table_index_[tables_[i].name] = static_cast<int>(i);
     table_keys_.push_back(StableNameKey(tables_[i].name));
@@ -341,6 +351,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     typename Rpc::Request request;
     typename Rpc::Response response;
     grpc::Status status;
+    uint64_t part = 0;      // push part id (Rpc::kParts)
     absl::Status consumed;  // Rpc::Consume's verdict on an OK response
     uint64_t incarnation = 0;  // of the server that answered (0: unknown)
   };
@@ -355,6 +366,9 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
   // Push: servers that accepted this step's push; the others get one (empty
   // if need be) in the next round, also servers new in a refreshed map.
   absl::flat_hash_set<std::string> accepted;
+  // Push: the part id of each server's last request whose outcome is
+  // unknown (UNAVAILABLE, deadline): its retry keeps the id.
+  absl::flat_hash_map<std::string, uint64_t> unsure_parts;
   std::vector<std::unique_ptr<Call>> calls;
   std::vector<Server> servers;
   for (;;) {
@@ -397,6 +411,14 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
         header->set_shard_map_epoch(map->epoch());
         header->set_step(step);
         header->set_worker_rank(options_.worker_rank);
+        if (Rpc::kParts) {
+          const auto unsure = unsure_parts.find(*call->address);
+          call->part = unsure != unsure_parts.end()
+                           ? unsure->second
+                           : next_push_part_.fetch_add(1);
+          if (call->part == 0) call->part = next_push_part_.fetch_add(1);
+          header->set_push_part(call->part);
+        }
         Rpc::Build(batch, sv.index, call->begin, call->end, options_.encoding,
                    &call->request);
         calls.push_back(std::move(call));
@@ -426,6 +448,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     }
     bool failed = false;
     bool again = false;
+    unsure_parts.clear();
     // Drain every call, even after a failure: they own their buffers.
     for (int i = done.Next(); i >= 0; i = done.Next()) {
       Call& c = *calls[i];
@@ -448,6 +471,11 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
           // Only this request's ids; the next map may send them elsewhere.
           batch.Requeue(c.server, c.begin, c.end);
           again = true;
+          // ABORTED (stale map) is a refusal: the server took nothing.
+          if (Rpc::kParts &&
+              c.status.error_code() != grpc::StatusCode::ABORTED) {
+            unsure_parts[*c.address] = c.part;
+          }
           break;
         case internal::CallVerdict::kFail:
           failed = true;

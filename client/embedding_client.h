@@ -11,6 +11,7 @@
 #define RECPS_CLIENT_EMBEDDING_CLIENT_H_
 
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -194,6 +195,10 @@ class EmbeddingClient {
   std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(map_mu_);
 
   std::unique_ptr<internal::StubCache> stubs_;
+
+  // Push part ids (RequestHeader.push_part): a random base per client, so
+  // a restarted worker never repeats an id a server remembers, plus a count.
+  std::atomic<uint64_t> next_push_part_;
 
   mutable absl::Mutex incarnation_mu_;
   absl::flat_hash_map<std::string, uint64_t> incarnations_

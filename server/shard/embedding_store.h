@@ -187,6 +187,22 @@ class EmbeddingStore {
   virtual void EndSnapshot() = 0;
   // Bytes of rows copied aside for the open snapshot (0 when none).
   virtual int64_t SnapshotBytes() const = 0;
+
+  // ---- Marks: what changed since a point, without a snapshot (moves). ----
+  // Makes every change after the call carry a generation above `mark`, as
+  // BeginSnapshot(mark) does, but opens no snapshot (an open one stays open
+  // and correct: its cut is below the mark). Cuts and marks share one
+  // sequence: INVALID_ARGUMENT when mark is 0 or not above every earlier
+  // cut and mark. Holds each table's locks only for the bump.
+  virtual absl::Status MarkGeneration(uint64_t mark) = 0;
+  // As ExportSlot (live rows, same locking and chunking), but only the rows
+  // whose generation is above `since` now: after MarkGeneration(m), a later
+  // ExportChangedSlot(since = m) sees every row created or changed after
+  // the mark, wherever an export's cursor stood when it changed.
+  virtual absl::Status ExportChangedSlot(int table, uint32_t slot,
+                                         uint64_t since, SlotCursor* cursor,
+                                         int64_t max_rows,
+                                         SlotChunk* out) const = 0;
 };
 
 // The store for options.device: the host store for CPU. A GPU-resident

@@ -335,6 +335,27 @@ class HostEmbeddingStore final : public EmbeddingStore {
 
   absl::Status ExportSlot(int table, uint32_t slot, SlotCursor* cursor,
                           int64_t max_rows, SlotChunk* out) const override {
+    return ExportChangedSlot(table, slot, 0, cursor, max_rows, out);
+  }
+
+  absl::Status MarkGeneration(uint64_t mark) override {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (mark == 0 || mark <= last_cut_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generation mark ", mark, " must be above the last cut or mark ",
+          last_cut_, " (and above 0)"));
+    }
+    for (const auto& t : tables_) {
+      const AllStripesLock stripes(*t);
+      t->write_gen.store(mark + 1, std::memory_order_relaxed);
+    }
+    last_cut_ = mark;
+    return absl::OkStatus();
+  }
+
+  absl::Status ExportChangedSlot(int table, uint32_t slot, uint64_t since,
+                                 SlotCursor* cursor, int64_t max_rows,
+                                 SlotChunk* out) const override {
     ASSIGN_OR_RETURN(const Table* t, Get(table));
     RETURN_IF_ERROR(CheckSlot(*t, slot));
     if (cursor == nullptr || out == nullptr) {
@@ -355,9 +376,10 @@ class HostEmbeddingStore final : public EmbeddingStore {
     {
       absl::ReaderMutexLock lock(&t->stripes[slot % kStripes]);
       const IdIndex& index = t->index[slot];
+      const uint64_t* gens = t->RowGens();
       found.reserve(index.size());
       index.ForEach([&](int64_t id, int64_t row) {
-        if (!cursor->started || id > cursor->last_id) {
+        if ((!cursor->started || id > cursor->last_id) && gens[row] > since) {
           found.emplace_back(id, row);
         }
       });

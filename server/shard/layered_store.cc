@@ -44,6 +44,7 @@ absl::Status LayeredStore::Add(std::unique_ptr<EmbeddingStore> store) {
     RETURN_IF_ERROR(store->BeginSnapshot(last_cut_));
     if (!snapshot_open_) store->EndSnapshot();
   }
+  if (last_mark_ > last_cut_) RETURN_IF_ERROR(store->MarkGeneration(last_mark_));
   for (int t = 0; t < n; ++t) {
     entries_[first + t] = Entry{store.get(), t};
     added_names_.emplace(store->spec(t).name, first + t);
@@ -198,6 +199,7 @@ absl::Status LayeredStore::BeginSnapshot(uint64_t cut) {
     }
   }
   last_cut_ = cut;
+  last_mark_ = 0;
   snapshot_open_ = true;
   return absl::OkStatus();
 }
@@ -224,6 +226,25 @@ int64_t LayeredStore::SnapshotBytes() const {
   int64_t bytes = 0;
   for (EmbeddingStore* s : Stores()) bytes += s->SnapshotBytes();
   return bytes;
+}
+
+absl::Status LayeredStore::MarkGeneration(uint64_t mark) {
+  absl::MutexLock lock(&mu_);  // keeps Add out: every store takes the mark
+  RETURN_IF_ERROR(base_->MarkGeneration(mark));
+  for (const auto& s : added_) RETURN_IF_ERROR(s->MarkGeneration(mark));
+  last_mark_ = mark;
+  return absl::OkStatus();
+}
+
+absl::Status LayeredStore::ExportChangedSlot(int table, uint32_t slot,
+                                             uint64_t since,
+                                             SlotCursor* cursor,
+                                             int64_t max_rows,
+                                             SlotChunk* out) const {
+  const Entry* e = Get(table);
+  if (e == nullptr) return NoTable(table);
+  return e->store->ExportChangedSlot(e->local, slot, since, cursor, max_rows,
+                                     out);
 }
 
 }  // namespace recps::server

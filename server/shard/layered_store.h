@@ -65,6 +65,11 @@ class LayeredStore final : public EmbeddingStore {
                                   SlotChunk* out) const override;
   void EndSnapshot() override;
   int64_t SnapshotBytes() const override;
+  // Every layer takes the mark; a store added later starts above it.
+  absl::Status MarkGeneration(uint64_t mark) override;
+  absl::Status ExportChangedSlot(int table, uint32_t slot, uint64_t since,
+                                 SlotCursor* cursor, int64_t max_rows,
+                                 SlotChunk* out) const override;
 
  private:
   std::vector<EmbeddingStore*> Stores() const;
@@ -90,6 +95,8 @@ class LayeredStore final : public EmbeddingStore {
   std::vector<std::unique_ptr<EmbeddingStore>> added_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> added_names_ ABSL_GUARDED_BY(mu_);
   uint64_t last_cut_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last MarkGeneration's mark when it is above last_cut_ (else 0).
+  uint64_t last_mark_ ABSL_GUARDED_BY(mu_) = 0;
   bool snapshot_open_ ABSL_GUARDED_BY(mu_) = false;
 };
 

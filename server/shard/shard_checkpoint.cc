@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -166,10 +167,11 @@ ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
       [&]() -> absl::Status {
         const absl::Time start = absl::Now();
         {
+          // Cuts and moves' generation marks share next_cut_ (NextMark).
           absl::MutexLock lock(&ckpt_mu_);
-          save->cut = next_cut_;
+          save->cut = next_cut_++;
+          RETURN_IF_ERROR(store_->BeginSnapshot(save->cut));
         }
-        RETURN_IF_ERROR(store_->BeginSnapshot(save->cut));
         stall = absl::ToDoubleSeconds(absl::Now() - start);
         return absl::OkStatus();
       }));
@@ -178,7 +180,7 @@ ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
   save->rows_total = rows;
   {
     absl::MutexLock lock(&ckpt_mu_);
-    next_cut_ = save->cut + 1;
+    next_cut_ = std::max(next_cut_, save->cut + 1);
     saves_[request.step()] = save;
     while (saves_.size() > kMaxSaveStates) saves_.erase(saves_.begin());
   }

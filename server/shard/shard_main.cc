@@ -38,6 +38,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "recps/v1/coordinator.grpc.pb.h"
+#include "server/shard/shard_peer_grpc.h"
 #include "server/shard/shard_service.h"
 #include "recps/v1/job.pb.h"
 #include "common/config/table_config.h"
@@ -329,6 +330,11 @@ int Run() {
   // Column groups of column-wise tables: same seed, slots and limits.
   options.create_store = [store_options](std::vector<config::TableSpec> groups) {
     return CreateEmbeddingStore(std::move(groups), store_options);
+  };
+  // Slot moves: this server pulls rows from, and calls, other shard
+  // servers over the same transport as the data plane.
+  options.connect_peer = [](const std::string& address) {
+    return ConnectGrpcShardPeer(address, rpc::TransportSecurity());
   };
   absl::StatusOr<std::unique_ptr<ShardServer>> shard =
       ShardServer::Create(*std::move(store), ShardMap(), options, &metrics);

@@ -134,6 +134,7 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
 }
 
 ShardServer::~ShardServer() {
+  StopMoves();
   {
     absl::MutexLock lock(&ckpt_mu_);
     ckpt_stop_ = true;
@@ -223,6 +224,25 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
     std::move(done)(s);
     return;
   }
+  // Hand-overs: a lookup of a held unit waits for the hand-over's end.
+  NoteLookupStep(request->header().step());
+  if (active_holds_.load() > 0 &&
+      ParkIfHeld(request->header(), &request->tables(), nullptr,
+                 [&]() -> absl::AnyInvocable<void() &&> {
+                   return [this, request, response, done = std::move(done),
+                           cancelled = std::move(cancelled)]() mutable {
+                     LookupAfterHold(request, response, std::move(done),
+                                     std::move(cancelled));
+                   };
+                 })) {
+    return;
+  }
+  LookupAfterHold(request, response, std::move(done), std::move(cancelled));
+}
+
+void ShardServer::LookupAfterHold(const v1::LookupRequest* request,
+                                  SerializedLookupResponse* response, Done done,
+                                  std::function<bool()> cancelled) {
   // What a parked lookup holds, counted from the bytes (nothing decoded).
   int64_t ids = 0;
   for (const v1::TableIds& t : request->tables()) {
@@ -391,16 +411,36 @@ void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
   // for large steps, too long to hold a gRPC thread. (Running pushes inline
   // as lookups do saved no CPU.)
   work_->Schedule([this, request, response, done = std::move(done)]() mutable {
-    absl::StatusOr<GradientPush> push = DecodePush(*request);
-    absl::Status s = push.status();
-    if (s.ok()) {
-      s = clock_->Push(request->header().worker_rank(), request->header().step(),
-                       *std::move(push));
-    }
-    response->set_applied_step(clock_->applied_step());
-    response->set_incarnation(incarnation_);
-    std::move(done)(s);
+    RunPush(request, response, std::move(done));
   });
+}
+
+void ShardServer::RunPush(const v1::PushGradientsRequest* request,
+                          v1::PushGradientsResponse* response, Done done) {
+  absl::StatusOr<GradientPush> push = DecodePush(*request);
+  absl::Status s = push.status();
+  if (s.ok()) {
+    const v1::RequestHeader& header = request->header();
+    // Async pushes apply here: a hand-over waits for those in flight by
+    // taking the gate as a writer once its hold is in place.
+    const bool async = options_.consistency.mode == ConsistencyMode::kAsync;
+    if (async) push_gate_.ReaderLock();
+    if (active_holds_.load() > 0 &&
+        ParkIfHeld(header, nullptr, &*push, [&]() -> absl::AnyInvocable<void() &&> {
+          return [this, request, response, done = std::move(done)]() mutable {
+            RunPush(request, response, std::move(done));
+          };
+        })) {
+      if (async) push_gate_.ReaderUnlock();
+      return;
+    }
+    s = clock_->Push(header.worker_rank(), header.step(), *std::move(push),
+                     header.push_part());
+    if (async) push_gate_.ReaderUnlock();
+  }
+  response->set_applied_step(clock_->applied_step());
+  response->set_incarnation(incarnation_);
+  std::move(done)(s);
 }
 
 absl::Status ShardServer::Stats(const v1::StatsRequest& request,
@@ -498,10 +538,10 @@ absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
   return absl::OkStatus();
 }
 
-absl::Status ShardServer::CheckNoRowsMove(const Routing& current,
-                                          const v1::ShardMap& next_proto,
-                                          const ShardMap& next,
-                                          const std::string& self) const {
+absl::Status ShardServer::CheckNoRowsMove(
+    const Routing& current, const v1::ShardMap& next_proto,
+    const ShardMap& next, const std::string& self,
+    const absl::flat_hash_set<std::pair<int, uint32_t>>* handed_over) const {
   if (current.self < 0 || current.map.num_servers() == 0) return absl::OkStatus();
   const std::vector<int64_t> per_slot = store_->RowsPerSlot();
   const v1::ShardMap current_proto = current.map.ToProto();
@@ -515,6 +555,7 @@ absl::Status ShardServer::CheckNoRowsMove(const Routing& current,
     const uint64_t key = StableNameKey(spec.name);
     for (uint32_t slot = 0; slot < num_slots; ++slot) {
       if (per_slot[slot] == 0 || moved.count(slot) > 0) continue;
+      if (handed_over != nullptr && handed_over->contains({t, slot})) continue;
       if (SlotOwnerOf(current.map, current_proto, spec.name, key, slot) !=
           current.self_address) {
         continue;  // rows of other tables (RowsPerSlot sums every table)
@@ -542,10 +583,22 @@ absl::Status ShardServer::CheckNoRowsMove(const Routing& current,
   return absl::FailedPreconditionError(absl::StrCat(
       "shard map epoch ", next.epoch(), " would move ", moved.size(),
       " slot(s) holding rows away from this server (", self, "): ", listed,
-      ". Rows cannot migrate between servers yet; the new owner would start "
-      "them from their initial values. Refused; this server keeps epoch ",
-      current.map.epoch(), ". Keep those slots here, or restore the moved "
-      "rows from a checkpoint on their new owners"));
+      ". Their rows would be lost: the new owner would start them from "
+      "their initial values. Refused; this server keeps epoch ",
+      current.map.epoch(), ". Move slots with rows by a slot move "
+      "(MigrateIn on the new owner, then HandOver here: recpsctl rebalance), "
+      "or restore them from a checkpoint on their new owners"));
+}
+
+std::string ShardServer::UnitOwner(const ShardMap& map,
+                                   const v1::ShardMap& proto,
+                                   const Unit& unit) const {
+  const std::string& name = store_->spec(unit.first).name;
+  return SlotOwnerOf(map, proto, name, StableNameKey(name), unit.second);
+}
+
+void ShardServer::Schedule(absl::AnyInvocable<void() &&> fn) {
+  work_->Schedule(std::move(fn));
 }
 
 void ShardServer::SetSelfAddress(std::string address) {
@@ -568,6 +621,12 @@ void ShardServer::SetSelfAddress(std::string address) {
 v1::ShardMap ShardServer::GetShardMap() const { return CurrentMap()->map.ToProto(); }
 
 absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
+  return InstallMap(request, nullptr);
+}
+
+absl::Status ShardServer::InstallMap(
+    const v1::SetShardMapRequest& request,
+    const absl::flat_hash_set<std::pair<int, uint32_t>>* handed_over) {
   ASSIGN_OR_RETURN(ShardMap map, ShardMap::FromProto(request.shard_map()));
   if (map.num_slots() != options_.num_slots) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -598,7 +657,8 @@ absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
         current->map.epoch(), "; this server keeps epoch ",
         current->map.epoch()));
   }
-  RETURN_IF_ERROR(CheckNoRowsMove(*current, request.shard_map(), map, self));
+  RETURN_IF_ERROR(
+      CheckNoRowsMove(*current, request.shard_map(), map, self, handed_over));
   // Before the map: a request routed by it finds its tables.
   RETURN_IF_ERROR(AddColumnGroupTables(map, index));
   {

@@ -21,7 +21,9 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -34,6 +36,7 @@
 #include "server/shard/embedding_store.h"
 #include "server/shard/lookup_response.h"
 #include "server/shard/layered_store.h"
+#include "server/shard/shard_peer.h"
 #include "server/shard/step_clock.h"
 
 namespace recps::server {
@@ -64,6 +67,20 @@ struct ShardServerOptions {
   // that lists this server is installed, its tables created: the server can
   // serve from then on (recps-shard flips its health status).
   std::function<void()> on_map_installed;
+  // Slot moves: how this server reaches another shard server (recps-shard
+  // passes ConnectGrpcShardPeer). Unset: MigrateIn and HandOver are
+  // FAILED_PRECONDITION.
+  ConnectPeerFn connect_peer;
+  // Longest a move's stream or shard-to-shard call may take.
+  absl::Duration move_rpc_timeout = absl::Minutes(10);
+  // Copy rounds of a MigrateIn: the first copies every row, each later one
+  // the rows changed meanwhile, until a round carries at most
+  // max(move_catch_up_rows, 1% of the rows) or move_max_rounds ran.
+  int move_max_rounds = 8;
+  int64_t move_catch_up_rows = 4096;
+  // Rows per chunk of an export: at most this many bytes (ExportRows'
+  // max_chunk_bytes may ask for less or more, up to 16 MiB).
+  int64_t move_chunk_bytes = int64_t{1} << 20;
 };
 
 class ShardServer {
@@ -119,6 +136,42 @@ class ShardServer {
   void RestoreRows(const v1::RestoreRowsRequest* request,
                    v1::RestoreRowsResponse* response, Done done);
 
+  // ---- Slot moves (ShardAdmin; see shard_admin.proto for the contract;
+  // docs/operations.md, "Slot migration: the servers") ----
+  // Long work (copies, hand-overs, the target's last pull) runs on a thread
+  // of the move's own, never on the caller's; done is called from it.
+  void MigrateIn(const v1::MigrateInRequest* request,
+                 v1::MigrateInResponse* response, Done done);
+  void HandOver(const v1::HandOverRequest* request,
+                v1::HandOverResponse* response, Done done);
+  void AbortMove(const v1::AbortMoveRequest* request,
+                 v1::AbortMoveResponse* response, Done done);
+  void FinishMove(const v1::FinishMoveRequest* request,
+                  v1::FinishMoveResponse* response, Done done);
+  absl::Status ListMoves(const v1::ListMovesRequest& request,
+                         v1::ListMovesResponse* response) const;
+  // ExportRows, as a cursor the service pulls chunks from (each call reads
+  // at most about max_chunk_bytes of rows, holding one slot's lock at a
+  // time). Start checks the request and takes the mark.
+  struct RowExport {
+    std::vector<std::pair<int, uint32_t>> units;  // (table, slot), sorted
+    size_t next = 0;  // units[next] is being read
+    SlotCursor cursor;
+    SlotChunk scratch;
+    uint64_t since = 0;
+    uint64_t mark = 0;
+    int64_t max_bytes = 0;
+    int64_t rows_sent = 0;
+    bool sent_any = false;
+  };
+  absl::StatusOr<std::unique_ptr<RowExport>> StartExport(
+      const v1::ExportRowsRequest& request);
+  // Fills `chunk`; false once the export is complete (chunk then unset).
+  absl::StatusOr<bool> NextExportChunk(RowExport& exp,
+                                       v1::ExportRowsChunk* chunk);
+  // Runs fn on the server's work queue.
+  void Schedule(absl::AnyInvocable<void() &&> fn);
+
   // Whether the server holds a map that lists it (and its tables).
   bool serving() const { return CurrentMap()->self >= 0; }
   // Sets the metrics that are levels, not counts (resident memory, rows per
@@ -157,10 +210,66 @@ class ShardServer {
   absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
   // FAILED_PRECONDITION when installing `next` (`next_proto` in proto form)
   // would take a slot holding rows away from `self`. REQUIRES: install_mu_.
-  absl::Status CheckNoRowsMove(const Routing& current,
-                               const v1::ShardMap& next_proto,
-                               const ShardMap& next,
-                               const std::string& self) const;
+  // Units in `handed_over` (table, slot) may move away: a hand-over sent
+  // their rows.
+  absl::Status CheckNoRowsMove(
+      const Routing& current, const v1::ShardMap& next_proto,
+      const ShardMap& next, const std::string& self,
+      const absl::flat_hash_set<std::pair<int, uint32_t>>* handed_over =
+          nullptr) const;
+  absl::Status InstallMap(
+      const v1::SetShardMapRequest& request,
+      const absl::flat_hash_set<std::pair<int, uint32_t>>* handed_over);
+
+  // ---- Slot moves (slot_migration.cc) ----
+  struct Move;
+  struct Hold;
+  using Unit = std::pair<int, uint32_t>;  // (table, slot)
+  // The (table, slot) units of slots (row-wise tables) and whole tables;
+  // each must be owned by `owner` in `view`'s map.
+  absl::StatusOr<std::vector<Unit>> ResolveUnits(
+      const MapView& view, absl::Span<const uint32_t> slots,
+      absl::Span<const std::string> tables, const std::string& owner) const;
+  // The owner's address of a unit in `map` ("" for a column-split table).
+  std::string UnitOwner(const ShardMap& map, const v1::ShardMap& proto,
+                        const Unit& unit) const;
+  // The units whose owner is `from` in `current` and `to` in `next`;
+  // INVALID_ARGUMENT when any other unit's owner differs, or none moves.
+  absl::StatusOr<std::vector<Unit>> MoveDiff(const ShardMap& current,
+                                             const ShardMap& next,
+                                             const std::string& from,
+                                             const std::string& to) const;
+  uint64_t NextMark();
+  void StartMoveThread(absl::AnyInvocable<void() &&> fn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_);
+  absl::Status RunCopy(const std::shared_ptr<Move>& move);
+  absl::Status PullRows(const std::shared_ptr<Move>& move, uint64_t since,
+                        uint64_t* mark, int64_t* rows, bool rate_limited);
+  absl::Status RunFinish(const std::shared_ptr<Move>& move,
+                         const v1::FinishMoveRequest& request,
+                         v1::FinishMoveResponse* response);
+  absl::Status RunHandOver(const v1::HandOverRequest& request,
+                           v1::HandOverResponse* response);
+  // Drops the rows of a target's copy (not owned here).
+  int64_t DropCopy(const std::vector<Unit>& units);
+  std::shared_ptr<Move> FindMove(const std::string& id, bool target) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_);
+  // Holds: requests touching held units wait for the hand-over's end.
+  // Lookups and pushes call ParkIfHeld with their tables; true: it made the
+  // resume closure and runs it (on the work queue) when the hold ends.
+  bool ParkIfHeld(
+      const v1::RequestHeader& header,
+      const google::protobuf::RepeatedPtrField<v1::TableIds>* lookup,
+      const GradientPush* push,
+      absl::FunctionRef<absl::AnyInvocable<void() &&>()> make_resume);
+  void StopMoves();
+  void LookupAfterHold(const v1::LookupRequest* request,
+                       SerializedLookupResponse* response, Done done,
+                       std::function<bool()> cancelled);
+  void RunPush(const v1::PushGradientsRequest* request,
+               v1::PushGradientsResponse* response, Done done);
+  void ReleaseHold(const std::shared_ptr<Hold>& hold);
+  void NoteLookupStep(int64_t step);
   // Creates the tables of the column groups that `map` gives server index
   // `self` and that do not exist yet.
   absl::Status AddColumnGroupTables(const ShardMap& map, int self);
@@ -221,6 +330,26 @@ class ShardServer {
   std::deque<absl::AnyInvocable<void(bool) &&>> ckpt_tasks_ ABSL_GUARDED_BY(ckpt_mu_);
   bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
   std::thread ckpt_thread_;
+
+  // Slot moves. Lock order: moves_mu_, then install_mu_, then map_mu_.
+  mutable absl::Mutex moves_mu_;
+  std::vector<std::shared_ptr<Move>> moves_ ABSL_GUARDED_BY(moves_mu_);
+  bool moves_stop_ ABSL_GUARDED_BY(moves_mu_) = false;
+  // Each with a flag set when it ended (joined by the next start).
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>>
+      move_threads_ ABSL_GUARDED_BY(moves_mu_);
+  bool handing_over_ ABSL_GUARDED_BY(moves_mu_) = false;
+  // Holds of hand-overs in progress. active_holds_ is read without the lock
+  // by every request (nonzero: check the holds); max_lookup_step_ is the
+  // largest step of a lookup that passed the hold check.
+  mutable absl::Mutex hold_mu_;
+  std::vector<std::shared_ptr<Hold>> holds_ ABSL_GUARDED_BY(hold_mu_);
+  std::atomic<int> active_holds_{0};
+  std::atomic<int64_t> max_lookup_step_{-1};
+  // Async mode: pushes hold it as readers while they check holds and apply;
+  // a hand-over takes it once as a writer, so no push to a held unit is in
+  // flight after that.
+  absl::Mutex push_gate_;
 
   // Declared last: destroyed first, so no task outlives the members above.
   std::unique_ptr<StepClock> clock_;

@@ -199,4 +199,97 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
   return reactor;
 }
 
+#define RECPS_ADMIN_ASYNC(Method, Request, Response)                        \
+  grpc::ServerUnaryReactor* ShardAdminService::Method(                    \
+      grpc::CallbackServerContext* context, const v1::Request* request,    \
+      v1::Response* response) {                                            \
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();         \
+    const absl::Time start = absl::Now();                                  \
+    server_->Method(request, response,                                     \
+                    [this, context, reactor, start](absl::Status s) {      \
+                      Finish(#Method, context, reactor, s, start, metrics_); \
+                    });                                                    \
+    return reactor;                                                        \
+  }
+
+RECPS_ADMIN_ASYNC(MigrateIn, MigrateInRequest, MigrateInResponse)
+RECPS_ADMIN_ASYNC(HandOver, HandOverRequest, HandOverResponse)
+RECPS_ADMIN_ASYNC(AbortMove, AbortMoveRequest, AbortMoveResponse)
+RECPS_ADMIN_ASYNC(FinishMove, FinishMoveRequest, FinishMoveResponse)
+#undef RECPS_ADMIN_ASYNC
+
+grpc::ServerUnaryReactor* ShardAdminService::ListMoves(
+    grpc::CallbackServerContext* context, const v1::ListMovesRequest* request,
+    v1::ListMovesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  Finish("ListMoves", context, reactor, server_->ListMoves(*request, response),
+         start, metrics_);
+  return reactor;
+}
+
+namespace {
+
+// One ExportRows stream: reads a chunk on the work queue, writes it, and
+// reads the next once gRPC took it (OnWriteDone).
+class ExportRowsReactor final
+    : public grpc::ServerWriteReactor<v1::ExportRowsChunk> {
+ public:
+  ExportRowsReactor(ShardServer* server, ShardMetrics* metrics,
+                    const v1::ExportRowsRequest* request)
+      : server_(server), metrics_(metrics), start_(absl::Now()) {
+    absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> exp =
+        server_->StartExport(*request);
+    if (!exp.ok()) {
+      End(exp.status());
+      return;
+    }
+    export_ = *std::move(exp);
+    ReadNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      End(absl::CancelledError("the target stopped reading the export"));
+      return;
+    }
+    ReadNext();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void ReadNext() {
+    server_->Schedule([this] {
+      absl::StatusOr<bool> more = server_->NextExportChunk(*export_, &chunk_);
+      if (!more.ok()) {
+        End(more.status());
+      } else if (!*more) {
+        End(absl::OkStatus());
+      } else {
+        StartWrite(&chunk_);
+      }
+    });
+  }
+  void End(const absl::Status& status) {
+    if (metrics_ != nullptr) {
+      metrics_->RecordRequest("ExportRows", status.code(),
+                              absl::ToDoubleSeconds(absl::Now() - start_));
+    }
+    Finish(rpc::ToGrpcStatus(status));
+  }
+
+  ShardServer* const server_;
+  ShardMetrics* const metrics_;
+  const absl::Time start_;
+  std::unique_ptr<ShardServer::RowExport> export_;
+  v1::ExportRowsChunk chunk_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::ExportRowsChunk>* ShardAdminService::ExportRows(
+    grpc::CallbackServerContext*, const v1::ExportRowsRequest* request) {
+  return new ExportRowsReactor(server_, metrics_, request);
+}
+
 }  // namespace recps::server

@@ -63,6 +63,26 @@ class ShardAdminService final : public v1::ShardAdmin::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::RestoreRowsRequest* request,
       v1::RestoreRowsResponse* response) override;
+  grpc::ServerUnaryReactor* MigrateIn(grpc::CallbackServerContext* context,
+                                      const v1::MigrateInRequest* request,
+                                      v1::MigrateInResponse* response) override;
+  grpc::ServerUnaryReactor* HandOver(grpc::CallbackServerContext* context,
+                                     const v1::HandOverRequest* request,
+                                     v1::HandOverResponse* response) override;
+  grpc::ServerUnaryReactor* AbortMove(grpc::CallbackServerContext* context,
+                                      const v1::AbortMoveRequest* request,
+                                      v1::AbortMoveResponse* response) override;
+  grpc::ServerUnaryReactor* ListMoves(grpc::CallbackServerContext* context,
+                                      const v1::ListMovesRequest* request,
+                                      v1::ListMovesResponse* response) override;
+  grpc::ServerUnaryReactor* FinishMove(
+      grpc::CallbackServerContext* context, const v1::FinishMoveRequest* request,
+      v1::FinishMoveResponse* response) override;
+  // Chunks are read on the server's work queue, one at a time, each once
+  // the previous one was written (flow control paces the stream).
+  grpc::ServerWriteReactor<v1::ExportRowsChunk>* ExportRows(
+      grpc::CallbackServerContext* context,
+      const v1::ExportRowsRequest* request) override;
 
  private:
   ShardServer* server_;

@@ -1,10 +1,13 @@
 #include "server/shard/step_clock.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace recps::server {
 
@@ -22,6 +25,8 @@ const char* ConsistencyModeName(ConsistencyMode mode) {
 
 StepClock::StepClock(const ConsistencyOptions& options, ApplyFn apply)
     : options_(options), apply_(std::move(apply)) {
+  parts_.resize(std::max(options_.world_size, 0));
+  parts_next_.resize(parts_.size(), 0);
   timer_ = std::thread([this] { TimerLoop(); });
 }
 
@@ -79,7 +84,48 @@ StepClock::Waiter StepClock::TakeWaiter(size_t i) {
   return w;
 }
 
-absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
+bool StepClock::SeenPart(int rank, int64_t step, uint64_t part) const {
+  for (const auto& [s, p] : parts_[rank]) {
+    if (s == step && p == part) return true;
+  }
+  return false;
+}
+
+void StepClock::RememberPart(int rank, int64_t step, uint64_t part) {
+  std::vector<std::pair<int64_t, uint64_t>>& ring = parts_[rank];
+  if (ring.size() < kRememberedParts) {
+    ring.emplace_back(step, part);
+    return;
+  }
+  ring[parts_next_[rank]] = {step, part};
+  parts_next_[rank] = (parts_next_[rank] + 1) % kRememberedParts;
+}
+
+namespace {
+
+// INVALID_ARGUMENT when an id of `more` is also in `have` (same table).
+absl::Status CheckDisjoint(const GradientPush& have, const GradientPush& more) {
+  for (const TableGradients& m : more) {
+    absl::flat_hash_set<int64_t> ids;
+    for (const TableGradients& h : have) {
+      if (h.table == m.table) ids.insert(h.ids.begin(), h.ids.end());
+    }
+    if (ids.empty()) continue;
+    for (int64_t id : m.ids) {
+      if (ids.contains(id)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "id ", id, " of table index ", m.table, " is in two parts of one "
+            "rank's push for one step; each id goes in one part"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
+                             uint64_t part) {
   if (rank < 0 || rank >= options_.world_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "worker rank ", rank, " is outside the job's ranks [0, ",
@@ -93,6 +139,11 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
     any_push_ = true;
   }
   if (options_.mode == ConsistencyMode::kAsync) {
+    if (part != 0) {
+      absl::MutexLock lock(&mu_);
+      if (SeenPart(rank, step, part)) return absl::OkStatus();  // a retry
+      RememberPart(rank, step, part);
+    }
     absl::Status s = apply_(push);
     absl::MutexLock lock(&mu_);
     if (step > applied_step_) applied_step_ = step;
@@ -101,10 +152,14 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
   {
     absl::MutexLock lock(&mu_);
     if (!apply_error_.ok()) return apply_error_;
+    if (part != 0 && SeenPart(rank, step, part)) return absl::OkStatus();
     if (step <= applied_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " was already applied (this server has applied "
-          "steps up to ", applied_step_, "); pushes cannot go to the past"));
+          "steps up to ", applied_step_, "); pushes cannot go to the past",
+          part != 0 ? absl::StrCat(" (push part ", part, " of worker rank ",
+                                   rank, " arrived too late)")
+                    : ""));
     }
     const int64_t window = options_.mode == ConsistencyMode::kBounded
                                ? options_.staleness
@@ -117,9 +172,19 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push) {
     }
     PendingStep& pending = pending_[step];
     if (pending.by_rank.empty()) pending.by_rank.resize(options_.world_size);
-    if (pending.by_rank[rank].has_value()) return absl::OkStatus();  // retry
+    if (pending.by_rank[rank].has_value()) {
+      if (part == 0) return absl::OkStatus();  // a retry without identity
+      // A second part of the rank's push (ids re-routed after a map change):
+      // merged, so the step's sum stays one gradient per rank and id.
+      GradientPush& have = *pending.by_rank[rank];
+      RETURN_IF_ERROR(CheckDisjoint(have, push));
+      for (TableGradients& tg : push) have.push_back(std::move(tg));
+      RememberPart(rank, step, part);
+      return absl::OkStatus();
+    }
     pending.by_rank[rank] = std::move(push);
     ++pending.arrived;
+    if (part != 0) RememberPart(rank, step, part);
   }
   return DrainCompleteSteps();
 }
@@ -233,6 +298,24 @@ absl::Status StepClock::RunAtCut(int64_t step, absl::Duration timeout,
         Missing(applied_step_ + 1)));
   }
   return fn();
+}
+
+absl::Status StepClock::WaitApplied(int64_t step, absl::Duration timeout) {
+  if (step < 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !apply_error_.ok() ||
+           (!applying_ && applied_step_ >= step);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (stopping_) return absl::UnavailableError("shard server is shutting down");
+  if (!apply_error_.ok()) return apply_error_;
+  if (applying_ || applied_step_ < step) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "waited ", absl::FormatDuration(timeout), " for step ", step,
+        " to be applied: ", Missing(applied_step_ + 1)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StepClock::ResumeAt(int64_t step) {

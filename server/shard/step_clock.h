@@ -75,12 +75,32 @@ class StepClock {
   const ConsistencyOptions& options() const { return options_; }
 
   // Records worker `rank`'s push for `step`, and applies every step that is
-  // now complete (on the calling thread). A repeated push of the same
-  // (rank, step) is ignored, so a client may retry. Errors:
-  // INVALID_ARGUMENT for a rank outside the job; FAILED_PRECONDITION for a
-  // step already applied or beyond the staleness window; the apply error if
-  // applying fails.
-  absl::Status Push(int rank, int64_t step, GradientPush push);
+  // now complete (on the calling thread). `part` is the push's identity
+  // (RequestHeader.push_part):
+  //  - A part already accepted for (rank, step) is a retry: dropped, OK
+  //    (remembered for the last kRememberedParts parts of each rank, so also
+  //    after its step was applied).
+  //  - part 0 (no identity): any push after the first of (rank, step) is
+  //    dropped as a retry.
+  //  - Sync, bounded: the rank's first part makes it arrived for the step
+  //    (the step applies once every rank arrived); a later part with a new
+  //    id is merged into the rank's push while the step is pending (its ids
+  //    must not repeat one of the rank's earlier parts: INVALID_ARGUMENT),
+  //    so the step's sum per id stays in rank order, bit-exact.
+  //  - Async: every new part is applied on arrival.
+  // Errors: INVALID_ARGUMENT for a rank outside the job; FAILED_PRECONDITION
+  // for a step already applied (a new part of it too) or beyond the
+  // staleness window; the apply error if applying fails.
+  absl::Status Push(int rank, int64_t step, GradientPush push,
+                    uint64_t part = 0);
+  static constexpr int kRememberedParts = 1024;
+
+  // ---- Slot moves ----
+  // Waits (at most `timeout`) until step `step` is applied and no apply
+  // runs. OK at once for step < 0 or when a later step is applied;
+  // DEADLINE_EXCEEDED naming the missing pushes; UNAVAILABLE while
+  // shutting down; the apply error after a failed apply.
+  absl::Status WaitApplied(int64_t step, absl::Duration timeout);
 
   // Calls done(OK) when a lookup for `step` may run: at once (inline) when it
   // already may, later from the thread that applies the step it waits for,
@@ -127,6 +147,11 @@ class StepClock {
     std::vector<std::optional<GradientPush>> by_rank;
     int arrived = 0;
   };
+  // Whether (step, part) of `rank` was accepted (among the remembered).
+  bool SeenPart(int rank, int64_t step, uint64_t part) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberPart(int rank, int64_t step, uint64_t part)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Waiter {
     int64_t step;
     absl::Time deadline;
@@ -156,6 +181,9 @@ class StepClock {
   int64_t waiting_ids_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool any_push_ ABSL_GUARDED_BY(mu_) = false;
+  // Per rank: a ring of the last kRememberedParts accepted (step, part).
+  std::vector<std::vector<std::pair<int64_t, uint64_t>>> parts_ ABSL_GUARDED_BY(mu_);
+  std::vector<size_t> parts_next_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };
 

@@ -1,0 +1,977 @@
+// ShardServer's slot moves (ShardAdmin MigrateIn, HandOver, AbortMove,
+// ListMoves, and the shard-to-shard ExportRows and FinishMove). The
+// protocol is in proto/recps/v1/shard_admin.proto; the operator's view in
+// docs/operations.md ("Slot migration: the servers").
+//
+// Target: MigrateIn pulls the units' rows from the source (ExportRows from
+// a generation mark: a full round, then rounds of the rows changed since
+// the previous round's mark), imports them without serving them (its map
+// does not give it the units), and answers. FinishMove (called by the
+// source's HandOver) pulls the rows changed since the last round and
+// installs new_map.
+// Source: HandOver holds the units (lookups of later steps, and in async
+// mode every push, touching them wait), waits until nothing is pending for
+// them, has the target finish, installs new_map, drops the rows and
+// releases the held requests, which then get the stale-epoch error.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/hashing.h"
+#include "common/log.h"
+#include "common/status_macros.h"
+#include "common/wire/wire_format.h"
+#include "kernels/embedding_optimizer.h"
+#include "server/shard/shard_server.h"
+
+namespace recps::server {
+
+struct ShardServer::Move {
+  std::string id;
+  bool target = true;  // this server's role
+  std::string peer;
+  std::vector<Unit> units;  // sorted
+  std::vector<uint32_t> slots;
+  std::vector<std::string> tables;
+  int64_t max_bytes_per_second = 0;
+  v1::MoveState::Phase phase = v1::MoveState::COPYING;
+  int64_t rows = 0;
+  int64_t bytes = 0;
+  std::string error;
+  uint64_t last_mark = 0;  // target: the last copy round's mark
+  uint64_t new_epoch = 0;  // the map that handed it over
+  bool abort_requested = false;
+  bool running = false;  // a thread works on it
+  absl::Time start;
+  double seconds = 0;
+  std::shared_ptr<ShardPeer> link;
+  std::vector<std::pair<v1::MigrateInResponse*, Done>> copy_waiters;
+  std::vector<std::pair<v1::AbortMoveResponse*, Done>> abort_waiters;
+};
+
+struct ShardServer::Hold {
+  // [table][slot]: 1 when held (tables not in the move: empty).
+  std::vector<std::vector<uint8_t>> held;
+  // Sync and bounded: lookups (and pushes) of this step and later wait;
+  // async: every step (0).
+  int64_t from_step = 0;
+  std::vector<absl::AnyInvocable<void() &&>> parked;
+};
+
+namespace {
+
+constexpr int64_t kMaxChunkBytes = int64_t{16} << 20;
+constexpr size_t kMaxMoveRecords = 1000;
+
+const char* PhaseName(v1::MoveState::Phase phase) {
+  return v1::MoveState::Phase_Name(phase).c_str();
+}
+
+}  // namespace
+
+uint64_t ShardServer::NextMark() {
+  absl::MutexLock lock(&ckpt_mu_);
+  const uint64_t mark = next_cut_++;
+  if (absl::Status s = store_->MarkGeneration(mark); !s.ok()) {
+    LogError("generation mark ", mark, ": ", s.message());
+  }
+  return mark;
+}
+
+void ShardServer::NoteLookupStep(int64_t step) {
+  int64_t seen = max_lookup_step_.load();
+  while (step > seen && !max_lookup_step_.compare_exchange_weak(seen, step)) {
+  }
+}
+
+absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
+    const MapView& view, absl::Span<const uint32_t> slots,
+    absl::Span<const std::string> tables, const std::string& owner) const {
+  const uint32_t num_slots = options_.num_slots;
+  absl::flat_hash_set<uint32_t> seen;
+  std::vector<Unit> units;
+  for (uint32_t slot : slots) {
+    if (slot >= num_slots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot ", slot, " is out of range: this cluster has ", num_slots,
+          " slots [0, ", num_slots, ")"));
+    }
+    if (!seen.insert(slot).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", slot, " is listed twice"));
+    }
+    for (int t = 0; t < store_->num_base_tables(); ++t) {
+      const TableRoute route =
+          view->map.RouteOf(StableNameKey(store_->spec(t).name));
+      if (route.column_split() || route.single_owner() >= 0) continue;
+      units.emplace_back(t, slot);
+    }
+  }
+  for (const std::string& name : tables) {
+    ASSIGN_OR_RETURN(const int t, store_->FindTable(name));
+    if (t >= store_->num_base_tables() ||
+        view->map.RouteOf(StableNameKey(name)).column_split()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "table ", name, " is split column-wise (or is a column group): "
+          "moving column groups is not supported yet"));
+    }
+    for (uint32_t slot = 0; slot < num_slots; ++slot) units.emplace_back(t, slot);
+  }
+  std::sort(units.begin(), units.end());
+  units.erase(std::unique(units.begin(), units.end()), units.end());
+  if (units.empty()) {
+    return absl::InvalidArgumentError(
+        slots.empty() && tables.empty()
+            ? "the move names no slots and no tables"
+            : "the move's slots hold no row-wise table (every table is "
+              "table-wise or split column-wise): name tables instead");
+  }
+  const v1::ShardMap proto = view->map.ToProto();
+  int64_t wrong = 0;
+  std::string first;
+  for (const Unit& u : units) {
+    const std::string o = UnitOwner(view->map, proto, u);
+    if (o == owner) continue;
+    if (wrong++ == 0) {
+      first = absl::StrCat("slot ", u.second, " of table ",
+                           store_->spec(u.first).name, " is owned by ",
+                           o.empty() ? "its column groups" : o);
+    }
+  }
+  if (wrong > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        first, ", not by ", owner, " at shard map epoch ", view->map.epoch(),
+        wrong > 1 ? absl::StrCat(" (and ", wrong - 1, " more units)") : "",
+        "; nothing changed"));
+  }
+  return units;
+}
+
+absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::MoveDiff(
+    const ShardMap& current, const ShardMap& next, const std::string& from,
+    const std::string& to) const {
+  const v1::ShardMap cur_proto = current.ToProto();
+  const v1::ShardMap next_proto = next.ToProto();
+  std::vector<Unit> units;
+  for (int t = 0; t < store_->num_base_tables(); ++t) {
+    for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
+      const Unit u(t, slot);
+      const std::string a = UnitOwner(current, cur_proto, u);
+      const std::string b = UnitOwner(next, next_proto, u);
+      if (a == b) continue;
+      if (a == from && b == to) {
+        units.push_back(u);
+        continue;
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          "new_map (epoch ", next.epoch(), ") also moves slot ", slot,
+          " of table ", store_->spec(t).name, " from ",
+          a.empty() ? "column groups" : a, " to ",
+          b.empty() ? "column groups" : b, "; a hand-over's map may only "
+          "move units from ", from, " to ", to, " (current epoch ",
+          current.epoch(), ")"));
+    }
+  }
+  if (units.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new_map (epoch ", next.epoch(), ") moves nothing from ", from,
+        " to ", to));
+  }
+  return units;
+}
+
+int64_t ShardServer::DropCopy(const std::vector<Unit>& units) {
+  int64_t dropped = 0;
+  for (const Unit& u : units) {
+    absl::StatusOr<int64_t> n = store_->DropSlot(u.first, u.second);
+    if (n.ok()) dropped += *n;
+  }
+  return dropped;
+}
+
+std::shared_ptr<ShardServer::Move> ShardServer::FindMove(const std::string& id,
+                                                        bool target) const {
+  for (auto it = moves_.rbegin(); it != moves_.rend(); ++it) {
+    if ((*it)->id == id && (*it)->target == target) return *it;
+  }
+  return nullptr;
+}
+
+void ShardServer::StartMoveThread(absl::AnyInvocable<void() &&> fn) {
+  // Joins the threads that ended, so a long job's moves leave none behind.
+  for (size_t i = 0; i < move_threads_.size();) {
+    if (move_threads_[i].second->load()) {
+      move_threads_[i].first.join();
+      move_threads_[i] = std::move(move_threads_.back());
+      move_threads_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  auto ended = std::make_shared<std::atomic<bool>>(false);
+  move_threads_.emplace_back(
+      std::thread([fn = std::move(fn), ended]() mutable {
+        std::move(fn)();
+        ended->store(true);
+      }),
+      ended);
+}
+
+void ShardServer::StopMoves() {
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads;
+  {
+    absl::MutexLock lock(&moves_mu_);
+    moves_stop_ = true;
+    for (const auto& m : moves_) {
+      if (m->link != nullptr) m->link->Shutdown();
+    }
+    threads.swap(move_threads_);
+  }
+  for (auto& t : threads) t.first.join();
+}
+
+// ---- Source: ExportRows ----
+
+absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> ShardServer::StartExport(
+    const v1::ExportRowsRequest& request) {
+  const MapView view = CurrentMap();
+  if (view->self < 0) {
+    return absl::FailedPreconditionError(
+        "this server has no shard map that lists it");
+  }
+  if (request.max_chunk_bytes() < 0 || request.max_chunk_bytes() > kMaxChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes is ", request.max_chunk_bytes(), "; allowed 0 (",
+        options_.move_chunk_bytes, ") to ", kMaxChunkBytes));
+  }
+  const std::vector<uint32_t> slots(request.slots().begin(), request.slots().end());
+  const std::vector<std::string> tables(request.tables().begin(),
+                                        request.tables().end());
+  auto exp = std::make_unique<RowExport>();
+  ASSIGN_OR_RETURN(exp->units,
+                   ResolveUnits(view, slots, tables, view->self_address));
+  exp->since = request.since();
+  exp->max_bytes = request.max_chunk_bytes() > 0 ? request.max_chunk_bytes()
+                                                 : options_.move_chunk_bytes;
+  // Taken before any row is read: a row changed while this export runs
+  // carries a later generation, so the next export (since = mark) has it.
+  exp->mark = NextMark();
+  return exp;
+}
+
+absl::StatusOr<bool> ShardServer::NextExportChunk(RowExport& exp,
+                                                  v1::ExportRowsChunk* chunk) {
+  chunk->Clear();
+  chunk->set_mark(exp.mark);
+  int64_t bytes = 0;
+  while (exp.next < exp.units.size() && bytes < exp.max_bytes) {
+    const Unit& u = exp.units[exp.next];
+    const config::TableSpec& spec = store_->spec(u.first);
+    const int64_t row_bytes =
+        kernels::FusedRowStride(spec.optimizer.kind, spec.dim) *
+        static_cast<int64_t>(sizeof(float));
+    const int64_t budget = std::max<int64_t>(1, (exp.max_bytes - bytes) / row_bytes);
+    RETURN_IF_ERROR(store_->ExportChangedSlot(u.first, u.second, exp.since,
+                                              &exp.cursor, budget, &exp.scratch));
+    if (!exp.scratch.ids.empty()) {
+      v1::SlotRows* part = chunk->add_parts();
+      part->set_table(spec.name);
+      part->set_slot(u.second);
+      part->set_row_stride(static_cast<int32_t>(exp.scratch.row_stride));
+      EncodeIds(exp.scratch.ids, part->mutable_ids());
+      part->mutable_rows()->assign(
+          reinterpret_cast<const char*>(exp.scratch.rows.data()),
+          exp.scratch.rows.size() * sizeof(float));
+      bytes += static_cast<int64_t>(part->rows().size());
+      exp.rows_sent += static_cast<int64_t>(exp.scratch.ids.size());
+    }
+    if (exp.cursor.done) {
+      ++exp.next;
+      exp.cursor = SlotCursor();
+    }
+  }
+  if (chunk->parts_size() == 0 && exp.sent_any) return false;
+  exp.sent_any = true;  // an export without rows still sends its mark
+  chunk->set_rows_sent(exp.rows_sent);
+  return true;
+}
+
+// ---- Target: MigrateIn, FinishMove, AbortMove ----
+
+void ShardServer::MigrateIn(const v1::MigrateInRequest* request,
+                            v1::MigrateInResponse* response, Done done) {
+  const MapView view = CurrentMap();
+  absl::Status s;
+  if (request->move_id().empty()) {
+    s = absl::InvalidArgumentError("move_id is empty");
+  } else if (request->source().empty()) {
+    s = absl::InvalidArgumentError("source is empty");
+  } else if (request->max_bytes_per_second() < 0) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "max_bytes_per_second is ", request->max_bytes_per_second(),
+        "; it must be >= 0 (0: no limit)"));
+  } else if (!options_.connect_peer) {
+    s = absl::FailedPreconditionError(
+        "this server cannot reach other shard servers (no connect_peer)");
+  } else if (view->self < 0) {
+    s = absl::FailedPreconditionError(
+        "this server has no shard map that lists it yet");
+  } else if (request->source() == view->self_address) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "move ", request->move_id(), ": source ", request->source(),
+        " is this server: a move to self"));
+  } else if (view->map.IndexOf(request->source()) < 0) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "source ", request->source(), " is not in shard map epoch ",
+        view->map.epoch()));
+  } else if (request->epoch() != 0 && request->epoch() != view->map.epoch()) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "move ", request->move_id(), " was planned at shard map epoch ",
+        request->epoch(), "; this server is at epoch ", view->map.epoch()));
+  }
+  if (!s.ok()) {
+    std::move(done)(s);
+    return;
+  }
+  const std::vector<uint32_t> slots(request->slots().begin(),
+                                    request->slots().end());
+  const std::vector<std::string> tables(request->tables().begin(),
+                                        request->tables().end());
+  absl::StatusOr<std::vector<Unit>> units =
+      ResolveUnits(view, slots, tables, request->source());
+  if (!units.ok()) {
+    std::move(done)(units.status());
+    return;
+  }
+  absl::MutexLock lock(&moves_mu_);
+  if (moves_stop_) {
+    std::move(done)(absl::UnavailableError("shard server is shutting down"));
+    return;
+  }
+  if (std::shared_ptr<Move> m = FindMove(request->move_id(), true)) {
+    if (m->units != *units || m->peer != request->source()) {
+      std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+          "move ", m->id, " already exists with other units or source")));
+      return;
+    }
+    switch (m->phase) {
+      case v1::MoveState::COPIED:
+      case v1::MoveState::HANDED_OVER:
+        response->set_rows(m->rows);
+        response->set_bytes(m->bytes);
+        response->set_seconds(m->seconds);
+        std::move(done)(absl::OkStatus());
+        return;
+      case v1::MoveState::COPYING:
+        m->copy_waiters.emplace_back(response, std::move(done));
+        return;
+      default:
+        break;  // failed or aborted: copy again under a new record
+    }
+  }
+  absl::flat_hash_set<Unit> mine(units->begin(), units->end());
+  for (const auto& other : moves_) {
+    if (!other->target || other->id == request->move_id()) continue;
+    if (other->phase != v1::MoveState::COPYING &&
+        other->phase != v1::MoveState::COPIED) {
+      continue;
+    }
+    for (const Unit& u : other->units) {
+      if (mine.contains(u)) {
+        std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+            "slot ", u.second, " of table ", store_->spec(u.first).name,
+            " is already being moved here by move ", other->id, " (",
+            PhaseName(other->phase), "); abort it first")));
+        return;
+      }
+    }
+  }
+  auto move = std::make_shared<Move>();
+  move->id = request->move_id();
+  move->peer = request->source();
+  move->units = *std::move(units);
+  move->slots = slots;
+  move->tables = tables;
+  move->max_bytes_per_second = request->max_bytes_per_second();
+  move->start = absl::Now();
+  move->running = true;
+  move->link = options_.connect_peer(move->peer);
+  move->copy_waiters.emplace_back(response, std::move(done));
+  moves_.push_back(move);
+  while (moves_.size() > kMaxMoveRecords && !moves_.front()->running &&
+         moves_.front()->phase != v1::MoveState::COPIED) {
+    moves_.erase(moves_.begin());
+  }
+  LogInfo("move ", move->id, ": copying ", move->units.size(),
+          " unit(s) from ", move->peer);
+  StartMoveThread([this, move] {
+    const absl::Status status = RunCopy(move);
+    std::vector<std::pair<v1::MigrateInResponse*, Done>> waiters;
+    std::vector<std::pair<v1::AbortMoveResponse*, Done>> aborts;
+    absl::Status result = status;
+    {
+      absl::MutexLock lock(&moves_mu_);
+      move->running = false;
+      move->seconds = absl::ToDoubleSeconds(absl::Now() - move->start);
+      if (status.ok() && !move->abort_requested) {
+        move->phase = v1::MoveState::COPIED;
+      } else {
+        const int64_t dropped = DropCopy(move->units);
+        if (move->abort_requested) {
+          move->phase = v1::MoveState::ABORTED;
+          result = absl::AbortedError(
+              absl::StrCat("move ", move->id, " was aborted"));
+        } else {
+          move->phase = v1::MoveState::FAILED;
+        }
+        move->error = std::string(result.message());
+        for (auto& a : move->abort_waiters) a.first->set_rows(dropped);
+      }
+      waiters.swap(move->copy_waiters);
+      aborts.swap(move->abort_waiters);
+      for (auto& [r, d] : waiters) {
+        r->set_rows(move->rows);
+        r->set_bytes(move->bytes);
+        r->set_seconds(move->seconds);
+      }
+    }
+    LogInfo("move ", move->id, ": copy ",
+            result.ok() ? "done" : absl::StrCat("ended: ", result.message()),
+            " (", move->rows, " rows, ", move->bytes, " bytes)");
+    for (auto& [r, d] : waiters) std::move(d)(result);
+    for (auto& [r, d] : aborts) std::move(d)(absl::OkStatus());
+  });
+}
+
+absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
+                                   uint64_t since, uint64_t* mark,
+                                   int64_t* rows, bool rate_limited) {
+  v1::ExportRowsRequest request;
+  request.set_move_id(move->id);
+  for (uint32_t s : move->slots) request.add_slots(s);
+  for (const std::string& t : move->tables) request.add_tables(t);
+  request.set_since(since);
+  request.set_max_chunk_bytes(options_.move_chunk_bytes);
+  const absl::flat_hash_set<Unit> units(move->units.begin(), move->units.end());
+  *rows = 0;
+  *mark = 0;
+  std::vector<int64_t> ids_scratch;
+  std::vector<float> rows_scratch;
+  const absl::Time start = absl::Now();
+  int64_t pulled_bytes = 0;
+  return move->link->ExportRows(
+      request, options_.move_rpc_timeout,
+      [&](v1::ExportRowsChunk& chunk) -> absl::Status {
+        {
+          absl::MutexLock lock(&moves_mu_);
+          if (move->abort_requested) {
+            return absl::AbortedError(absl::StrCat("move ", move->id, " was aborted"));
+          }
+          if (moves_stop_) return absl::UnavailableError("shard server is shutting down");
+        }
+        if (chunk.mark() == 0) {
+          return absl::DataLossError("the source sent a chunk without a mark");
+        }
+        *mark = chunk.mark();
+        int64_t chunk_rows = 0, chunk_bytes = 0;
+        for (const v1::SlotRows& part : chunk.parts()) {
+          ASSIGN_OR_RETURN(const int table, store_->FindTable(part.table()));
+          if (!units.contains(Unit(table, part.slot()))) {
+            return absl::DataLossError(absl::StrCat(
+                "the source sent rows of slot ", part.slot(), " of table ",
+                part.table(), ", which move ", move->id, " does not move"));
+          }
+          const config::TableSpec& spec = store_->spec(table);
+          const int64_t stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+          if (part.row_stride() != stride) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "table ", spec.name, ": the source's rows are ", part.row_stride(),
+                " floats wide, this server's ", stride,
+                " (different dim or optimizer: the servers' table configs differ)"));
+          }
+          absl::Span<const int64_t> ids;
+          RETURN_IF_ERROR(DecodeIds(part.ids(), "ExportRowsChunk ids",
+                                    &ids_scratch, &ids));
+          const size_t want = ids.size() * stride * sizeof(float);
+          if (part.rows().size() != want) {
+            return absl::DataLossError(absl::StrCat(
+                "table ", spec.name, " slot ", part.slot(), ": ", ids.size(),
+                " ids but ", part.rows().size(), " bytes of rows (expected ",
+                want, ")"));
+          }
+          const float* data = reinterpret_cast<const float*>(part.rows().data());
+          if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+            rows_scratch.resize(ids.size() * stride);
+            std::memcpy(rows_scratch.data(), part.rows().data(), want);
+            data = rows_scratch.data();
+          }
+          RETURN_IF_ERROR(store_->ImportRows(table, part.slot(), ids, data));
+          chunk_rows += static_cast<int64_t>(ids.size());
+          chunk_bytes += static_cast<int64_t>(want);
+        }
+        *rows += chunk_rows;
+        pulled_bytes += chunk_bytes;
+        int64_t limit = 0;
+        {
+          absl::MutexLock lock(&moves_mu_);
+          move->rows += chunk_rows;
+          move->bytes += chunk_bytes;
+          limit = move->max_bytes_per_second;
+        }
+        if (rate_limited && limit > 0) {
+          // Paced by the bytes pulled in this round: the stream waits (flow
+          // control holds the source's writes) while this thread sleeps, a
+          // little at a time so that an abort or a shutdown is seen.
+          const absl::Time due =
+              start + absl::Seconds(static_cast<double>(pulled_bytes) / limit);
+          for (absl::Time now = absl::Now(); now < due; now = absl::Now()) {
+            {
+              absl::MutexLock lock(&moves_mu_);
+              if (move->abort_requested || moves_stop_) break;
+            }
+            absl::SleepFor(std::min(due - now, absl::Milliseconds(50)));
+          }
+        }
+        return absl::OkStatus();
+      });
+}
+
+absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
+  // Rows left from an earlier, failed copy of these units.
+  const std::vector<int64_t> per_slot = store_->RowsPerSlot();
+  for (const Unit& u : move->units) {
+    if (per_slot[u.second] > 0) {
+      if (absl::Status s = store_->DropSlot(u.first, u.second).status(); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  uint64_t since = 0;
+  int64_t threshold = options_.move_catch_up_rows;
+  for (int round = 0;; ++round) {
+    uint64_t mark = 0;
+    int64_t rows = 0;
+    RETURN_IF_ERROR(PullRows(move, since, &mark, &rows, /*rate_limited=*/true));
+    if (mark == 0) return absl::DataLossError("the source's export sent no mark");
+    since = mark;
+    if (round == 0) {
+      threshold = std::max(threshold, rows / 100);
+      continue;  // at least one catch-up round
+    }
+    if (rows <= threshold || round + 1 >= options_.move_max_rounds) break;
+  }
+  absl::MutexLock lock(&moves_mu_);
+  move->last_mark = since;
+  return absl::OkStatus();
+}
+
+void ShardServer::FinishMove(const v1::FinishMoveRequest* request,
+                             v1::FinishMoveResponse* response, Done done) {
+  absl::MutexLock lock(&moves_mu_);
+  const std::shared_ptr<Move> move = FindMove(request->move_id(), true);
+  if (move == nullptr) {
+    std::move(done)(absl::NotFoundError(absl::StrCat(
+        "no move ", request->move_id(), " was copied to this server")));
+    return;
+  }
+  if (move->phase == v1::MoveState::HANDED_OVER &&
+      move->new_epoch == request->new_map().epoch()) {
+    std::move(done)(absl::OkStatus());  // a retry
+    return;
+  }
+  if (move->phase != v1::MoveState::COPIED || move->running || moves_stop_) {
+    std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+        "move ", move->id, " is ", PhaseName(move->phase),
+        move->running ? " (busy)" : "", "; a hand-over needs it COPIED")));
+    return;
+  }
+  if (request->source() != move->peer) {
+    std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "move ", move->id, " copies from ", move->peer, ", not from ",
+        request->source())));
+    return;
+  }
+  move->running = true;
+  StartMoveThread([this, move, request, response, done = std::move(done)]() mutable {
+    absl::Status s = RunFinish(move, *request, response);
+    std::vector<std::pair<v1::AbortMoveResponse*, Done>> aborts;
+    {
+      absl::MutexLock lock(&moves_mu_);
+      move->running = false;
+      if (!s.ok()) {
+        move->error = std::string(s.message());
+        if (move->abort_requested) {
+          const int64_t dropped = DropCopy(move->units);
+          move->phase = v1::MoveState::ABORTED;
+          for (auto& a : move->abort_waiters) a.first->set_rows(dropped);
+        }
+      }
+      aborts.swap(move->abort_waiters);
+    }
+    LogInfo("move ", move->id, ": hand-over from ", move->peer, " ",
+            s.ok() ? "done" : absl::StrCat("failed: ", s.message()));
+    std::move(done)(s);
+    for (auto& [r, d] : aborts) std::move(d)(absl::OkStatus());
+  });
+}
+
+absl::Status ShardServer::RunFinish(const std::shared_ptr<Move>& move,
+                                    const v1::FinishMoveRequest& request,
+                                    v1::FinishMoveResponse* response) {
+  ASSIGN_OR_RETURN(ShardMap next, ShardMap::FromProto(request.new_map()));
+  const MapView view = CurrentMap();
+  if (next.num_slots() != options_.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new_map has ", next.num_slots(), " slots; this cluster has ",
+        options_.num_slots));
+  }
+  if (next.epoch() <= view->map.epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "new_map epoch ", next.epoch(), " is not newer than this server's ",
+        view->map.epoch()));
+  }
+  ASSIGN_OR_RETURN(std::vector<Unit> units,
+                   MoveDiff(view->map, next, move->peer, view->self_address));
+  std::sort(units.begin(), units.end());
+  if (units != move->units) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new_map moves ", units.size(), " unit(s) from ", move->peer,
+        " here, move ", move->id, " copied ", move->units.size(),
+        " other ones"));
+  }
+  uint64_t since = 0;
+  {
+    absl::MutexLock lock(&moves_mu_);
+    since = move->last_mark;
+  }
+  uint64_t mark = 0;
+  int64_t delta = 0;
+  RETURN_IF_ERROR(PullRows(move, since, &mark, &delta, /*rate_limited=*/false));
+  response->set_delta_rows(delta);
+  absl::MutexLock lock(&moves_mu_);
+  if (move->abort_requested) {
+    return absl::AbortedError(absl::StrCat("move ", move->id, " was aborted"));
+  }
+  if (moves_stop_) return absl::UnavailableError("shard server is shutting down");
+  v1::SetShardMapRequest set;
+  *set.mutable_shard_map() = request.new_map();
+  set.set_self(view->self_address);
+  RETURN_IF_ERROR(InstallMap(set, nullptr));
+  move->phase = v1::MoveState::HANDED_OVER;
+  move->new_epoch = next.epoch();
+  move->last_mark = mark;
+  return absl::OkStatus();
+}
+
+void ShardServer::AbortMove(const v1::AbortMoveRequest* request,
+                            v1::AbortMoveResponse* response, Done done) {
+  absl::MutexLock lock(&moves_mu_);
+  const std::shared_ptr<Move> move = FindMove(request->move_id(), true);
+  if (move == nullptr) {
+    std::move(done)(
+        FindMove(request->move_id(), false) != nullptr
+            ? absl::FailedPreconditionError(absl::StrCat(
+                  "this server is the source of move ", request->move_id(),
+                  "; abort it on its target"))
+            : absl::NotFoundError(absl::StrCat(
+                  "no move ", request->move_id(), " on this server")));
+    return;
+  }
+  switch (move->phase) {
+    case v1::MoveState::HANDED_OVER:
+      std::move(done)(absl::FailedPreconditionError(absl::StrCat(
+          "move ", move->id, " was handed over (this server owns its units "
+          "at shard map epoch ", move->new_epoch, "); move them back instead")));
+      return;
+    case v1::MoveState::ABORTED:
+      std::move(done)(absl::OkStatus());
+      return;
+    default:
+      break;
+  }
+  move->abort_requested = true;
+  if (move->running) {
+    // The copy or finish thread stops at its next chunk, drops the rows and
+    // answers.
+    move->abort_waiters.emplace_back(response, std::move(done));
+    if (move->link != nullptr) move->link->Shutdown();
+    return;
+  }
+  response->set_rows(DropCopy(move->units));
+  move->phase = v1::MoveState::ABORTED;
+  LogInfo("move ", move->id, ": aborted, ", response->rows(), " rows dropped");
+  std::move(done)(absl::OkStatus());
+}
+
+absl::Status ShardServer::ListMoves(const v1::ListMovesRequest&,
+                                    v1::ListMovesResponse* response) const {
+  absl::MutexLock lock(&moves_mu_);
+  for (const auto& m : moves_) {
+    v1::MoveState* s = response->add_moves();
+    s->set_move_id(m->id);
+    s->set_phase(m->phase);
+    s->set_role(m->target ? "target" : "source");
+    s->set_peer(m->peer);
+    s->set_rows(m->rows);
+    s->set_bytes(m->bytes);
+    s->set_error(m->error);
+  }
+  return absl::OkStatus();
+}
+
+// ---- Source: HandOver ----
+
+bool ShardServer::ParkIfHeld(
+    const v1::RequestHeader& header,
+    const google::protobuf::RepeatedPtrField<v1::TableIds>* lookup,
+    const GradientPush* push,
+    absl::FunctionRef<absl::AnyInvocable<void() &&>()> make_resume) {
+  const uint32_t num_slots = options_.num_slots;
+  std::vector<int64_t> scratch;
+  absl::MutexLock lock(&hold_mu_);
+  for (const std::shared_ptr<Hold>& hold : holds_) {
+    if (header.step() < hold->from_step) continue;
+    auto touches = [&](int table, absl::Span<const int64_t> ids) {
+      if (table < 0 || table >= static_cast<int>(hold->held.size()) ||
+          hold->held[table].empty()) {
+        return false;
+      }
+      const uint64_t key = StableNameKey(store_->spec(table).name);
+      for (int64_t id : ids) {
+        if (hold->held[table][SlotOf(key, id, num_slots)]) return true;
+      }
+      return false;
+    };
+    bool held = false;
+    if (lookup != nullptr) {
+      for (const v1::TableIds& t : *lookup) {
+        const absl::StatusOr<int> table = store_->FindTable(t.table());
+        absl::Span<const int64_t> ids;
+        if (!table.ok() || !DecodeIds(t.ids(), "ids", &scratch, &ids).ok()) continue;
+        if (touches(*table, ids)) {
+          held = true;
+          break;
+        }
+      }
+    }
+    if (push != nullptr) {
+      for (const TableGradients& tg : *push) {
+        if (touches(tg.table, tg.ids)) {
+          held = true;
+          break;
+        }
+      }
+    }
+    if (held) {
+      hold->parked.push_back(make_resume());
+      return true;
+    }
+  }
+  return false;
+}
+
+void ShardServer::ReleaseHold(const std::shared_ptr<Hold>& hold) {
+  std::vector<absl::AnyInvocable<void() &&>> parked;
+  {
+    absl::MutexLock lock(&hold_mu_);
+    holds_.erase(std::find(holds_.begin(), holds_.end(), hold));
+    active_holds_.fetch_sub(1);
+    parked.swap(hold->parked);
+  }
+  for (auto& p : parked) work_->Schedule(std::move(p));
+}
+
+void ShardServer::HandOver(const v1::HandOverRequest* request,
+                           v1::HandOverResponse* response, Done done) {
+  if (request->move_id().empty() || request->target().empty()) {
+    std::move(done)(absl::InvalidArgumentError("move_id and target are required"));
+    return;
+  }
+  if (!options_.connect_peer) {
+    std::move(done)(absl::FailedPreconditionError(
+        "this server cannot reach other shard servers (no connect_peer)"));
+    return;
+  }
+  absl::MutexLock lock(&moves_mu_);
+  if (moves_stop_) {
+    std::move(done)(absl::UnavailableError("shard server is shutting down"));
+    return;
+  }
+  if (std::shared_ptr<Move> m = FindMove(request->move_id(), false);
+      m != nullptr && m->phase == v1::MoveState::HANDED_OVER &&
+      m->new_epoch == request->new_map().epoch()) {
+    std::move(done)(absl::OkStatus());  // a retry of a finished hand-over
+    return;
+  }
+  if (handing_over_) {
+    std::move(done)(absl::FailedPreconditionError(
+        "another hand-over is in progress on this server; retry after it"));
+    return;
+  }
+  handing_over_ = true;
+  auto move = std::make_shared<Move>();
+  move->id = request->move_id();
+  move->target = false;
+  move->peer = request->target();
+  move->phase = v1::MoveState::HANDING_OVER;
+  move->start = absl::Now();
+  move->running = true;
+  move->link = options_.connect_peer(move->peer);
+  moves_.push_back(move);
+  StartMoveThread([this, move, request, response, done = std::move(done)]() mutable {
+    absl::Status s = RunHandOver(*request, response);
+    {
+      absl::MutexLock lock(&moves_mu_);
+      handing_over_ = false;
+      move->running = false;
+      move->seconds = absl::ToDoubleSeconds(absl::Now() - move->start);
+      if (s.ok()) {
+        move->phase = v1::MoveState::HANDED_OVER;
+        move->new_epoch = request->new_map().epoch();
+        move->rows = response->delta_rows();
+      } else {
+        move->phase = v1::MoveState::FAILED;
+        move->error = std::string(s.message());
+      }
+    }
+    LogInfo("move ", move->id, ": hand-over to ", move->peer, " ",
+            s.ok() ? absl::StrCat("done (", response->delta_rows(),
+                                  " rows at the end, held ",
+                                  response->hold_seconds(), " s)")
+                   : absl::StrCat("failed: ", s.message()));
+    std::move(done)(s);
+  });
+}
+
+absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
+                                      v1::HandOverResponse* response) {
+  const MapView view = CurrentMap();
+  const std::string self =
+      request.self().empty() ? view->self_address : request.self();
+  if (view->self < 0 || self != view->self_address) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "self ", self, " is not this server (", view->self_address,
+        ") or this server has no map"));
+  }
+  if (request.target() == self) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "move ", request.move_id(), ": target ", self,
+        " is this server: a move to self"));
+  }
+  ASSIGN_OR_RETURN(ShardMap next, ShardMap::FromProto(request.new_map()));
+  if (next.num_slots() != options_.num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new_map has ", next.num_slots(), " slots; this cluster has ",
+        options_.num_slots));
+  }
+  if (next.epoch() <= view->map.epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "new_map epoch ", next.epoch(), " is not newer than this server's ",
+        view->map.epoch()));
+  }
+  if (next.IndexOf(request.target()) < 0 || next.IndexOf(self) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new_map (epoch ", next.epoch(), ") must list this server ", self,
+        " and the target ", request.target()));
+  }
+  ASSIGN_OR_RETURN(const std::vector<Unit> units,
+                   MoveDiff(view->map, next, self, request.target()));
+
+  // The hold: requests touching the units from now on wait. In sync and
+  // bounded modes only lookups of steps after every lookup already seen
+  // (and pushes of those steps); pushes of earlier steps must still come.
+  auto hold = std::make_shared<Hold>();
+  hold->held.resize(store_->num_tables());
+  for (const Unit& u : units) {
+    if (hold->held[u.first].empty()) hold->held[u.first].assign(options_.num_slots, 0);
+    hold->held[u.first][u.second] = 1;
+  }
+  const bool async = options_.consistency.mode == ConsistencyMode::kAsync;
+  int64_t last_step = -1;
+  {
+    absl::MutexLock lock(&hold_mu_);
+    active_holds_.fetch_add(1);
+    last_step = max_lookup_step_.load();
+    hold->from_step = async ? 0 : last_step + 1;
+    holds_.push_back(hold);
+  }
+  const absl::Time held_at = absl::Now();
+  // Nothing pending for the units after this: async, the pushes in flight
+  // finish (the gate); sync/bounded, every step a served lookup belongs to
+  // is applied.
+  if (async) {
+    push_gate_.WriterLock();
+    push_gate_.WriterUnlock();
+  } else if (absl::Status s = clock_->WaitApplied(
+                 last_step, options_.consistency.step_timeout);
+             !s.ok()) {
+    ReleaseHold(hold);
+    return absl::Status(s.code(), absl::StrCat(
+        "hand-over of move ", request.move_id(), ": ", s.message(),
+        "; this server keeps the slots"));
+  }
+  std::shared_ptr<ShardPeer> link;
+  {
+    absl::MutexLock lock(&moves_mu_);
+    link = FindMove(request.move_id(), false)->link;
+  }
+  v1::FinishMoveRequest finish;
+  finish.set_move_id(request.move_id());
+  *finish.mutable_new_map() = request.new_map();
+  finish.set_source(self);
+  absl::StatusOr<v1::FinishMoveResponse> finished =
+      link->FinishMove(finish, options_.move_rpc_timeout);
+  if (!finished.ok()) {
+    // Did the target install new_map? Its AbortMove says: refused as
+    // handed over means it did; OK or NOT_FOUND means it never will.
+    v1::AbortMoveRequest abort;
+    abort.set_move_id(request.move_id());
+    absl::StatusOr<v1::AbortMoveResponse> aborted =
+        link->AbortMove(abort, absl::Seconds(10));
+    if (!absl::IsFailedPrecondition(aborted.status())) {
+      ReleaseHold(hold);
+      return absl::Status(
+          finished.status().code(),
+          absl::StrCat("hand-over of move ", request.move_id(), " to ",
+                       request.target(), " failed: ",
+                       finished.status().message(),
+                       "; this server keeps the slots at epoch ",
+                       view->map.epoch(),
+                       aborted.ok() || absl::IsNotFound(aborted.status())
+                           ? " (the target dropped its copy)"
+                           : absl::StrCat(" (aborting on the target failed "
+                                          "too: ",
+                                          aborted.status().message(), ")")));
+    }
+    LogWarning("move ", request.move_id(), ": FinishMove failed (",
+               finished.status().message(),
+               ") but the target installed the new map: completing");
+    finished = v1::FinishMoveResponse();
+  }
+  v1::SetShardMapRequest set;
+  *set.mutable_shard_map() = request.new_map();
+  set.set_self(self);
+  const absl::flat_hash_set<Unit> handed(units.begin(), units.end());
+  absl::Status installed = InstallMap(set, &handed);
+  if (installed.ok()) DropCopy(units);
+  ReleaseHold(hold);
+  if (!installed.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "move ", request.move_id(), ": the target owns the units at epoch ",
+        next.epoch(), ", but installing that map here failed: ",
+        installed.message()));
+  }
+  response->set_delta_rows(finished->delta_rows());
+  response->set_hold_seconds(absl::ToDoubleSeconds(absl::Now() - held_at));
+  return absl::OkStatus();
+}
+
+}  // namespace recps::server

@@ -1,0 +1,662 @@
+// Slot moves between real recps-shard processes (127.0.0.1, OS-picked
+// ports): MigrateIn on the target, HandOver on the source, AbortMove,
+// ListMoves, while clients train through the embedding client library; and
+// push parts (RequestHeader.push_part) through raw requests.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "client/embedding_client.h"
+#include "common/hashing.h"
+#include "common/rpc/channels.h"
+#include "common/wire/shard_map.h"
+#include "common/wire/wire_format.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "recps/v1/shard.grpc.pb.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/server/shard/shard_stats.h"
+#include "tests/testing/local_shard.h"
+
+namespace recps {
+namespace {
+
+using client::EmbeddingClient;
+using client::LookupSpec;
+using client::PushSpec;
+using testing::Eventually;
+using testing::In;
+using testing::LocalShard;
+using testing::StatsOf;
+using testing::TempDir;
+
+constexpr int kDim = 8;
+constexpr uint32_t kSlots = 64;
+
+constexpr char kTables[] = R"(
+tables {
+  name: "user"
+  dim: 8
+  optimizer { kind: ADAGRAD learning_rate: 0.1 }
+}
+tables {
+  name: "item"
+  dim: 8
+  num_rows: 1000
+  optimizer { kind: ADAM learning_rate: 0.05 }
+}
+)";
+
+std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
+  return v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+}
+
+grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& request,
+                       v1::MigrateInResponse* response = nullptr) {
+  v1::MigrateInResponse ignored;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  return Admin(target)->MigrateIn(&ctx, request, response ? response : &ignored);
+}
+
+grpc::Status HandOver(const std::string& source, const v1::HandOverRequest& request,
+                      v1::HandOverResponse* response = nullptr) {
+  v1::HandOverResponse ignored;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(60)));
+  return Admin(source)->HandOver(&ctx, request, response ? response : &ignored);
+}
+
+grpc::Status AbortMove(const std::string& target, const std::string& id,
+                       v1::AbortMoveResponse* response = nullptr) {
+  v1::AbortMoveResponse ignored;
+  v1::AbortMoveRequest request;
+  request.set_move_id(id);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(30)));
+  return Admin(target)->AbortMove(&ctx, request, response ? response : &ignored);
+}
+
+std::vector<v1::MoveState> ListMoves(const std::string& address) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::ListMovesResponse response;
+  const grpc::Status s = Admin(address)->ListMoves(&ctx, v1::ListMovesRequest(), &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return {response.moves().begin(), response.moves().end()};
+}
+
+uint64_t EpochOf(const std::string& address) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::ShardMap map;
+  EXPECT_TRUE(Admin(address)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok());
+  return map.epoch();
+}
+
+int64_t TotalRows(const std::string& address) {
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf(address);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  return stats.ok() ? stats->total_rows() : -1;
+}
+
+int64_t UpdateIds(const std::string& address) {
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf(address);
+  EXPECT_TRUE(stats.ok()) << stats.status();
+  int64_t n = 0;
+  if (stats.ok()) {
+    for (const auto& t : stats->tables()) n += t.update_ids();
+  }
+  return n;
+}
+
+// `map` with `slots` given to server index `to`, at `epoch`.
+v1::ShardMap Moved(const v1::ShardMap& map, const std::vector<uint32_t>& slots,
+                   uint32_t to, uint64_t epoch) {
+  v1::ShardMap next = map;
+  next.set_epoch(epoch);
+  for (uint32_t s : slots) next.set_slot_owner(static_cast<int>(s), to);
+  return next;
+}
+
+// Slots of `map` owned by server index `owner`: every `every`-th of them.
+std::vector<uint32_t> SlotsOf(const v1::ShardMap& map, uint32_t owner, int every) {
+  std::vector<uint32_t> out;
+  int k = 0;
+  for (int s = 0; s < map.slot_owner_size(); ++s) {
+    if (map.slot_owner(s) == owner && k++ % every == 0) out.push_back(s);
+  }
+  return out;
+}
+
+class Cluster {
+ public:
+  Cluster(int num_servers, int world_size, const std::string& consistency,
+          std::vector<std::string> extra = {}) {
+    args_ = {"--tables=" + dir_.WriteFile("tables.textproto", kTables),
+             absl::StrCat("--world_size=", world_size),
+             "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
+             "--seed=7", "--step_timeout=20s", "--threads=2"};
+    args_.insert(args_.end(), extra.begin(), extra.end());
+    std::vector<std::string> addresses;
+    for (int i = 0; i < num_servers; ++i) {
+      auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
+      EXPECT_TRUE(shard.ok()) << shard.status();
+      if (!shard.ok()) return;
+      addresses.push_back((*shard)->address());
+      shards_.push_back(*std::move(shard));
+    }
+    map_ = ShardMap::Uniform(1, kSlots, addresses).ToProto();
+    for (const auto& s : shards_) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(absl::Seconds(10)));
+      v1::SetShardMapRequest req;
+      *req.mutable_shard_map() = map_;
+      req.set_self(s->address());
+      v1::SetShardMapResponse resp;
+      const grpc::Status st = Admin(s->address())->SetShardMap(&ctx, req, &resp);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+    }
+  }
+
+  std::unique_ptr<EmbeddingClient> NewClient(int rank) {
+    std::vector<std::string> addresses;
+    for (const auto& s : shards_) addresses.push_back(s->address());
+    client::EmbeddingClientOptions options;
+    options.worker_rank = rank;
+    options.rpc_timeout = absl::Seconds(30);
+    options.max_attempts = 50;
+    auto c = EmbeddingClient::Create({{"user", kDim}, {"item", kDim}},
+                                     client::MakeServerShardMapSource(addresses),
+                                     options);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  const std::string& address(int i) const { return shards_[i]->address(); }
+  LocalShard& shard(int i) { return *shards_[i]; }
+  const v1::ShardMap& map() const { return map_; }
+
+  // MigrateIn on `to` of `slots` from `from`, then HandOver on `from` with
+  // the map moving them: the whole move, as the coordinator drives it.
+  // Returns the new map.
+  v1::ShardMap Move(const std::string& id, const v1::ShardMap& map, int from,
+                    int to, const std::vector<uint32_t>& slots) {
+    v1::MigrateInRequest in;
+    in.set_move_id(id);
+    in.set_source(address(from));
+    for (uint32_t s : slots) in.add_slots(s);
+    in.set_epoch(map.epoch());
+    grpc::Status st = MigrateIn(address(to), in);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    v1::ShardMap next = Moved(map, slots, to, map.epoch() + 1);
+    v1::HandOverRequest over;
+    over.set_move_id(id);
+    over.set_target(address(to));
+    *over.mutable_new_map() = next;
+    over.set_self(address(from));
+    v1::HandOverResponse response;
+    st = HandOver(address(from), over, &response);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return next;
+  }
+
+ private:
+  TempDir dir_;
+  std::vector<std::string> args_;
+  std::vector<std::unique_ptr<LocalShard>> shards_;
+  v1::ShardMap map_;
+};
+
+std::vector<int64_t> UserIds(int step, int rank) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 40; ++i) {
+    ids.push_back(static_cast<int64_t>(Mix64(step * 131 + rank * 17 + i) % 97) - 48 +
+                  (i % 3 == 0 ? (int64_t{1} << 40) : 0));
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+std::vector<int64_t> ItemIds(int step, int rank) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 25; ++i) ids.push_back((step * 7 + rank * 3 + i * 11) % 1000);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
+// One step of the toy job for `rank`: look up, push a gradient computed
+// from the rows seen. Returns the gradient rows pushed.
+int64_t Step(EmbeddingClient& client, int rank, int step) {
+  std::vector<int64_t> users = UserIds(step, rank), items = ItemIds(step, rank);
+  std::vector<float> u(users.size() * kDim), it(items.size() * kDim);
+  absl::Status s = client.Lookup(step, {{{0, users, u.data()}, {1, items, it.data()}}});
+  EXPECT_TRUE(s.ok()) << s;
+  if (!s.ok()) return 0;
+  for (float& v : u) v = v * 0.5f + 0.01f * (rank + 1);
+  for (float& v : it) v = v * -0.25f + 0.02f;
+  s = client.PushGradients(step, {{{0, users, u.data()}, {1, items, it.data()}}});
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? static_cast<int64_t>(users.size() + items.size()) : 0;
+}
+
+std::vector<float> ReadAll(EmbeddingClient& client, int world, int steps) {
+  std::vector<int64_t> users, items;
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < world; ++r) {
+      for (int64_t id : UserIds(s, r)) users.push_back(id);
+      for (int64_t id : ItemIds(s, r)) items.push_back(id);
+    }
+  }
+  std::sort(users.begin(), users.end());
+  users.erase(std::unique(users.begin(), users.end()), users.end());
+  std::sort(items.begin(), items.end());
+  items.erase(std::unique(items.begin(), items.end()), items.end());
+  std::vector<float> out((users.size() + items.size()) * kDim);
+  const absl::Status s = client.Lookup(
+      steps, {{{0, users, out.data()}, {1, items, out.data() + users.size() * kDim}}});
+  EXPECT_TRUE(s.ok()) << s;
+  return out;
+}
+
+// Trains `steps` sync steps with `world` workers on `servers` servers.
+// With `move`: worker 1 waits before step 8 until a third of server 0's
+// slots were copied to server 1 (so the copy sees steps 0-7), then the
+// hand-over runs while both train on: it must carry the rows changed since.
+std::vector<float> RunSync(int servers, int world, int steps, bool move) {
+  Cluster cluster(servers, world, "sync");
+  std::vector<std::unique_ptr<EmbeddingClient>> clients;
+  for (int r = 0; r < world; ++r) clients.push_back(cluster.NewClient(r));
+  absl::Notification copied;
+  constexpr int kGate = 8;
+  std::vector<std::thread> workers;
+  for (int r = 0; r < world; ++r) {
+    workers.emplace_back([&, r] {
+      for (int s = 0; s < steps; ++s) {
+        if (move && r == 1 && s == kGate) copied.WaitForNotification();
+        Step(*clients[r], r, s);
+      }
+    });
+  }
+  if (move) {
+    EXPECT_TRUE(Eventually([&] {
+      absl::StatusOr<v1::StatsResponse> st = StatsOf(cluster.address(0));
+      return st.ok() && st->applied_step() >= kGate - 1;
+    }));
+    const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 3);
+    v1::MigrateInRequest in;
+    in.set_move_id("m1");
+    in.set_source(cluster.address(0));
+    for (uint32_t s : slots) in.add_slots(s);
+    in.set_epoch(1);
+    v1::MigrateInResponse copy;
+    const grpc::Status c = MigrateIn(cluster.address(1), in, &copy);
+    EXPECT_TRUE(c.ok()) << c.error_message();
+    EXPECT_GT(copy.rows(), 0);
+    copied.Notify();
+    v1::HandOverRequest over;
+    over.set_move_id("m1");
+    over.set_target(cluster.address(1));
+    *over.mutable_new_map() = Moved(cluster.map(), slots, 1, 2);
+    v1::HandOverResponse handed;
+    const grpc::Status h = HandOver(cluster.address(0), over, &handed);
+    EXPECT_TRUE(h.ok()) << h.error_message();
+    // Worker 0 was parked at step kGate + 1 when the hold began, so steps
+    // kGate and kGate + 1 were applied after the copy: the hand-over sent
+    // what they changed.
+    EXPECT_GT(handed.delta_rows(), 0);
+    EXPECT_EQ(EpochOf(cluster.address(0)), 2u);
+    EXPECT_EQ(EpochOf(cluster.address(1)), 2u);
+  }
+  for (auto& w : workers) w.join();
+  return ReadAll(*clients[0], world, steps);
+}
+
+TEST(SlotMigration, SyncMoveDuringTrainingEndsBitIdenticalToNoMove) {
+  const std::vector<float> still = RunSync(1, 2, 16, false);
+  const std::vector<float> moved = RunSync(2, 2, 16, true);
+  ASSERT_EQ(still.size(), moved.size());
+  EXPECT_EQ(0, std::memcmp(still.data(), moved.data(), still.size() * sizeof(float)));
+}
+
+TEST(SlotMigration, MovedRowsLiveOnlyOnTheTargetAfterwards) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 4; ++s) Step(*client, 0, s);
+  const int64_t rows_before = TotalRows(cluster.address(0)) + TotalRows(cluster.address(1));
+  const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 1);  // all of 0's
+  cluster.Move("all", cluster.map(), 0, 1, slots);
+  EXPECT_EQ(TotalRows(cluster.address(0)), 0);
+  EXPECT_EQ(TotalRows(cluster.address(1)), rows_before);
+  const std::vector<v1::MoveState> src = ListMoves(cluster.address(0));
+  const std::vector<v1::MoveState> dst = ListMoves(cluster.address(1));
+  ASSERT_EQ(src.size(), 1u);
+  ASSERT_EQ(dst.size(), 1u);
+  EXPECT_EQ(src[0].phase(), v1::MoveState::HANDED_OVER);
+  EXPECT_EQ(src[0].role(), "source");
+  EXPECT_EQ(dst[0].phase(), v1::MoveState::HANDED_OVER);
+  EXPECT_EQ(dst[0].role(), "target");
+  EXPECT_GT(dst[0].rows(), 0);
+  // Training goes on against the target (the client re-routes).
+  for (int s = 4; s < 6; ++s) Step(*client, 0, s);
+  EXPECT_EQ(TotalRows(cluster.address(0)), 0);
+}
+
+TEST(SlotMigration, AsyncMovesLoseNoPushAndApplyNoneTwice) {
+  Cluster cluster(2, 2, "async");
+  std::vector<std::unique_ptr<EmbeddingClient>> clients;
+  for (int r = 0; r < 2; ++r) clients.push_back(cluster.NewClient(r));
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> pushed{0};
+  std::atomic<int> steps_done{0};
+  std::vector<std::thread> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.emplace_back([&, r] {
+      for (int s = 0; !stop.load(); ++s) {
+        pushed += Step(*clients[r], r, s);
+        ++steps_done;
+      }
+    });
+  }
+  ASSERT_TRUE(Eventually([&] { return steps_done.load() >= 10; }));
+  v1::ShardMap map = cluster.map();
+  const std::vector<uint32_t> a = SlotsOf(map, 0, 2);
+  map = cluster.Move("a1", map, 0, 1, a);
+  int at = steps_done.load();
+  ASSERT_TRUE(Eventually([&] { return steps_done.load() >= at + 6; }));
+  map = cluster.Move("a2", map, 1, 0, a);  // and back
+  at = steps_done.load();
+  ASSERT_TRUE(Eventually([&] { return steps_done.load() >= at + 6; }));
+  const std::vector<uint32_t> b = SlotsOf(map, 1, 3);
+  map = cluster.Move("a3", map, 1, 0, b);
+  at = steps_done.load();
+  ASSERT_TRUE(Eventually([&] { return steps_done.load() >= at + 6; }));
+  stop = true;
+  for (auto& w : workers) w.join();
+  EXPECT_EQ(UpdateIds(cluster.address(0)) + UpdateIds(cluster.address(1)),
+            pushed.load());
+}
+
+TEST(SlotMigration, TargetKilledMidCopyLeavesTheSourceOwningAndServing) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  // Enough rows that a copy at 64 KiB/s takes seconds.
+  std::vector<int64_t> ids(20000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919;
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  const int64_t rows0 = TotalRows(cluster.address(0));
+  const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 1);
+  v1::MigrateInRequest in;
+  in.set_move_id("slow");
+  in.set_source(cluster.address(0));
+  for (uint32_t s : slots) in.add_slots(s);
+  in.set_max_bytes_per_second(64 << 10);
+  grpc::Status copy_status;
+  std::thread copy([&] { copy_status = MigrateIn(cluster.address(1), in); });
+  ASSERT_TRUE(Eventually([&] {
+    for (const auto& m : ListMoves(cluster.address(1))) {
+      if (m.phase() == v1::MoveState::COPYING && m.rows() > 0) return true;
+    }
+    return false;
+  }));
+  cluster.shard(1).Kill();
+  copy.join();
+  EXPECT_FALSE(copy_status.ok());
+  // The source still owns every slot at epoch 1 and serves them.
+  EXPECT_EQ(EpochOf(cluster.address(0)), 1u);
+  EXPECT_EQ(TotalRows(cluster.address(0)), rows0);
+  // Only server 0's ids: the client would also need server 1 otherwise.
+  std::vector<int64_t> mine;
+  for (int64_t id : ids) {
+    if (cluster.map().slot_owner(SlotOf(StableNameKey("user"), id, kSlots)) == 0) {
+      mine.push_back(id);
+    }
+  }
+  ASSERT_FALSE(mine.empty());
+  auto stub = v1::EmbeddingShard::NewStub(
+      rpc::MakeChannel(cluster.address(0), rpc::ChannelKind::kData));
+  v1::LookupRequest request;
+  request.mutable_header()->set_shard_map_epoch(1);
+  request.mutable_header()->set_step(0);
+  v1::TableIds* t = request.add_tables();
+  t->set_table("user");
+  EncodeIds(mine, t->mutable_ids());
+  v1::LookupResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  const grpc::Status s = stub->Lookup(&ctx, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  // A hand-over to the dead target fails and changes nothing.
+  v1::HandOverRequest over;
+  over.set_move_id("slow");
+  over.set_target(cluster.address(1));
+  *over.mutable_new_map() = Moved(cluster.map(), slots, 1, 2);
+  const grpc::Status h = HandOver(cluster.address(0), over);
+  EXPECT_FALSE(h.ok());
+  EXPECT_EQ(EpochOf(cluster.address(0)), 1u);
+  EXPECT_EQ(TotalRows(cluster.address(0)), rows0);
+}
+
+TEST(SlotMigration, HandOverRefusedByTheTargetKeepsTheSource) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 3; ++s) Step(*client, 0, s);
+  const int64_t rows0 = TotalRows(cluster.address(0));
+  const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 2);
+  // No MigrateIn: the target has nothing to finish.
+  v1::HandOverRequest over;
+  over.set_move_id("never-copied");
+  over.set_target(cluster.address(1));
+  *over.mutable_new_map() = Moved(cluster.map(), slots, 1, 2);
+  const grpc::Status h = HandOver(cluster.address(0), over);
+  EXPECT_FALSE(h.ok());
+  EXPECT_NE(h.error_message().find("keeps the slots"), std::string::npos)
+      << h.error_message();
+  EXPECT_EQ(EpochOf(cluster.address(0)), 1u);
+  EXPECT_EQ(EpochOf(cluster.address(1)), 1u);
+  EXPECT_EQ(TotalRows(cluster.address(0)), rows0);
+  // Held requests were released: training goes on.
+  for (int s = 3; s < 5; ++s) Step(*client, 0, s);
+}
+
+TEST(SlotMigration, AbortMoveDropsTheCopyAndTheHandOverThenFails) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 3; ++s) Step(*client, 0, s);
+  const int64_t rows1 = TotalRows(cluster.address(1));
+  const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 1);
+  v1::MigrateInRequest in;
+  in.set_move_id("ab");
+  in.set_source(cluster.address(0));
+  for (uint32_t s : slots) in.add_slots(s);
+  v1::MigrateInResponse copied;
+  ASSERT_TRUE(MigrateIn(cluster.address(1), in, &copied).ok());
+  EXPECT_GT(copied.rows(), 0);
+  EXPECT_EQ(TotalRows(cluster.address(1)), rows1 + copied.rows());
+  v1::AbortMoveResponse aborted;
+  ASSERT_TRUE(AbortMove(cluster.address(1), "ab", &aborted).ok());
+  EXPECT_EQ(aborted.rows(), copied.rows());
+  EXPECT_EQ(TotalRows(cluster.address(1)), rows1);
+  EXPECT_EQ(ListMoves(cluster.address(1)).back().phase(), v1::MoveState::ABORTED);
+  v1::HandOverRequest over;
+  over.set_move_id("ab");
+  over.set_target(cluster.address(1));
+  *over.mutable_new_map() = Moved(cluster.map(), slots, 1, 2);
+  EXPECT_FALSE(HandOver(cluster.address(0), over).ok());
+  EXPECT_EQ(EpochOf(cluster.address(0)), 1u);
+  // Unknown move.
+  EXPECT_EQ(AbortMove(cluster.address(1), "nope").error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST(SlotMigration, BadMoveRequestsAreRefusedAndChangeNothing) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 2; ++s) Step(*client, 0, s);
+  const int64_t rows1 = TotalRows(cluster.address(1));
+  const std::vector<uint32_t> mine = SlotsOf(cluster.map(), 0, 1);
+  const std::vector<uint32_t> theirs = SlotsOf(cluster.map(), 1, 1);
+  auto request = [&](const std::string& id, std::vector<uint32_t> slots,
+                     const std::string& source) {
+    v1::MigrateInRequest in;
+    in.set_move_id(id);
+    in.set_source(source);
+    for (uint32_t s : slots) in.add_slots(s);
+    return in;
+  };
+  grpc::Status s = MigrateIn(cluster.address(1), request("x", {kSlots}, cluster.address(0)));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("out of range"), std::string::npos);
+  s = MigrateIn(cluster.address(1), request("x", {theirs[0]}, cluster.address(0)));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("not by"), std::string::npos);
+  s = MigrateIn(cluster.address(1), request("x", {theirs[0]}, cluster.address(1)));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("move to self"), std::string::npos);
+  s = MigrateIn(cluster.address(1), request("x", {mine[0]}, "127.0.0.1:1"));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(TotalRows(cluster.address(1)), rows1);
+  // Two moves of one slot.
+  ASSERT_TRUE(MigrateIn(cluster.address(1), request("first", {mine[0]}, cluster.address(0))).ok());
+  s = MigrateIn(cluster.address(1), request("second", {mine[0], mine[1]}, cluster.address(0)));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("first"), std::string::npos);
+  // A hand-over whose map moves other slots too, or to self.
+  v1::HandOverRequest over;
+  over.set_move_id("first");
+  over.set_target(cluster.address(1));
+  v1::ShardMap bad = Moved(cluster.map(), {mine[0]}, 1, 2);
+  bad.set_slot_owner(static_cast<int>(theirs[0]), 0);
+  *over.mutable_new_map() = bad;
+  s = HandOver(cluster.address(0), over);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  over.set_target(cluster.address(0));
+  *over.mutable_new_map() = Moved(cluster.map(), {mine[0]}, 1, 2);
+  s = HandOver(cluster.address(0), over);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(EpochOf(cluster.address(0)), 1u);
+  EXPECT_EQ(EpochOf(cluster.address(1)), 1u);
+  // The plain SetShardMap still refuses to take slots with rows away.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::SetShardMapRequest set;
+  *set.mutable_shard_map() = Moved(cluster.map(), mine, 1, 2);
+  set.set_self(cluster.address(0));
+  v1::SetShardMapResponse resp;
+  EXPECT_EQ(Admin(cluster.address(0))->SetShardMap(&ctx, set, &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// ---- Push parts, through raw requests ----
+
+grpc::Status Push(const std::string& address, int rank, int64_t step, uint64_t part,
+                  const std::vector<int64_t>& ids, float value) {
+  v1::PushGradientsRequest request;
+  request.mutable_header()->set_shard_map_epoch(1);
+  request.mutable_header()->set_step(step);
+  request.mutable_header()->set_worker_rank(rank);
+  request.mutable_header()->set_push_part(part);
+  v1::TableGradients* t = request.add_tables();
+  t->set_table("user");
+  EncodeIds(ids, t->mutable_ids());
+  std::vector<float> grads(ids.size() * kDim);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = value + 0.001f * i;
+  t->set_grads(std::string(reinterpret_cast<const char*>(grads.data()),
+                           grads.size() * sizeof(float)));
+  auto stub = v1::EmbeddingShard::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kData));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  v1::PushGradientsResponse response;
+  return stub->PushGradients(&ctx, request, &response);
+}
+
+std::string LookupBytes(const std::string& address, int64_t step,
+                        const std::vector<int64_t>& ids) {
+  auto stub = v1::EmbeddingShard::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kData));
+  v1::LookupRequest request;
+  request.mutable_header()->set_shard_map_epoch(1);
+  request.mutable_header()->set_step(step);
+  v1::TableIds* t = request.add_tables();
+  t->set_table("user");
+  EncodeIds(ids, t->mutable_ids());
+  v1::LookupResponse response;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(absl::Seconds(10)));
+  const grpc::Status s = stub->Lookup(&ctx, request, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return response.tables_size() > 0 ? response.tables(0).rows() : "";
+}
+
+TEST(PushParts, RetryIsDroppedAndASecondPartIsMergedBitExactly) {
+  // Two single-server clusters of world size 2: one gets rank 0's push in
+  // two parts (and a retry of the first), the other in one.
+  Cluster split(1, 2, "sync");
+  Cluster whole(1, 2, "sync");
+  const std::vector<int64_t> a = {1, 2, 3}, b = {4, 5}, ab = {1, 2, 3, 4, 5};
+  ASSERT_TRUE(Push(split.address(0), 0, 0, 11, a, 0.5f).ok());
+  ASSERT_TRUE(Push(split.address(0), 0, 0, 11, a, 0.5f).ok());  // retry
+  ASSERT_TRUE(Push(split.address(0), 0, 0, 12, b, 0.25f).ok());  // second part
+  // An id in two parts of one rank is refused.
+  EXPECT_EQ(Push(split.address(0), 0, 0, 13, {3}, 1.0f).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Push(split.address(0), 1, 0, 21, ab, -0.5f).ok());
+  // The same gradients as one part each.
+  std::vector<float> merged;
+  {
+    // rank 0's rows: a with value 0.5, b with 0.25 (offsets restart per part).
+    v1::PushGradientsRequest request;
+    request.mutable_header()->set_shard_map_epoch(1);
+    request.mutable_header()->set_worker_rank(0);
+    request.mutable_header()->set_push_part(31);
+    v1::TableGradients* t = request.add_tables();
+    t->set_table("user");
+    EncodeIds(ab, t->mutable_ids());
+    std::vector<float> grads;
+    for (size_t i = 0; i < a.size() * kDim; ++i) grads.push_back(0.5f + 0.001f * i);
+    for (size_t i = 0; i < b.size() * kDim; ++i) grads.push_back(0.25f + 0.001f * i);
+    t->set_grads(std::string(reinterpret_cast<const char*>(grads.data()),
+                             grads.size() * sizeof(float)));
+    auto stub = v1::EmbeddingShard::NewStub(
+        rpc::MakeChannel(whole.address(0), rpc::ChannelKind::kData));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    v1::PushGradientsResponse response;
+    ASSERT_TRUE(stub->PushGradients(&ctx, request, &response).ok());
+  }
+  ASSERT_TRUE(Push(whole.address(0), 1, 0, 41, ab, -0.5f).ok());
+  const std::string x = LookupBytes(split.address(0), 1, ab);
+  const std::string y = LookupBytes(whole.address(0), 1, ab);
+  ASSERT_FALSE(x.empty());
+  EXPECT_EQ(x, y);
+  EXPECT_EQ(UpdateIds(split.address(0)), 5);
+  // A retry of an accepted part after its step was applied is still OK
+  // (dropped); a new part of an applied step is refused.
+  EXPECT_TRUE(Push(split.address(0), 0, 0, 12, b, 0.25f).ok());
+  EXPECT_EQ(Push(split.address(0), 0, 0, 14, {9}, 0.25f).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(UpdateIds(split.address(0)), 5);
+}
+
+TEST(PushParts, AsyncRetryOfAPartIsAppliedOnce) {
+  Cluster cluster(1, 1, "async");
+  ASSERT_TRUE(Push(cluster.address(0), 0, 0, 5, {1, 2}, 0.5f).ok());
+  ASSERT_TRUE(Push(cluster.address(0), 0, 0, 5, {1, 2}, 0.5f).ok());
+  ASSERT_TRUE(Push(cluster.address(0), 0, 0, 6, {3}, 0.5f).ok());
+  EXPECT_EQ(UpdateIds(cluster.address(0)), 3);
+}
+
+}  // namespace
+}  // namespace recps
