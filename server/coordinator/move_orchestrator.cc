@@ -332,11 +332,28 @@ void MoveOrchestrator::RunRebalance(const std::string& rebalance_id) {
     total = static_cast<int64_t>(copy_queue_.size());
     bandwidth = copy_bandwidth_;
   }
+  if (absl::Status s = AddNewTargets(); !s.ok()) {
+    LogWarning("rebalance ", rebalance_id, ": ", s.message());
+    std::vector<std::string> ids;
+    {
+      absl::MutexLock lock(&mu_);
+      ids = copy_queue_;
+      next_copy_ = copy_queue_.size();
+    }
+    for (const std::string& id : ids) {
+      v1::MoveRecord r = Get(id);
+      r.set_state(v1::MoveRecord::FAILED);
+      r.set_error(std::string(s.message()));
+      r.set_finished_unix_ms(absl::ToUnixMillis(Now()));
+      Save(r);
+    }
+    total = 0;
+  }
   const int workers = static_cast<int>(std::min<int64_t>(options_.max_parallel_copies, total));
   const int64_t per_copy = bandwidth > 0 ? std::max<int64_t>(1, bandwidth / workers) : 0;
   std::vector<std::thread> copies;
   for (int i = 0; i < workers; ++i) {
-    copies.emplace_back([this, rebalance_id, per_copy] { CopyWorker(rebalance_id, per_copy); });
+    copies.emplace_back([this, per_copy] { CopyWorker(per_copy); });
   }
   // Hand-overs one at a time, in the order copies finish.
   for (int64_t done = 0; done < total; ++done) {
@@ -376,7 +393,56 @@ void MoveOrchestrator::RunRebalance(const std::string& rebalance_id) {
   running_.clear();
 }
 
-void MoveOrchestrator::CopyWorker(const std::string& rebalance_id, int64_t bytes_per_second) {
+absl::Status MoveOrchestrator::AddNewTargets() {
+  ASSIGN_OR_RETURN(v1::ShardMap map, coordinator_->GetShardMap());
+  std::set<std::string> involved;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& id : copy_queue_) {
+      for (const v1::MoveRecord& r : moves_) {
+        if (r.move_id() != id) continue;
+        involved.insert(r.source());
+        involved.insert(r.target());
+      }
+    }
+  }
+  const std::set<std::string> listed(map.servers().begin(), map.servers().end());
+  std::vector<std::string> added;
+  for (const std::string& address : involved) {
+    if (listed.count(address) == 0) added.push_back(address);
+  }
+  if (!added.empty()) {
+    for (const std::string& address : added) map.add_servers(address);
+    map.set_epoch(map.epoch() + 1);
+    RETURN_IF_ERROR(coordinator_->SetShardMap(map));
+    LogInfo("shard map epoch ", map.epoch(), " lists ", absl::StrJoin(added, ", "),
+            " (owning nothing yet) for the moves");
+  }
+  for (const std::string& address : involved) {
+    if (!WaitForEpoch(address, map.epoch())) {
+      return absl::UnavailableError(absl::StrCat(
+          address, " did not install shard map epoch ", map.epoch(), " within ",
+          absl::FormatDuration(options_.rpc_timeout), " (`recpsctl status` shows why)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool MoveOrchestrator::WaitForEpoch(const std::string& address, uint64_t epoch) {
+  const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+  while (true) {
+    absl::StatusOr<v1::ShardMap> map = options_.rpc->GetShardMap(address, options_.rpc_timeout);
+    if (map.ok() && map->epoch() >= epoch) return true;
+    if (absl::Now() >= deadline) return false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return false;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+void MoveOrchestrator::CopyWorker(int64_t bytes_per_second) {
   while (true) {
     std::string move_id;
     {
@@ -385,7 +451,6 @@ void MoveOrchestrator::CopyWorker(const std::string& rebalance_id, int64_t bytes
       move_id = copy_queue_[next_copy_++];
     }
     v1::MoveRecord r = Get(move_id);
-    absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
     r.set_state(v1::MoveRecord::COPYING);
     Save(r);
     LogInfo(Describe(r), ": copying");
@@ -395,7 +460,9 @@ void MoveOrchestrator::CopyWorker(const std::string& rebalance_id, int64_t bytes
     *request.mutable_slots() = r.slots();
     *request.mutable_tables() = r.tables();
     request.set_max_bytes_per_second(bytes_per_second);
-    request.set_epoch(map.ok() ? map->epoch() : 0);
+    // 0: not checked. Hand-overs of other moves change the epoch while
+    // this copy waits or runs; each hand-over is checked on its own.
+    request.set_epoch(0);
     const absl::Time start = Now();
     absl::StatusOr<v1::MigrateInResponse> copied =
         options_.rpc->MigrateIn(r.target(), request, options_.copy_timeout);
@@ -456,6 +523,14 @@ void MoveOrchestrator::HandOverOne(const std::string& move_id) {
     LogWarning(Describe(r), ": rolled back: ", r.error());
     Save(r);
     return;
+  }
+  // Both must route by the current map, so that new_map differs from
+  // theirs by this move only (pushes are asynchronous).
+  for (const std::string& address : {r.source(), r.target()}) {
+    if (!WaitForEpoch(address, current->epoch())) {
+      LogWarning(Describe(r), ": ", address, " is not at shard map epoch ",
+                 current->epoch(), " yet; handing over anyway");
+    }
   }
   r.set_state(v1::MoveRecord::HANDING_OVER);
   r.set_epoch(new_map->epoch());

@@ -138,11 +138,17 @@ class MoveOrchestrator {
   struct Metrics;
   void Loop();
   void RunRebalance(const std::string& rebalance_id);
-  void CopyWorker(const std::string& rebalance_id, int64_t bytes_per_second);
+  void CopyWorker(int64_t bytes_per_second);
   void HandOverOne(const std::string& move_id);
   // One attempt to decide a move left in flight; false: still unresolved.
   bool Resolve(const std::string& move_id, const std::string& why);
   void MaybeAutoRebalance();
+  // Installs a map that lists the targets not in it yet (owning nothing):
+  // a server takes part in moves only once its map lists it.
+  absl::Status AddNewTargets();
+  // Polls `address` until it routes by `epoch` or newer (map pushes are
+  // asynchronous); false after the RPC timeout.
+  bool WaitForEpoch(const std::string& address, uint64_t epoch);
   // Completes a handed-over move: the coordinator's map, the record.
   void Complete(v1::MoveRecord record, const std::string& how);
   // Stores `record` (and prunes old finished ones); updates moves_.

@@ -347,8 +347,9 @@ TEST_F(MoveOrchestratorTest, NewServerTakesAThirdOneEpochPerMove) {
   EXPECT_EQ(plan.slots_to_move(), 4);
   ASSERT_TRUE(Apply(*c, plan).ok());
   ASSERT_TRUE(c->moves().WaitIdle(absl::Seconds(10)));
-  // One map per move, each one epoch newer, with the target appended.
-  EXPECT_EQ(c->shard_map_epoch(), 3u);
+  // A map that lists the new server (owning nothing), then one map per
+  // move, each one epoch newer.
+  EXPECT_EQ(c->shard_map_epoch(), 4u);
   const ShardMap map = *ShardMap::FromProto(*c->GetShardMap());
   ASSERT_EQ(map.num_servers(), 3);
   EXPECT_EQ(map.SlotsOf(2).size(), 4u);
@@ -356,14 +357,14 @@ TEST_F(MoveOrchestratorTest, NewServerTakesAThirdOneEpochPerMove) {
   EXPECT_EQ(map.SlotsOf(1).size(), 4u);
   absl::MutexLock lock(&shards_->mu);
   ASSERT_EQ(shards_->handovers.size(), 2u);
-  EXPECT_EQ(shards_->handovers[0].second.new_map().epoch(), 2u);
-  EXPECT_EQ(shards_->handovers[1].second.new_map().epoch(), 3u);
+  EXPECT_EQ(shards_->handovers[0].second.new_map().epoch(), 3u);
+  EXPECT_EQ(shards_->handovers[1].second.new_map().epoch(), 4u);
   for (const auto& [address, h] : shards_->handovers) {
     EXPECT_EQ(h.self(), address);
     EXPECT_EQ(h.target(), kC);
   }
   for (const auto& [address, m] : shards_->migrate_ins) EXPECT_EQ(address, kC);
-  EXPECT_EQ(shards_->maps[kA].epoch(), 3u);  // pushed to the others
+  EXPECT_EQ(shards_->maps[kA].epoch(), 4u);  // pushed to the others
   const v1::ListRebalanceMovesResponse list = c->moves().List();
   ASSERT_EQ(list.moves_size(), 2);
   for (const v1::MoveRecord& r : list.moves()) {
@@ -417,7 +418,10 @@ TEST_F(MoveOrchestratorTest, FailedCopyRollsBackOnTheTarget) {
   }
   ASSERT_TRUE(Apply(*c, Plan(*c)).ok());
   ASSERT_TRUE(c->moves().WaitIdle(absl::Seconds(10)));
-  EXPECT_EQ(c->shard_map_epoch(), 1u);
+  // Only the map that lists the new server: nothing changed owner.
+  EXPECT_EQ(c->shard_map_epoch(), 2u);
+  const ShardMap map = *ShardMap::FromProto(*c->GetShardMap());
+  EXPECT_TRUE(map.SlotsOf(map.IndexOf(kC)).empty());
   const v1::ListRebalanceMovesResponse list = c->moves().List();
   for (const v1::MoveRecord& r : list.moves()) {
     EXPECT_EQ(r.state(), v1::MoveRecord::FAILED);
