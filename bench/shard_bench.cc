@@ -13,6 +13,13 @@
 //                     [--max_ids_per_lookup_request=N]
 //                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
 //                     [--inflight=N]
+//   recps_shard_bench --op=move [--rows=N] [--moves=N] [--ids=N]
+//                     [--max_bytes_per_second=N]
+//   --op=move: two servers, a worker stepping all the time; moves every
+//   slot of one server to the other and back (--moves times), printing each
+//   copy's MB/s against raw TCP measured just before it, and the worker's
+//   push latency (p50/p99/max) before, during and after the moves
+//   (--ids=0: no worker); --shard_flag=--move_* and --threads pass on.
 //   --rounds: a case's seconds are split into this many rounds, each right
 //   after its own anchor (the machine's speed drifts within seconds);
 //   --id_space: rows created and drawn from (default 1M: 256 MiB, beyond
@@ -41,8 +48,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/embedding_client.h"
+#include "common/rpc/channels.h"
+#include "grpcpp/grpcpp.h"
+#include "recps/v1/shard_admin.grpc.pb.h"
 #include "common/malloc_tuning.h"
 #include "tests/testing/local_shard.h"
 
@@ -156,6 +167,176 @@ Result Summarise(std::vector<double> latencies, int64_t ids_per_call,
   return {ids_per_s, ids_per_s * kDim * sizeof(float), pct(0.5), pct(0.99)};
 }
 
+// ---- --op=move: slot moves between two servers ----
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+// Two servers (sync, one worker), `rows` rows of dim 64 (SGD: 256 B each)
+// spread over them; a worker steps (lookup + push of `ids` ids) the whole
+// time. Moves every slot of server 0 to server 1 (MigrateIn, then
+// HandOver) and back, timing each copy against raw TCP measured just
+// before it, and the worker's push latency before and during the moves.
+int MoveMain(const std::string& binary, int64_t rows, int64_t ids, int moves,
+             int64_t max_bytes_per_second,
+             const std::vector<std::string>& extra_flags) {
+  testing::TempDir dir;
+  const std::string tables = dir.WriteFile("tables.textproto", R"(
+tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
+)");
+  constexpr uint32_t kSlots = 4096;
+  std::vector<std::string> flags = {
+      "--tables=" + tables, "--world_size=1", "--consistency=sync",
+      "--num_slots=4096", "--step_timeout=60s"};
+  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
+  auto servers = testing::StartShardCluster(binary, flags, 2, kSlots);
+  if (!servers.ok()) {
+    std::fprintf(stderr, "%s\n", servers.status().ToString().c_str());
+    return 1;
+  }
+  const std::string a = (*servers)[0]->address(), b = (*servers)[1]->address();
+  auto client = client::EmbeddingClient::Create(
+      {{"t", kDim}}, client::MakeServerShardMapSource({a, b}),
+      client::EmbeddingClientOptions());
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<int64_t> all(rows);
+  for (int64_t i = 0; i < rows; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
+  std::vector<float> buf(65536 * kDim);
+  int64_t step = 0;
+  for (int64_t lo = 0; lo < rows; lo += 65536) {
+    client::LookupSpec spec{0, absl::MakeConstSpan(all).subspan(lo, std::min<int64_t>(65536, rows - lo)), buf.data()};
+    client::PushSpec push{0, spec.ids, buf.data()};
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    if (absl::Status st = (*client)->Lookup(step, {&spec, 1}); !st.ok()) {
+      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    if (absl::Status st = (*client)->PushGradients(step++, {&push, 1}); !st.ok()) {
+      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  // The worker: one step after the other, recording push latencies in the
+  // current phase (0 before the first move, 1 during moves, 2 after).
+  std::atomic<int> phase{0};
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  std::vector<double> latencies[3];
+  std::thread worker([&] {
+    std::mt19937_64 rng(3);
+    std::vector<int64_t> mine(ids);
+    std::vector<float> grads(ids * kDim, 0.001f);
+    while (ids > 0 && !stop.load()) {
+      for (int64_t& id : mine) id = all[rng() % all.size()];
+      std::sort(mine.begin(), mine.end());
+      mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
+      client::LookupSpec spec{0, mine, grads.data()};
+      if (!(*client)->Lookup(step, {&spec, 1}).ok()) break;
+      std::fill(grads.begin(), grads.end(), 0.001f);
+      client::PushSpec push{0, mine, grads.data()};
+      const int ph = phase.load();
+      const double t0 = Now();
+      const absl::Status st = (*client)->PushGradients(step++, {&push, 1});
+      const double dt = Now() - t0;
+      if (!st.ok()) {
+        std::fprintf(stderr, "push: %s\n", st.ToString().c_str());
+        break;
+      }
+      absl::MutexLock lock(&mu);
+      latencies[ph].push_back(dt);
+      mine.resize(ids);
+    }
+  });
+  auto admin = [](const std::string& address) {
+    return v1::ShardAdmin::NewStub(
+        rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+  };
+  auto deadline = [](grpc::ClientContext* ctx) {
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+  };
+  absl::SleepFor(absl::Seconds(2));  // latencies before
+  v1::ShardMap map;
+  {
+    grpc::ClientContext ctx;
+    deadline(&ctx);
+    admin(a)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map);
+  }
+  std::printf("%-5s %10s %10s %9s %9s %7s %9s %9s\n", "move", "rows", "MB",
+              "copy s", "MB/s", "x_tcp", "delta", "hold ms");
+  std::vector<double> ratios;
+  phase = 1;
+  for (int m = 0; m < moves; ++m) {
+    const int from = m % 2 == 0 ? 0 : 1;
+    const std::string src = from == 0 ? a : b, dst = from == 0 ? b : a;
+    const double tcp = RawTcpBandwidth(size_t{512} << 20, size_t{64} << 20);
+    v1::MigrateInRequest in;
+    in.set_move_id(absl::StrCat("bench-", m));
+    in.set_source(src);
+    in.set_epoch(map.epoch());
+    in.set_max_bytes_per_second(max_bytes_per_second);
+    v1::ShardMap next = map;
+    next.set_epoch(map.epoch() + 1);
+    for (uint32_t s = 0; s < kSlots; ++s) {
+      if (map.slot_owner(s) == static_cast<uint32_t>(from)) {
+        in.add_slots(s);
+        next.set_slot_owner(s, 1 - from);
+      }
+    }
+    v1::MigrateInResponse copied;
+    grpc::ClientContext c1;
+    deadline(&c1);
+    grpc::Status st = admin(dst)->MigrateIn(&c1, in, &copied);
+    if (!st.ok()) {
+      std::fprintf(stderr, "MigrateIn: %s\n", st.error_message().c_str());
+      break;
+    }
+    v1::HandOverRequest over;
+    over.set_move_id(in.move_id());
+    over.set_target(dst);
+    over.set_self(src);
+    *over.mutable_new_map() = next;
+    v1::HandOverResponse handed;
+    grpc::ClientContext c2;
+    deadline(&c2);
+    st = admin(src)->HandOver(&c2, over, &handed);
+    if (!st.ok()) {
+      std::fprintf(stderr, "HandOver: %s\n", st.error_message().c_str());
+      break;
+    }
+    map = next;
+    const double rate = copied.bytes() / copied.seconds();
+    ratios.push_back(rate / tcp);
+    std::printf("%-5d %10lld %10.1f %9.3f %9.1f %7.3f %9lld %9.2f\n", m,
+                static_cast<long long>(copied.rows()), copied.bytes() / 1e6,
+                copied.seconds(), rate / 1e6, rate / tcp,
+                static_cast<long long>(handed.delta_rows()),
+                handed.hold_seconds() * 1e3);
+  }
+  phase = 2;
+  absl::SleepFor(absl::Seconds(1));
+  stop = true;
+  worker.join();
+  std::printf("\nmove rate / raw TCP (each copy against TCP measured just "
+              "before it): median %.3f (goal >= 0.3)\n", Median(ratios));
+  std::printf("push latency of a %lld-id step (ms):  %-7s %8s %8s %8s %7s\n",
+              static_cast<long long>(ids), "", "p50", "p99", "max", "steps");
+  const char* names[3] = {"before moves", "during moves", "after moves"};
+  for (int ph = 0; ph < 3; ++ph) {
+    absl::MutexLock lock(&mu);
+    std::printf("  %-34s %8.2f %8.2f %8.2f %7zu\n", names[ph],
+                Percentile(latencies[ph], 0.5) * 1e3,
+                Percentile(latencies[ph], 0.99) * 1e3,
+                Percentile(latencies[ph], 1.0) * 1e3, latencies[ph].size());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   // As in the worker, the client's process.
   TuneDataPlaneProcess();
@@ -186,6 +367,24 @@ int Main(int argc, char** argv) {
     if (a.rfind("--rounds=", 0) == 0) rounds = std::stoi(a.substr(9));
     if (a.rfind("--id_space=", 0) == 0) id_space = std::stoll(a.substr(11));
     if (a.rfind("--shard_flag=", 0) == 0) shard_flags.push_back(a.substr(13));
+  }
+  if (only_op == "move") {
+    int64_t rows = int64_t{1} << 20, ids = 4096, bps = 0;
+    int moves = 4;
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      if (a.rfind("--rows=", 0) == 0) rows = std::stoll(a.substr(7));
+      if (a.rfind("--moves=", 0) == 0) moves = std::stoi(a.substr(8));
+      if (a.rfind("--ids=", 0) == 0) ids = std::stoll(a.substr(6));
+      if (a.rfind("--max_bytes_per_second=", 0) == 0) bps = std::stoll(a.substr(23));
+    }
+    std::vector<std::string> extra;
+    for (const std::string& f : shard_flags) {
+      if (f.rfind("--move", 0) == 0 || f.rfind("--threads", 0) == 0) {
+        extra.push_back(f);
+      }
+    }
+    return MoveMain(binary, rows, ids, moves, bps, extra);
   }
   if (inflight < 1 || rounds < 1) {
     std::fprintf(stderr, "--inflight and --rounds must be at least 1\n");

@@ -24,6 +24,87 @@
 namespace recps::server {
 namespace {
 
+// The store as a checkpoint sees it: only the (table, slot) units this
+// server owned at the cut. A move's target holds copied rows of units it
+// does not own yet, and a source keeps handed-over rows until the file is
+// written; neither belongs in this server's file.
+class OwnedUnitsStore final : public EmbeddingStore {
+ public:
+  OwnedUnitsStore(EmbeddingStore* store,
+                  const std::vector<std::vector<uint8_t>>* owned)
+      : s_(store), owned_(owned) {}
+  int num_tables() const override { return s_->num_tables(); }
+  const config::TableSpec& spec(int t) const override { return s_->spec(t); }
+  absl::StatusOr<int> FindTable(absl::string_view name) const override {
+    return s_->FindTable(name);
+  }
+  absl::Status Lookup(int t, absl::Span<const int64_t> ids, float* out) override {
+    return s_->Lookup(t, ids, out);
+  }
+  absl::Status ValidateGradients(int t, absl::Span<const int64_t> ids,
+                                 const float* g) const override {
+    return s_->ValidateGradients(t, ids, g);
+  }
+  absl::Status ApplyGradients(int t, absl::Span<const int64_t> ids,
+                              const float* g) override {
+    return s_->ApplyGradients(t, ids, g);
+  }
+  absl::Status ReadRows(int t, absl::Span<const int64_t> ids,
+                        float* out) const override {
+    return s_->ReadRows(t, ids, out);
+  }
+  TableInfo Info(int t) const override { return s_->Info(t); }
+  std::vector<int64_t> RowsPerSlot() const override { return s_->RowsPerSlot(); }
+  absl::Status ExportSlot(int t, uint32_t slot, SlotCursor* cursor,
+                          int64_t max_rows, SlotChunk* out) const override {
+    if (!Owned(t, slot)) return Skip(cursor, out);
+    return s_->ExportSlot(t, slot, cursor, max_rows, out);
+  }
+  absl::Status ImportRows(int t, uint32_t slot, absl::Span<const int64_t> ids,
+                          const float* rows) override {
+    return s_->ImportRows(t, slot, ids, rows);
+  }
+  absl::StatusOr<int64_t> DropSlot(int t, uint32_t slot) override {
+    return s_->DropSlot(t, slot);
+  }
+  absl::Status BeginSnapshot(uint64_t cut) override { return s_->BeginSnapshot(cut); }
+  absl::Status ExportSnapshotSlot(int t, uint32_t slot, uint64_t since,
+                                  SlotCursor* cursor, int64_t max_rows,
+                                  SlotChunk* out) const override {
+    if (!Owned(t, slot)) return Skip(cursor, out);
+    return s_->ExportSnapshotSlot(t, slot, since, cursor, max_rows, out);
+  }
+  void EndSnapshot() override { s_->EndSnapshot(); }
+  int64_t SnapshotBytes() const override { return s_->SnapshotBytes(); }
+  absl::Status MarkGeneration(uint64_t mark) override {
+    return s_->MarkGeneration(mark);
+  }
+  absl::Status ExportChangedSlot(int t, uint32_t slot, uint64_t since,
+                                 SlotCursor* cursor, int64_t max_rows,
+                                 SlotChunk* out) const override {
+    if (!Owned(t, slot)) return Skip(cursor, out);
+    return s_->ExportChangedSlot(t, slot, since, cursor, max_rows, out);
+  }
+
+ private:
+  bool Owned(int t, uint32_t slot) const {
+    return t < 0 || t >= static_cast<int>(owned_->size()) ||
+           slot >= (*owned_)[t].size() || (*owned_)[t][slot] != 0;
+  }
+  static absl::Status Skip(SlotCursor* cursor, SlotChunk* out) {
+    if (out != nullptr) {
+      out->ids.clear();
+      out->rows.clear();
+    }
+    if (cursor != nullptr) cursor->done = true;
+    return absl::OkStatus();
+  }
+
+  EmbeddingStore* const s_;
+  const std::vector<std::vector<uint8_t>>* const owned_;
+};
+
+
 // Snapshot states kept for SaveRowsStatus, and bases kept for increments.
 constexpr size_t kMaxSaveStates = 64;
 constexpr size_t kMaxBases = 16;
@@ -171,6 +252,22 @@ ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
           absl::MutexLock lock(&ckpt_mu_);
           save->cut = next_cut_++;
           RETURN_IF_ERROR(store_->BeginSnapshot(save->cut));
+          snapshot_open_ = true;
+        }
+        // What this server owns at the cut (moves change it while the
+        // file is written).
+        const MapView view = CurrentMap();
+        const v1::ShardMap proto = view->map.ToProto();
+        save->owned.resize(store_->num_tables());
+        for (int t = 0; t < store_->num_tables(); ++t) {
+          save->owned[t].resize(options_.num_slots);
+          for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
+            const std::string owner = UnitOwner(view->map, proto, {t, slot});
+            // Column groups are routed by group, not by slot: kept whole.
+            save->owned[t][slot] =
+                owner.empty() || owner == view->self_address ||
+                t >= store_->num_base_tables();
+          }
         }
         stall = absl::ToDoubleSeconds(absl::Now() - start);
         return absl::OkStatus();
@@ -210,8 +307,10 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
   file_options.rows_written = &save->rows_written;
   absl::StatusOr<checkpoint::RowFileInfo> info =
       checkpoint::RowFileWriter(file_options)
-          .Write(*store_, slots, request.path(), source, meta);
+          .Write(OwnedUnitsStore(store_.get(), &save->owned), slots,
+                 request.path(), source, meta);
   store_->EndSnapshot();
+  RunDeferredDrops();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   absl::MutexLock lock(&ckpt_mu_);
   if (!info.ok()) {
@@ -352,6 +451,26 @@ absl::Status ShardServer::DoRestoreRows(const v1::RestoreRowsRequest& request,
           dirs.size(), " checkpoint(s), last ", dirs.back(), "); next step ",
           request.step());
   return absl::OkStatus();
+}
+
+void ShardServer::DropHandedOver(std::vector<std::pair<int, uint32_t>> units) {
+  absl::MutexLock lock(&ckpt_mu_);
+  if (snapshot_open_) {
+    deferred_drops_.insert(deferred_drops_.end(), units.begin(), units.end());
+    return;
+  }
+  DropCopy(units);
+}
+
+void ShardServer::RunDeferredDrops() {
+  // Under ckpt_mu_: a copy that takes a unit back first removes it from the
+  // list (RunCopy), so no drop hits rows copied in later.
+  absl::MutexLock lock(&ckpt_mu_);
+  snapshot_open_ = false;
+  if (deferred_drops_.empty()) return;
+  const int64_t rows = DropCopy(deferred_drops_);
+  LogInfo("dropped ", rows, " handed-over rows kept for the checkpoint");
+  deferred_drops_.clear();
 }
 
 }  // namespace recps::server

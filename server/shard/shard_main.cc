@@ -94,6 +94,15 @@ ABSL_FLAG(int, max_message_mb, 1024,
 ABSL_FLAG(int, threads, 0,
           "threads for pushes and for lookups released by a step (0: one per "
           "core)");
+ABSL_FLAG(int, move_streams, 2,
+          "slot moves: ExportRows streams a copy round pulls at once, each "
+          "over every k-th slot of the move (1..64)");
+ABSL_FLAG(int64_t, move_chunk_bytes, int64_t{1} << 20,
+          "slot moves: bytes of rows per ExportRows chunk this server asks "
+          "its source for (4 KiB..16 MiB)");
+ABSL_FLAG(int, move_max_rounds, 8,
+          "slot moves: most copy rounds of a MigrateIn (the first copies "
+          "every row, later ones the rows changed meanwhile)");
 ABSL_FLAG(int, store_threads, 0,
           "threads one large store call (lookup or update of 4096+ ids) is "
           "split over (0: one per core; 1: the request's own thread)");
@@ -318,6 +327,9 @@ int Run() {
   options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
   options.consistency = *consistency;
   options.work_threads = absl::GetFlag(FLAGS_threads);
+  options.move_streams = absl::GetFlag(FLAGS_move_streams);
+  options.move_chunk_bytes = absl::GetFlag(FLAGS_move_chunk_bytes);
+  options.move_max_rounds = absl::GetFlag(FLAGS_move_max_rounds);
   // Health: NOT_SERVING until a map that lists this server is installed.
   // The health service exists only once the gRPC server is built, after
   // the shard server: the callback finds it through this pointer.
@@ -433,6 +445,9 @@ int Run() {
   gauges.join();
   if (lease != nullptr) lease->Leave();
   lease.reset();
+  // A move's call waits for its copy: end the moves first, or the shutdown
+  // below would wait for them.
+  (*shard)->StopMoves();
   server->Shutdown(std::chrono::system_clock::now() +
                    absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
   server->Wait();

@@ -94,6 +94,21 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
         "initial shard map has ", initial_map.num_slots(), " slots, expected ",
         options.num_slots));
   }
+  if (options.move_streams < 1 || options.move_streams > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "move_streams is ", options.move_streams, "; allowed 1..64"));
+  }
+  if (options.move_chunk_bytes < 4096 ||
+      options.move_chunk_bytes > (int64_t{16} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "move_chunk_bytes is ", options.move_chunk_bytes,
+        "; allowed 4096..16777216"));
+  }
+  if (options.move_max_rounds < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "move_max_rounds is ", options.move_max_rounds,
+        "; at least 2 (a copy and one catch-up round)"));
+  }
   if (options.max_ids_per_request < 1) {
     return absl::InvalidArgumentError("max_ids_per_request must be >= 1");
   }

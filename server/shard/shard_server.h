@@ -81,6 +81,9 @@ struct ShardServerOptions {
   // Rows per chunk of an export: at most this many bytes (ExportRows'
   // max_chunk_bytes may ask for less or more, up to 16 MiB).
   int64_t move_chunk_bytes = int64_t{1} << 20;
+  // ExportRows streams a copy round runs at once (each over every k-th
+  // slot of the move).
+  int move_streams = 2;
 };
 
 class ShardServer {
@@ -114,9 +117,10 @@ class ShardServer {
   // whose epoch is not newer is ALREADY_EXISTS (nothing changes).
   // FAILED_PRECONDITION naming the slots and their new owners when the map
   // would move a slot that holds rows (of any table) away from this server:
-  // rows cannot migrate yet, so its new owner would start them from their
-  // initial values. INVALID_ARGUMENT when it is malformed or does not list
-  // `self`. Column
+  // its new owner would start them from their initial values (rows move by
+  // MigrateIn and HandOver, whose own install allows it). A map that gives
+  // this server slots it holds copied rows of is accepted. INVALID_ARGUMENT
+  // when it is malformed or does not list `self`. Column
   // groups the map gives this server are created first (as tables named
   // ColumnGroupTableName, initialised as the unsplit table's columns);
   // INVALID_ARGUMENT when that fails (a group of a table this server does
@@ -171,6 +175,10 @@ class ShardServer {
                                        v1::ExportRowsChunk* chunk);
   // Runs fn on the server's work queue.
   void Schedule(absl::AnyInvocable<void() &&> fn);
+  // Ends the moves in flight (their shard-to-shard calls are cancelled, their
+  // callers answered) and refuses new ones. recps-shard calls it before it
+  // stops its gRPC server, whose shutdown waits for the calls in flight.
+  void StopMoves();
 
   // Whether the server holds a map that lists it (and its tables).
   bool serving() const { return CurrentMap()->self >= 0; }
@@ -245,6 +253,10 @@ class ShardServer {
   absl::Status RunCopy(const std::shared_ptr<Move>& move);
   absl::Status PullRows(const std::shared_ptr<Move>& move, uint64_t since,
                         uint64_t* mark, int64_t* rows, bool rate_limited);
+  absl::Status PullStream(const std::shared_ptr<Move>& move,
+                          const v1::ExportRowsRequest& request,
+                          absl::Time start, std::atomic<int64_t>* pulled,
+                          uint64_t* mark, int64_t* rows, bool rate_limited);
   absl::Status RunFinish(const std::shared_ptr<Move>& move,
                          const v1::FinishMoveRequest& request,
                          v1::FinishMoveResponse* response);
@@ -262,7 +274,6 @@ class ShardServer {
       const google::protobuf::RepeatedPtrField<v1::TableIds>* lookup,
       const GradientPush* push,
       absl::FunctionRef<absl::AnyInvocable<void() &&>()> make_resume);
-  void StopMoves();
   void LookupAfterHold(const v1::LookupRequest* request,
                        SerializedLookupResponse* response, Done done,
                        std::function<bool()> cancelled);
@@ -284,7 +295,14 @@ class ShardServer {
     v1::CheckpointFile file;
     int64_t rows_total = 0;
     std::atomic<int64_t> rows_written{0};
+    // [table][slot]: 1 when this server owned the unit at the cut (only
+    // those go to the file).
+    std::vector<std::vector<uint8_t>> owned;
   };
+  // Drops handed-over units now, or after the checkpoint being written
+  // (its snapshot must still read them).
+  void DropHandedOver(std::vector<std::pair<int, uint32_t>> units);
+  void RunDeferredDrops();
   // Runs task(false) on the checkpoint thread, or task(true) when the
   // server stops first.
   void PostCheckpointTask(absl::AnyInvocable<void(bool cancelled) &&> task);
@@ -329,6 +347,10 @@ class ShardServer {
   uint64_t next_cut_ ABSL_GUARDED_BY(ckpt_mu_) = 1;
   std::deque<absl::AnyInvocable<void(bool) &&>> ckpt_tasks_ ABSL_GUARDED_BY(ckpt_mu_);
   bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  // A snapshot is open (BeginSnapshot to EndSnapshot), and the units
+  // handed over meanwhile, dropped when it ends.
+  bool snapshot_open_ ABSL_GUARDED_BY(ckpt_mu_) = false;
+  std::vector<std::pair<int, uint32_t>> deferred_drops_ ABSL_GUARDED_BY(ckpt_mu_);
   std::thread ckpt_thread_;
 
   // Slot moves. Lock order: moves_mu_, then install_mu_, then map_mu_.

@@ -454,19 +454,59 @@ void ShardServer::MigrateIn(const v1::MigrateInRequest* request,
 absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
                                    uint64_t since, uint64_t* mark,
                                    int64_t* rows, bool rate_limited) {
-  v1::ExportRowsRequest request;
-  request.set_move_id(move->id);
-  for (uint32_t s : move->slots) request.add_slots(s);
-  for (const std::string& t : move->tables) request.add_tables(t);
-  request.set_since(since);
-  request.set_max_chunk_bytes(options_.move_chunk_bytes);
+  // Streams in parallel, each over every k-th slot (whole tables go with
+  // the first): one stream is one chunk in flight, which leaves the wire
+  // idle while either side builds or imports a chunk.
+  const int streams = static_cast<int>(std::max<size_t>(
+      1, std::min<size_t>(options_.move_streams, move->slots.size())));
+  std::vector<uint64_t> marks(streams, 0);
+  std::vector<int64_t> counts(streams, 0);
+  std::vector<absl::Status> results(streams);
+  const absl::Time start = absl::Now();
+  std::atomic<int64_t> pulled_bytes{0};
+  auto run = [&](int k) {
+    v1::ExportRowsRequest request;
+    request.set_move_id(move->id);
+    for (size_t i = k; i < move->slots.size(); i += streams) {
+      request.add_slots(move->slots[i]);
+    }
+    if (k == 0) {
+      for (const std::string& t : move->tables) request.add_tables(t);
+    }
+    if (request.slots_size() == 0 && request.tables_size() == 0) return;
+    request.set_since(since);
+    request.set_max_chunk_bytes(options_.move_chunk_bytes);
+    results[k] = PullStream(move, request, start, &pulled_bytes, &marks[k],
+                            &counts[k], rate_limited);
+  };
+  std::vector<std::thread> helpers;
+  for (int k = 1; k < streams; ++k) helpers.emplace_back(run, k);
+  run(0);
+  for (std::thread& t : helpers) t.join();
+  *rows = 0;
+  *mark = 0;
+  for (int k = 0; k < streams; ++k) {
+    RETURN_IF_ERROR(results[k]);
+    *rows += counts[k];
+    // The earliest: a row changed after it may have been missed by the
+    // streams that took their mark later (they read after their marks, so
+    // they did not miss it, but the next round reads it again: harmless).
+    if (marks[k] != 0 && (*mark == 0 || marks[k] < *mark)) *mark = marks[k];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::PullStream(const std::shared_ptr<Move>& move,
+                                     const v1::ExportRowsRequest& request,
+                                     absl::Time start,
+                                     std::atomic<int64_t>* pulled,
+                                     uint64_t* mark, int64_t* rows,
+                                     bool rate_limited) {
   const absl::flat_hash_set<Unit> units(move->units.begin(), move->units.end());
   *rows = 0;
   *mark = 0;
   std::vector<int64_t> ids_scratch;
   std::vector<float> rows_scratch;
-  const absl::Time start = absl::Now();
-  int64_t pulled_bytes = 0;
   return move->link->ExportRows(
       request, options_.move_rpc_timeout,
       [&](v1::ExportRowsChunk& chunk) -> absl::Status {
@@ -518,7 +558,7 @@ absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
           chunk_bytes += static_cast<int64_t>(want);
         }
         *rows += chunk_rows;
-        pulled_bytes += chunk_bytes;
+        const int64_t pulled_bytes = pulled->fetch_add(chunk_bytes) + chunk_bytes;
         int64_t limit = 0;
         {
           absl::MutexLock lock(&moves_mu_);
@@ -545,7 +585,16 @@ absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
 }
 
 absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
-  // Rows left from an earlier, failed copy of these units.
+  // Rows left from an earlier, failed copy of these units, or handed over
+  // from here earlier and kept for a checkpoint: dropped now, not later.
+  {
+    absl::MutexLock lock(&ckpt_mu_);
+    const absl::flat_hash_set<Unit> mine(move->units.begin(), move->units.end());
+    deferred_drops_.erase(
+        std::remove_if(deferred_drops_.begin(), deferred_drops_.end(),
+                       [&](const Unit& u) { return mine.contains(u); }),
+        deferred_drops_.end());
+  }
   const std::vector<int64_t> per_slot = store_->RowsPerSlot();
   for (const Unit& u : move->units) {
     if (per_slot[u.second] > 0) {
@@ -556,6 +605,7 @@ absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
   }
   uint64_t since = 0;
   int64_t threshold = options_.move_catch_up_rows;
+  int64_t previous = 0;
   for (int round = 0;; ++round) {
     uint64_t mark = 0;
     int64_t rows = 0;
@@ -564,9 +614,16 @@ absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
     since = mark;
     if (round == 0) {
       threshold = std::max(threshold, rows / 100);
+      previous = rows;
       continue;  // at least one catch-up round
     }
-    if (rows <= threshold || round + 1 >= options_.move_max_rounds) break;
+    // Small enough, or no longer shrinking (training changes the rows as
+    // fast as they are copied: more rounds would not help), or enough.
+    if (rows <= threshold || rows * 2 > previous ||
+        round + 1 >= options_.move_max_rounds) {
+      break;
+    }
+    previous = rows;
   }
   absl::MutexLock lock(&moves_mu_);
   move->last_mark = since;
@@ -910,13 +967,28 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   if (async) {
     push_gate_.WriterLock();
     push_gate_.WriterUnlock();
-  } else if (absl::Status s = clock_->WaitApplied(
-                 last_step, options_.consistency.step_timeout);
-             !s.ok()) {
-    ReleaseHold(hold);
-    return absl::Status(s.code(), absl::StrCat(
-        "hand-over of move ", request.move_id(), ": ", s.message(),
-        "; this server keeps the slots"));
+  } else {
+    // In slices, so that a shutdown does not wait for the step timeout.
+    const absl::Time give_up = absl::Now() + options_.consistency.step_timeout;
+    absl::Status s;
+    for (;;) {
+      const absl::Duration left = give_up - absl::Now();
+      s = clock_->WaitApplied(last_step,
+                              std::max(absl::ZeroDuration(),
+                                       std::min(left, absl::Milliseconds(200))));
+      if (!absl::IsDeadlineExceeded(s) || left <= absl::ZeroDuration()) break;
+      absl::MutexLock lock(&moves_mu_);
+      if (moves_stop_) {
+        s = absl::UnavailableError("shard server is shutting down");
+        break;
+      }
+    }
+    if (!s.ok()) {
+      ReleaseHold(hold);
+      return absl::Status(s.code(), absl::StrCat(
+          "hand-over of move ", request.move_id(), ": ", s.message(),
+          "; this server keeps the slots"));
+    }
   }
   std::shared_ptr<ShardPeer> link;
   {
@@ -961,8 +1033,11 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   set.set_self(self);
   const absl::flat_hash_set<Unit> handed(units.begin(), units.end());
   absl::Status installed = InstallMap(set, &handed);
-  if (installed.ok()) DropCopy(units);
+  // Held requests now get the stale-epoch error: release them before the
+  // drop (a compaction of the arena, about a memcpy of the moved rows).
   ReleaseHold(hold);
+  const double hold_seconds = absl::ToDoubleSeconds(absl::Now() - held_at);
+  if (installed.ok()) DropHandedOver(units);
   if (!installed.ok()) {
     return absl::InternalError(absl::StrCat(
         "move ", request.move_id(), ": the target owns the units at epoch ",
@@ -970,7 +1045,7 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
         installed.message()));
   }
   response->set_delta_rows(finished->delta_rows());
-  response->set_hold_seconds(absl::ToDoubleSeconds(absl::Now() - held_at));
+  response->set_hold_seconds(hold_seconds);
   return absl::OkStatus();
 }
 

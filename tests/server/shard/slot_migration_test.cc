@@ -395,6 +395,9 @@ TEST(SlotMigration, TargetKilledMidCopyLeavesTheSourceOwningAndServing) {
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919;
   std::vector<float> rows(ids.size() * kDim);
   ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  // Step 0 done: a hand-over waits for the steps whose lookups were served.
+  for (float& v : rows) v = 0.001f;
+  ASSERT_TRUE(client->PushGradients(0, {{{0, ids, rows.data()}}}).ok());
   const int64_t rows0 = TotalRows(cluster.address(0));
   const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 1);
   v1::MigrateInRequest in;
@@ -446,6 +449,35 @@ TEST(SlotMigration, TargetKilledMidCopyLeavesTheSourceOwningAndServing) {
   EXPECT_FALSE(h.ok());
   EXPECT_EQ(EpochOf(cluster.address(0)), 1u);
   EXPECT_EQ(TotalRows(cluster.address(0)), rows0);
+}
+
+TEST(SlotMigration, ATargetStopsPromptlyWhileCopying) {
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  std::vector<int64_t> ids(20000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i) * 7919;
+  std::vector<float> rows(ids.size() * kDim);
+  ASSERT_TRUE(client->Lookup(0, {{{0, ids, rows.data()}}}).ok());
+  v1::MigrateInRequest in;
+  in.set_move_id("stopping");
+  in.set_source(cluster.address(0));
+  for (uint32_t s : SlotsOf(cluster.map(), 0, 1)) in.add_slots(s);
+  in.set_max_bytes_per_second(16 << 10);  // minutes for these rows
+  grpc::Status copy_status;
+  std::thread copy([&] { copy_status = MigrateIn(cluster.address(1), in); });
+  ASSERT_TRUE(Eventually([&] {
+    for (const auto& m : ListMoves(cluster.address(1))) {
+      if (m.phase() == v1::MoveState::COPYING && m.rows() > 0) return true;
+    }
+    return false;
+  }));
+  const absl::Time start = absl::Now();
+  const absl::StatusOr<int> code = cluster.shard(1).Terminate(absl::Seconds(15));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  copy.join();
+  EXPECT_FALSE(copy_status.ok());
 }
 
 TEST(SlotMigration, HandOverRefusedByTheTargetKeepsTheSource) {
@@ -556,6 +588,63 @@ TEST(SlotMigration, BadMoveRequestsAreRefusedAndChangeNothing) {
   v1::SetShardMapResponse resp;
   EXPECT_EQ(Admin(cluster.address(0))->SetShardMap(&ctx, set, &resp).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Rows of the checkpoint file `server` writes for `step` (SaveRows, then
+// SaveRowsStatus until DONE).
+int64_t CheckpointRows(const std::string& server, uint64_t step,
+                       const std::string& path) {
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(20)));
+    v1::SaveRowsRequest request;
+    request.set_step(step);
+    request.set_path(path);
+    v1::SaveRowsResponse response;
+    const grpc::Status s = Admin(server)->SaveRows(&ctx, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (!s.ok()) return -1;
+  }
+  v1::SaveRowsStatusResponse status;
+  EXPECT_TRUE(Eventually([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    v1::SaveRowsStatusRequest request;
+    request.set_step(step);
+    return Admin(server)->SaveRowsStatus(&ctx, request, &status).ok() &&
+           status.state() == v1::SaveRowsStatusResponse::DONE;
+  }));
+  return status.file().rows();
+}
+
+TEST(SlotMigration, CheckpointsHoldOnlyTheUnitsOwnedAtTheCut) {
+  TempDir dir;
+  Cluster cluster(2, 1, "sync");
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 3; ++s) Step(*client, 0, s);
+  const int64_t rows0 = TotalRows(cluster.address(0));
+  const int64_t rows1 = TotalRows(cluster.address(1));
+  const std::vector<uint32_t> slots = SlotsOf(cluster.map(), 0, 1);
+  v1::MigrateInRequest in;
+  in.set_move_id("ck");
+  in.set_source(cluster.address(0));
+  for (uint32_t s : slots) in.add_slots(s);
+  v1::MigrateInResponse copied;
+  ASSERT_TRUE(MigrateIn(cluster.address(1), in, &copied).ok());
+  ASSERT_EQ(copied.rows(), rows0);
+  // The target holds server 0's rows as a copy: not in its file.
+  EXPECT_EQ(CheckpointRows(cluster.address(1), 3, dir.path() + "/a/shard-1.sst"), rows1);
+  EXPECT_EQ(CheckpointRows(cluster.address(0), 3, dir.path() + "/a/shard-0.sst"), rows0);
+  // After the hand-over the target's file has them, the source's not.
+  v1::HandOverRequest over;
+  over.set_move_id("ck");
+  over.set_target(cluster.address(1));
+  *over.mutable_new_map() = Moved(cluster.map(), slots, 1, 2);
+  ASSERT_TRUE(HandOver(cluster.address(0), over).ok());
+  Step(*client, 0, 3);
+  EXPECT_EQ(CheckpointRows(cluster.address(1), 4, dir.path() + "/b/shard-1.sst"),
+            TotalRows(cluster.address(1)));
+  EXPECT_EQ(CheckpointRows(cluster.address(0), 4, dir.path() + "/b/shard-0.sst"), 0);
 }
 
 // ---- Push parts, through raw requests ----

@@ -98,6 +98,41 @@ TEST(StepClock, RepeatedPushOfAStepIsIgnored) {
   EXPECT_EQ(applied.pushes[0][0].grads, std::vector<float>{1.0f});
 }
 
+TEST(StepClock, LatePartMergesWhileThePushIsPending) {
+  Applied applied;
+  StepClock clock(Sync(2), applied.Fn());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f}), 3).ok());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f}), 3).ok());   // retry
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {2}, {2.0f}), 4).ok());   // part 2
+  EXPECT_EQ(clock.Push(0, 0, OnePush(0, {2}, {5.0f}), 5).code(),   // id twice
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(clock.Push(1, 0, OnePush(0, {2, 1}, {20.0f, 10.0f}), 9).ok());
+  ASSERT_EQ(applied.pushes.size(), 1u);
+  // Per id: rank 0's gradient + rank 1's, each once.
+  const TableGradients& sum = applied.pushes[0][0];
+  ASSERT_EQ(sum.ids, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(sum.grads, (std::vector<float>{11.0f, 22.0f}));
+  // After the apply: a retry is still dropped, a new part refused.
+  EXPECT_TRUE(clock.Push(0, 0, OnePush(0, {2}, {2.0f}), 4).ok());
+  EXPECT_EQ(clock.Push(0, 0, OnePush(0, {3}, {2.0f}), 6).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(applied.pushes.size(), 1u);
+}
+
+TEST(StepClock, AsyncAppliesEachPartOnceAndWaitAppliedReturns) {
+  Applied applied;
+  ConsistencyOptions o;
+  o.mode = ConsistencyMode::kAsync;
+  StepClock clock(o, applied.Fn());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f}), 3).ok());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f}), 3).ok());
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {2}, {1.0f}), 4).ok());
+  EXPECT_EQ(applied.pushes.size(), 2u);
+  EXPECT_TRUE(clock.WaitApplied(0, absl::Seconds(1)).ok());
+  EXPECT_EQ(clock.WaitApplied(5, absl::Milliseconds(60)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(StepClock, BoundedLetsLookupsRunAheadByTheStaleness) {
   Applied applied;
   ConsistencyOptions o = Sync(1);
