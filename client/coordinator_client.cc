@@ -223,6 +223,29 @@ absl::StatusOr<v1::ListCheckpointsResponse> CoordinatorClient::ListCheckpoints()
   return response;
 }
 
+absl::StatusOr<v1::PlanRebalanceResponse> CoordinatorClient::PlanRebalance(
+    const v1::PlanRebalanceRequest& request) {
+  v1::PlanRebalanceResponse response;
+  RETURN_IF_ERROR(CallWithRetry("PlanRebalance", &v1::Coordinator::Stub::PlanRebalance,
+                                request, &response));
+  return response;
+}
+
+absl::StatusOr<v1::ApplyRebalanceResponse> CoordinatorClient::ApplyRebalance(
+    const v1::ApplyRebalanceRequest& request) {
+  v1::ApplyRebalanceResponse response;
+  RETURN_IF_ERROR(CallOnce("ApplyRebalance", &v1::Coordinator::Stub::ApplyRebalance,
+                           request, &response));
+  return response;
+}
+
+absl::StatusOr<v1::ListRebalanceMovesResponse> CoordinatorClient::ListMoves() {
+  v1::ListRebalanceMovesResponse response;
+  RETURN_IF_ERROR(CallWithRetry("ListMoves", &v1::Coordinator::Stub::ListMoves,
+                                v1::ListRebalanceMovesRequest(), &response));
+  return response;
+}
+
 absl::StatusOr<v1::GetResumeStateResponse> CoordinatorClient::GetResumeState(
     int32_t rank, absl::Duration wait) {
   v1::GetResumeStateRequest request;

@@ -87,6 +87,13 @@ class CoordinatorClient {
   absl::StatusOr<v1::RequestCheckpointResponse> RequestCheckpoint(
       const std::string& reason);
   absl::StatusOr<v1::ListCheckpointsResponse> ListCheckpoints();
+  // Admin, rebalancing: a plan from the servers' live load; carrying one
+  // out (sent once: a retry could start it twice); the moves.
+  absl::StatusOr<v1::PlanRebalanceResponse> PlanRebalance(
+      const v1::PlanRebalanceRequest& request);
+  absl::StatusOr<v1::ApplyRebalanceResponse> ApplyRebalance(
+      const v1::ApplyRebalanceRequest& request);
+  absl::StatusOr<v1::ListRebalanceMovesResponse> ListMoves();
   // Where rank `rank` resumes (resume=false: a fresh run). Waits up to
   // `wait` while the shard servers are still restoring (UNAVAILABLE). The
   // dense state may be large: it comes over a channel without gRPC's 4 MiB

@@ -87,6 +87,15 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
   {
     grpc::ClientContext ctx;
     rpc::SetTimeout(options_.rpc_timeout, &ctx);
+    v1::ListRebalanceMovesResponse moves;
+    // An older coordinator answers UNIMPLEMENTED: no moves shown.
+    if (stub->ListMoves(&ctx, v1::ListRebalanceMovesRequest(), &moves).ok()) {
+      snapshot->moves = std::move(moves);
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    rpc::SetTimeout(options_.rpc_timeout, &ctx);
     v1::GetCoordinatorShardMapResponse map;
     grpc::Status s =
         stub->GetShardMap(&ctx, v1::GetCoordinatorShardMapRequest(), &map);

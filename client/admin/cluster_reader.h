@@ -38,6 +38,9 @@ struct ClusterSnapshot {
   std::string coordinator;
   // From the coordinator; nullopt when servers were asked directly.
   std::optional<v1::ListMembersResponse> members;
+  // The coordinator's slot moves (nullopt: asked servers directly, or the
+  // coordinator does not serve ListMoves).
+  std::optional<v1::ListRebalanceMovesResponse> moves;
   // The current map (epoch 0 when there is none yet; `map_error` says why).
   v1::ShardMap map;
   std::string map_error;

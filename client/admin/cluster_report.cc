@@ -270,6 +270,17 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
                                     ExpiredProblem(m, after.taken)));
     }
   }
+  if (after.moves.has_value()) {
+    for (const v1::MoveRecord& r : after.moves->moves()) {
+      if (r.state() == v1::MoveRecord::DONE || r.state() == v1::MoveRecord::ABORTED ||
+          r.state() == v1::MoveRecord::FAILED) {
+        continue;
+      }
+      *out.add_moves_in_flight() = r;
+    }
+    out.set_rebalance_running(after.moves->running());
+    out.set_last_rebalance(after.moves->last_outcome());
+  }
   bool healthy = out.problems().empty();
   for (const v1::ServerStatus& s : out.servers())
     healthy &= s.problems().empty();

@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "client/admin/checkpoint_commands.h"
 #include "client/admin/checkpoint_file_commands.h"
+#include "client/admin/rebalance_commands.h"
 #include "client/admin/cluster_reader.h"
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
@@ -175,6 +176,61 @@ cluster.
 state and manifest), rows, age and reason of every complete checkpoint in the
 job's training.checkpoint.dir, oldest first; then the checkpoint being
 written, the step this run was restored from, and the last error. Needs
+--coordinator.
+)",
+       {},
+       0,
+       0},
+      {"rebalance",
+       "recpsctl rebalance [--max_bytes=BYTES] [--max_moves=N] [--apply] "
+       "[--max_bytes_per_second=BYTES] [--json]",
+       "plan (and with --apply carry out) slot moves that even out rows and load",
+       R"(Asks the coordinator for a rebalance plan from the shard servers' live
+load (per-slot rows, bytes, lookup and update rates): which slots and whole
+tables (table-wise tables, column groups) move where, the bytes to move, the
+max/mean imbalance of rows, bytes and load before and after, and the
+estimated time. Shard servers that registered after the map was built own
+nothing yet: the plan gives them their share. Nothing moves without --apply;
+with it the coordinator carries the plan out while training goes on (copy,
+then a short hand-over at a step boundary, one new shard map epoch per move)
+and recpsctl waits, with a progress bar on stderr, then lists the moves.
+  --max_bytes=BYTES   move at most this many bytes of rows (64GiB, 1e9, ...)
+  --max_moves=N       move at most N slots and whole tables
+  --max_bytes_per_second=BYTES  bandwidth of the copies together
+                      (default: the coordinator's --move_max_bytes_per_second)
+  --timeout=DURATION  with --apply: how long to wait (default 1h; the
+                      rebalance goes on after recpsctl gives up)
+Exits 1 when the coordinator refuses (a rebalance already runs, the map
+changed since the plan) or cannot plan (a server does not answer), or when a
+move was rolled back. Needs --coordinator.
+)",
+       {{"max_bytes", true}, {"max_moves", true}, {"apply", false},
+        {"max_bytes_per_second", true}},
+       0,
+       0},
+      {"drain",
+       "recpsctl drain SERVER [--max_bytes=BYTES] [--max_moves=N] [--apply] [--json]",
+       "plan (and with --apply carry out) moving every slot off SERVER",
+       R"(A rebalance plan that moves every slot and whole table off SERVER (its
+address as in the shard map) to the other servers, evenly by bytes and load,
+so SERVER can be stopped once the moves are done (it stays in the map's
+server list, owning nothing). Refused: a server not in the map, the last
+server. Flags as for rebalance. Needs --coordinator.
+)",
+       {{"max_bytes", true}, {"max_moves", true}, {"apply", false},
+        {"max_bytes_per_second", true}},
+       1,
+       1},
+      {"moves",
+       "recpsctl moves [--json]",
+       "slot moves in flight and done",
+       R"(Every slot move the coordinator keeps (the last --max_kept_moves):
+its id, state (pending, copying, copied, handing over, done, aborted,
+failed), source, target, slots and tables, bytes, the shard map epoch that
+gave them to the target, and how it ended (copy time, rows sent at the
+hand-over, how long the slots were held; or the error, or how a move left
+in flight by a coordinator restart was resolved). Then the rebalance
+running, the last one's outcome and the measured move rate. Needs
 --coordinator.
 )",
        {},
@@ -562,6 +618,69 @@ int RunCheckpointCommand(const ParsedArgs& parsed) {
   return RunCheckpointList(options, std::cout, std::cerr);
 }
 
+absl::StatusOr<int64_t> ParseBytes(const std::string& text);
+
+int RunRebalanceCommand(const ParsedArgs& parsed) {
+  if (!parsed.servers.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "rebalancing is the coordinator's: give "
+                                   "--coordinator, not --server"));
+  }
+  RebalanceCommandOptions options;
+  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
+    options.coordinator = it->second;
+  } else if (const char* env = std::getenv("RECPS_COORDINATOR"); env != nullptr) {
+    options.coordinator = env;
+  }
+  if (options.coordinator.empty()) {
+    return UsageError(&parsed, absl::InvalidArgumentError(
+                                   "where is the coordinator? Give "
+                                   "--coordinator=HOST:PORT (or set RECPS_COORDINATOR)"));
+  }
+  if (absl::Status s = CheckAddressFlag("--coordinator", options.coordinator); !s.ok()) {
+    return UsageError(&parsed, s);
+  }
+  options.json = BoolFlag(parsed, "json");
+  options.apply = BoolFlag(parsed, "apply");
+  auto bytes_flag = [&](const char* name, int64_t* out) -> absl::Status {
+    auto it = parsed.flags.find(name);
+    if (it == parsed.flags.end()) return absl::OkStatus();
+    absl::StatusOr<int64_t> v = ParseBytes(it->second);
+    if (!v.ok() || *v < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, "=", it->second, ": expected bytes >= 0 (64GiB, 512MiB, 1e9, 4096)"));
+    }
+    *out = *v;
+    return absl::OkStatus();
+  };
+  if (absl::Status s = bytes_flag("max_bytes", &options.max_bytes); !s.ok()) {
+    return UsageError(&parsed, s);
+  }
+  if (absl::Status s = bytes_flag("max_bytes_per_second", &options.max_bytes_per_second);
+      !s.ok()) {
+    return UsageError(&parsed, s);
+  }
+  if (auto it = parsed.flags.find("max_moves"); it != parsed.flags.end()) {
+    if (!absl::SimpleAtoi(it->second, &options.max_moves) || options.max_moves < 0) {
+      return UsageError(&parsed, absl::InvalidArgumentError(absl::StrCat(
+                                     "--max_moves=", it->second,
+                                     ": expected a count >= 0 (0: no bound)")));
+    }
+  }
+  absl::StatusOr<absl::Duration> timeout =
+      DurationFlag(parsed, "timeout", options.apply ? absl::Hours(1) : absl::Seconds(30));
+  if (!timeout.ok()) return UsageError(&parsed, timeout.status());
+  if (options.apply) {
+    options.wait_timeout = *timeout;
+    options.rpc_timeout = std::min(*timeout, absl::Seconds(30));
+  } else {
+    options.rpc_timeout = *timeout;
+  }
+  if (parsed.command->name == "drain") options.drain.push_back(parsed.args[0]);
+  if (parsed.command->name == "moves") return RunMoves(options, std::cout, std::cerr);
+  return RunRebalance(options, std::cout, std::cerr);
+}
+
 int RunClusterCommand(const ParsedArgs& parsed) {
   absl::StatusOr<std::unique_ptr<ClusterReader>> reader = ReaderFromFlags(parsed);
   if (!reader.ok()) return UsageError(&parsed, reader.status());
@@ -817,6 +936,10 @@ int Main(int argc, char** argv) {
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   if (parsed->command->name == "members") return RunMembers(*parsed);
+  if (parsed->command->name == "rebalance" || parsed->command->name == "drain" ||
+      parsed->command->name == "moves") {
+    return RunRebalanceCommand(*parsed);
+  }
   if (parsed->command->name == "checkpoint" || parsed->command->name == "checkpoints") {
     return RunCheckpointCommand(*parsed);
   }

@@ -193,6 +193,21 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
     out += "\n" + members.Render();
   }
 
+  if (!status.moves_in_flight().empty() || !status.rebalance_running().empty()) {
+    out += absl::StrCat("\nrebalance ",
+                        status.rebalance_running().empty() ? "(none running)"
+                                                           : status.rebalance_running(),
+                        ": ", status.moves_in_flight_size(), " move(s) in flight\n");
+    TextTable moves({"MOVE", "STATE", "SOURCE", "TARGET", "SLOTS", "TABLES"});
+    for (const v1::MoveRecord& r : status.moves_in_flight()) {
+      moves.AddRow({r.move_id(), v1::MoveRecord::State_Name(r.state()), r.source(),
+                    r.target(), absl::StrCat(r.slots_size()), absl::StrCat(r.tables_size())});
+    }
+    out += moves.Render();
+  } else if (!status.last_rebalance().empty()) {
+    out += absl::StrCat("\nlast rebalance: ", status.last_rebalance(), "\n");
+  }
+
   if (problems > 0) {
     out += "\nproblems:\n";
     for (const std::string& p : status.problems())

@@ -28,9 +28,40 @@
 #include "server/coordinator/coordinator_store.h"
 
 namespace recps::server {
+
+std::vector<std::string> CheckpointLayout(const v1::ShardMap& map) {
+  std::vector<std::string> out(map.servers().begin(), map.servers().end());
+  v1::ShardMap owners;
+  *owners.mutable_slot_owner() = map.slot_owner();
+  *owners.mutable_tables() = map.tables();
+  out.push_back(absl::StrCat("owners:", owners.SerializeAsString()));
+  return out;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
+
+// Per server of `map`: whether it owns any slot, table or column group. A
+// server that owns nothing (drained, or listed for a move that failed) has
+// no rows to save and may be stopped: it is not asked.
+std::vector<bool> OwnsRows(const v1::ShardMap& map) {
+  std::vector<bool> owns(map.servers_size(), false);
+  auto mark = [&](uint32_t i) {
+    if (i < owns.size()) owns[i] = true;
+  };
+  for (uint32_t o : map.slot_owner()) mark(o);
+  for (const v1::TableRouting& t : map.tables()) {
+    if (t.column_groups_size() > 0) {
+      for (const v1::ColumnGroupRouting& g : t.column_groups()) mark(g.owner());
+    } else if (t.slot_owner_size() > 0) {
+      for (uint32_t o : t.slot_owner()) mark(o);
+    } else {
+      mark(t.owner());
+    }
+  }
+  return owns;
+}
 namespace ckpt = checkpoint;
 
 constexpr char kRequestIdKey[] = "checkpoint/request_id";
@@ -415,6 +446,9 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   };
   absl::StatusOr<v1::JobConfig> job = CheckpointJob();
   if (!job.ok()) return fail(job.status());
+  // No slot changes owner between reading the map and every snapshot.
+  std::optional<Coordinator::MapChangeGuard> no_hand_over;
+  no_hand_over.emplace(coordinator_, Coordinator::MapChangeGuard::kSnapshot);
   absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
   if (!map.ok()) return fail(map.status());
   const v1::CheckpointConfig& config = job->training().checkpoint();
@@ -438,7 +472,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
     return fail(ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory",
                                   step_dir));
   }
-  std::vector<std::string> servers(map->servers().begin(), map->servers().end());
+  const std::vector<std::string> servers = CheckpointLayout(*map);
   bool incremental = false;
   uint64_t base_step = 0, full_step = step;
   int increments = 0;
@@ -460,6 +494,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
       !s.ok()) {
     return fail(s);
   }
+  no_hand_over.reset();
   v1::CheckpointFile dense;
   if (!cut.dense_state.empty()) {
     const std::string path = JoinPath(step_dir, kDenseName);
@@ -539,11 +574,16 @@ absl::Status CheckpointOrchestrator::SnapshotAll(
     uint64_t step, bool incremental, uint64_t base_step, const std::string& digest,
     int64_t* rows_total) {
   const int n = map.servers_size();
+  const std::vector<bool> owns = OwnsRows(map);
   std::vector<absl::StatusOr<v1::SaveRowsResponse>> results(
       n, absl::UnknownError("not called"));
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int i = 0; i < n; ++i) {
+    if (!owns[i]) {
+      results[i] = v1::SaveRowsResponse();
+      continue;
+    }
     v1::SaveRowsRequest request;
     request.set_step(step);
     request.set_path(JoinPath(step_dir, absl::StrFormat("shard-%05d.sst", i)));
@@ -592,6 +632,7 @@ absl::Status CheckpointOrchestrator::SnapshotAll(
 absl::StatusOr<std::vector<v1::CheckpointFile>> CheckpointOrchestrator::AwaitFiles(
     const v1::ShardMap& map, uint64_t step) {
   const int n = map.servers_size();
+  const std::vector<bool> owns = OwnsRows(map);
   std::vector<std::optional<v1::CheckpointFile>> files(n);
   std::vector<absl::Time> last_answer(n, absl::Now());
   const absl::Time deadline = absl::Now() + options_.write_timeout;
@@ -601,6 +642,10 @@ absl::StatusOr<std::vector<v1::CheckpointFile>> CheckpointOrchestrator::AwaitFil
     int done = 0;
     int64_t rows_written = 0;
     for (int i = 0; i < n; ++i) {
+      if (!owns[i]) {
+        ++done;  // nothing to save
+        continue;
+      }
       if (files[i].has_value()) {
         ++done;
         rows_written += files[i]->rows();
@@ -659,7 +704,9 @@ absl::StatusOr<std::vector<v1::CheckpointFile>> CheckpointOrchestrator::AwaitFil
   }
   std::vector<v1::CheckpointFile> out;
   out.reserve(n);
-  for (auto& f : files) out.push_back(*std::move(f));
+  for (auto& f : files) {
+    if (f.has_value()) out.push_back(*std::move(f));
+  }
   return out;
 }
 

@@ -69,6 +69,11 @@ class ShardCheckpointRpc {
 // ShardAdmin over rpc::MakeChannel (kControl channels).
 std::unique_ptr<ShardCheckpointRpc> MakeGrpcShardCheckpointRpc();
 
+// What an incremental checkpoint's base must share with it: the servers, in
+// order, and who owns which slots and tables (after a slot move a server's
+// own snapshot no longer covers its slots, so the next checkpoint is full).
+std::vector<std::string> CheckpointLayout(const v1::ShardMap& map);
+
 struct CheckpointOrchestratorOptions {
   // --restore: empty: a fresh run; "latest": the newest complete checkpoint
   // under training.checkpoint.dir; "DIR": the newest under DIR (a
@@ -213,8 +218,9 @@ class CheckpointOrchestrator {
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   std::string request_reason_ ABSL_GUARDED_BY(mu_);
   // The base of the next incremental checkpoint: the last complete one of
-  // this process (or the restored one), its chain's full step, the servers
-  // that took or restored it, and the increments since the full one.
+  // this process (or the restored one), its chain's full step, the
+  // CheckpointLayout of the map that took or restored it, and the
+  // increments since the full one.
   // base_servers_ empty: the next checkpoint is full.
   uint64_t base_step_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t full_step_ ABSL_GUARDED_BY(mu_) = 0;

@@ -275,7 +275,7 @@ void CheckpointOrchestrator::RunRestore() {
   absl::MutexLock lock(&mu_);
   restored_ = true;
   // Increments chain to the restored checkpoint only within the same root.
-  if (same_root) base_servers_.assign(map.servers().begin(), map.servers().end());
+  if (same_root) base_servers_ = CheckpointLayout(map);
 }
 
 absl::StatusOr<v1::GetResumeStateResponse> CheckpointOrchestrator::ResumeState(

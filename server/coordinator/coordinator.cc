@@ -123,6 +123,8 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
   c->checkpoints_ = std::make_unique<CheckpointOrchestrator>(
       c.get(), c->store_.get(), c->options_.checkpoint, c->options_.world_size,
       c->options_.clock, registry);
+  c->moves_ = std::make_unique<MoveOrchestrator>(c.get(), c->store_.get(), c->options_.moves,
+                                                 c->options_.clock, registry);
   return c;
 }
 
@@ -133,6 +135,7 @@ Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
 }
 
 Coordinator::~Coordinator() {
+  moves_.reset();
   checkpoints_.reset();
   CancelWaits(absl::CancelledError("coordinator closed"));
 }
@@ -670,6 +673,23 @@ absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
           absl::StrJoin(parsed.servers(), ", "));
   deferred.Run(this);
   return absl::OkStatus();
+}
+
+Coordinator::MapChangeGuard::MapChangeGuard(Coordinator* c, Kind kind)
+    : c_(c), kind_(kind) {
+  absl::MutexLock lock(&c_->gate_mu_);
+  const int other = kind == kHandOver ? kSnapshot : kHandOver;
+  auto clear = [this, other] {
+    c_->gate_mu_.AssertHeld();
+    return c_->gate_holders_[other] == 0;
+  };
+  c_->gate_mu_.Await(absl::Condition(&clear));
+  ++c_->gate_holders_[kind];
+}
+
+Coordinator::MapChangeGuard::~MapChangeGuard() {
+  absl::MutexLock lock(&c_->gate_mu_);
+  --c_->gate_holders_[kind_];
 }
 
 uint64_t Coordinator::shard_map_epoch() const {

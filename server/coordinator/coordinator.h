@@ -31,6 +31,7 @@
 #include "recps/v1/coordinator.pb.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
 #include "server/coordinator/coordinator_store.h"
+#include "server/coordinator/move_orchestrator.h"
 
 namespace prometheus {
 class Registry;
@@ -72,6 +73,8 @@ struct CoordinatorOptions {
   // (checkpoint_orchestrator.h). The checkpoint directory and policy come
   // from the job's training.checkpoint.
   CheckpointOrchestratorOptions checkpoint;
+  // Rebalancing: slot moves between shard servers (move_orchestrator.h).
+  MoveOrchestratorOptions moves;
 };
 
 // OK when `address` is host:port with port 1..65535 and host a DNS name,
@@ -117,6 +120,23 @@ class Coordinator {
 
   // Checkpoint cuts, requests, the listing and --restore.
   CheckpointOrchestrator& checkpoints() { return *checkpoints_; }
+  // Hand-overs of slot moves and checkpoint snapshots exclude each other,
+  // so a checkpoint never sees a moving slot on both servers or on neither.
+  // While one holds a MapChangeGuard of its kind, the other kind waits.
+  class MapChangeGuard {
+   public:
+    enum Kind { kHandOver, kSnapshot };
+    MapChangeGuard(Coordinator* c, Kind kind);
+    ~MapChangeGuard();
+    MapChangeGuard(const MapChangeGuard&) = delete;
+    MapChangeGuard& operator=(const MapChangeGuard&) = delete;
+
+   private:
+    Coordinator* const c_;
+    const Kind kind_;
+  };
+  // Rebalance plans and slot moves; call moves().Start() before serving.
+  MoveOrchestrator& moves() { return *moves_; }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
@@ -260,6 +280,7 @@ class Coordinator {
   std::unique_ptr<Metrics> metrics_;
   // Created last, destroyed first (it calls into the coordinator).
   std::unique_ptr<CheckpointOrchestrator> checkpoints_;
+  std::unique_ptr<MoveOrchestrator> moves_;
 
   mutable absl::Mutex mu_;
   // By member id; ordered by MemberRecord.sequence when listed.
@@ -289,6 +310,10 @@ class Coordinator {
   std::string plan_error_ ABSL_GUARDED_BY(mu_);
   // The latest refused push per server address (only servers of a map).
   std::map<std::string, v1::MapPushRefusal> push_refusals_ ABSL_GUARDED_BY(mu_);
+
+  // MapChangeGuard holders of each kind.
+  absl::Mutex gate_mu_;
+  int gate_holders_[2] ABSL_GUARDED_BY(gate_mu_) = {0, 0};
 
   // Separate from mu_ so watchers run outside it, and Unwatch can wait for
   // a delivery in progress.

@@ -109,6 +109,28 @@ ABSL_FLAG(int64_t, max_dense_state_bytes, int64_t{1} << 30,
           "largest dense state (model and optimizer state) a worker may send "
           "at a checkpoint cut, in bytes (default 1 GiB); sets the gRPC "
           "receive limit with --max_kv_value_bytes");
+ABSL_FLAG(int, max_parallel_moves, 4,
+          "rebalancing: slot moves copying at once (each a MigrateIn on its "
+          "target); hand-overs still run one at a time");
+ABSL_FLAG(int64_t, move_max_bytes_per_second, 0,
+          "rebalancing: bandwidth of all copies together, bytes/s, shared "
+          "evenly by the copies running (0: no limit); ApplyRebalance may "
+          "give its own");
+ABSL_FLAG(double, move_rate_estimate, 100e6,
+          "rebalancing: bytes/s a plan's time estimate assumes until this "
+          "coordinator measured finished moves");
+ABSL_FLAG(absl::Duration, move_copy_timeout, absl::Minutes(30),
+          "rebalancing: deadline of one move's copy (MigrateIn); a copy that "
+          "takes longer is rolled back");
+ABSL_FLAG(absl::Duration, move_handover_timeout, absl::Minutes(2),
+          "rebalancing: deadline of one hand-over (HandOver on the source)");
+ABSL_FLAG(bool, auto_rebalance_new_servers, false,
+          "rebalancing: when a shard server registers that is not in the "
+          "shard map (it joined late), plan and apply a rebalance onto it "
+          "(as `recpsctl rebalance --apply`)");
+ABSL_FLAG(int, max_kept_moves, 1000,
+          "rebalancing: finished moves kept in the state and listed by "
+          "`recpsctl moves` (the oldest are dropped)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -164,6 +186,19 @@ int Run() {
   options.checkpoint.restore = absl::GetFlag(FLAGS_restore);
   options.checkpoint.cut_timeout = absl::GetFlag(FLAGS_checkpoint_cut_timeout);
   options.checkpoint.write_timeout = absl::GetFlag(FLAGS_checkpoint_write_timeout);
+  options.moves.max_parallel_copies = absl::GetFlag(FLAGS_max_parallel_moves);
+  options.moves.max_bytes_per_second = absl::GetFlag(FLAGS_move_max_bytes_per_second);
+  options.moves.move_rate_estimate = absl::GetFlag(FLAGS_move_rate_estimate);
+  options.moves.copy_timeout = absl::GetFlag(FLAGS_move_copy_timeout);
+  options.moves.handover_timeout = absl::GetFlag(FLAGS_move_handover_timeout);
+  options.moves.auto_rebalance_new_servers = absl::GetFlag(FLAGS_auto_rebalance_new_servers);
+  options.moves.max_kept_moves = absl::GetFlag(FLAGS_max_kept_moves);
+  if (options.moves.max_parallel_copies < 1 || options.moves.max_bytes_per_second < 0 ||
+      options.moves.move_rate_estimate <= 0 || options.moves.max_kept_moves < 1) {
+    LogError("--max_parallel_moves and --max_kept_moves must be >= 1, "
+             "--move_max_bytes_per_second >= 0, --move_rate_estimate > 0");
+    return 2;
+  }
   const int64_t max_dense_state_bytes = absl::GetFlag(FLAGS_max_dense_state_bytes);
   if (max_dense_state_bytes < 0) {
     LogError("--max_dense_state_bytes must be >= 0");
@@ -223,6 +258,13 @@ int Run() {
       ->SetMapPusher([&pusher](const std::string& address, const v1::ShardMap& map) {
         pusher.Push(address, map);
       });
+
+  // After the pusher is set: resolving a move left in flight may install
+  // a map, which must reach the servers.
+  if (absl::Status s = (*coordinator)->moves().Start(); !s.ok()) {
+    LogError(s.message());
+    return 2;
+  }
 
   std::unique_ptr<prometheus::Exposer> exposer;
   int metrics_port = 0;

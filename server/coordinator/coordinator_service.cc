@@ -322,6 +322,37 @@ grpc::ServerUnaryReactor* CoordinatorService::GetResumeState(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::PlanRebalance(
+    grpc::CallbackServerContext* context, const v1::PlanRebalanceRequest* request,
+    v1::PlanRebalanceResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // An admin call, rare: it waits here for the servers' stats (bounded by
+  // the move RPC timeout), in parallel.
+  absl::StatusOr<v1::PlanRebalanceResponse> r = coordinator_->moves().Plan(*request);
+  if (r.ok()) *response = *std::move(r);
+  Finish("PlanRebalance", reactor, r.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ApplyRebalance(
+    grpc::CallbackServerContext* context, const v1::ApplyRebalanceRequest* request,
+    v1::ApplyRebalanceResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<v1::ApplyRebalanceResponse> r = coordinator_->moves().Apply(*request);
+  if (r.ok()) *response = *std::move(r);
+  Finish("ApplyRebalance", reactor, r.status());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ListMoves(
+    grpc::CallbackServerContext* context, const v1::ListRebalanceMovesRequest*,
+    v1::ListRebalanceMovesResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  *response = coordinator_->moves().List();
+  Finish("ListMoves", reactor, absl::OkStatus());
+  return reactor;
+}
+
 // --- ShardMapPusher ---------------------------------------------------------
 
 ShardMapPusher::ShardMapPusher(ResultFn on_result)

@@ -94,6 +94,16 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetResumeState(
       grpc::CallbackServerContext* context, const v1::GetResumeStateRequest* request,
       v1::GetResumeStateResponse* response) override;
+  // Rebalancing: adapters over Coordinator::moves().
+  grpc::ServerUnaryReactor* PlanRebalance(grpc::CallbackServerContext* context,
+                                          const v1::PlanRebalanceRequest* request,
+                                          v1::PlanRebalanceResponse* response) override;
+  grpc::ServerUnaryReactor* ApplyRebalance(grpc::CallbackServerContext* context,
+                                           const v1::ApplyRebalanceRequest* request,
+                                           v1::ApplyRebalanceResponse* response) override;
+  grpc::ServerUnaryReactor* ListMoves(grpc::CallbackServerContext* context,
+                                      const v1::ListRebalanceMovesRequest* request,
+                                      v1::ListRebalanceMovesResponse* response) override;
 
  private:
   friend class WatchReactor;

@@ -303,6 +303,42 @@ TEST_F(CheckpointOrchestratorTest, IncrementalChainsToThePreviousAndFullEveryN) 
                                  std::pair<int, uint64_t>{v1::CHECKPOINT_KIND_FULL, 0}));
 }
 
+// Rebalancing: after a slot move the next checkpoint is full (a server's
+// own snapshot no longer covers its slots), and a server that owns nothing
+// (drained, or listed for a move that failed) is not asked for rows.
+TEST_F(CheckpointOrchestratorTest, AfterASlotMoveFullAndServersOwningNothingSkipped) {
+  v1::JobConfig job = Job(root_);
+  job.mutable_training()->mutable_checkpoint()->set_incremental(true);
+  job.mutable_training()->mutable_checkpoint()->set_keep_last(10);
+  auto c = Open(job);
+  ASSERT_TRUE(CutAll(*c, 10).ok());
+  ASSERT_TRUE(CutAll(*c, 20).ok());  // incremental
+  // Slot 0 moves to the other server (same servers).
+  v1::ShardMap map = *c->GetShardMap();
+  map.set_epoch(2);
+  map.set_slot_owner(0, map.slot_owner(0) == 0 ? 1 : 0);
+  ASSERT_TRUE(c->SetShardMap(map).ok());
+  ASSERT_TRUE(CutAll(*c, 30).ok());
+  ASSERT_TRUE(CutAll(*c, 40).ok());
+  // A third server listed, owning nothing.
+  map.set_epoch(3);
+  map.add_servers("10.0.0.3:1");
+  ASSERT_TRUE(c->SetShardMap(map).ok());
+  ASSERT_TRUE(CutAll(*c, 50).ok());
+  std::vector<int> kinds;
+  for (uint64_t step : {10, 20, 30, 40, 50}) {
+    auto m = ckpt::ReadManifest(root_ + "/" + ckpt::CheckpointDirName(step));
+    ASSERT_TRUE(m.ok()) << m.status();
+    kinds.push_back(m->kind());
+    EXPECT_EQ(m->files_size(), 2) << step;
+  }
+  EXPECT_THAT(kinds, ElementsAre(v1::CHECKPOINT_KIND_FULL, v1::CHECKPOINT_KIND_INCREMENTAL,
+                                 v1::CHECKPOINT_KIND_FULL, v1::CHECKPOINT_KIND_INCREMENTAL,
+                                 v1::CHECKPOINT_KIND_FULL));
+  absl::MutexLock lock(&shards_->mu);
+  for (const auto& [address, save] : shards_->saves) EXPECT_NE(address, "10.0.0.3:1");
+}
+
 TEST_F(CheckpointOrchestratorTest, RefusedIncrementalFailsAndTheNextOneIsFull) {
   v1::JobConfig job = Job(root_);
   job.mutable_training()->mutable_checkpoint()->set_incremental(true);
