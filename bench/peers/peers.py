@@ -191,7 +191,8 @@ def run_torch(a, cfg, d, system, world, steps, warm):
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     cmd = [sys.executable, os.path.join(HERE, "torch_dlrm.py"), f"--system={system}",
-           f"--world={world}", f"--spec={spec_path}", f"--out={out}"]
+           f"--world={world}", f"--spec={spec_path}", f"--out={out}",
+           f"--threads={a.torch_threads}"]
     rc, peak = run_tree(cmd, os.path.join(out_dir, "log.txt"), a.timeout)
     if rc != 0 or not os.path.exists(out):
         return {"error": f"rc {rc}, see {out_dir}/log.txt"}
@@ -242,6 +243,8 @@ def main():
     p.add_argument("--data_dir", default="", help="where datasets go (default build/peers-data)")
     p.add_argument("--build_dir", default="build")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--torch_threads", type=int, default=0,
+                   help="intra-op threads per PyTorch/TorchRec process (0: CPUs / world size)")
     p.add_argument("--json", default="", help="also write every measurement here")
     a = p.parse_args()
     if a.quick:
@@ -284,35 +287,41 @@ def main():
             for s in order:
                 t0 = time.time()
                 m = run_system(a, c, dirs[c], s, steps_of[c], a.warmup)
+                # The machine's 1-minute load average as the run ends: on a
+                # shared machine it says how much the numbers are worth.
+                m["load"] = os.getloadavg()[0]
                 results[c][s].append(m)
                 msg = m.get("error") or (f"{m['sps']:.0f} samples/s, AUC {m['auc']:.4f}, "
-                                         f"peak {m['peak'] / 2**30:.2f} GiB")
+                                         f"peak {m['peak'] / 2**30:.2f} GiB, "
+                                         f"load {m['load']:.1f}")
                 print(f"# round {r + 1} {c} {s}: {msg} ({time.time() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
 
     print(f"\nsamples/s median (min-max) over {a.rounds} round(s); AUC on "
           f"{a.eval_lines} held-out lines; peak = sum of the job's process RSS peaks")
-    hdr = f"| config | system | samples/s | min | max | AUC | peak GiB |"
-    print(hdr)
-    print("|" + "---|" * 7)
+    print(f"machine: {os.cpu_count()} CPUs; load = 1-minute load average at the end of "
+          f"each run (median)")
+    print("| config | system | samples/s | min | max | AUC | peak GiB | load |")
+    print("|" + "---|" * 8)
     for c in configs:
         best_peer, best_peer_name = 0.0, ""
         med = {}
         for s in systems:
             ok = [m for m in results[c][s] if "error" not in m]
             if not ok:
-                print(f"| {c} | {s} | failed: {results[c][s][-1].get('error')} | | | | |")
+                print(f"| {c} | {s} | failed: {results[c][s][-1].get('error')} | | | | | |")
                 continue
             sps = [m["sps"] for m in ok]
             med[s] = statistics.median(sps)
             print(f"| {c} | {s} | {med[s]:.0f} | {min(sps):.0f} | {max(sps):.0f} | "
                   f"{statistics.median(m['auc'] for m in ok):.4f} | "
-                  f"{max(m['peak'] for m in ok) / 2**30:.2f} |")
+                  f"{max(m['peak'] for m in ok) / 2**30:.2f} | "
+                  f"{statistics.median(m['load'] for m in ok):.1f} |")
             if not s.startswith("recps") and med[s] > best_peer:
                 best_peer, best_peer_name = med[s], s
         for s in systems:
             if s.startswith("recps") and s in med and best_peer > 0:
-                print(f"|  | {s} / {best_peer_name} | {med[s] / best_peer:.2f}x | | | | |")
+                print(f"|  | {s} / {best_peer_name} | {med[s] / best_peer:.2f}x | | | | | |")
     for c in configs:
         for s in systems:
             ok = [m for m in results[c][s] if "split" in m]
