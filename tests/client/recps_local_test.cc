@@ -169,6 +169,33 @@ TEST_P(RecpsLocalWire, TrainsWithLowerPrecisionOnTheWire) {
 
 INSTANTIATE_TEST_SUITE_P(Precisions, RecpsLocalWire, ::testing::Values("FLOAT16", "BFLOAT16"));
 
+// Criteo-format TSV with one categorical field per job feature (here the
+// small example's 8, one of them multi-hot) trains: the worker reads as many
+// fields as the job has features (it read 26 whatever the job said).
+TEST(RecpsLocal, TrainsOnCriteoTsvWithTheJobsFeatureCount) {
+  testing::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 4 * 512; ++i) {  // 4 steps of the example's batch
+    absl::StrAppend(&lines, i % 3 == 0 ? 1 : 0);
+    for (int d = 0; d < 13; ++d) absl::StrAppend(&lines, "\t", (i * 7 + d) % 11);
+    for (int f = 0; f < 8; ++f) {
+      absl::StrAppend(&lines, "\t", absl::Hex((i * 31 + f * 17) % 97));
+      if (f == 2) absl::StrAppend(&lines, ",", absl::Hex(i % 5));
+    }
+    absl::StrAppend(&lines, "\n");
+  }
+  const std::string train = dir.WriteFile("train.tsv", lines);
+  const std::string eval = dir.WriteFile("eval.tsv", lines);
+  std::string job = ReadAll(Job());
+  job = job.substr(0, job.find("\ndata {"));
+  absl::StrAppend(&job, "\ndata { criteo { train_paths: \"", train, "\" eval_paths: \"", eval,
+                  "\" } }\n");
+  LocalRun run({"--job=" + dir.WriteFile("job.textproto", job), "--shards=1", "--workers=1",
+                "--steps=4"});
+  EXPECT_EQ(run.Wait(absl::Minutes(2)), 0) << run.output();
+  EXPECT_GE(PrintedAuc(run.output()), 0) << run.output();
+}
+
 TEST(RecpsLocal, BadJobIsRefusedBeforeAnythingStarts) {
   testing::TempDir dir;
   const std::string job = dir.WriteFile("bad.textproto", "tables { name: \"t\" dim: 0 }\n");
