@@ -12,7 +12,7 @@
 //                     [--rounds=5] [--op=lookup|push] [--ids=N]
 //                     [--max_ids_per_lookup_request=N]
 //                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
-//                     [--inflight=N]
+//                     [--inflight=N] [--optimizer=sgd|adagrad|rowwise_adagrad]
 //   recps_shard_bench --op=move [--rows=N] [--moves=N] [--ids=N]
 //                     [--max_bytes_per_second=N]
 //   --op=move: two servers, a worker stepping all the time; moves every
@@ -28,6 +28,12 @@
 //   (default 1: one call at a time; a trainer overlaps a step's lookup with
 //   the previous step's compute and push, and several workers share a
 //   server). Pushes always run one at a time, as one worker sends them.
+//   --optimizer: the table's (default sgd). Each push case also times the
+//   fused update kernel alone on the same number of distinct random rows of
+//   an id_space-row arena, over as many threads as the server's store, and
+//   prints the push's payload GB/s as a ratio to it (the push path's target
+//   is the kernel's speed: decode, validate and sum add no pass of their
+//   own that costs as much as the update).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -55,6 +61,9 @@
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "common/malloc_tuning.h"
+#include "common/thread_pool.h"
+#include "kernels/dispatch.h"
+#include "kernels/embedding_optimizer.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -138,6 +147,43 @@ double RawTcpBandwidth(size_t timed_bytes, size_t warmup_bytes) {
   const double seconds = Now() - start;
   close(listener);
   return timed_bytes / seconds;
+}
+
+// Gradient bytes per second of the fused update kernel alone: n distinct
+// random rows of an id_space-row arena, `threads` threads (each a contiguous
+// part of the batch, as the store splits a push), best of `reps`.
+double FusedUpdateBandwidth(kernels::OptimizerParams params, int64_t id_space,
+                            int64_t n, int threads, int reps) {
+  const int64_t stride = kernels::FusedRowStride(params.kind, kDim);
+  std::vector<float> arena(static_cast<size_t>(id_space) * stride, 0.01f);
+  std::vector<float> grads(static_cast<size_t>(n) * kDim, 1e-4f);
+  std::vector<int64_t> rows(id_space);
+  for (int64_t i = 0; i < id_space; ++i) rows[i] = i;
+  std::mt19937_64 rng(7);
+  ThreadPool pool(threads);
+  double best = 0;
+  for (int r = 0; r < reps; ++r) {
+    // A fresh random subset each rep (a partial shuffle).
+    for (int64_t i = 0; i < n; ++i) {
+      std::swap(rows[i], rows[i + static_cast<int64_t>(rng() % (id_space - i))]);
+    }
+    const double t0 = Now();
+    const int64_t grain = (n + pool.num_threads() - 1) / pool.num_threads();
+    pool.ParallelFor(n, grain, [&](int64_t lo, int64_t hi) {
+      kernels::FusedUpdateArgs args;
+      args.rows = arena.data();
+      args.num_rows = id_space;
+      args.row_stride = stride;
+      args.dim = kDim;
+      args.row_indices = rows.data() + lo;
+      args.num_updates = hi - lo;
+      args.grads = grads.data() + lo * kDim;
+      args.optimizer = params;
+      (void)kernels::FusedOptimizerUpdate(args, kernels::ExecContext{});
+    });
+    best = std::max(best, n * kDim * sizeof(float) / (Now() - t0));
+  }
+  return best;
 }
 
 double Median(std::vector<double> v) {
@@ -351,6 +397,7 @@ int Main(int argc, char** argv) {
   int inflight = 1;
   // Each case is split into rounds, each paired with its own anchor.
   int rounds = 5;
+  std::string optimizer = "sgd";
   std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
                                           "--consistency=sync"};
   client::EmbeddingClientOptions options;
@@ -367,6 +414,29 @@ int Main(int argc, char** argv) {
     if (a.rfind("--rounds=", 0) == 0) rounds = std::stoi(a.substr(9));
     if (a.rfind("--id_space=", 0) == 0) id_space = std::stoll(a.substr(11));
     if (a.rfind("--shard_flag=", 0) == 0) shard_flags.push_back(a.substr(13));
+    if (a.rfind("--optimizer=", 0) == 0) optimizer = a.substr(12);
+  }
+  kernels::OptimizerParams params;
+  params.learning_rate = 0.01f;
+  std::string kind_name;
+  if (optimizer == "sgd") {
+    params.kind = kernels::OptimizerKind::kSgd;
+    kind_name = "SGD";
+  } else if (optimizer == "adagrad") {
+    params.kind = kernels::OptimizerKind::kAdagrad;
+    kind_name = "ADAGRAD";
+  } else if (optimizer == "rowwise_adagrad") {
+    params.kind = kernels::OptimizerKind::kRowWiseAdagrad;
+    kind_name = "ROWWISE_ADAGRAD";
+  } else {
+    std::fprintf(stderr, "--optimizer must be sgd, adagrad or rowwise_adagrad\n");
+    return 2;
+  }
+  // The server's store splits a push over --store_threads (default: one per
+  // hardware thread); the kernel anchor uses as many.
+  int store_threads = 0;
+  for (const std::string& f : shard_flags) {
+    if (f.rfind("--store_threads=", 0) == 0) store_threads = std::stoi(f.substr(16));
   }
   if (only_op == "move") {
     int64_t rows = int64_t{1} << 20, ids = 4096, bps = 0;
@@ -396,7 +466,8 @@ int Main(int argc, char** argv) {
   }
   testing::TempDir dir;
   const std::string tables = dir.WriteFile("tables.textproto", R"(
-tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
+tables { name: "t" dim: 64 optimizer { kind: )" + kind_name +
+                                                         R"( learning_rate: 0.01 } }
 )");
   shard_flags.push_back("--tables=" + tables);
   auto shard = testing::LocalShard::Start(binary, shard_flags);
@@ -554,6 +625,15 @@ tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
           *std::min_element(ratios.begin(), ratios.end()),
           *std::max_element(ratios.begin(), ratios.end()),
           server_cpu / calls * 1e3, client_cpu / calls * 1e3);
+      if (op[0] == 'p') {
+        ThreadPool probe(store_threads);
+        const double kernel = FusedUpdateBandwidth(params, id_space, n,
+                                                   probe.num_threads(), 5);
+        std::printf("        fused %s update kernel alone (%d threads): %.3f GB/s; "
+                    "push = %.2f x kernel\n",
+                    optimizer.c_str(), probe.num_threads(), kernel / 1e9,
+                    r.payload_bytes_per_second / kernel);
+      }
     }
   }
   std::printf("\n(payload = ids x %d floats; each case runs in rounds, each "

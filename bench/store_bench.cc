@@ -147,6 +147,28 @@ int Main(int argc, char** argv) {
                 n * kRowBytes / pool_s / 1e9);
   }
   std::printf("\n(ns per id; median of repeated calls, ids drawn untimed)\n");
+
+  // A push as the shard server runs it once the request is decoded
+  // (validate, then apply on the pool), with no RPC: the in-process bound
+  // that recps_shard_bench's push over loopback compares with (same table,
+  // optimizer, id space and draw).
+  std::printf("\nin-process push (ValidateGradients + ApplyGradients, pool), "
+              "SGD dim %d\n%6s %10s %12s\n", kDim, "ids", "ms", "GB/s grads");
+  for (int64_t n : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+    std::vector<int64_t> ids(n);
+    std::vector<float> grads(n * kDim, 1e-4f);
+    auto draw = [&] {
+      const int64_t start = static_cast<int64_t>(rng() % (rows - n));
+      std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
+    };
+    const double push_s = MedianSeconds(seconds_per_case, draw, [&] {
+      if ((*pooled)->ValidateGradients(0, ids, grads.data()).ok()) {
+        (void)(*pooled)->ApplyGradients(0, ids, grads.data());
+      }
+    });
+    std::printf("%6ld %10.2f %12.2f\n", static_cast<long>(n), push_s * 1e3,
+                n * kRowBytes / push_s / 1e9);
+  }
   return Transfer(**store, spec, single, rows);
 }
 

@@ -22,12 +22,7 @@ void DecodeRow(const char* src, int dim, v1::RowEncoding encoding, float* out) {
     std::memcpy(out, src, sizeof(float) * dim);
     return;
   }
-  const bool fp16 = encoding == v1::ROW_ENCODING_FLOAT16;
-  for (int c = 0; c < dim; ++c) {
-    uint16_t bits;
-    std::memcpy(&bits, src + 2 * c, 2);
-    out[c] = fp16 ? HalfToFloat(bits) : Bf16ToFloat(bits);
-  }
+  WidenRows(src, dim, encoding, out);
 }
 
 }  // namespace

@@ -533,6 +533,11 @@ int Run() {
   for (const v1::TableConfig& t : job->tables()) tables.push_back({t.name(), t.dim()});
   client::EmbeddingClientOptions client_options;
   client_options.worker_rank = rank;
+  client_options.encoding = config::WireEncoding(job->training());
+  if (client_options.encoding != v1::ROW_ENCODING_FLOAT32) {
+    LogInfo("rows and gradients travel as ", v1::RowEncoding_Name(client_options.encoding),
+            " (training.wire_precision)");
+  }
   // The coordinator's map wins when both are given: it is the one that
   // changes with a rebalance.
   absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> client =
@@ -565,6 +570,7 @@ int Run() {
     const v1::CriteoDataConfig& c = job->data().criteo();
     cfg.paths.assign(c.train_paths().begin(), c.train_paths().end());
     cfg.hash_buckets.assign(c.hash_buckets().begin(), c.hash_buckets().end());
+    cfg.num_categorical = job->features_size();  // one TSV field per feature
     absl::StatusOr<std::unique_ptr<BatchSource>> source =
         MakeCriteoSource(cfg, rank, world, batch_size);
     if (!source.ok()) {

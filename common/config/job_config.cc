@@ -84,13 +84,12 @@ absl::Status ValidateData(const v1::JobConfig& job) {
     case v1::DataConfig::kCriteo: {
       const v1::CriteoDataConfig& c = data.criteo();
       if (c.train_paths_size() == 0) return Bad("data.criteo.train_paths", "is empty");
-      if (job.features_size() != 26) {
-        return Bad("features", absl::StrCat("Criteo data has 26 categorical "
-                                            "features; the job declares ",
-                                            job.features_size()));
-      }
-      if (c.hash_buckets_size() != 0 && c.hash_buckets_size() != 26) {
-        return Bad("data.criteo.hash_buckets", "needs 26 entries (or none)");
+      // The TSV has one categorical field per job feature (Criteo's 26, or
+      // as many as the job declares for files written in its format).
+      if (c.hash_buckets_size() != 0 && c.hash_buckets_size() != job.features_size()) {
+        return Bad("data.criteo.hash_buckets",
+                   absl::StrCat("has ", c.hash_buckets_size(), " entries; it needs one per "
+                                "feature (", job.features_size(), ") or none"));
       }
       return absl::OkStatus();
     }
@@ -182,6 +181,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job) {
     return TooBig("training.eval_interval", t.eval_interval(), kMaxSteps, "steps");
   }
   if (t.eval_batches() < 1) return Bad("training.eval_batches", "must be >= 1");
+  if (!v1::TrainingConfig::WirePrecision_IsValid(t.wire_precision())) {
+    return Bad("training.wire_precision",
+               absl::StrCat("unknown value ", static_cast<int>(t.wire_precision()),
+                            "; use FLOAT32, FLOAT16 or BFLOAT16"));
+  }
   if (t.eval_batches() > kMaxEvalBatches) {
     return TooBig("training.eval_batches", t.eval_batches(), kMaxEvalBatches,
                   "held-out batches per evaluation");
@@ -230,6 +234,17 @@ absl::StatusOr<v1::JobConfig> ReadJobConfig(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
   }
   return job;
+}
+
+v1::RowEncoding WireEncoding(const v1::TrainingConfig& training) {
+  switch (training.wire_precision()) {
+    case v1::TrainingConfig::FLOAT16:
+      return v1::ROW_ENCODING_FLOAT16;
+    case v1::TrainingConfig::BFLOAT16:
+      return v1::ROW_ENCODING_BFLOAT16;
+    default:
+      return v1::ROW_ENCODING_FLOAT32;
+  }
 }
 
 int EmbeddingDim(const v1::JobConfig& job) {

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "recps/v1/job.pb.h"
+#include "recps/v1/shard.pb.h"
 
 namespace recps::config {
 
@@ -42,6 +43,10 @@ absl::StatusOr<v1::JobConfig> ReadJobConfig(const std::string& path);
 
 // The tables' common row width (the embedding dim). REQUIRES: validated.
 int EmbeddingDim(const v1::JobConfig& job);
+
+// The wire encoding of rows and gradients that training.wire_precision asks
+// for (UNSPECIFIED: FLOAT32). REQUIRES: a validated job.
+v1::RowEncoding WireEncoding(const v1::TrainingConfig& training);
 
 // What one worker holds for a job, in bytes, by part. An estimate from the
 // config (upper bounds where the data decide, e.g. every id of a batch

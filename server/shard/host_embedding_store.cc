@@ -192,17 +192,32 @@ class HostEmbeddingStore final : public EmbeddingStore {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", t->spec.name, "': no gradients for ", ids.size(), " ids"));
     }
-    for (size_t p = 0; p < ids.size(); ++p) {
-      const float* g = grads + p * dim;
-      // Branch-free exponent test per row (vectorises); find the column only
-      // when the row is bad.
-      uint32_t bad = 0;
-      for (int j = 0; j < dim; ++j) {
-        uint32_t bits;
-        std::memcpy(&bits, &g[j], sizeof(bits));
-        bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    // The finite test is a pass over every gradient byte: split over the
+    // store's threads for large pushes (the first bad row found is the
+    // lowest position, so the error does not depend on the split).
+    const auto n = static_cast<int64_t>(ids.size());
+    std::atomic<int64_t> first_bad{n};
+    ThreadPool* pool = n >= kParallelMinIds ? options_.pool : nullptr;
+    const int64_t parts = pool == nullptr ? 1 : pool->num_threads();
+    ParallelForOrInline(pool, n, (n + parts - 1) / parts, [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const float* g = grads + p * dim;
+        // Branch-free exponent test per row (vectorises).
+        uint32_t bad = 0;
+        for (int j = 0; j < dim; ++j) {
+          uint32_t bits;
+          std::memcpy(&bits, &g[j], sizeof(bits));
+          bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+        }
+        if (bad == 0) continue;
+        int64_t seen = first_bad.load(std::memory_order_relaxed);
+        while (p < seen && !first_bad.compare_exchange_weak(seen, p)) {
+        }
+        return;
       }
-      if (bad == 0) continue;
+    });
+    if (const int64_t p = first_bad.load(); p < n) {
+      const float* g = grads + p * dim;
       for (int j = 0; j < dim; ++j) {
         if (!std::isfinite(g[j])) {
           return absl::InvalidArgumentError(absl::StrCat(

@@ -4,7 +4,9 @@
 
 #include <cstdio>
 #include <atomic>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -15,6 +17,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "common/half.h"
 #include "common/hashing.h"
 #include "common/log.h"
 #include "common/status_macros.h"
@@ -23,6 +26,65 @@
 
 namespace recps::server {
 namespace {
+
+// Reads 16-bit floats (fp16 or bf16) from unaligned bytes as floats: lets a
+// vector be filled by assign() in one pass, with no zero-fill first.
+class WideningIterator {
+ public:
+  using iterator_category = std::forward_iterator_tag;
+  using value_type = float;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const float*;
+  using reference = float;
+
+  WideningIterator(const char* p, bool fp16) : p_(p), fp16_(fp16) {}
+  float operator*() const {
+    uint16_t h;
+    std::memcpy(&h, p_, 2);
+    return fp16_ ? HalfToFloat(h) : Bf16ToFloat(h);
+  }
+  WideningIterator& operator++() {
+    p_ += 2;
+    return *this;
+  }
+  WideningIterator operator++(int) {
+    WideningIterator old = *this;
+    p_ += 2;
+    return old;
+  }
+  bool operator==(const WideningIterator& o) const { return p_ == o.p_; }
+  bool operator!=(const WideningIterator& o) const { return p_ != o.p_; }
+
+ private:
+  const char* p_;
+  bool fp16_;
+};
+
+// Fills `out` with the `n` gradient values in `bytes` (their size already
+// checked against n and the encoding's width): one pass, where resize()
+// and a decode into it were two (the zero-fill was 6% of a 64k-id push's
+// server CPU).
+void DecodeGradients(const std::string& bytes, v1::RowEncoding encoding, size_t n,
+                     std::vector<float>* out) {
+  const char* src = bytes.data();
+  if (BytesPerElement(encoding) == 4) {
+    if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
+      const float* f = reinterpret_cast<const float*>(src);
+      out->assign(f, f + n);
+    } else {
+      out->resize(n);
+      if (n > 0) std::memcpy(out->data(), src, n * sizeof(float));
+    }
+    return;
+  }
+  if (encoding == v1::ROW_ENCODING_FLOAT16) {
+    // The bulk (F16C) widening beats saving the zero-fill.
+    out->resize(n);
+    WidenRows(src, n, encoding, out->data());
+    return;
+  }
+  out->assign(WideningIterator(src, false), WideningIterator(src + 2 * n, false));
+}
 
 // Free response buffers kept for reuse: enough for a few concurrent lookups
 // of the largest batches the benchmarks and the worker send.
@@ -463,12 +525,7 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
     tg.table = table;
     tg.dim = spec.dim;
     tg.ids.assign(ids.begin(), ids.end());
-    tg.grads.resize(values);
-    RETURN_IF_ERROR(DecodeRows(
-        t.grads(), t.encoding(), tg.grads.size(),
-        absl::StrCat("gradients of table ", spec.name, " (", ids.size(),
-                     " ids x dim ", spec.dim, ")").c_str(),
-        tg.grads.data()));
+    DecodeGradients(t.grads(), t.encoding(), values, &tg.grads);
     RETURN_IF_ERROR(store_->ValidateGradients(table, tg.ids, tg.grads.data()));
     push.push_back(std::move(tg));
   }

@@ -404,13 +404,31 @@ GradientPush SumInRankOrder(std::vector<GradientPush>& pushes) {
     for (TableGradients& tg : push) {
       auto [it, inserted] = table_pos.try_emplace(tg.table, out.size());
       if (inserted) {
-        out.push_back(TableGradients{tg.table, tg.dim, {}, {}});
+        // A table's first push is taken whole when its ids are distinct (the
+        // server validated them): only later ranks' rows are copied or
+        // summed, with the same result in the same order.
         id_pos.emplace_back();
+        auto& pos = id_pos.back();
+        pos.reserve(tg.ids.size());
+        bool distinct = true;
+        for (size_t i = 0; i < tg.ids.size() && distinct; ++i) {
+          distinct = pos.try_emplace(tg.ids[i], static_cast<int64_t>(i)).second;
+        }
+        if (distinct) {
+          out.push_back(std::move(tg));
+          continue;
+        }
+        pos.clear();
+        out.push_back(TableGradients{tg.table, tg.dim, {}, {}});
       }
       TableGradients& sum = out[it->second];
       auto& pos = id_pos[it->second];
       pos.reserve(pos.size() + tg.ids.size());
       const int dim = tg.dim;
+      // Grown geometrically, at most once per push.
+      if (const size_t need = sum.grads.size() + tg.grads.size(); sum.grads.capacity() < need) {
+        sum.grads.reserve(std::max(need, 2 * sum.grads.capacity()));
+      }
       for (size_t i = 0; i < tg.ids.size(); ++i) {
         const float* g = tg.grads.data() + i * dim;
         auto [pit, fresh] = pos.try_emplace(tg.ids[i], sum.ids.size());

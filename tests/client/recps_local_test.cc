@@ -68,7 +68,10 @@ bool Gone(pid_t pid) {
 class LocalRun {
  public:
   explicit LocalRun(std::vector<std::string> args) {
-    args.insert(args.begin(), {"local", "--job=" + Job(), "--work_dir=" + dir_.path() + "/work"});
+    bool has_job = false;
+    for (const std::string& a : args) has_job |= absl::StartsWith(a, "--job=");
+    if (!has_job) args.insert(args.begin(), "--job=" + Job());
+    args.insert(args.begin(), {"local", "--work_dir=" + dir_.path() + "/work"});
     absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, args, log());
     EXPECT_TRUE(pid.ok()) << pid.status();
     pid_ = pid.ok() ? *pid : -1;
@@ -142,6 +145,55 @@ TEST(RecpsLocal, TrainsWithTwoShardsAndTwoWorkers) {
   EXPECT_EQ(run.Wait(absl::Minutes(4)), 0) << run.output();
   // The small example reaches about 0.78 (0.5 is chance).
   EXPECT_GE(PrintedAuc(run.output()), 0.75) << run.output();
+}
+
+// training.wire_precision reaches the workers' client: rows and gradients
+// travel as fp16 / bf16, and the small example still trains to its AUC
+// (values round-trip within the precision: tests/client/embedding_client_test).
+class RecpsLocalWire : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(RecpsLocalWire, TrainsWithLowerPrecisionOnTheWire) {
+  testing::TempDir dir;
+  std::string job = ReadAll(Job());
+  const size_t at = job.find("training {");
+  ASSERT_NE(at, std::string::npos);
+  job.insert(at + 10, absl::StrCat("\n  wire_precision: ", GetParam()));
+  LocalRun run({"--job=" + dir.WriteFile("job.textproto", job), "--shards=1",
+                "--workers=1", "--steps=600"});
+  EXPECT_EQ(run.Wait(absl::Minutes(4)), 0) << run.output();
+  EXPECT_TRUE(absl::StrContains(run.output(),
+                                absl::StrCat("travel as ROW_ENCODING_", GetParam())))
+      << run.output();
+  EXPECT_GE(PrintedAuc(run.output()), 0.75) << run.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, RecpsLocalWire, ::testing::Values("FLOAT16", "BFLOAT16"));
+
+// Criteo-format TSV with one categorical field per job feature (here the
+// small example's 8, one of them multi-hot) trains: the worker reads as many
+// fields as the job has features (it read 26 whatever the job said).
+TEST(RecpsLocal, TrainsOnCriteoTsvWithTheJobsFeatureCount) {
+  testing::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 4 * 512; ++i) {  // 4 steps of the example's batch
+    absl::StrAppend(&lines, i % 3 == 0 ? 1 : 0);
+    for (int d = 0; d < 13; ++d) absl::StrAppend(&lines, "\t", (i * 7 + d) % 11);
+    for (int f = 0; f < 8; ++f) {
+      absl::StrAppend(&lines, "\t", absl::Hex((i * 31 + f * 17) % 97));
+      if (f == 2) absl::StrAppend(&lines, ",", absl::Hex(i % 5));
+    }
+    absl::StrAppend(&lines, "\n");
+  }
+  const std::string train = dir.WriteFile("train.tsv", lines);
+  const std::string eval = dir.WriteFile("eval.tsv", lines);
+  std::string job = ReadAll(Job());
+  job = job.substr(0, job.find("\ndata {"));
+  absl::StrAppend(&job, "\ndata { criteo { train_paths: \"", train, "\" eval_paths: \"", eval,
+                  "\" } }\n");
+  LocalRun run({"--job=" + dir.WriteFile("job.textproto", job), "--shards=1", "--workers=1",
+                "--steps=4"});
+  EXPECT_EQ(run.Wait(absl::Minutes(2)), 0) << run.output();
+  EXPECT_GE(PrintedAuc(run.output()), 0) << run.output();
 }
 
 TEST(RecpsLocal, BadJobIsRefusedBeforeAnythingStarts) {

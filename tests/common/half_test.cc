@@ -1,8 +1,12 @@
 #include "common/half.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
+#include "common/wire/wire_format.h"
 #include "gtest/gtest.h"
 
 namespace recps {
@@ -51,6 +55,57 @@ TEST(Bf16, RoundTripAndRounding) {
   EXPECT_EQ(FloatToBf16(1.0f + std::ldexp(1.0f, -8)), 0x3f80);
   EXPECT_EQ(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 0x3f82);
   EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::nanf("")))));
+}
+
+}  // namespace
+}  // namespace recps
+
+// The bulk wire codec (F16C where the CPU has it) against the scalar
+// conversions, bit for bit: every half, and floats over the whole range
+// (fp16 subnormals, the overflow boundary, NaN payloads, infinities),
+// with lengths that leave a scalar tail.
+namespace recps {
+namespace {
+
+TEST(WireHalf, BulkWideningMatchesHalfToFloatForEveryHalf) {
+  std::vector<uint16_t> all(65536 + 5);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i * 40503u);
+  for (size_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> out(all.size());
+  WidenRows(reinterpret_cast<const char*>(all.data()), all.size(), v1::ROW_ENCODING_FLOAT16,
+            out.data());
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(FloatBits(out[i]), FloatBits(HalfToFloat(all[i]))) << "half 0x" << std::hex
+                                                                 << all[i];
+  }
+}
+
+TEST(WireHalf, BulkNarrowingMatchesFloatToHalf) {
+  std::vector<float> in;
+  for (uint32_t bits = 0; bits < 0xff800000u; bits += 0x1357u) {
+    in.push_back(BitsToFloat(bits));
+    in.push_back(-BitsToFloat(bits));
+  }
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 1e9f, 6.1e-5f, 5.96e-8f, 2.98e-8f, 2.99e-8f,
+                  0.0f, -0.0f}) {
+    in.push_back(f);
+    in.push_back(-f);
+  }
+  for (uint32_t bits : {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffbfffffu,
+                        0x7fa00000u}) {
+    in.push_back(BitsToFloat(bits));
+  }
+  in.push_back(1.0f);  // a tail
+  std::string out;
+  EncodeRows(in.data(), in.size(), v1::ROW_ENCODING_FLOAT16, &out);
+  ASSERT_EQ(out.size(), 2 * in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    uint16_t h;
+    std::memcpy(&h, out.data() + 2 * i, 2);
+    ASSERT_EQ(h, FloatToHalf(in[i])) << "float bits 0x" << std::hex << FloatBits(in[i]);
+  }
+  std::vector<float> back(in.size());
+  ASSERT_TRUE(DecodeRows(out, v1::ROW_ENCODING_FLOAT16, in.size(), "t", back.data()).ok());
 }
 
 }  // namespace

@@ -69,6 +69,14 @@ TEST(JobConfig, EachMistakeNamesItsField) {
       {"training.checkpoint.keep_last", [](v1::JobConfig& j) {
          j.mutable_training()->mutable_checkpoint()->set_keep_last(-2);
        }},
+      {"training.wire_precision", [](v1::JobConfig& j) {
+         j.mutable_training()->set_wire_precision(
+             static_cast<v1::TrainingConfig::WirePrecision>(7));
+       }},
+      {"data.criteo.hash_buckets", [](v1::JobConfig& j) {
+         j.mutable_data()->mutable_criteo()->add_train_paths("train.tsv");
+         for (int i = 0; i < 26; ++i) j.mutable_data()->mutable_criteo()->add_hash_buckets(10);
+       }},
   };
   absl::StatusOr<v1::JobConfig> good = config::ReadJobConfig(Example("small.textproto"));
   ASSERT_TRUE(good.ok()) << good.status();
@@ -79,6 +87,37 @@ TEST(JobConfig, EachMistakeNamesItsField) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << m.field;
     EXPECT_EQ(s.message().substr(0, std::string(m.field).size()), m.field) << s;
   }
+}
+
+TEST(JobConfig, WirePrecisionChoosesTheRowEncoding) {
+  v1::TrainingConfig t;
+  EXPECT_EQ(WireEncoding(t), v1::ROW_ENCODING_FLOAT32);
+  t.set_wire_precision(v1::TrainingConfig::FLOAT32);
+  EXPECT_EQ(WireEncoding(t), v1::ROW_ENCODING_FLOAT32);
+  t.set_wire_precision(v1::TrainingConfig::FLOAT16);
+  EXPECT_EQ(WireEncoding(t), v1::ROW_ENCODING_FLOAT16);
+  t.set_wire_precision(v1::TrainingConfig::BFLOAT16);
+  EXPECT_EQ(WireEncoding(t), v1::ROW_ENCODING_BFLOAT16);
+  absl::StatusOr<v1::JobConfig> job = config::ReadJobConfig(Example("small.textproto"));
+  ASSERT_TRUE(job.ok());
+  job->mutable_training()->set_wire_precision(v1::TrainingConfig::BFLOAT16);
+  EXPECT_TRUE(config::ValidateJobConfig(*job).ok());
+}
+
+// Criteo-format TSV has one categorical field per job feature: the small
+// example's 8 features read an 8-field file, with one hash bucket each.
+TEST(JobConfig, CriteoDataTakesOneFieldPerFeature) {
+  absl::StatusOr<v1::JobConfig> job = config::ReadJobConfig(Example("small.textproto"));
+  ASSERT_TRUE(job.ok());
+  v1::CriteoDataConfig* c = job->mutable_data()->mutable_criteo();
+  c->add_train_paths("train.tsv");
+  EXPECT_TRUE(config::ValidateJobConfig(*job).ok());
+  for (int i = 0; i < 8; ++i) c->add_hash_buckets(1000);
+  EXPECT_TRUE(config::ValidateJobConfig(*job).ok());
+  c->add_hash_buckets(1000);
+  const absl::Status s = config::ValidateJobConfig(*job);
+  EXPECT_NE(s.message().find("has 9 entries; it needs one per feature (8)"),
+            absl::string_view::npos) << s;
 }
 
 TEST(JobConfig, DifferentTableDimsAreRefused) {

@@ -180,6 +180,30 @@ TEST(HostEmbeddingStore, ValidateGradientsRefusesBadPushes) {
   EXPECT_EQ(Sum(store->RowsPerSlot()), 0);
 }
 
+// Large pushes are checked on the store's threads: the error still names the
+// lowest bad position, wherever the threads split the batch.
+TEST(HostEmbeddingStore, ParallelGradientCheckNamesTheFirstBadRow) {
+  ThreadPool pool(4);
+  StoreOptions options;
+  options.pool = &pool;
+  auto store = MakeStore({Spec("dyn", 8)}, options);
+  const int64_t n = 20000;
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = i;
+  std::vector<float> g(n * 8, 0.25f);
+  EXPECT_TRUE(store->ValidateGradients(0, ids, g.data()).ok());
+  g[19000 * 8 + 3] = std::numeric_limits<float>::infinity();
+  g[12345 * 8 + 5] = std::numeric_limits<float>::quiet_NaN();
+  g[17000 * 8] = std::numeric_limits<float>::quiet_NaN();
+  for (int rep = 0; rep < 5; ++rep) {
+    const absl::Status s = store->ValidateGradients(0, ids, g.data());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr("id 12345 (position 12345)"));
+    EXPECT_THAT(s.message(), HasSubstr("column 5"));
+  }
+  EXPECT_EQ(store->Info(0).rows, 0);
+}
+
 TEST(HostEmbeddingStore, UnknownTableIsNotFound) {
   auto store = MakeStore({Spec("a", 2), Spec("b", 2)});
   auto found = store->FindTable("b");

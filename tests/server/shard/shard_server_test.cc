@@ -155,6 +155,34 @@ TEST(ShardServer, Fp16LookupHalvesThePayload) {
   EXPECT_EQ(resp.tables(0).rows().size(), 3u * 3 * 2);
 }
 
+// 16-bit gradients are widened on the server and applied as the fp32 values
+// they encode (the push decodes straight into its buffer).
+TEST(ShardServer, HalfAndBf16GradientsApplyTheirDecodedValues) {
+  for (v1::RowEncoding enc : {v1::ROW_ENCODING_FLOAT16, v1::ROW_ENCODING_BFLOAT16}) {
+    auto server = MakeServer();
+    v1::LookupResponse before;
+    ASSERT_TRUE(LookupSync(*server, Lookup("fixed", {7, 8}), &before).ok());
+    const std::vector<float> g = {0.1f, -2.5f, 3.3333f, 1e-3f, 7, 0.5f, -0.25f, 100.7f};
+    v1::PushGradientsRequest req = Push("fixed", {8, 7}, g);
+    std::string bytes;
+    EncodeRows(g.data(), g.size(), enc, &bytes);
+    req.mutable_tables(0)->set_grads(bytes);
+    req.mutable_tables(0)->set_encoding(enc);
+    ASSERT_TRUE(PushSync(*server, req).ok());
+    std::vector<float> decoded(g.size());
+    ASSERT_TRUE(DecodeRows(bytes, enc, g.size(), "g", decoded.data()).ok());
+    v1::LookupResponse after;
+    ASSERT_TRUE(LookupSync(*server, Lookup("fixed", {7, 8}, 1), &after).ok());
+    const std::vector<float> b = RowsOf(before), a = RowsOf(after);
+    for (int j = 0; j < 4; ++j) {
+      // id 8 got gradient row 0, id 7 row 1 (SGD, lr 0.5).
+      EXPECT_EQ(a[4 + j], b[4 + j] - 0.5f * decoded[j]) << v1::RowEncoding_Name(enc);
+      EXPECT_EQ(a[j], b[j] - 0.5f * decoded[4 + j]) << v1::RowEncoding_Name(enc);
+      EXPECT_NEAR(decoded[j], g[j], std::abs(g[j]) / 100) << v1::RowEncoding_Name(enc);
+    }
+  }
+}
+
 // Each bad request: its status code, a phrase of its message, and no row
 // may change (checked by looking up every touched row before and after).
 struct BadCase {

@@ -225,6 +225,19 @@ TEST(SumInRankOrder, SumsPerIdInRankOrderAcrossTables) {
   EXPECT_EQ(sum[1].grads, std::vector<float>{7});
 }
 
+// The first push of a table is taken whole when its ids are distinct; with
+// a repeated id (never from the server, which refuses those) the rows are
+// still summed.
+TEST(SumInRankOrder, RepeatedIdInTheFirstPushIsStillSummed) {
+  std::vector<GradientPush> pushes(2);
+  pushes[0] = {TableGradients{0, 1, {4, 4, 5}, {1, 2, 3}}};
+  pushes[1] = {TableGradients{0, 1, {5, 6}, {10, 20}}};
+  GradientPush sum = SumInRankOrder(pushes);
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_EQ(sum[0].ids, (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_EQ(sum[0].grads, (std::vector<float>{3, 13, 20}));
+}
+
 TEST(StepClock, ParkingLimitsRefuseWithResourceExhausted) {
   Applied applied;
   ConsistencyOptions o = Sync(2);
