@@ -381,8 +381,9 @@ absl::StatusOr<RowFileInfo> RowFileBuilder::Finish() {
 RowFileReader::~RowFileReader() = default;
 
 absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
-    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c) {
-  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
+    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c,
+    ThreadPool* pool) {
+  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFileParallel(path, pool));
   if (crc.size_bytes != expected_size) {
     return absl::DataLossError(absl::StrCat(
         "row file ", path, " is ", crc.size_bytes, " bytes but the manifest says ",

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/thread_pool.h"
 #include "recps/v1/checkpoint.pb.h"
 
 namespace rocksdb {
@@ -136,9 +137,10 @@ class RowFileReader {
   // for a truncated or corrupted file; NOT_FOUND when it is missing. Then
   // opens it and reads its header (DATA_LOSS when absent or unreadable,
   // FAILED_PRECONDITION for an unknown format version).
+  // With a pool, the CRC pass reads the file in parallel ranges.
   static absl::StatusOr<std::unique_ptr<RowFileReader>> Open(
       const std::string& path, uint64_t expected_size,
-      uint32_t expected_crc32c);
+      uint32_t expected_crc32c, ThreadPool* pool = nullptr);
 
   const std::string& path() const { return path_; }
   const v1::RowFileHeader& header() const { return header_; }
