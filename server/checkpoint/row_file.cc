@@ -399,7 +399,10 @@ absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
   out->path_ = path;
   // Memory-mapped reads: the CRC pass just brought the file into the page
   // cache, and the iterator then hands out rows in place instead of
-  // copying every block into a buffer of its own (pread) first.
+  // copying every block into a buffer of its own (pread) first. A complete
+  // checkpoint's row files are not rewritten (saving a complete step is
+  // refused; compaction writes new files; pruning unlinks, which leaves a
+  // mapping valid), so the mapping does not lose pages under the reader.
   rocksdb::Options read_sst = SstOptions(64 << 10);
   read_sst.allow_mmap_reads = true;
   out->reader_ = std::make_unique<rocksdb::SstFileReader>(read_sst);
