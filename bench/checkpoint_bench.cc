@@ -9,7 +9,9 @@
 // (RowFileReader: CRC pass over the file, then the import into a fresh store,
 // on one thread and on a pool of all cores)
 // with a plain sequential read of the anchor file. Prints seconds, GB/s and
-// the ratios (1.0 = as fast as the disk allows).
+// the ratios (1.0 = as fast as the disk allows), and the stages alone
+// (export, the file's iteration, the store's import) to see where the time
+// goes.
 //
 //   recps_checkpoint_bench [--rows=4194304] [--dir=./checkpoint_bench.tmp]
 //                          [--repeats=3]
@@ -143,14 +145,15 @@ int Main(int argc, char** argv) {
   // other processes on the machine only ever make a run slower.
   double write_s = 1e30, anchor_write_s = 1e30, verify_s = 1e30,
          restore_s = 1e30, restore_pool_s = 1e30, anchor_read_s = 1e30,
-         import_mem_s = 1e30;
+         import_mem_s = 1e30, import_mem_pool_s = 1e30, read_rows_s = 1e30,
+         read_rows_pool_s = 1e30, export_s = 1e30, verify_pool_s = 1e30;
   absl::StatusOr<server::checkpoint::RowFileInfo> info;
   auto restore = [&](ThreadPool* p, double* verify) {
     std::unique_ptr<server::EmbeddingStore> target = make_store();
     DropCache(row_file);
     const double r0 = Now();
     auto reader = server::checkpoint::RowFileReader::Open(
-        row_file, info->size_bytes, info->crc32c);
+        row_file, info->size_bytes, info->crc32c, p);
     *verify = std::min(*verify, Now() - r0);
     server::checkpoint::ImportOptions import_options;
     import_options.pool = p;
@@ -189,8 +192,7 @@ int Main(int argc, char** argv) {
     // Restore from disk (pages dropped): CRC pass + import into a fresh
     // store, one thread and the pool; the anchor is a sequential read of the
     // same file after its pages were dropped again.
-    double unused = 1e30;
-    restore_pool_s = std::min(restore_pool_s, restore(&pool, &unused));
+    restore_pool_s = std::min(restore_pool_s, restore(&pool, &verify_pool_s));
     restore_s = std::min(restore_s, restore(nullptr, &verify_s));
     DropCache(row_file);
     const double s0 = Now();
@@ -212,6 +214,64 @@ int Main(int argc, char** argv) {
       }
     }
     import_mem_s = std::min(import_mem_s, import_s);
+    // Freed first, so the pool's import below gets memory of the same kind
+    // (recently used; fresh guest memory costs far more to fault in on a VM).
+    target.reset();
+
+    // Stages, to see where the time goes (compare within one run: the
+    // machine's load moves every figure between runs).
+    // Export alone: every chunk of every slot copied out of the store.
+    {
+      const double e0 = Now();
+      for (uint32_t slot : slots) {
+        server::SlotCursor cursor;
+        while (!cursor.done) {
+          if (!source->ExportSlot(0, slot, &cursor, 4096, &chunk).ok()) return 1;
+        }
+      }
+      export_s = std::min(export_s, Now() - e0);
+    }
+    // The row file's iteration alone (page cache, no store), 1t and pool.
+    {
+      auto reader = server::checkpoint::RowFileReader::Open(
+          row_file, info->size_bytes, info->crc32c);
+      if (!reader.ok()) return 1;
+      const v1::CheckpointTable& table = (*reader)->header().tables(0);
+      std::atomic<int64_t> seen{0};
+      auto count = [&](uint32_t, absl::Span<const int64_t> ids, const float*) {
+        seen.fetch_add(static_cast<int64_t>(ids.size()), std::memory_order_relaxed);
+        return absl::OkStatus();
+      };
+      const double q0 = Now();
+      if (!(*reader)->ReadSlots(table, slots, 4096, count).ok()) return 1;
+      read_rows_s = std::min(read_rows_s, Now() - q0);
+      const double q1 = Now();
+      const int64_t per = (kSlots + pool.num_threads() - 1) / pool.num_threads();
+      pool.ParallelFor(kSlots, per, [&](int64_t b, int64_t e) {
+        (*reader)->ReadSlots(table, absl::MakeConstSpan(slots).subspan(b, e - b),
+                             4096, count).IgnoreError();
+      });
+      read_rows_pool_s = std::min(read_rows_pool_s, Now() - q1);
+    }
+    // The store's import from memory on the pool (slot ranges in parallel).
+    {
+      std::unique_ptr<server::EmbeddingStore> fresh = make_store();
+      std::vector<server::SlotChunk> chunks(kSlots);
+      for (uint32_t slot : slots) {
+        server::SlotCursor cursor;
+        if (!source->ExportSlot(0, slot, &cursor, int64_t{1} << 30, &chunks[slot]).ok()) return 1;
+      }
+      // One contiguous run of slots per thread, as ImportRowFile splits them.
+      const double i0 = Now();
+      const int64_t per = (kSlots + pool.num_threads() - 1) / pool.num_threads();
+      pool.ParallelFor(kSlots, per, [&](int64_t b, int64_t e) {
+        for (int64_t s = b; s < e; ++s) {
+          fresh->ImportRows(0, static_cast<uint32_t>(s), chunks[s].ids,
+                            chunks[s].rows.data()).IgnoreError();
+        }
+      });
+      import_mem_pool_s = std::min(import_mem_pool_s, Now() - i0);
+    }
   }
 
   const double file = static_cast<double>(info->size_bytes);
@@ -227,9 +287,14 @@ int Main(int argc, char** argv) {
   row("write: sequential + fdatasync", anchor_write_s);
   row("restore 1t: CRC pass (from disk)", verify_s);
   row("restore 1t: CRC + import", restore_s);
+  row("restore pool: CRC pass (from disk)", verify_pool_s);
   row("restore pool: CRC + import", restore_pool_s);
   row("read: sequential (from disk)", anchor_read_s);
   row("store floor: ImportRows from memory, 1t", import_mem_s);
+  row("store floor: ImportRows from memory, pool", import_mem_pool_s);
+  row("stage: ExportSlot only, 1t", export_s);
+  row("stage: ReadSlots only (page cache), 1t", read_rows_s);
+  row("stage: ReadSlots only (page cache), pool", read_rows_pool_s);
   std::printf("\nwrite ratio (sequential write / RowFileWriter): %.2f\n",
               anchor_write_s / write_s);
   std::printf("restore ratio, 1 thread (sequential read / restore): %.2f\n",

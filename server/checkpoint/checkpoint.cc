@@ -223,7 +223,7 @@ absl::StatusOr<RestoreStats> RestoreChain(
       ASSIGN_OR_RETURN(
           std::unique_ptr<RowFileReader> reader,
           RowFileReader::Open(absl::StrCat(dirs[i], "/", file.name()),
-                              file.size_bytes(), file.crc32c()));
+                              file.size_bytes(), file.crc32c(), options.pool));
       RETURN_IF_ERROR(CheckRowFileStore(*reader, store));
       stats.bytes += file.size_bytes();
       readers.push_back(std::move(reader));

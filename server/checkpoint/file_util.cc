@@ -2,9 +2,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -82,6 +86,18 @@ absl::Status FromRocksStatus(const rocksdb::Status& s, absl::string_view what,
   }
   if (s.IsInvalidArgument()) return absl::InvalidArgumentError(msg);
   return absl::UnavailableError(msg);
+}
+
+void BackgroundThisThread(int nice) {
+  const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+  sched_param param{};
+  param.sched_priority = 0;
+  sched_setscheduler(tid, SCHED_BATCH, &param);
+  if (nice <= 0) return;
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);
+  if (errno != 0) return;
+  setpriority(PRIO_PROCESS, tid, std::min(now + nice, 19));
 }
 
 absl::Status SyncDir(const std::string& dir) {

@@ -29,6 +29,12 @@ absl::Status FromRocksStatus(const rocksdb::Status& s, absl::string_view what,
 
 // fsync of the directory `dir`, so that entries created or renamed in it
 // survive a crash.
+// Marks the calling thread as background work: SCHED_BATCH (its wakeups do
+// not preempt other threads, its CPU share stays fair) plus `nice` added
+// to its niceness when above 0 (setpriority on the thread's id; Linux
+// applies both to that thread only). A failure only loses the hint.
+void BackgroundThisThread(int nice);
+
 absl::Status SyncDir(const std::string& dir);
 
 // Writes `bytes` to `path` durably and atomically: `path`.tmp, fdatasync,

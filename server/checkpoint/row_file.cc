@@ -77,10 +77,11 @@ struct RunningCrc {
 class AsyncCrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
  public:
   AsyncCrcWritableFile(std::unique_ptr<rocksdb::FSWritableFile>&& file,
-                       RunningCrc* crc, size_t buffer_bytes)
+                       RunningCrc* crc, size_t buffer_bytes, int nice)
       : FSWritableFileOwnerWrapper(std::move(file)),
         crc_(crc),
-        buffer_bytes_(buffer_bytes) {
+        buffer_bytes_(buffer_bytes),
+        nice_(nice) {
     fill_.reserve(buffer_bytes_);
     pending_.reserve(buffer_bytes_);
     thread_ = std::thread([this] { Run(); });
@@ -198,6 +199,7 @@ class AsyncCrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
     return error_;
   }
   void Run() {
+    BackgroundThisThread(nice_);
     uint64_t written = 0;
     while (true) {
       {
@@ -222,6 +224,7 @@ class AsyncCrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
 
   RunningCrc* const crc_;
   const size_t buffer_bytes_;
+  const int nice_;
   std::string fill_;     // being appended to (the caller's thread)
   std::string pending_;  // being written (the thread), while busy_
   absl::Mutex mu_;
@@ -234,10 +237,11 @@ class AsyncCrcWritableFile : public rocksdb::FSWritableFileOwnerWrapper {
 // The default file system, with the CRC of the (one) file being written.
 class CrcFileSystem : public rocksdb::FileSystemWrapper {
  public:
-  CrcFileSystem(RunningCrc* crc, size_t buffer_bytes)
+  CrcFileSystem(RunningCrc* crc, size_t buffer_bytes, int nice)
       : FileSystemWrapper(rocksdb::FileSystem::Default()),
         crc_(crc),
-        buffer_bytes_(buffer_bytes) {}
+        buffer_bytes_(buffer_bytes),
+        nice_(nice) {}
   const char* Name() const override { return "RecpsCrcFileSystem"; }
   rocksdb::IOStatus NewWritableFile(const std::string& name,
                                     const rocksdb::FileOptions& options,
@@ -246,7 +250,7 @@ class CrcFileSystem : public rocksdb::FileSystemWrapper {
     rocksdb::IOStatus s = target()->NewWritableFile(name, options, out, dbg);
     if (s.ok()) {
       *out = std::make_unique<AsyncCrcWritableFile>(std::move(*out), crc_,
-                                                    buffer_bytes_);
+                                                    buffer_bytes_, nice_);
     }
     return s;
   }
@@ -254,6 +258,7 @@ class CrcFileSystem : public rocksdb::FileSystemWrapper {
  private:
   RunningCrc* crc_;
   size_t buffer_bytes_;
+  int nice_;
 };
 
 }  // namespace
@@ -302,7 +307,8 @@ absl::StatusOr<std::unique_ptr<RowFileBuilder>> RowFileBuilder::Create(
   b->progress_ = options.rows_written;
   b->crc_ = std::make_unique<Crc>();
   b->env_ = rocksdb::NewCompositeEnv(std::make_shared<CrcFileSystem>(
-      b->crc_.get(), std::max<size_t>(options.write_buffer_bytes, 1 << 20)));
+      b->crc_.get(), std::max<size_t>(options.write_buffer_bytes, 1 << 20),
+      options.thread_nice));
   rocksdb::Options sst = SstOptions(options.block_size);
   sst.env = b->env_.get();
   b->writer_ = std::make_unique<rocksdb::SstFileWriter>(
@@ -375,8 +381,9 @@ absl::StatusOr<RowFileInfo> RowFileBuilder::Finish() {
 RowFileReader::~RowFileReader() = default;
 
 absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
-    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c) {
-  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFile(path));
+    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c,
+    ThreadPool* pool) {
+  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFileParallel(path, pool));
   if (crc.size_bytes != expected_size) {
     return absl::DataLossError(absl::StrCat(
         "row file ", path, " is ", crc.size_bytes, " bytes but the manifest says ",
@@ -390,7 +397,15 @@ absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
   }
   std::unique_ptr<RowFileReader> out(new RowFileReader());
   out->path_ = path;
-  out->reader_ = std::make_unique<rocksdb::SstFileReader>(SstOptions(64 << 10));
+  // Memory-mapped reads: the CRC pass just brought the file into the page
+  // cache, and the iterator then hands out rows in place instead of
+  // copying every block into a buffer of its own (pread) first. A complete
+  // checkpoint's row files are not rewritten (saving a complete step is
+  // refused; compaction writes new files; pruning unlinks, which leaves a
+  // mapping valid), so the mapping does not lose pages under the reader.
+  rocksdb::Options read_sst = SstOptions(64 << 10);
+  read_sst.allow_mmap_reads = true;
+  out->reader_ = std::make_unique<rocksdb::SstFileReader>(read_sst);
   RETURN_IF_ERROR(FromRocksStatus(out->reader_->Open(path),
                                   "cannot open row file", path));
   std::unique_ptr<rocksdb::Iterator> it(

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
+#include "server/checkpoint/file_util.h"
 
 namespace recps::server::checkpoint {
 namespace {
@@ -27,13 +28,16 @@ class ExportAhead {
 
   ExportAhead(const EmbeddingStore& store, const std::vector<int>& tables,
               const std::vector<uint32_t>& slots, int64_t chunk_rows,
-              const RowSourceOptions& source)
+              const RowSourceOptions& source, int nice)
       : store_(store),
         tables_(tables),
         slots_(slots),
         chunk_rows_(chunk_rows),
         source_(source) {
-    thread_ = std::thread([this] { Produce(); });
+    thread_ = std::thread([this, nice] {
+      BackgroundThisThread(nice);
+      Produce();
+    });
   }
   ~ExportAhead() {
     {
@@ -184,6 +188,22 @@ absl::StatusOr<RowFileInfo> RowFileWriter::Write(
     const EmbeddingStore& store, absl::Span<const uint32_t> slots,
     const std::string& path, const RowSourceOptions& source,
     const RowFileMeta& meta) const {
+  // The encoding runs on a thread of its own so that only it is marked as
+  // background (a thread cannot raise its priority back without
+  // privileges).
+  absl::StatusOr<RowFileInfo> result;
+  std::thread encoder([&] {
+    BackgroundThisThread(options_.thread_nice);
+    result = WriteHere(store, slots, path, source, meta);
+  });
+  encoder.join();
+  return result;
+}
+
+absl::StatusOr<RowFileInfo> RowFileWriter::WriteHere(
+    const EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    const std::string& path, const RowSourceOptions& source,
+    const RowFileMeta& meta) const {
   const uint32_t num_slots = static_cast<uint32_t>(store.RowsPerSlot().size());
   const std::vector<uint32_t> sorted = SortedUnique(slots);
   if (!sorted.empty() && sorted.back() >= num_slots) {
@@ -213,7 +233,8 @@ absl::StatusOr<RowFileInfo> RowFileWriter::Write(
   ASSIGN_OR_RETURN(std::unique_ptr<RowFileBuilder> builder,
                    RowFileBuilder::Create(path, header, options_));
   {
-    ExportAhead ahead(store, tables, sorted, options_.chunk_rows, source);
+    ExportAhead ahead(store, tables, sorted, options_.chunk_rows, source,
+                      options_.thread_nice);
     while (const ExportAhead::Item* item = ahead.Next()) {
       const std::string& name = store.spec(item->table).name;
       if (!item->status.ok()) {
@@ -264,12 +285,16 @@ absl::StatusOr<int64_t> ImportRowFile(
       RETURN_IF_ERROR(import_slots(sorted));
       continue;
     }
-    // Slots are independent (each has its own lock in the store): chunks of
-    // them import in parallel, each with its own iterator.
+    // Slots are independent (each has its own lock in the store): one
+    // contiguous run of them per pool thread, each with its own iterator,
+    // so every thread reads its part of the file sequentially (many small
+    // runs re-read the blocks at their edges and restart readahead).
     absl::Mutex mu;
     absl::Status first_error;
+    const int64_t n = static_cast<int64_t>(sorted.size());
+    const int64_t threads = std::max(1, options.pool->num_threads());
     options.pool->ParallelFor(
-        static_cast<int64_t>(sorted.size()), /*grain=*/16,
+        n, /*grain=*/(n + threads - 1) / threads,
         [&](int64_t begin, int64_t end) {
           absl::Status s = import_slots(
               absl::MakeConstSpan(sorted).subspan(begin, end - begin));

@@ -77,6 +77,12 @@ class RowFileWriter {
                                     const RowFileMeta& meta = {}) const;
 
  private:
+  absl::StatusOr<RowFileInfo> WriteHere(const EmbeddingStore& store,
+                                        absl::Span<const uint32_t> slots,
+                                        const std::string& path,
+                                        const RowSourceOptions& source,
+                                        const RowFileMeta& meta) const;
+
   RowFileOptions options_;
 };
 

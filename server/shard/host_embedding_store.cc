@@ -467,6 +467,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
       }
     } while (!t->next_row.compare_exchange_weak(next, next + fresh,
                                                 std::memory_order_relaxed));
+    // One rehash at most for the whole batch, not one per doubling.
+    if (fresh > 0) index.Reserve(index.size() + fresh);
     // Rows are written under the lock, before anyone can find them.
     const uint64_t gen = t->write_gen.load(std::memory_order_relaxed);
     for (size_t p = 0; p < ids.size(); ++p) {
@@ -580,7 +582,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
         const float* src =
             found[k].second >= 0
                 ? t->Row(found[k].second)
-                : pre.rows.data() + (-1 - found[k].second) * t->stride;
+                : pre.Row(-1 - found[k].second, t->stride);
         std::memcpy(out->rows.data() + k * t->stride, src,
                     sizeof(float) * t->stride);
       }

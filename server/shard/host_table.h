@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -81,9 +83,18 @@ struct Table {
   // change after it; one per stripe, guarded by that stripe.
   struct PreImages {
     // (slot, id) -> index into gens (rows at index x stride in `rows`).
+    // Rows per block of `blocks`.
+    static constexpr int64_t kBlockRows = 1024;
     absl::flat_hash_map<std::pair<uint32_t, int64_t>, int64_t> at;
-    std::vector<float> rows;
+    // Pre-image k is row k % kBlockRows of blocks[k / kBlockRows]: fixed
+    // blocks, so a push that copies a row aside never reallocates (and
+    // copies) every row copied before it under the stripe lock.
+    std::vector<std::unique_ptr<float[]>> blocks;
     std::vector<uint64_t> gens;  // the row's generation at the cut
+
+    const float* Row(int64_t k, int64_t stride) const {
+      return blocks[k / kBlockRows].get() + (k % kBlockRows) * stride;
+    }
   };
   mutable std::array<PreImages, kStripes> pre_images;
   std::atomic<int64_t> pre_image_bytes{0};
@@ -106,9 +117,13 @@ struct Table {
     const auto [it, inserted] = p.at.try_emplace(
         std::make_pair(slot, id), static_cast<int64_t>(p.gens.size()));
     if (!inserted) return;
+    const int64_t k = static_cast<int64_t>(p.gens.size());
     p.gens.push_back(gen);
-    const float* row = Row(r);
-    p.rows.insert(p.rows.end(), row, row + stride);
+    if (k % PreImages::kBlockRows == 0) {
+      p.blocks.emplace_back(new float[PreImages::kBlockRows * stride]);
+    }
+    std::memcpy(p.blocks.back().get() + (k % PreImages::kBlockRows) * stride,
+                Row(r), sizeof(float) * stride);
     pre_image_bytes.fetch_add(stride * static_cast<int64_t>(sizeof(float)),
                               std::memory_order_relaxed);
   }

@@ -104,6 +104,14 @@ class IdIndex {
     return row;
   }
 
+  // Grows the array once so that `rows` entries fit (a bulk import's
+  // FindOrInsert calls then never rehash); the capacity is what inserting
+  // them one by one would reach.
+  void Reserve(int64_t rows) {
+    const int64_t c = CapacityForRows(rows);
+    if (c > capacity()) Rehash(c);
+  }
+
   // Points the entry of `id` at `row`; false (nothing changed) when `id`
   // has no entry.
   bool SetRow(int64_t id, int64_t row) {

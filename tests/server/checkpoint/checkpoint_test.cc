@@ -279,6 +279,52 @@ TEST_F(CheckpointTest, Crc32cMatchesTheStandardCheckValue) {
             Crc32cExtend(0, s.data(), s.size()));
 }
 
+// Parts checksummed apart and combined give the whole's CRC (any split,
+// empty parts included), and so does the parallel file checksum, which
+// splits a file of 40 MiB + 3 bytes into ranges of the pool's threads.
+TEST_F(CheckpointTest, Crc32cCombineAndParallelFileChecksumMatchOnePass) {
+  std::string s(size_t{40} << 20, '\0');
+  uint64_t x = 1;
+  for (char& c : s) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    c = static_cast<char>(x >> 56);
+  }
+  s += "abc";
+  const uint32_t whole = Crc32cExtend(0, s.data(), s.size());
+  for (size_t cut : {size_t{0}, size_t{1}, size_t{4097}, s.size() - 1, s.size()}) {
+    EXPECT_EQ(Crc32cCombine(Crc32cExtend(0, s.data(), cut),
+                            Crc32cExtend(0, s.data() + cut, s.size() - cut),
+                            s.size() - cut),
+              whole)
+        << cut;
+  }
+  fs::create_directories(root_);
+  const std::string path = root_ + "/crc.bin";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(s.data(), static_cast<std::streamsize>(s.size()));
+  }
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    absl::StatusOr<FileCrc> crc = ChecksumFileParallel(path, &pool);
+    ASSERT_TRUE(crc.ok()) << crc.status();
+    EXPECT_EQ(crc->size_bytes, s.size());
+    EXPECT_EQ(crc->crc32c, whole) << threads << " threads";
+  }
+  // A flipped byte in the last range changes it.
+  {
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(static_cast<std::streamoff>(s.size() - 2));
+    f.put('X');
+  }
+  ThreadPool pool(2);
+  absl::StatusOr<FileCrc> flipped = ChecksumFileParallel(path, &pool);
+  ASSERT_TRUE(flipped.ok()) << flipped.status();
+  EXPECT_NE(flipped->crc32c, whole);
+  EXPECT_EQ(ChecksumFileParallel(root_ + "/missing", nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 void FlipByte(const std::string& path, off_t offset) {
   const int fd = open(path.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);

@@ -267,6 +267,52 @@ TEST_F(SlotTransferTest, ExportImportGivesBitIdenticalRowsAndState) {
   ExpectIdentical("after more pushes");
 }
 
+// A bulk import sizes each slot's index once (IdIndex::Reserve) to exactly
+// what row-by-row creation reaches, so the planner's memory estimate from
+// row counts still holds after a restore; and it does so both for a whole
+// slot at once and in small batches.
+TEST_F(SlotTransferTest, BulkImportIndexIsSizedAsRowByRowCreation) {
+  CopyAToB(/*max_rows=*/1 << 20);
+  for (int t = 0; t < a_->num_tables(); ++t) {
+    EXPECT_EQ(b_->Info(t).index_bytes, a_->Info(t).index_bytes)
+        << a_->spec(t).name;
+  }
+  b_ = MakeStore(AllKinds());
+  CopyAToB(/*max_rows=*/7);
+  for (int t = 0; t < a_->num_tables(); ++t) {
+    EXPECT_EQ(b_->Info(t).index_bytes, a_->Info(t).index_bytes)
+        << a_->spec(t).name;
+  }
+  ExpectIdentical("after imports of 7 rows at a time");
+}
+
+// The import's branch-free validation takes -0.0 as >= 0 (second moments,
+// Adagrad sums) and -0.0 or tiny negatives as finite weights, as the
+// column-by-column check did.
+TEST_F(SlotTransferTest, ImportAcceptsNegativeZeroStateAndSubnormals) {
+  const uint32_t slot = 1;
+  for (int t = 0; t < a_->num_tables(); ++t) {
+    SCOPED_TRACE(a_->spec(t).name);
+    Exported e = ExportWhole(*a_, t, slot, 1 << 20);
+    ASSERT_FALSE(e.ids.empty());
+    const int64_t stride = Stride(*a_, t);
+    const int dim = a_->spec(t).dim;
+    const int64_t used =
+        dim + kernels::FusedRowStateWidth(a_->spec(t).optimizer.kind, dim);
+    for (size_t p = 0; p < e.ids.size(); ++p) {
+      float* row = e.rows.data() + p * stride;
+      row[0] = -std::numeric_limits<float>::denorm_min();
+      // Every state column -0.0, except Adam's step count (not a float).
+      const bool adam = a_->spec(t).optimizer.kind == OptimizerKind::kAdam ||
+                        a_->spec(t).optimizer.kind == OptimizerKind::kAdamW;
+      const int64_t state_end = adam ? 3 * dim : used;
+      for (int64_t c = dim; c < state_end; ++c) row[c] = -0.0f;
+    }
+    const absl::Status s = b_->ImportRows(t, slot, e.ids, e.rows.data());
+    EXPECT_TRUE(s.ok()) << s;
+  }
+}
+
 TEST_F(SlotTransferTest, SmallChunksGiveTheSameRowsInAscendingOrder) {
   for (int t = 0; t < a_->num_tables(); ++t) {
     for (uint32_t slot = 0; slot < kSlots; slot += 5) {
