@@ -27,6 +27,8 @@
 #include "common/config/job_config.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
+#include "common/rpc/gate_flags.h"
+#include "common/rpc/tls_flags.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
 #include "common/flags_usage.h"
@@ -200,7 +202,14 @@ int Run() {
     metrics_port = ports.empty() ? 0 : ports[0];
   }
 
+  absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
+  if (!gate_options.ok()) {
+    LogError(gate_options.status().message());
+    return 2;
+  }
+  rpc::CallGate gate(*gate_options, registry.get());
   CoordinatorService service(coordinator->get(), registry.get());
+  service.set_gate(&gate);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -262,5 +271,6 @@ int main(int argc, char** argv) {
       "[--num_slots=4096] [--lease=10s]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-coordinator");
+  recps::rpc::InitProcessSecurityFromFlags();
   return recps::server::Run();
 }

@@ -27,6 +27,8 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/rpc/channels.h"
+#include "common/rpc/gate_flags.h"
+#include "common/rpc/tls_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
@@ -337,8 +339,16 @@ int Run() {
     return 2;
   }
 
+  absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
+  if (!gate_options.ok()) {
+    LogError(gate_options.status().message());
+    return 2;
+  }
+  rpc::CallGate gate(*gate_options, registry.get());
   EmbeddingShardService data_service(shard->get(), &metrics);
   ShardAdminService admin_service(shard->get(), &metrics);
+  data_service.set_gate(&gate);
+  admin_service.set_gate(&gate);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -451,6 +461,7 @@ int main(int argc, char** argv) {
       "[--standalone]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-shard");
+  recps::rpc::InitProcessSecurityFromFlags();
   recps::TuneDataPlaneProcess();
   return recps::server::Run();
 }
