@@ -28,6 +28,7 @@
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/rpc/gate_flags.h"
+#include "common/rpc/health_port.h"
 #include "common/rpc/tls_flags.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
@@ -91,6 +92,10 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
 ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(1),
           "on SIGTERM, how long calls in flight may take to finish (and "
           "clients to close their connections; watches and waits end at once)");
+ABSL_FLAG(std::string, health_listen, "",
+          "if set, a plaintext port (host:port) serving only grpc.health.v1 "
+          "(SERVING while the coordinator serves): for probes that cannot "
+          "present a client certificate (the kubelet's gRPC probe)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -225,6 +230,16 @@ int Run() {
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);
     return 1;
+  }
+  std::unique_ptr<rpc::HealthPort> health_port;
+  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
+    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
+    if (!started.ok()) {
+      LogError(started.status().message());
+      return 1;
+    }
+    health_port = *std::move(started);
+    health_port->SetServing(true);
   }
   auto ticker =
       std::make_unique<CoordinatorTicker>(coordinator->get(), absl::GetFlag(FLAGS_tick));

@@ -28,6 +28,7 @@
 #include "common/status_macros.h"
 #include "common/rpc/channels.h"
 #include "common/rpc/gate_flags.h"
+#include "common/rpc/health_port.h"
 #include "common/rpc/tls_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/port_file.h"
@@ -103,6 +104,10 @@ ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address, host:port: register there as a shard server, "
           "keep the lease by heartbeat and take the shard map it pushes");
+ABSL_FLAG(std::string, health_listen, "",
+          "if set, a plaintext port (host:port) serving only grpc.health.v1, "
+          "SERVING once the shard map is installed: for probes that cannot "
+          "present a client certificate (the kubelet's gRPC probe)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -323,10 +328,20 @@ int Run() {
   // The health service exists only once the gRPC server is built, after
   // the shard server: the callback finds it through this pointer.
   std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
-  options.on_map_installed = [&health] {
+  std::unique_ptr<rpc::HealthPort> health_port;
+  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
+    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
+    if (!started.ok()) {
+      LogError(started.status().message());
+      return 1;
+    }
+    health_port = *std::move(started);
+  }
+  options.on_map_installed = [&health, port = health_port.get()] {
     if (grpc::HealthCheckServiceInterface* h = health.load()) {
       h->SetServingStatus(true);
     }
+    if (port != nullptr) port->SetServing(true);
   };
   // Column groups of column-wise tables: same seed, slots and limits.
   options.create_store = [store_options](std::vector<config::TableSpec> groups) {
