@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<HealthPort>> HealthPort::Start(const std::string&
   builder.AddListeningPort(listen, ServerCredentials(TransportSecurity::Insecure()),
                            &port->port_);
   builder.SetMaxReceiveMessageSize(4096);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // see recps-shard
   port->server_ = builder.BuildAndStart();
   if (port->server_ == nullptr || port->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("--health_listen=", listen, ": cannot listen"));

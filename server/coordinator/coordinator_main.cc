@@ -221,6 +221,10 @@ int Run() {
   int grpc_port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
+  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
+  // a port another process of the same user listens on (a restart on its
+  // old port) silently shares it, the kernel splitting connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   // Room for the largest value a KvSet may carry, and not much more: a
   // bigger request is refused by gRPC before it is parsed.

@@ -371,6 +371,10 @@ int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()),
                            &grpc_port);
+  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
+  // a port another process of the same user listens on (a restart on its
+  // old port) silently shares it, the kernel splitting connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&data_service);
   builder.RegisterService(&admin_service);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_mb) << 20);

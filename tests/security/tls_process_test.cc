@@ -500,6 +500,30 @@ TEST_F(TlsProcessTest, RecpsctlWithAdminAndReaderCertificates) {
   EXPECT_TRUE(absl::StrContains(Slurp(out), "--insecure")) << Slurp(out);
 }
 
+// A server started on a port another server listens on fails, instead of
+// sharing it through SO_REUSEPORT (gRPC's default), where the kernel would
+// hand it some of the other's connections: clients would reach a server of
+// another cluster (seen as TLS handshakes that time out).
+TEST_F(TlsProcessTest, AServerDoesNotShareATakenPort) {
+  std::vector<std::string> args = {"--state_dir=" + dir_->path() + "/port-a", "--num_slots=64"};
+  for (std::string& f : TlsFlags("coordinator")) args.push_back(std::move(f));
+  auto first = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string tables = dir_->WriteFile("tables.textproto", kTables);
+  const std::pair<const char*, std::string> second[] = {
+      {RECPS_COORDINATOR_BINARY, "--state_dir=" + dir_->path() + "/port-b"},
+      {RECPS_SHARD_BINARY, "--standalone --tables=" + tables}};
+  for (const auto& [binary, flags] : second) {
+    const std::string log = dir_->path() + "/port-b.log";
+    // Before the fix it started and served: `timeout` ends it (exit 124).
+    const int code = Shell(absl::StrCat("timeout 20 ", binary, " --insecure --listen=", (*first)->address(),
+                                        " --metrics_listen= ", flags, " >", log, " 2>&1"));
+    EXPECT_EQ(code, 1) << binary << ": " << Slurp(log);
+    EXPECT_TRUE(absl::StrContains(Slurp(log), "cannot listen on " + (*first)->address()))
+        << binary << ": " << Slurp(log);
+  }
+}
+
 // `recps local` trains with mutual TLS by default, with certificates it
 // makes in its work directory.
 TEST_F(TlsProcessTest, RecpsLocalTrainsWithTls) {
