@@ -218,7 +218,7 @@ TEST(Cluster, LaunchStartsTwoWorkersOfACluster) {
   absl::StatusOr<int> code = testing::RunProcess(
       RECPS_LAUNCHER_BINARY,
       {"launch", "--nproc-per-node=2", "--nnodes=1", "--coordinator=" + address,
-       "--gpus=none", "--log_dir=" + dir.path() + "/logs", "--", "--steps=40",
+       "--gpus=none", "--log_dir=" + dir.path() + "/logs", "--insecure", "--", "--steps=40",
        "--threads=1", "--result_json=" + dir.path() + "/result.json"},
       absl::Minutes(4));
   ASSERT_TRUE(code.ok()) << code.status();
