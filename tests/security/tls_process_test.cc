@@ -394,6 +394,47 @@ TEST_F(TlsProcessTest, ConcurrentCallsPerClientAreBounded) {
   EXPECT_TRUE(Eventually([&] { return Lookup(a, LookupOf("fixed", 0)).ok(); }));
 }
 
+// The coordinator bounds each client's calls in flight the same way: a
+// waiting KvGet holds its caller's slot.
+TEST_F(TlsProcessTest, CoordinatorBoundsCallsPerClient) {
+  std::vector<std::string> args = {"--state_dir=" + dir_->path() + "/coord-limit",
+                                   "--num_slots=64", "--max_calls_per_client=1"};
+  for (std::string& f : TlsFlags("coordinator")) args.push_back(std::move(f));
+  auto coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::string address = (*coordinator)->address();
+  auto a = v1::Coordinator::NewStub(Channel(address, Tls("worker-a")));
+  grpc::ClientContext waiting;
+  rpc::SetTimeout(absl::Seconds(30), &waiting);
+  v1::KvGetRequest wait;
+  wait.set_key("never-set");
+  wait.set_wait_ms(30000);
+  v1::KvGetResponse wait_response;
+  absl::Notification wait_done;
+  a->async()->KvGet(&waiting, &wait, &wait_response,
+                    [&](grpc::Status) { wait_done.Notify(); });
+  auto kv_get = [&](v1::Coordinator::Stub* stub) {
+    grpc::ClientContext context;
+    rpc::SetTimeout(absl::Seconds(5), &context);
+    v1::KvGetRequest request;
+    request.set_key("absent");
+    v1::KvGetResponse response;
+    return stub->KvGet(&context, request, &response);
+  };
+  // Once the wait holds worker-a's one slot, its next call is refused.
+  grpc::Status second;
+  ASSERT_TRUE(Eventually([&] {
+    second = kv_get(a.get());
+    return second.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  })) << second.error_message();
+  EXPECT_TRUE(absl::StrContains(second.error_message(), "--max_calls_per_client"));
+  // worker-b is served (NOT_FOUND: the key is absent).
+  auto b = v1::Coordinator::NewStub(Channel(address, Tls("worker-b")));
+  EXPECT_EQ(kv_get(b.get()).error_code(), grpc::StatusCode::NOT_FOUND);
+  waiting.TryCancel();
+  wait_done.WaitForNotification();
+}
+
 // A client that keeps sending bad requests is refused for a while; others
 // are not.
 TEST_F(TlsProcessTest, BadRequestsGetAClientRefused) {
@@ -516,8 +557,9 @@ TEST_F(TlsProcessTest, AServerDoesNotShareATakenPort) {
   for (const auto& [binary, flags] : second) {
     const std::string log = dir_->path() + "/port-b.log";
     // Before the fix it started and served: `timeout` ends it (exit 124).
-    const int code = Shell(absl::StrCat("timeout 20 ", binary, " --insecure --listen=", (*first)->address(),
-                                        " --metrics_listen= ", flags, " >", log, " 2>&1"));
+    const int code =
+        Shell(absl::StrCat("timeout 20 ", binary, " --insecure --listen=", (*first)->address(),
+                           " --metrics_listen= ", flags, " >", log, " 2>&1"));
     EXPECT_EQ(code, 1) << binary << ": " << Slurp(log);
     EXPECT_TRUE(absl::StrContains(Slurp(log), "cannot listen on " + (*first)->address()))
         << binary << ": " << Slurp(log);
