@@ -23,38 +23,39 @@ constexpr uint32_t kAny = W | S | C | R;
 // Who may call what besides admin (who may call everything). A method not
 // listed here is admin-only, so a new RPC is closed until it is added.
 const std::map<std::string, uint32_t, std::less<>>& Table() {
-  static const auto* const table = new std::map<std::string, uint32_t, std::less<>>{
-      // Data plane.
-      {"EmbeddingShard.Lookup", W},
-      {"EmbeddingShard.PushGradients", W},
-      // Shard servers' operations: the coordinator acts for admins.
-      {"ShardAdmin.Stats", C | R},
-      {"ShardAdmin.GetShardMap", W | S | C | R},
-      {"ShardAdmin.SetShardMap", C},
-      {"ShardAdmin.SaveRows", C},
-      {"ShardAdmin.SaveRowsStatus", C},
-      {"ShardAdmin.RestoreRows", C},
-      // Coordinator: membership, rendezvous, checkpoints.
-      {"Coordinator.Register", W | S},
-      {"Coordinator.Heartbeat", W | S},
-      {"Coordinator.Leave", W | S},
-      {"Coordinator.GetShardMap", W | S | R},
-      {"Coordinator.WatchShardMap", W | S | R},
-      {"Coordinator.KvSet", W},
-      {"Coordinator.KvGet", W | S},
-      {"Coordinator.KvWait", W},
-      {"Coordinator.Barrier", W},
-      {"Coordinator.GetJob", W | S | R},
-      {"Coordinator.ListMembers", R},
-      {"Coordinator.GetPlan", R},
-      {"Coordinator.ForgetMember", 0},
-      {"Coordinator.CheckpointCut", W},
-      {"Coordinator.RequestCheckpoint", 0},
-      {"Coordinator.ListCheckpoints", R},
-      {"Coordinator.GetResumeState", W},
-      {"Health.Check", kAny},
-      {"Health.Watch", kAny},
-  };
+  static const auto* const table =
+      new std::map<std::string, uint32_t, std::less<>>{
+          // Data plane.
+          {"EmbeddingShard.Lookup", W},
+          {"EmbeddingShard.PushGradients", W},
+          // Shard servers' operations: the coordinator acts for admins.
+          {"ShardAdmin.Stats", C | R},
+          {"ShardAdmin.GetShardMap", W | S | C | R},
+          {"ShardAdmin.SetShardMap", C},
+          {"ShardAdmin.SaveRows", C},
+          {"ShardAdmin.SaveRowsStatus", C},
+          {"ShardAdmin.RestoreRows", C},
+          // Coordinator: membership, rendezvous, checkpoints.
+          {"Coordinator.Register", W | S},
+          {"Coordinator.Heartbeat", W | S},
+          {"Coordinator.Leave", W | S},
+          {"Coordinator.GetShardMap", W | S | R},
+          {"Coordinator.WatchShardMap", W | S | R},
+          {"Coordinator.KvSet", W},
+          {"Coordinator.KvGet", W | S},
+          {"Coordinator.KvWait", W},
+          {"Coordinator.Barrier", W},
+          {"Coordinator.GetJob", W | S | R},
+          {"Coordinator.ListMembers", R},
+          {"Coordinator.GetPlan", R},
+          {"Coordinator.ForgetMember", 0},
+          {"Coordinator.CheckpointCut", W},
+          {"Coordinator.RequestCheckpoint", 0},
+          {"Coordinator.ListCheckpoints", R},
+          {"Coordinator.GetResumeState", W},
+          {"Health.Check", kAny},
+          {"Health.Watch", kAny},
+      };
   return *table;
 }
 
@@ -118,36 +119,43 @@ absl::Status Admission::Require(uint32_t roles, absl::string_view what) const {
   if (gate_ == nullptr || !gate_->enforcing()) return absl::OkStatus();
   if (roles & RoleBit(peer_.role)) return absl::OkStatus();
   gate_->CountDenied(method_, peer_.role, what);
-  return absl::PermissionDeniedError(absl::StrCat(
-      "role '", RoleName(peer_.role), "' (", peer_.uri, ") may not ", what, " (needs ",
-      DescribeRoles(roles), ")"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("role '", RoleName(peer_.role), "' (", peer_.uri,
+                   ") may not ", what, " (needs ", DescribeRoles(roles), ")"));
 }
 
-CallGate::CallGate(bool enforce, CallGateOptions options, prometheus::Registry* registry)
+CallGate::CallGate(bool enforce, CallGateOptions options,
+                   prometheus::Registry* registry)
     : enforce_(enforce), options_(options) {
   if (registry != nullptr) {
-    denied_ = &prometheus::BuildCounter()
-                   .Name("recps_rpc_denied_total")
-                   .Help("RPCs refused because the caller's role may not make them, "
-                         "by RPC and the caller's role")
-                   .Register(*registry);
+    denied_ =
+        &prometheus::BuildCounter()
+             .Name("recps_rpc_denied_total")
+             .Help(
+                 "RPCs refused because the caller's role may not make them, "
+                 "by RPC and the caller's role")
+             .Register(*registry);
     limited_ = &prometheus::BuildCounter()
                     .Name("recps_rpc_client_limited_total")
-                    .Help("RPCs refused by a per-client limit, by RPC and reason "
-                          "(concurrency, bad_requests)")
+                    .Help(
+                        "RPCs refused by a per-client limit, by RPC and reason "
+                        "(concurrency, bad_requests)")
                     .Register(*registry);
   }
 }
 
 CallGate::CallGate(CallGateOptions options, prometheus::Registry* registry)
-    : CallGate(Resolve(TransportSecurity()).mode == TransportSecurity::Mode::kTls,
-               options, registry) {}
+    : CallGate(
+          Resolve(TransportSecurity()).mode == TransportSecurity::Mode::kTls,
+          options, registry) {}
 
 CallGate::~CallGate() = default;
 
-void CallGate::CountDenied(absl::string_view method, Role role, absl::string_view why) {
+void CallGate::CountDenied(absl::string_view method, Role role,
+                           absl::string_view why) {
   if (denied_ != nullptr) {
-    denied_->Add({{"rpc", std::string(method)}, {"role", RoleName(role)}}).Increment();
+    denied_->Add({{"rpc", std::string(method)}, {"role", RoleName(role)}})
+        .Increment();
   }
   int64_t suppressed = 0;
   {
@@ -164,18 +172,20 @@ void CallGate::CountDenied(absl::string_view method, Role role, absl::string_vie
     suppressed = std::exchange(suppressed_, 0);
   }
   LogWarning("refused ", method, ": ", why,
-             suppressed > 0 ? absl::StrCat(" [", suppressed, " refusals not logged before this]")
+             suppressed > 0 ? absl::StrCat(" [", suppressed,
+                                           " refusals not logged before this]")
                             : "");
 }
 
 void CallGate::CountLimited(absl::string_view method, const char* reason) {
   if (limited_ != nullptr) {
-    limited_->Add({{"rpc", std::string(method)}, {"reason", reason}}).Increment();
+    limited_->Add({{"rpc", std::string(method)}, {"reason", reason}})
+        .Increment();
   }
 }
 
-absl::StatusOr<Admission> CallGate::Admit(const grpc::ServerContextBase& context,
-                                          absl::string_view method) {
+absl::StatusOr<Admission> CallGate::Admit(
+    const grpc::ServerContextBase& context, absl::string_view method) {
   Admission admission;
   admission.gate_ = this;
   if (!enforce_) return admission;
@@ -184,10 +194,11 @@ absl::StatusOr<Admission> CallGate::Admit(const grpc::ServerContextBase& context
   const PeerIdentity& peer = admission.peer_;
   if (!peer.authenticated || peer.role == Role::kNone) {
     const std::string why =
-        peer.authenticated
-            ? "the client certificate has no spiffe://recps/<cluster>/<role>/<name> URI"
-            : "the client presented no verified certificate";
-    CountDenied(method, Role::kNone, absl::StrCat(why, " (peer ", context.peer(), ")"));
+        peer.authenticated ? "the client certificate has no "
+                             "spiffe://recps/<cluster>/<role>/<name> URI"
+                           : "the client presented no verified certificate";
+    CountDenied(method, Role::kNone,
+                absl::StrCat(why, " (peer ", context.peer(), ")"));
     return absl::UnauthenticatedError(absl::StrCat(method, ": ", why));
   }
   const uint32_t allowed = AllowedRoles(method);
@@ -195,7 +206,8 @@ absl::StatusOr<Admission> CallGate::Admit(const grpc::ServerContextBase& context
     const std::string message =
         absl::StrCat("role '", RoleName(peer.role), "' may not call ", method,
                      " (needs ", DescribeRoles(allowed), ")");
-    CountDenied(method, peer.role, absl::StrCat(message, "; caller ", peer.uri));
+    CountDenied(method, peer.role,
+                absl::StrCat(message, "; caller ", peer.uri));
     return absl::PermissionDeniedError(message);
   }
   const absl::Time now = absl::Now();
@@ -213,17 +225,21 @@ absl::StatusOr<Admission> CallGate::Admit(const grpc::ServerContextBase& context
   Admission::Client& client = clients_[peer.uri];
   if (client.refused_until > now) {
     CountLimited(method, "bad_requests");
-    return absl::UnavailableError(absl::StrCat(
-        peer.uri, " is refused for ", absl::FormatDuration(absl::Ceil(client.refused_until - now, absl::Seconds(1))),
-        " more: it made more than ", options_.max_bad_requests, " bad requests within ",
-        absl::FormatDuration(options_.bad_request_window),
-        " (--max_bad_requests_per_client); retry after that"));
+    return absl::UnavailableError(
+        absl::StrCat(peer.uri, " is refused for ",
+                     absl::FormatDuration(absl::Ceil(client.refused_until - now,
+                                                     absl::Seconds(1))),
+                     " more: it made more than ", options_.max_bad_requests,
+                     " bad requests within ",
+                     absl::FormatDuration(options_.bad_request_window),
+                     " (--max_bad_requests_per_client); retry after that"));
   }
   if (options_.max_calls_per_client > 0 &&
       client.in_flight >= options_.max_calls_per_client) {
     CountLimited(method, "concurrency");
     return absl::ResourceExhaustedError(absl::StrCat(
-        peer.uri, " has ", client.in_flight, " calls in flight, the limit per client is ",
+        peer.uri, " has ", client.in_flight,
+        " calls in flight, the limit per client is ",
         options_.max_calls_per_client, " (--max_calls_per_client)"));
   }
   ++client.in_flight;
@@ -254,8 +270,10 @@ void CallGate::NoteBad(Admission::Client* client, const PeerIdentity& peer) {
     }
   }
   if (refused) {
-    LogWarning("refusing ", peer.uri, " for ", absl::FormatDuration(options_.bad_request_penalty),
-               ": more than ", options_.max_bad_requests, " bad requests within ",
+    LogWarning("refusing ", peer.uri, " for ",
+               absl::FormatDuration(options_.bad_request_penalty),
+               ": more than ", options_.max_bad_requests,
+               " bad requests within ",
                absl::FormatDuration(options_.bad_request_window));
   }
 }

@@ -2,8 +2,9 @@
 // role, from identity.h) call this RPC, and is it within its per-client
 // limits? docs/security.md has the roles table; docs/limits.md the limits.
 //
-//   absl::StatusOr<rpc::Admission> admission = gate->Admit(*context, "ShardAdmin.Stats");
-//   if (!admission.ok()) return Finish(admission.status());
+//   absl::StatusOr<rpc::Admission> admission = gate->Admit(*context,
+//   "ShardAdmin.Stats"); if (!admission.ok()) return
+//   Finish(admission.status());
 //   ... keep `admission` alive until the call finishes ...
 //
 // With plaintext (--insecure) there are no identities: every call is
@@ -94,7 +95,8 @@ class CallGate {
  public:
   // `enforce`: the server runs mutual TLS (else every call is allowed).
   // `registry` may be null (no metrics).
-  CallGate(bool enforce, CallGateOptions options, prometheus::Registry* registry);
+  CallGate(bool enforce, CallGateOptions options,
+           prometheus::Registry* registry);
   // For the process's security (rpc::Resolve of the default).
   CallGate(CallGateOptions options, prometheus::Registry* registry);
   ~CallGate();
@@ -127,7 +129,8 @@ class CallGate {
   prometheus::Family<prometheus::Counter>* limited_ = nullptr;
   absl::Mutex mu_;
   // Node map: Admissions point at their Client.
-  absl::node_hash_map<std::string, Admission::Client> clients_ ABSL_GUARDED_BY(mu_);
+  absl::node_hash_map<std::string, Admission::Client> clients_
+      ABSL_GUARDED_BY(mu_);
   absl::Time last_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t logs_in_window_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;

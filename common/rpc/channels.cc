@@ -20,7 +20,8 @@ namespace recps::rpc {
 namespace {
 
 ABSL_CONST_INIT absl::Mutex process_mu(absl::kConstInit);
-TransportSecurity& ProcessSecurityLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(process_mu) {
+TransportSecurity& ProcessSecurityLocked()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(process_mu) {
   static TransportSecurity* const security =
       new TransportSecurity(TransportSecurity::Insecure());
   return *security;
@@ -66,13 +67,15 @@ TransportSecurity TransportSecurity::Tls(std::string ca, std::string cert,
 
 void SetProcessSecurity(const TransportSecurity& security) {
   absl::MutexLock lock(&process_mu);
-  ProcessSecurityLocked() = security.mode == TransportSecurity::Mode::kProcessDefault
-                                ? TransportSecurity::Insecure()
-                                : security;
+  ProcessSecurityLocked() =
+      security.mode == TransportSecurity::Mode::kProcessDefault
+          ? TransportSecurity::Insecure()
+          : security;
 }
 
 TransportSecurity Resolve(const TransportSecurity& security) {
-  if (security.mode != TransportSecurity::Mode::kProcessDefault) return security;
+  if (security.mode != TransportSecurity::Mode::kProcessDefault)
+    return security;
   absl::MutexLock lock(&process_mu);
   return ProcessSecurityLocked();
 }
@@ -81,11 +84,14 @@ absl::Status CheckTlsFiles(const TransportSecurity& security) {
   const TransportSecurity s = Resolve(security);
   if (s.mode != TransportSecurity::Mode::kTls) return absl::OkStatus();
   const std::pair<const char*, const std::string*> files[] = {
-      {"--tls_ca", &s.ca_file}, {"--tls_cert", &s.cert_file}, {"--tls_key", &s.key_file}};
+      {"--tls_ca", &s.ca_file},
+      {"--tls_cert", &s.cert_file},
+      {"--tls_key", &s.key_file}};
   for (const auto& [flag, path] : files) {
     if (path->empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          flag, " is empty: mutual TLS needs --tls_ca, --tls_cert and --tls_key "
+          flag,
+          " is empty: mutual TLS needs --tls_ca, --tls_cert and --tls_key "
           "(or --insecure for plaintext)"));
     }
     std::ifstream in(*path);
@@ -96,8 +102,8 @@ absl::Status CheckTlsFiles(const TransportSecurity& security) {
     std::stringstream text;
     text << in.rdbuf();
     if (!absl::StrContains(text.str(), "-----BEGIN ")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, "=", *path, ": not a PEM file (no -----BEGIN line)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, "=", *path, ": not a PEM file (no -----BEGIN line)"));
     }
   }
   return absl::OkStatus();
@@ -106,7 +112,8 @@ absl::Status CheckTlsFiles(const TransportSecurity& security) {
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     const TransportSecurity& security) {
   const TransportSecurity s = Resolve(security);
-  if (s.mode != TransportSecurity::Mode::kTls) return grpc::InsecureChannelCredentials();
+  if (s.mode != TransportSecurity::Mode::kTls)
+    return grpc::InsecureChannelCredentials();
   static absl::Mutex mu(absl::kConstInit);
   static auto* const cache =
       new std::map<FilesKey, std::shared_ptr<grpc::ChannelCredentials>>();
@@ -128,11 +135,13 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
     const TransportSecurity& security) {
   const TransportSecurity s = Resolve(security);
-  if (s.mode != TransportSecurity::Mode::kTls) return grpc::InsecureServerCredentials();
+  if (s.mode != TransportSecurity::Mode::kTls)
+    return grpc::InsecureServerCredentials();
   grpc::experimental::TlsServerCredentialsOptions options(Provider(s));
   options.watch_root_certs();
   options.watch_identity_key_cert_pairs();
-  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.set_cert_request_type(
+      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   return grpc::experimental::TlsServerCredentials(options);
 }
 

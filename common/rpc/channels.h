@@ -36,8 +36,9 @@ struct TransportSecurity {
   absl::Duration reload_interval = absl::Seconds(10);
 
   static TransportSecurity Insecure();
-  static TransportSecurity Tls(std::string ca, std::string cert, std::string key,
-                               absl::Duration reload_interval = absl::Seconds(10));
+  static TransportSecurity Tls(
+      std::string ca, std::string cert, std::string key,
+      absl::Duration reload_interval = absl::Seconds(10));
 };
 
 // The security every kProcessDefault resolves to. Call once in main(),

@@ -21,12 +21,12 @@ ABSL_FLAG(absl::Duration, bad_request_penalty, absl::Seconds(30),
 namespace recps::rpc {
 namespace {
 
-absl::Status CheckDuration(const char* flag, absl::Duration d, absl::Duration lo,
-                           absl::Duration hi) {
+absl::Status CheckDuration(const char* flag, absl::Duration d,
+                           absl::Duration lo, absl::Duration hi) {
   if (d >= lo && d <= hi) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", absl::FormatDuration(d),
-                                                 ": must be ", absl::FormatDuration(lo),
-                                                 "..", absl::FormatDuration(hi)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", absl::FormatDuration(d), ": must be ",
+                   absl::FormatDuration(lo), "..", absl::FormatDuration(hi)));
 }
 
 }  // namespace
@@ -38,20 +38,23 @@ absl::StatusOr<CallGateOptions> CallGateOptionsFromFlags() {
   o.bad_request_window = absl::GetFlag(FLAGS_bad_request_window);
   o.bad_request_penalty = absl::GetFlag(FLAGS_bad_request_penalty);
   if (o.max_calls_per_client < 0 || o.max_calls_per_client > (1 << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_calls_per_client=", o.max_calls_per_client, ": must be 0..1048576"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_calls_per_client=", o.max_calls_per_client,
+                     ": must be 0..1048576"));
   }
   if (o.max_bad_requests < 0 || o.max_bad_requests > 1000000000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--max_bad_requests_per_client=", o.max_bad_requests, ": must be 0..1000000000"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_bad_requests_per_client=", o.max_bad_requests,
+                     ": must be 0..1000000000"));
   }
   if (absl::Status s = CheckDuration("bad_request_window", o.bad_request_window,
                                      absl::Seconds(1), absl::Hours(1));
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckDuration("bad_request_penalty", o.bad_request_penalty,
-                                     absl::Seconds(1), absl::Hours(24));
+  if (absl::Status s =
+          CheckDuration("bad_request_penalty", o.bad_request_penalty,
+                        absl::Seconds(1), absl::Hours(24));
       !s.ok()) {
     return s;
   }

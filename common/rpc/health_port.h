@@ -17,7 +17,8 @@ class HealthPort {
  public:
   // Listens on `listen` (host:port; port 0 picks one), NOT_SERVING until
   // SetServing(true). UNAVAILABLE naming the address when it cannot listen.
-  static absl::StatusOr<std::unique_ptr<HealthPort>> Start(const std::string& listen);
+  static absl::StatusOr<std::unique_ptr<HealthPort>> Start(
+      const std::string& listen);
   ~HealthPort();
 
   void SetServing(bool serving);

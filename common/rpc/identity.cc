@@ -27,12 +27,18 @@ bool ValidPart(absl::string_view part) {
 
 const char* RoleName(Role role) {
   switch (role) {
-    case Role::kWorker: return "worker";
-    case Role::kShard: return "shard";
-    case Role::kCoordinator: return "coordinator";
-    case Role::kAdmin: return "admin";
-    case Role::kReader: return "reader";
-    case Role::kNone: break;
+    case Role::kWorker:
+      return "worker";
+    case Role::kShard:
+      return "shard";
+    case Role::kCoordinator:
+      return "coordinator";
+    case Role::kAdmin:
+      return "admin";
+    case Role::kReader:
+      return "reader";
+    case Role::kNone:
+      break;
   }
   return "none";
 }
@@ -42,10 +48,12 @@ absl::StatusOr<Role> ParseRole(absl::string_view name) {
     if (name == RoleName(r)) return r;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unknown role \"", name, "\" (expected worker, shard, coordinator, admin or reader)"));
+      "unknown role \"", name,
+      "\" (expected worker, shard, coordinator, admin or reader)"));
 }
 
-std::string RecpsUri(absl::string_view cluster, Role role, absl::string_view name) {
+std::string RecpsUri(absl::string_view cluster, Role role,
+                     absl::string_view name) {
   return absl::StrCat(kPrefix, cluster, "/", RoleName(role), "/", name);
 }
 
@@ -82,7 +90,8 @@ PeerIdentity IdentityOf(const grpc::ServerContextBase& context) {
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return id;
   id.authenticated = true;
   // peer_uri lists the URI SANs; older gRPCs only have the SAN list.
-  for (const char* property : {GRPC_PEER_URI_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+  for (const char* property :
+       {GRPC_PEER_URI_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
     for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
       const absl::string_view uri(value.data(), value.size());
       if (!absl::StartsWith(uri, kPrefix)) continue;

@@ -15,7 +15,8 @@ ABSL_FLAG(std::string, tls_ca, "",
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM file of this process's certificate (its SAN URI "
           "spiffe://recps/<cluster>/<role>/<name> gives its role)");
-ABSL_FLAG(std::string, tls_key, "", "PEM file of the private key of --tls_cert");
+ABSL_FLAG(std::string, tls_key, "",
+          "PEM file of the private key of --tls_cert");
 ABSL_FLAG(absl::Duration, tls_reload_interval, absl::Seconds(10),
           "how often the TLS files are re-read (rotation without a restart; "
           "1s..1h)");
@@ -55,8 +56,9 @@ absl::StatusOr<TransportSecurity> SecurityFromFlags() {
   }
   const absl::Duration reload = absl::GetFlag(FLAGS_tls_reload_interval);
   if (reload < absl::Seconds(1) || reload > absl::Hours(1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tls_reload_interval=", absl::FormatDuration(reload), ": must be 1s..1h"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_reload_interval=", absl::FormatDuration(reload),
+                     ": must be 1s..1h"));
   }
   TransportSecurity s = TransportSecurity::Tls(ca, cert, key, reload);
   if (absl::Status files = CheckTlsFiles(s); !files.ok()) return files;
@@ -72,8 +74,9 @@ TransportSecurity InitProcessSecurityFromFlags() {
   }
   SetProcessSecurity(*s);
   if (s->mode == TransportSecurity::Mode::kInsecure) {
-    LogWarning("INSECURE: --insecure given: gRPC is plaintext and every caller "
-               "may call every RPC (no roles, no per-client limits)");
+    LogWarning(
+        "INSECURE: --insecure given: gRPC is plaintext and every caller "
+        "may call every RPC (no roles, no per-client limits)");
   } else {
     LogInfo("mutual TLS: CA ", s->ca_file, ", certificate ", s->cert_file,
             " (re-read every ", absl::FormatDuration(s->reload_interval), ")");

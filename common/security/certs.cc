@@ -35,7 +35,8 @@ bool ValidPart(const std::string& part) {
 absl::Status RunOpenssl(const std::vector<std::string>& args) {
   char err_path[] = "/tmp/recps-openssl-XXXXXX";
   const int err_fd = mkstemp(err_path);
-  if (err_fd < 0) return absl::InternalError("cannot create a temporary file in /tmp");
+  if (err_fd < 0)
+    return absl::InternalError("cannot create a temporary file in /tmp");
   unlink(err_path);
   const pid_t pid = fork();
   if (pid < 0) {
@@ -69,7 +70,8 @@ absl::Status RunOpenssl(const std::vector<std::string>& args) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
   if (WIFEXITED(status) && WEXITSTATUS(status) == 127) {
     return absl::FailedPreconditionError(
-        "the openssl command is not installed (Debian: apt-get install openssl; "
+        "the openssl command is not installed (Debian: apt-get install "
+        "openssl; "
         "scripts/install-deps.sh installs it)");
   }
   if (err.size() > 2000) err = err.substr(0, 2000) + "...";
@@ -106,13 +108,15 @@ absl::Status CheckOptions(const CertOptions& o) {
         "--cluster=", o.cluster, ": must be 1..64 of [A-Za-z0-9._-]"));
   }
   for (const std::string& h : o.hosts) {
-    if (h.empty() || h.size() > 253 || h.find_first_of(",\n\r=/ ") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat("--hosts: \"", h,
-                                                     "\" is not a host name or address"));
+    if (h.empty() || h.size() > 253 ||
+        h.find_first_of(",\n\r=/ ") != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hosts: \"", h, "\" is not a host name or address"));
     }
   }
   if (o.days < 0 || o.days > 36500) {
-    return absl::InvalidArgumentError(absl::StrCat("--days=", o.days, ": must be 0..36500"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--days=", o.days, ": must be 0..36500"));
   }
   return absl::OkStatus();
 }
@@ -139,48 +143,60 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
   const std::string ca_key = ca_dir + "/ca.key";
   for (const std::string& f : {ca_crt, ca_key}) {
     if (!fs::exists(f)) {
-      return absl::NotFoundError(absl::StrCat(
-          f, " does not exist: --ca must be a directory made by `recpsctl certs init`"));
+      return absl::NotFoundError(
+          absl::StrCat(f,
+                       " does not exist: --ca must be a directory made by "
+                       "`recpsctl certs init`"));
     }
   }
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
 
-  std::vector<std::string> sans = {absl::StrCat("URI:spiffe://recps/", options.cluster, "/",
-                                                role, "/", name)};
+  std::vector<std::string> sans = {absl::StrCat(
+      "URI:spiffe://recps/", options.cluster, "/", role, "/", name)};
   std::vector<std::string> hosts = options.hosts;
   if (!options.no_local_hosts) {
     hosts.insert(hosts.begin(), {"localhost", "127.0.0.1"});
   }
-  for (const std::string& h : hosts) sans.push_back((LooksLikeIp(h) ? "IP:" : "DNS:") + h);
+  for (const std::string& h : hosts)
+    sans.push_back((LooksLikeIp(h) ? "IP:" : "DNS:") + h);
 
   // Work in a temporary directory next to the outputs; rename at the end.
-  const std::string tmp = absl::StrCat(out_dir, "/.issue-", name, "-", getpid());
+  const std::string tmp =
+      absl::StrCat(out_dir, "/.issue-", name, "-", getpid());
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create ", tmp, ": ", ec.message()));
   chmod(tmp.c_str(), 0700);
   const std::string ext = tmp + "/ext.cnf";
   absl::Status s = WriteFile(
-      ext, absl::StrCat("[v3_leaf]\n"
-                        "basicConstraints = critical, CA:FALSE\n"
-                        "keyUsage = critical, digitalSignature, keyEncipherment\n"
-                        "extendedKeyUsage = serverAuth, clientAuth\n"
-                        "subjectAltName = ",
-                        absl::StrJoin(sans, ", "), "\n"));
+      ext,
+      absl::StrCat("[v3_leaf]\n"
+                   "basicConstraints = critical, CA:FALSE\n"
+                   "keyUsage = critical, digitalSignature, keyEncipherment\n"
+                   "extendedKeyUsage = serverAuth, clientAuth\n"
+                   "subjectAltName = ",
+                   absl::StrJoin(sans, ", "), "\n"));
   const std::string key = tmp + "/key.pem";
   const std::string csr = tmp + "/req.csr";
   const std::string crt = tmp + "/cert.pem";
   if (s.ok()) {
-    s = RunOpenssl({"req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", key, "-out", csr, "-subj",
-                    absl::StrCat("/O=recps ", options.cluster, "/CN=", role, " ", name)});
+    s = RunOpenssl(
+        {"req", "-new", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", csr,
+         "-subj",
+         absl::StrCat("/O=recps ", options.cluster, "/CN=", role, " ", name)});
   }
   if (s.ok()) {
     s = RunOpenssl({"x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key,
-                    "-set_serial", RandomSerial(), "-days", absl::StrCat(options.days),
-                    "-extfile", ext, "-extensions", "v3_leaf", "-out", crt});
+                    "-set_serial", RandomSerial(), "-days",
+                    absl::StrCat(options.days), "-extfile", ext, "-extensions",
+                    "v3_leaf", "-out", crt});
   }
   if (s.ok() && chmod(key.c_str(), 0600) != 0) {
     s = absl::InternalError(absl::StrCat("cannot chmod 0600 ", key));
@@ -189,11 +205,15 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
     // Key first: a watcher that sees the new certificate finds its key.
     fs::rename(key, absl::StrCat(out_dir, "/", name, ".key"), ec);
     if (!ec) fs::rename(crt, absl::StrCat(out_dir, "/", name, ".crt"), ec);
-    if (ec) s = absl::InternalError(absl::StrCat("cannot write into ", out_dir, ": ", ec.message()));
+    if (ec)
+      s = absl::InternalError(
+          absl::StrCat("cannot write into ", out_dir, ": ", ec.message()));
   }
   if (s.ok() && !fs::exists(out_dir + "/ca.crt")) {
     fs::copy_file(ca_crt, out_dir + "/ca.crt", ec);
-    if (ec) s = absl::InternalError(absl::StrCat("cannot copy ca.crt: ", ec.message()));
+    if (ec)
+      s = absl::InternalError(
+          absl::StrCat("cannot copy ca.crt: ", ec.message()));
   }
   fs::remove_all(tmp, ec);
   return s;
@@ -204,27 +224,49 @@ absl::Status InitCertDir(const std::string& dir, const CertOptions& options) {
   if (absl::Status s = CheckOpenssl(); !s.ok()) return s;
   if (fs::exists(dir + "/ca.key")) {
     return absl::FailedPreconditionError(absl::StrCat(
-        dir, "/ca.key exists: certs init never overwrites a CA (use `recpsctl certs "
-        "issue --ca=", dir, "` for more certificates, or another directory)"));
+        dir,
+        "/ca.key exists: certs init never overwrites a CA (use `recpsctl certs "
+        "issue --ca=",
+        dir, "` for more certificates, or another directory)"));
   }
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create ", dir, ": ", ec.message()));
   chmod(dir.c_str(), 0700);
   // Our own config, so the system's openssl.cnf cannot change the CA.
   const std::string cnf = dir + "/.ca.cnf";
-  absl::Status s = WriteFile(cnf, absl::StrCat(
-      "[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nO = recps ", options.cluster,
-      "\nCN = recps ", options.cluster, " CA\n[v3_ca]\n"
-      "basicConstraints = critical, CA:TRUE\n"
-      "keyUsage = critical, keyCertSign, cRLSign\n"
-      "subjectKeyIdentifier = hash\n"));
+  absl::Status s = WriteFile(
+      cnf, absl::StrCat(
+               "[req]\ndistinguished_name = dn\nprompt = no\n[dn]\nO = recps ",
+               options.cluster, "\nCN = recps ", options.cluster,
+               " CA\n[v3_ca]\n"
+               "basicConstraints = critical, CA:TRUE\n"
+               "keyUsage = critical, keyCertSign, cRLSign\n"
+               "subjectKeyIdentifier = hash\n"));
   const std::string ca_key = dir + "/ca.key";
   if (s.ok()) {
-    s = RunOpenssl({"req", "-x509", "-new", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", ca_key, "-out",
-                    dir + "/ca.crt", "-config", cnf, "-extensions", "v3_ca", "-days",
-                    absl::StrCat(std::max(options.days, 3650)), "-set_serial", RandomSerial()});
+    s = RunOpenssl({"req",
+                    "-x509",
+                    "-new",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-keyout",
+                    ca_key,
+                    "-out",
+                    dir + "/ca.crt",
+                    "-config",
+                    cnf,
+                    "-extensions",
+                    "v3_ca",
+                    "-days",
+                    absl::StrCat(std::max(options.days, 3650)),
+                    "-set_serial",
+                    RandomSerial()});
   }
   fs::remove(cnf, ec);
   if (s.ok() && chmod(ca_key.c_str(), 0600) != 0) {

@@ -14,8 +14,8 @@
 namespace recps::security {
 
 // The roles a certificate may carry.
-inline constexpr const char* kRoles[] = {"coordinator", "shard", "worker", "admin",
-                                         "reader"};
+inline constexpr const char* kRoles[] = {"coordinator", "shard", "worker",
+                                         "admin", "reader"};
 
 struct CertOptions {
   // [A-Za-z0-9._-]{1,64}.

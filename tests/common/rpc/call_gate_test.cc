@@ -9,7 +9,8 @@ namespace recps::rpc {
 namespace {
 
 TEST(Identity, ParsesRecpsUris) {
-  absl::StatusOr<PeerIdentity> id = ParseRecpsUri("spiffe://recps/prod-1/worker/worker-7");
+  absl::StatusOr<PeerIdentity> id =
+      ParseRecpsUri("spiffe://recps/prod-1/worker/worker-7");
   ASSERT_TRUE(id.ok()) << id.status();
   EXPECT_EQ(id->cluster, "prod-1");
   EXPECT_EQ(id->role, Role::kWorker);
@@ -18,9 +19,10 @@ TEST(Identity, ParsesRecpsUris) {
 }
 
 TEST(Identity, RefusesOtherUris) {
-  for (const char* uri : {"spiffe://other/c/worker/n", "spiffe://recps/c/root/n",
-                          "spiffe://recps/c/worker", "spiffe://recps/c/worker/n/x",
-                          "spiffe://recps//worker/n", "spiffe://recps/c/worker/a b"}) {
+  for (const char* uri :
+       {"spiffe://other/c/worker/n", "spiffe://recps/c/root/n",
+        "spiffe://recps/c/worker", "spiffe://recps/c/worker/n/x",
+        "spiffe://recps//worker/n", "spiffe://recps/c/worker/a b"}) {
     EXPECT_FALSE(ParseRecpsUri(uri).ok()) << uri;
   }
   EXPECT_FALSE(ParseRole("root").ok());
@@ -36,7 +38,9 @@ TEST(RolesTable, AdminMayCallEverythingAndUnknownMethodsAreAdminOnly) {
 }
 
 TEST(RolesTable, WhatEachRoleMayDo) {
-  auto may = [](Role r, const char* method) { return (AllowedRoles(method) & RoleBit(r)) != 0; };
+  auto may = [](Role r, const char* method) {
+    return (AllowedRoles(method) & RoleBit(r)) != 0;
+  };
   EXPECT_TRUE(may(Role::kWorker, "EmbeddingShard.Lookup"));
   EXPECT_TRUE(may(Role::kWorker, "EmbeddingShard.PushGradients"));
   EXPECT_TRUE(may(Role::kWorker, "Coordinator.Barrier"));
@@ -51,9 +55,10 @@ TEST(RolesTable, WhatEachRoleMayDo) {
   EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.SaveRows"));
   EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.RestoreRows"));
   EXPECT_FALSE(may(Role::kCoordinator, "EmbeddingShard.PushGradients"));
-  for (const char* m : {"ShardAdmin.Stats", "ShardAdmin.GetShardMap", "Coordinator.GetShardMap",
-                        "Coordinator.ListMembers", "Coordinator.ListCheckpoints",
-                        "Coordinator.GetPlan", "Coordinator.GetJob"}) {
+  for (const char* m :
+       {"ShardAdmin.Stats", "ShardAdmin.GetShardMap", "Coordinator.GetShardMap",
+        "Coordinator.ListMembers", "Coordinator.ListCheckpoints",
+        "Coordinator.GetPlan", "Coordinator.GetJob"}) {
     EXPECT_TRUE(may(Role::kReader, m)) << m;
   }
   for (const char* m : {"EmbeddingShard.Lookup", "EmbeddingShard.PushGradients",
@@ -67,7 +72,8 @@ TEST(RolesTable, DescribesRoleSets) {
   EXPECT_EQ(DescribeRoles(RoleBit(Role::kAdmin)), "admin");
   EXPECT_EQ(DescribeRoles(RoleBit(Role::kAdmin) | RoleBit(Role::kCoordinator)),
             "admin or coordinator");
-  EXPECT_EQ(DescribeRoles(AllowedRoles("ShardAdmin.Stats")), "admin, coordinator or reader");
+  EXPECT_EQ(DescribeRoles(AllowedRoles("ShardAdmin.Stats")),
+            "admin, coordinator or reader");
 }
 
 TEST(CallGate, PlaintextAllowsEverything) {
