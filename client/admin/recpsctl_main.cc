@@ -399,6 +399,14 @@ int UsageError(const ParsedArgs* parsed, const absl::Status& status) {
 
 int Error(const absl::Status& status) {
   std::cerr << "recpsctl: " << status.message() << "\n";
+  // A plaintext client closed by a TLS server, or a failed handshake.
+  const absl::string_view m = status.message();
+  if (absl::StrContains(m, "Socket closed") || absl::StrContains(m, "andshake") ||
+      absl::StrContains(m, "SSL")) {
+    std::cerr << "recpsctl: (does the cluster run mutual TLS and recpsctl not, or the "
+                 "reverse, or is the certificate of another CA, expired, or not for "
+                 "that host? docs/security.md#troubleshooting)\n";
+  }
   return kExitError;
 }
 

@@ -59,6 +59,15 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
   return *table;
 }
 
+// "ipv4:10.0.0.7:51234" -> "ipv4:10.0.0.7" (the port changes per
+// connection).
+std::string PeerHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos || colon < peer.find(':') + 1
+             ? peer
+             : peer.substr(0, colon);
+}
+
 constexpr int kLogsPerWindow = 10;
 constexpr absl::Duration kLogWindow = absl::Seconds(10);
 // Idle clients are forgotten once there are this many.
@@ -102,6 +111,7 @@ Admission& Admission::operator=(Admission&& other) noexcept {
     client_ = other.client_;
     peer_ = std::move(other.peer_);
     method_ = std::move(other.method_);
+    client_key_ = std::move(other.client_key_);
     other.client_ = nullptr;
   }
   return *this;
@@ -112,7 +122,7 @@ Admission::~Admission() {
 }
 
 void Admission::NoteBadRequest() {
-  if (client_ != nullptr) gate_->NoteBad(client_, peer_);
+  if (client_ != nullptr) gate_->NoteBad(client_, client_key_);
 }
 
 absl::Status Admission::Require(uint32_t roles, absl::string_view what) const {
@@ -210,6 +220,10 @@ absl::StatusOr<Admission> CallGate::Admit(
                 absl::StrCat(message, "; caller ", peer.uri));
     return absl::PermissionDeniedError(message);
   }
+  // A client is an identity at one address: pods that share a certificate
+  // (one Kubernetes Secret) are limited one by one.
+  admission.client_key_ =
+      absl::StrCat(peer.uri, " at ", PeerHost(context.peer()));
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   if (clients_.size() >= kMaxTrackedClients) {
@@ -222,11 +236,11 @@ absl::StatusOr<Admission> CallGate::Admit(
       }
     }
   }
-  Admission::Client& client = clients_[peer.uri];
+  Admission::Client& client = clients_[admission.client_key_];
   if (client.refused_until > now) {
     CountLimited(method, "bad_requests");
     return absl::UnavailableError(
-        absl::StrCat(peer.uri, " is refused for ",
+        absl::StrCat(admission.client_key_, " is refused for ",
                      absl::FormatDuration(absl::Ceil(client.refused_until - now,
                                                      absl::Seconds(1))),
                      " more: it made more than ", options_.max_bad_requests,
@@ -238,7 +252,7 @@ absl::StatusOr<Admission> CallGate::Admit(
       client.in_flight >= options_.max_calls_per_client) {
     CountLimited(method, "concurrency");
     return absl::ResourceExhaustedError(absl::StrCat(
-        peer.uri, " has ", client.in_flight,
+        admission.client_key_, " has ", client.in_flight,
         " calls in flight, the limit per client is ",
         options_.max_calls_per_client, " (--max_calls_per_client)"));
   }
@@ -252,7 +266,7 @@ void CallGate::Release(Admission::Client* client) {
   --client->in_flight;
 }
 
-void CallGate::NoteBad(Admission::Client* client, const PeerIdentity& peer) {
+void CallGate::NoteBad(Admission::Client* client, const std::string& key) {
   if (options_.max_bad_requests <= 0) return;
   const absl::Time now = absl::Now();
   bool refused = false;
@@ -270,18 +284,12 @@ void CallGate::NoteBad(Admission::Client* client, const PeerIdentity& peer) {
     }
   }
   if (refused) {
-    LogWarning("refusing ", peer.uri, " for ",
+    LogWarning("refusing ", key, " for ",
                absl::FormatDuration(options_.bad_request_penalty),
                ": more than ", options_.max_bad_requests,
                " bad requests within ",
                absl::FormatDuration(options_.bad_request_window));
   }
-}
-
-int CallGate::InFlight(const std::string& client_uri) {
-  absl::MutexLock lock(&mu_);
-  auto it = clients_.find(client_uri);
-  return it == clients_.end() ? 0 : it->second.in_flight;
 }
 
 }  // namespace recps::rpc

@@ -89,6 +89,8 @@ class Admission {
   Client* client_ = nullptr;  // null: not counted (plaintext or no limit)
   PeerIdentity peer_;
   std::string method_;
+  // "<uri> at <peer address>": the client its limits count.
+  std::string client_key_;
 };
 
 class CallGate {
@@ -113,13 +115,11 @@ class CallGate {
 
   bool enforcing() const { return enforce_; }
   const CallGateOptions& options() const { return options_; }
-  // Calls in flight of `client_uri` (tests).
-  int InFlight(const std::string& client_uri);
 
  private:
   friend class Admission;
   void Release(Admission::Client* client);
-  void NoteBad(Admission::Client* client, const PeerIdentity& peer);
+  void NoteBad(Admission::Client* client, const std::string& key);
   void CountDenied(absl::string_view method, Role role, absl::string_view why);
   void CountLimited(absl::string_view method, const char* reason);
 

@@ -587,6 +587,13 @@ TEST_F(TlsProcessTest, RecpsctlWithAdminAndReaderCertificates) {
   EXPECT_EQ(ctl("admin", "members forget shard-9"), 1);
   EXPECT_FALSE(absl::StrContains(Slurp(out), "may not call")) << Slurp(out);
   EXPECT_TRUE(absl::StrContains(Slurp(out), "shard-9")) << Slurp(out);
+  // Plaintext against the TLS coordinator: refused, with a hint.
+  EXPECT_EQ(
+      Shell(absl::StrCat(RECPSCTL_BINARY, " status --insecure --coordinator=",
+                         (*coordinator)->address(), " >", out, " 2>&1")),
+      1);
+  EXPECT_TRUE(absl::StrContains(Slurp(out), "docs/security.md#troubleshooting"))
+      << Slurp(out);
   // Neither TLS nor --insecure: a usage error naming both.
   EXPECT_EQ(Shell(absl::StrCat(RECPSCTL_BINARY, " status --coordinator=",
                                (*coordinator)->address(), " >", out, " 2>&1")),
