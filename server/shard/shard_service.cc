@@ -1,6 +1,7 @@
 #include "server/shard/shard_service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,9 +66,33 @@ void Finish(const char* rpc, grpc::CallbackServerContext* context,
 
 // A lookup in flight: the parsed request and the response being built.
 struct LookupCall {
+  rpc::Admission admission;
   v1::LookupRequest request;
   SerializedLookupResponse response;
 };
+
+// The caller's admission (role and per-client limits); an empty one when
+// there is no gate. On refusal: finishes the call and returns nullopt.
+std::optional<rpc::Admission> AdmitOrFinish(rpc::CallGate* gate, const char* rpc,
+                                            const char* method,
+                                            grpc::CallbackServerContext* context,
+                                            grpc::ServerUnaryReactor* reactor,
+                                            absl::Time start, ShardMetrics* metrics) {
+  if (gate == nullptr) return rpc::Admission();
+  absl::StatusOr<rpc::Admission> admission = gate->Admit(*context, method);
+  if (admission.ok()) return *std::move(admission);
+  Finish(rpc, context, reactor, admission.status(), start, metrics);
+  return std::nullopt;
+}
+
+// Whether the lookup names a dynamic table (one whose rows a lookup creates).
+bool CreatesRows(const ShardServer& server, const v1::LookupRequest& request) {
+  for (const v1::TableIds& t : request.tables()) {
+    absl::StatusOr<int> index = server.store().FindTable(t.table());
+    if (index.ok() && server.store().spec(*index).num_rows == 0) return true;
+  }
+  return false;
+}
 
 // The response's segments as slices of its buffer, without copying: the
 // buffer goes back to its pool when gRPC drops the last slice.
@@ -91,7 +116,11 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
     grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "Lookup", "EmbeddingShard.Lookup", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   auto call = std::make_unique<LookupCall>();
+  call->admission = *std::move(admission);
   // Parsed as the generated handler would, with the same error. The copy
   // shares the slices; Deserialize clears the buffer it reads.
   grpc::ByteBuffer bytes(*request);
@@ -104,13 +133,25 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
                "the request does not parse as a recps.v1.LookupRequest (",
                request->Length(), " bytes): ", parsed.error_message())),
            start, metrics_, "malformed");
+    call->admission.NoteBadRequest();
     return reactor;
+  }
+  // Rows of dynamic tables are created by lookups: a write.
+  if (CreatesRows(*server_, call->request)) {
+    if (absl::Status s = call->admission.Require(
+            rpc::RoleBit(rpc::Role::kWorker),
+            "look up a dynamic table (it creates rows)");
+        !s.ok()) {
+      Finish("Lookup", context, reactor, s, start, metrics_);
+      return reactor;
+    }
   }
   LookupCall* c = call.get();
   server_->Lookup(&c->request, &c->response,
                   [this, context, reactor, start, response,
                    call = std::move(call)](absl::Status s) {
                     if (s.ok()) *response = ToByteBuffer(call->response);
+                    if (absl::IsInvalidArgument(s)) call->admission.NoteBadRequest();
                     Finish("Lookup", context, reactor, s, start, metrics_);
                   },
                   // The context lives until Finish: a parked lookup whose
@@ -125,8 +166,14 @@ grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
     v1::PushGradientsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "PushGradients", "EmbeddingShard.PushGradients", context,
+                    reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   server_->PushGradients(request, response,
-                         [this, context, reactor, start](absl::Status s) {
+                         [this, context, reactor, start,
+                          admission = *std::move(admission)](absl::Status s) mutable {
+                           if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
                            Finish("PushGradients", context, reactor, s, start,
                                   metrics_);
                          });
@@ -138,6 +185,9 @@ grpc::ServerUnaryReactor* ShardAdminService::Stats(
     v1::StatsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "Stats", "ShardAdmin.Stats", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   Finish("Stats", context, reactor, server_->Stats(*request, response), start,
          metrics_);
   return reactor;
@@ -148,6 +198,9 @@ grpc::ServerUnaryReactor* ShardAdminService::GetShardMap(
     v1::ShardMap* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "GetShardMap", "ShardAdmin.GetShardMap", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   *response = server_->GetShardMap();
   Finish("GetShardMap", context, reactor, absl::OkStatus(), start, metrics_);
   return reactor;
@@ -158,6 +211,9 @@ grpc::ServerUnaryReactor* ShardAdminService::SetShardMap(
     v1::SetShardMapResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "SetShardMap", "ShardAdmin.SetShardMap", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   Finish("SetShardMap", context, reactor, server_->SetShardMap(*request), start,
          metrics_);
   return reactor;
