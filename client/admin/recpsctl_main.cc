@@ -570,6 +570,15 @@ absl::StatusOr<rpc::TransportSecurity> SecurityFromFlags(const ParsedArgs& parse
   return security;
 }
 
+// The process's security from the connection flags, for the commands
+// that talk to the coordinator through CoordinatorClient (its channels
+// take the process's security).
+absl::Status UseSecurityFromFlags(const ParsedArgs& parsed) {
+  ASSIGN_OR_RETURN(const rpc::TransportSecurity security, SecurityFromFlags(parsed));
+  rpc::SetProcessSecurity(security);
+  return absl::OkStatus();
+}
+
 // The reader for the connection flags; a usage error's message otherwise.
 absl::StatusOr<std::unique_ptr<ClusterReader>> ReaderFromFlags(
     const ParsedArgs& parsed) {
@@ -676,6 +685,7 @@ int RunCheckpointCommand(const ParsedArgs& parsed) {
   } else {
     options.rpc_timeout = *timeout;
   }
+  if (absl::Status s = UseSecurityFromFlags(parsed); !s.ok()) return UsageError(&parsed, s);
   if (parsed.command->name == "checkpoint") {
     return RunCheckpointNow(options, std::cout, std::cerr);
   }
@@ -740,6 +750,7 @@ int RunRebalanceCommand(const ParsedArgs& parsed) {
   } else {
     options.rpc_timeout = *timeout;
   }
+  if (absl::Status s = UseSecurityFromFlags(parsed); !s.ok()) return UsageError(&parsed, s);
   if (parsed.command->name == "drain") options.drain.push_back(parsed.args[0]);
   if (parsed.command->name == "moves") return RunMoves(options, std::cout, std::cerr);
   return RunRebalance(options, std::cout, std::cerr);
@@ -1005,13 +1016,11 @@ int Main(int argc, char** argv) {
   }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   if (parsed->command->name == "members") return RunMembers(*parsed);
-  if (parsed->command->name == "rebalance" || parsed->command->name == "drain" ||
-      parsed->command->name == "moves") {
+  const std::string& name = parsed->command->name;
+  if (name == "rebalance" || name == "drain" || name == "moves") {
     return RunRebalanceCommand(*parsed);
   }
-  if (parsed->command->name == "checkpoint" || parsed->command->name == "checkpoints") {
-    return RunCheckpointCommand(*parsed);
-  }
+  if (name == "checkpoint" || name == "checkpoints") return RunCheckpointCommand(*parsed);
   return RunClusterCommand(*parsed);
 }
 

@@ -35,6 +35,15 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           {"ShardAdmin.SaveRows", C},
           {"ShardAdmin.SaveRowsStatus", C},
           {"ShardAdmin.RestoreRows", C},
+          // Slot moves: the coordinator drives them; the target streams the
+          // rows from its source (ExportRows), the source hands the slots
+          // over (FinishMove) or calls a failed hand-over off (AbortMove).
+          {"ShardAdmin.MigrateIn", C},
+          {"ShardAdmin.HandOver", C},
+          {"ShardAdmin.AbortMove", C | S},
+          {"ShardAdmin.ListMoves", C | R},
+          {"ShardAdmin.ExportRows", S},
+          {"ShardAdmin.FinishMove", S},
           // Coordinator: membership, rendezvous, checkpoints.
           {"Coordinator.Register", W | S},
           {"Coordinator.Heartbeat", W | S},
@@ -53,6 +62,10 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           {"Coordinator.RequestCheckpoint", 0},
           {"Coordinator.ListCheckpoints", R},
           {"Coordinator.GetResumeState", W},
+          // Rebalancing: a plan only reads; applying one is an admin's.
+          {"Coordinator.PlanRebalance", R},
+          {"Coordinator.ApplyRebalance", 0},
+          {"Coordinator.ListMoves", R},
           {"Health.Check", kAny},
           {"Health.Watch", kAny},
       };

@@ -335,11 +335,14 @@ grpc::ServerUnaryReactor* CoordinatorService::CheckpointCut(
     grpc::CallbackServerContext* context, const v1::CheckpointCutRequest* request,
     v1::CheckpointCutResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "CheckpointCut");
+  if (admission == nullptr) return reactor;
+  // The admission is held until the cut answers: the call is in flight.
   coordinator_->checkpoints().Cut(
-      *request,
-      [this, reactor, response](absl::StatusOr<v1::CheckpointCutResponse> r) {
+      *request, [this, reactor, response,
+                 admission](absl::StatusOr<v1::CheckpointCutResponse> r) {
         if (r.ok()) *response = *std::move(r);
-        Finish("CheckpointCut", reactor, r.status());
+        Finish("CheckpointCut", reactor, r.status(), admission.get());
       });
   return reactor;
 }
@@ -348,10 +351,12 @@ grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(
     grpc::CallbackServerContext* context, const v1::RequestCheckpointRequest* request,
     v1::RequestCheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "RequestCheckpoint");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::RequestCheckpointResponse> r =
       coordinator_->checkpoints().Request(request->reason());
   if (r.ok()) *response = *std::move(r);
-  Finish("RequestCheckpoint", reactor, r.status());
+  Finish("RequestCheckpoint", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -359,9 +364,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
     grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest*,
     v1::ListCheckpointsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ListCheckpoints");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::ListCheckpointsResponse> r = coordinator_->checkpoints().List();
   if (r.ok()) *response = *std::move(r);
-  Finish("ListCheckpoints", reactor, r.status());
+  Finish("ListCheckpoints", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -369,10 +376,12 @@ grpc::ServerUnaryReactor* CoordinatorService::GetResumeState(
     grpc::CallbackServerContext* context, const v1::GetResumeStateRequest* request,
     v1::GetResumeStateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "GetResumeState");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::GetResumeStateResponse> r =
       coordinator_->checkpoints().ResumeState(request->rank());
   if (r.ok()) *response = *std::move(r);
-  Finish("GetResumeState", reactor, r.status());
+  Finish("GetResumeState", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -380,11 +389,13 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanRebalance(
     grpc::CallbackServerContext* context, const v1::PlanRebalanceRequest* request,
     v1::PlanRebalanceResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // An admin call, rare: it waits here for the servers' stats (bounded by
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "PlanRebalance");
+  if (admission == nullptr) return reactor;
+  // A rare call: it waits here for the servers' stats (bounded by
   // the move RPC timeout), in parallel.
   absl::StatusOr<v1::PlanRebalanceResponse> r = coordinator_->moves().Plan(*request);
   if (r.ok()) *response = *std::move(r);
-  Finish("PlanRebalance", reactor, r.status());
+  Finish("PlanRebalance", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -392,9 +403,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ApplyRebalance(
     grpc::CallbackServerContext* context, const v1::ApplyRebalanceRequest* request,
     v1::ApplyRebalanceResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ApplyRebalance");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::ApplyRebalanceResponse> r = coordinator_->moves().Apply(*request);
   if (r.ok()) *response = *std::move(r);
-  Finish("ApplyRebalance", reactor, r.status());
+  Finish("ApplyRebalance", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -402,8 +415,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMoves(
     grpc::CallbackServerContext* context, const v1::ListRebalanceMovesRequest*,
     v1::ListRebalanceMovesResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ListMoves");
+  if (admission == nullptr) return reactor;
   *response = coordinator_->moves().List();
-  Finish("ListMoves", reactor, absl::OkStatus());
+  Finish("ListMoves", reactor, absl::OkStatus(), admission.get());
   return reactor;
 }
 

@@ -224,8 +224,13 @@ grpc::ServerUnaryReactor* ShardAdminService::SaveRows(
     v1::SaveRowsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "SaveRows", "ShardAdmin.SaveRows", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   server_->SaveRows(request, response,
-                    [this, context, reactor, start](absl::Status s) {
+                    [this, context, reactor, start,
+                     admission = *std::move(admission)](absl::Status s) mutable {
+                      if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
                       Finish("SaveRows", context, reactor, s, start, metrics_);
                     });
   return reactor;
@@ -237,8 +242,13 @@ grpc::ServerUnaryReactor* ShardAdminService::SaveRowsStatus(
     v1::SaveRowsStatusResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  Finish("SaveRowsStatus", context, reactor,
-         server_->SaveRowsStatus(*request, response), start, metrics_);
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "SaveRowsStatus", "ShardAdmin.SaveRowsStatus", context,
+                    reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  const absl::Status s = server_->SaveRowsStatus(*request, response);
+  if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
+  Finish("SaveRowsStatus", context, reactor, s, start, metrics_);
   return reactor;
 }
 
@@ -247,8 +257,14 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
     const v1::RestoreRowsRequest* request, v1::RestoreRowsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "RestoreRows", "ShardAdmin.RestoreRows", context, reactor,
+                    start, metrics_);
+  if (!admission.has_value()) return reactor;
   server_->RestoreRows(request, response,
-                       [this, context, reactor, start](absl::Status s) {
+                       [this, context, reactor, start,
+                        admission = *std::move(admission)](absl::Status s) mutable {
+                         if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
                          Finish("RestoreRows", context, reactor, s, start,
                                 metrics_);
                        });
@@ -261,10 +277,17 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
       v1::Response* response) {                                            \
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();         \
     const absl::Time start = absl::Now();                                  \
-    server_->Method(request, response,                                     \
-                    [this, context, reactor, start](absl::Status s) {      \
-                      Finish(#Method, context, reactor, s, start, metrics_); \
-                    });                                                    \
+    std::optional<rpc::Admission> admission =                              \
+        AdmitOrFinish(gate_, #Method, "ShardAdmin." #Method, context,      \
+                      reactor, start, metrics_);                           \
+    if (!admission.has_value()) return reactor;                            \
+    server_->Method(                                                       \
+        request, response,                                                 \
+        [this, context, reactor, start,                                    \
+         admission = *std::move(admission)](absl::Status s) mutable {      \
+          if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();      \
+          Finish(#Method, context, reactor, s, start, metrics_);           \
+        });                                                                \
     return reactor;                                                        \
   }
 
@@ -279,8 +302,12 @@ grpc::ServerUnaryReactor* ShardAdminService::ListMoves(
     v1::ListMovesResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  Finish("ListMoves", context, reactor, server_->ListMoves(*request, response),
-         start, metrics_);
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "ListMoves", "ShardAdmin.ListMoves", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  const absl::Status s = server_->ListMoves(*request, response);
+  if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
+  Finish("ListMoves", context, reactor, s, start, metrics_);
   return reactor;
 }
 
@@ -292,8 +319,18 @@ class ExportRowsReactor final
     : public grpc::ServerWriteReactor<v1::ExportRowsChunk> {
  public:
   ExportRowsReactor(ShardServer* server, ShardMetrics* metrics,
-                    const v1::ExportRowsRequest* request)
+                    const v1::ExportRowsRequest* request, rpc::CallGate* gate,
+                    grpc::CallbackServerContext* context)
       : server_(server), metrics_(metrics), start_(absl::Now()) {
+    if (gate != nullptr) {
+      absl::StatusOr<rpc::Admission> admission =
+          gate->Admit(*context, "ShardAdmin.ExportRows");
+      if (!admission.ok()) {
+        End(admission.status());
+        return;
+      }
+      admission_ = *std::move(admission);
+    }
     absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> exp =
         server_->StartExport(*request);
     if (!exp.ok()) {
@@ -337,6 +374,8 @@ class ExportRowsReactor final
   ShardServer* const server_;
   ShardMetrics* const metrics_;
   const absl::Time start_;
+  // Held for the whole stream: it counts as a call in flight.
+  rpc::Admission admission_;
   std::unique_ptr<ShardServer::RowExport> export_;
   v1::ExportRowsChunk chunk_;
 };
@@ -344,8 +383,8 @@ class ExportRowsReactor final
 }  // namespace
 
 grpc::ServerWriteReactor<v1::ExportRowsChunk>* ShardAdminService::ExportRows(
-    grpc::CallbackServerContext*, const v1::ExportRowsRequest* request) {
-  return new ExportRowsReactor(server_, metrics_, request);
+    grpc::CallbackServerContext* context, const v1::ExportRowsRequest* request) {
+  return new ExportRowsReactor(server_, metrics_, request, gate_, context);
 }
 
 }  // namespace recps::server

@@ -55,15 +55,31 @@ TEST(RolesTable, WhatEachRoleMayDo) {
   EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.SaveRows"));
   EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.RestoreRows"));
   EXPECT_FALSE(may(Role::kCoordinator, "EmbeddingShard.PushGradients"));
+  // Slot moves: the coordinator drives them, shard servers talk to each
+  // other (the target reads the source's rows, the source hands over).
+  EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.MigrateIn"));
+  EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.HandOver"));
+  EXPECT_TRUE(may(Role::kCoordinator, "ShardAdmin.AbortMove"));
+  EXPECT_TRUE(may(Role::kShard, "ShardAdmin.ExportRows"));
+  EXPECT_TRUE(may(Role::kShard, "ShardAdmin.FinishMove"));
+  EXPECT_TRUE(may(Role::kShard, "ShardAdmin.AbortMove"));
+  EXPECT_FALSE(may(Role::kShard, "ShardAdmin.MigrateIn"));
+  EXPECT_FALSE(may(Role::kShard, "ShardAdmin.HandOver"));
+  EXPECT_FALSE(may(Role::kCoordinator, "ShardAdmin.ExportRows"));
+  EXPECT_FALSE(may(Role::kWorker, "ShardAdmin.ExportRows"));
+  EXPECT_FALSE(may(Role::kWorker, "Coordinator.ApplyRebalance"));
   for (const char* m :
        {"ShardAdmin.Stats", "ShardAdmin.GetShardMap", "Coordinator.GetShardMap",
         "Coordinator.ListMembers", "Coordinator.ListCheckpoints",
-        "Coordinator.GetPlan", "Coordinator.GetJob"}) {
+        "Coordinator.GetPlan", "Coordinator.GetJob", "Coordinator.PlanRebalance",
+        "Coordinator.ListMoves", "ShardAdmin.ListMoves"}) {
     EXPECT_TRUE(may(Role::kReader, m)) << m;
   }
   for (const char* m : {"EmbeddingShard.Lookup", "EmbeddingShard.PushGradients",
                         "ShardAdmin.SetShardMap", "Coordinator.ForgetMember",
-                        "Coordinator.RequestCheckpoint", "Coordinator.KvSet"}) {
+                        "Coordinator.RequestCheckpoint", "Coordinator.KvSet",
+                        "Coordinator.ApplyRebalance", "ShardAdmin.MigrateIn",
+                        "ShardAdmin.ExportRows", "ShardAdmin.SaveRows"}) {
     EXPECT_FALSE(may(Role::kReader, m)) << m;
   }
 }
