@@ -94,11 +94,14 @@ struct LocalRun {
   std::string job = WriteJob(*dir, checkpoints);
   std::string work = dir->path() + "/work";
   std::string log = dir->path() + "/recps.log";
+  // Plaintext instead of `recps local`'s default mutual TLS.
+  bool insecure = false;
 
   absl::StatusOr<client::ChildProcess> Start(int shards, std::vector<std::string> extra) const {
     std::vector<std::string> args = {"local", "--job=" + job, "--work_dir=" + work,
                                      absl::StrCat("--shards=", shards), "--workers=2"};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (insecure) args.push_back("--insecure");
     args.push_back("--");
     args.push_back("--threads=1");
     args.push_back("--progress_every=1000h");
@@ -129,12 +132,17 @@ struct LocalRun {
   // before it starts the coordinator): `role`'s flags, for recpsctl and
   // the extra shard server.
   std::vector<std::string> TlsFlags(const std::string& role) const {
+    if (insecure) return {"--insecure"};
     const std::string certs = work + "/certs/";
     return {"--tls_ca=" + certs + "ca.crt", "--tls_cert=" + certs + role + ".crt",
             "--tls_key=" + certs + role + ".key"};
   }
   // The test's own CoordinatorClients call as admin.
   void UseAdminCertificate() const {
+    if (insecure) {
+      rpc::SetProcessSecurity(rpc::TransportSecurity::Insecure());
+      return;
+    }
     const std::string certs = work + "/certs/";
     rpc::SetProcessSecurity(rpc::TransportSecurity::Tls(
         certs + "ca.crt", certs + "admin.crt", certs + "admin.key"));
@@ -219,11 +227,16 @@ struct CtlResult {
 };
 CtlResult Recpsctl(const TempDir& dir, std::vector<std::string> args) {
   static int n = 0;
-  // The admin certificate `recps local` made in <dir>/work/certs.
+  // The admin certificate `recps local` made in <dir>/work/certs (none
+  // when it runs --insecure).
   const std::string certs = dir.path() + "/work/certs/";
-  args.push_back("--tls_ca=" + certs + "ca.crt");
-  args.push_back("--tls_cert=" + certs + "admin.crt");
-  args.push_back("--tls_key=" + certs + "admin.key");
+  if (std::filesystem::exists(certs)) {
+    args.push_back("--tls_ca=" + certs + "ca.crt");
+    args.push_back("--tls_cert=" + certs + "admin.crt");
+    args.push_back("--tls_key=" + certs + "admin.key");
+  } else {
+    args.push_back("--insecure");
+  }
   const std::string out_path = absl::StrCat(dir.path(), "/recpsctl", n++, ".out");
   // stdout only: a shell redirects stderr (the progress bar) elsewhere.
   std::string command = RECPSCTL_BINARY;
@@ -555,6 +568,11 @@ TEST_F(RebalanceKillE2e, KilledTargetRestartsFromTheCheckpoint) {
 TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
   ASSERT_NE(reference_, nullptr);
   LocalRun run;
+  // Plaintext: under mutual TLS a client that starts connecting while the
+  // coordinator is down stalls up to 20 s once it is back (docs/security.md,
+  // "known issue"), and the job may end before the test's recpsctl calls
+  // get through.
+  run.insecure = true;
   std::optional<client::ChildProcess> job;
   v1::MoveRecord copying;
   StartSlowDrain(run, {}, &job, &copying);
@@ -577,7 +595,8 @@ TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
         }
         return true;
       },
-      absl::Seconds(60)));
+      absl::Seconds(60)))
+      << ReadAll(run.log) << "\ncoordinator log:\n" << ReadAll(run.work + "/coordinator.log");
   bool resolved = false;
   for (const v1::MoveRecord& r : moves.moves()) {
     if (r.move_id() == copying.move_id()) {
