@@ -5,6 +5,8 @@
 # split per phase, averaged over the workers.
 #   bench/cluster_bench.sh [SMALL_STEPS] [CRITEO_STEPS]   (default 500, 60)
 #   JOBS="small" MODES="sync async" REPEAT=3 bench/cluster_bench.sh
+#   INSECURE=1 bench/cluster_bench.sh   plaintext (default: mutual TLS, as
+#                                       `recps local` runs by default)
 #
 # REPEAT (default 1) runs each configuration that many times and keeps the
 # fastest run: on a shared machine the slow runs measure the neighbours.
@@ -45,6 +47,7 @@ for job in $JOBS; do
           if ! "$BUILD_DIR/bin/recps" local --job="examples/$job.textproto" \
               --workers="$workers" --shards="$shards" --consistency="$mode" --staleness=1 \
               --steps="$steps" --result_dir="$out/run$run" --work_dir="$out/work$run" \
+              ${INSECURE:+--insecure} \
               >"$out.log" 2>&1; then
             echo "| $job | $workers | $shards | $mode | failed: see below |"
             tail -5 "$out.log"

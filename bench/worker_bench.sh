@@ -13,6 +13,7 @@
 #   BIN_DIR=/path/to/bin   binaries to run (default build/bin), e.g. an old
 #     build to interleave before/after runs.
 #   SYNC_PREFETCH=0|1      passes --sync_prefetch to the workers (if set).
+#   TLS=1                  the same over mutual TLS (default plaintext).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=${BIN_DIR:-${BUILD_DIR:-build}/bin}
@@ -26,6 +27,15 @@ work=$(mktemp -d)
 trap 'kill -TERM $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 extra=()
 [[ -n ${SYNC_PREFETCH:-} ]] && extra+=("--sync_prefetch=$SYNC_PREFETCH")
+shard_tls=(--insecure)
+worker_tls=(--insecure)
+local_tls=(--insecure)
+if [[ ${TLS:-0} == 1 ]]; then
+  "$BIN_DIR/recpsctl" certs init "$work/certs" >/dev/null
+  shard_tls=(--tls_ca="$work/certs/ca.crt" --tls_cert="$work/certs/shard.crt" --tls_key="$work/certs/shard.key")
+  worker_tls=(--tls_ca="$work/certs/ca.crt" --tls_cert="$work/certs/worker.crt" --tls_key="$work/certs/worker.key")
+  local_tls=()  # recps local makes its own certificates
+fi
 
 memcpy_gbps() {
   /usr/bin/python3 -c '
@@ -46,18 +56,19 @@ for config in "${CONFIGS[@]}"; do
   if [[ $WORKERS == 1 && $SHARDS == 1 ]]; then
     rm -f "$work/ports"
     "$BIN_DIR/recps-shard" --job="$config" --standalone --world_size=1 \
-      --port_file="$work/ports" 2>/dev/null &
+      --port_file="$work/ports" "${shard_tls[@]}" 2>/dev/null &
     for _ in $(seq 100); do [[ -s $work/ports ]] && break; sleep 0.1; done
     port=$(cut -d' ' -f1 "$work/ports")
     "$BIN_DIR/recps-worker" --config="$config" --shards="127.0.0.1:$port" \
-      --steps="$STEPS" --result_json="$work/out/result0.json" "${extra[@]}" 2>/dev/null
+      --steps="$STEPS" --result_json="$work/out/result0.json" "${extra[@]}" \
+      "${worker_tls[@]}" 2>/dev/null
     kill -TERM %1; wait %1 || true
   else
     # `recps local` has no pass-through for worker flags; SYNC_PREFETCH
     # applies to W1 S1 runs only.
     "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --shards="$SHARDS" \
       --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
-      --result_dir="$work/out" >/dev/null 2>&1
+      --result_dir="$work/out" "${local_tls[@]}" >/dev/null 2>&1
   fi
   /usr/bin/python3 - "$work/out" "$job" "$config" "$anchor" <<'PY'
 import glob, json, re, sys

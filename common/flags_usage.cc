@@ -29,8 +29,11 @@ void SetFlagsUsageFromMainFile(const char* main_file) {
   // binary's flags are defined in its main file only (libraries take
   // options structs).
   const std::string main_base(Basename(main_file));
+  // tls_flags.cc and gate_flags.cc: the transport-security and
+  // per-client limit flags the daemons share.
   auto is_main = [main_base](absl::string_view file) {
-    return Basename(file) == main_base;
+    const absl::string_view base = Basename(file);
+    return base == main_base || base == "tls_flags.cc" || base == "gate_flags.cc";
   };
   absl::FlagsUsageConfig config;
   config.contains_help_flags = is_main;

@@ -9,6 +9,8 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev librocksdb-dev prometheus-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
+  # `recpsctl certs` and `recps local` make TLS certificates with it.
+  openssl
 )
 # Test-only, not runtime dependencies of any recps binary: promtool
 # (Debian's prometheus package) lints every daemon's /metrics in

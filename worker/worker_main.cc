@@ -58,6 +58,7 @@
 #include "common/config/job_config.h"
 #include "common/flags_usage.h"
 #include "worker/model/dense_state.h"
+#include "common/rpc/tls_flags.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, device, "cpu",
@@ -880,6 +881,7 @@ int main(int argc, char** argv) {
       "[--rank=R --world_size=W --rendezvous_dir=DIR]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
+  recps::rpc::InitProcessSecurityFromFlags();
   recps::TuneDataPlaneProcess();
   return recps::worker::Run();
 }

@@ -29,9 +29,11 @@
 #include "client/admin/checkpoint_file_commands.h"
 #include "client/admin/rebalance_commands.h"
 #include "client/admin/cluster_reader.h"
+#include "client/admin/certs_command.h"
 #include "client/admin/cluster_report.h"
 #include "client/admin/report_text.h"
 #include "common/rpc/address.h"
+#include "common/rpc/channels.h"
 #include "common/status_macros.h"
 #include "common/config/text_proto.h"
 #include "recps/v1/job.pb.h"
@@ -67,6 +69,12 @@ constexpr char kConnectionHelp[] =
   --timeout=DURATION       deadline of every RPC (default 5s)
   --json                   print JSON (proto3 mapping of recps.v1 admin
                            messages, see proto/recps/v1/admin.proto)
+  --tls_ca=FILE --tls_cert=FILE --tls_key=FILE
+                           mutual TLS with this CA, certificate and key
+                           (default: $RECPS_TLS_CA, $RECPS_TLS_CERT,
+                           $RECPS_TLS_KEY); an admin certificate may do
+                           everything, a reader certificate only read
+  --insecure               plaintext, for clusters started with --insecure
 )";
 
 // Bounds of the count and size flags: the planner's work and memory grow
@@ -281,6 +289,20 @@ step, digest, CRC-32C of both files). docs/operations.md has the format.
        1,
        1,
        false},
+      {"certs",
+       kCertsSynopsis,
+       "create a CA and certificates for a cluster's roles (offline)",
+       kCertsDetails,
+       {{"cluster", true},
+        {"hosts", true},
+        {"days", true},
+        {"role", true},
+        {"name", true},
+        {"ca", true},
+        {"out", true}},
+       1,
+       2,
+       false},
   };
   return *commands;
 }
@@ -328,10 +350,9 @@ struct ParsedArgs {
 };
 
 const FlagSpec* FindFlag(const CommandSpec* command, const std::string& name) {
-  static const auto* kCommon = new std::vector<FlagSpec>{{"coordinator", true},
-                                                         {"server", true},
-                                                         {"timeout", true},
-                                                         {"json", false}};
+  static const auto* kCommon = new std::vector<FlagSpec>{
+      {"coordinator", true}, {"server", true},  {"timeout", true}, {"json", false},
+      {"tls_ca", true},      {"tls_cert", true}, {"tls_key", true}, {"insecure", false}};
   for (const FlagSpec& f : *kCommon) {
     // Offline commands take --json but no connection flags.
     if (f.name == name &&
@@ -489,6 +510,14 @@ int UsageError(const ParsedArgs* parsed, const absl::Status& status) {
 
 int Error(const absl::Status& status) {
   std::cerr << "recpsctl: " << status.message() << "\n";
+  // A plaintext client closed by a TLS server, or a failed handshake.
+  const absl::string_view m = status.message();
+  if (absl::StrContains(m, "Socket closed") || absl::StrContains(m, "andshake") ||
+      absl::StrContains(m, "SSL")) {
+    std::cerr << "recpsctl: (does the cluster run mutual TLS and recpsctl not, or the "
+                 "reverse, or is the certificate of another CA, expired, or not for "
+                 "that host? docs/security.md#troubleshooting)\n";
+  }
   return kExitError;
 }
 
@@ -505,6 +534,49 @@ int Print(const ParsedArgs& parsed, const google::protobuf::Message& message,
   }
   std::cout.flush();
   return code;
+}
+
+// --tls_* (else $RECPS_TLS_*) or --insecure; a usage error naming them
+// when there is neither.
+absl::StatusOr<rpc::TransportSecurity> SecurityFromFlags(const ParsedArgs& parsed) {
+  std::string files[3];
+  const char* names[3] = {"tls_ca", "tls_cert", "tls_key"};
+  const char* envs[3] = {"RECPS_TLS_CA", "RECPS_TLS_CERT", "RECPS_TLS_KEY"};
+  bool any_flag = false;
+  for (int i = 0; i < 3; ++i) {
+    if (auto it = parsed.flags.find(names[i]); it != parsed.flags.end()) {
+      files[i] = it->second;
+      any_flag = true;
+    }
+  }
+  const bool insecure = BoolFlag(parsed, "insecure");
+  if (insecure && any_flag) {
+    return absl::InvalidArgumentError("give --insecure or --tls_*, not both");
+  }
+  if (insecure) return rpc::TransportSecurity::Insecure();
+  if (!any_flag) {
+    for (int i = 0; i < 3; ++i) {
+      if (const char* env = std::getenv(envs[i]); env != nullptr) files[i] = env;
+    }
+  }
+  if (files[0].empty() && files[1].empty() && files[2].empty()) {
+    return absl::InvalidArgumentError(
+        "no transport security given: pass --tls_ca, --tls_cert and --tls_key (or set "
+        "RECPS_TLS_CA, RECPS_TLS_CERT and RECPS_TLS_KEY) for a mutual-TLS cluster, or "
+        "--insecure for one started with --insecure");
+  }
+  rpc::TransportSecurity security = rpc::TransportSecurity::Tls(files[0], files[1], files[2]);
+  RETURN_IF_ERROR(rpc::CheckTlsFiles(security));
+  return security;
+}
+
+// The process's security from the connection flags, for the commands
+// that talk to the coordinator through CoordinatorClient (its channels
+// take the process's security).
+absl::Status UseSecurityFromFlags(const ParsedArgs& parsed) {
+  ASSIGN_OR_RETURN(const rpc::TransportSecurity security, SecurityFromFlags(parsed));
+  rpc::SetProcessSecurity(security);
+  return absl::OkStatus();
 }
 
 // The reader for the connection flags; a usage error's message otherwise.
@@ -547,6 +619,7 @@ absl::StatusOr<std::unique_ptr<ClusterReader>> ReaderFromFlags(
     return absl::InvalidArgumentError("--timeout must be positive");
   }
   options.rpc_timeout = timeout;
+  ASSIGN_OR_RETURN(options.security, SecurityFromFlags(parsed));
   return ClusterReader::Create(std::move(options));
 }
 
@@ -612,6 +685,7 @@ int RunCheckpointCommand(const ParsedArgs& parsed) {
   } else {
     options.rpc_timeout = *timeout;
   }
+  if (absl::Status s = UseSecurityFromFlags(parsed); !s.ok()) return UsageError(&parsed, s);
   if (parsed.command->name == "checkpoint") {
     return RunCheckpointNow(options, std::cout, std::cerr);
   }
@@ -676,6 +750,7 @@ int RunRebalanceCommand(const ParsedArgs& parsed) {
   } else {
     options.rpc_timeout = *timeout;
   }
+  if (absl::Status s = UseSecurityFromFlags(parsed); !s.ok()) return UsageError(&parsed, s);
   if (parsed.command->name == "drain") options.drain.push_back(parsed.args[0]);
   if (parsed.command->name == "moves") return RunMoves(options, std::cout, std::cerr);
   return RunRebalance(options, std::cout, std::cerr);
@@ -934,15 +1009,18 @@ int Main(int argc, char** argv) {
       (parsed->command->name == "checkpoint" && parsed->args[0] == "compact")) {
     return RunOfflineCheckpointCommand(*parsed);
   }
+  if (parsed->command->name == "certs") {
+    absl::Status s = RunCertsCommand(parsed->args, parsed->flags);
+    if (absl::IsInvalidArgument(s)) return UsageError(&*parsed, s);
+    return s.ok() ? kExitOk : Error(s);
+  }
   if (!parsed->command->uses_cluster) return RunPlan(*parsed);
   if (parsed->command->name == "members") return RunMembers(*parsed);
-  if (parsed->command->name == "rebalance" || parsed->command->name == "drain" ||
-      parsed->command->name == "moves") {
+  const std::string& name = parsed->command->name;
+  if (name == "rebalance" || name == "drain" || name == "moves") {
     return RunRebalanceCommand(*parsed);
   }
-  if (parsed->command->name == "checkpoint" || parsed->command->name == "checkpoints") {
-    return RunCheckpointCommand(*parsed);
-  }
+  if (name == "checkpoint" || name == "checkpoints") return RunCheckpointCommand(*parsed);
   return RunClusterCommand(*parsed);
 }
 

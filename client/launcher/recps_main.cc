@@ -50,6 +50,8 @@
 #include "client/launcher/process.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
+#include "common/rpc/tls_flags.h"
+#include "common/security/certs.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
@@ -339,6 +341,60 @@ int64_t NewestCompleteCheckpoint(const std::string& root) {
   return newest;
 }
 
+// The transport-security flags of each `recps local` child: its role's
+// certificate from `certs` (made by SetUpLocalSecurity), or --insecure.
+struct LocalSecurity {
+  bool insecure = false;
+  std::string dir;
+  std::vector<std::string> Args(const std::string& name) const {
+    if (insecure) return {"--insecure"};
+    return {"--tls_ca=" + dir + "/ca.crt", "--tls_cert=" + dir + "/" + name + ".crt",
+            "--tls_key=" + dir + "/" + name + ".key"};
+  }
+};
+
+// TLS by default: a CA and certificates in <work>/certs (one per worker, so
+// that per-client limits count each worker alone); this process calls as
+// admin. --insecure: plaintext everywhere.
+absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int num_workers) {
+  const rpc::TlsFlagValues flags = rpc::GetTlsFlags();
+  LocalSecurity security;
+  if (!flags.ca.empty() || !flags.cert.empty() || !flags.key.empty()) {
+    return absl::InvalidArgumentError(
+        "recps local makes its own certificates (in its work directory): drop "
+        "--tls_ca/--tls_cert/--tls_key, or pass --insecure for plaintext");
+  }
+  if (flags.insecure) {
+    security.insecure = true;
+    rpc::SetProcessSecurity(rpc::TransportSecurity::Insecure());
+    LogWarning("INSECURE: --insecure given: the local cluster runs plaintext gRPC "
+               "with no roles");
+    return security;
+  }
+  security.dir = work + "/certs";
+  security::CertOptions options;
+  options.cluster = "local";
+  if (!std::filesystem::exists(security.dir + "/ca.key")) {
+    if (absl::Status s = security::InitCertDir(security.dir, options); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("creating certificates for the local "
+                                                 "cluster (--insecure skips TLS): ",
+                                                 s.message()));
+    }
+  }
+  for (int r = 0; r < num_workers; ++r) {
+    const std::string name = absl::StrCat("worker-", r);
+    if (std::filesystem::exists(security.dir + "/" + name + ".crt")) continue;
+    if (absl::Status s = security::IssueCert(security.dir, security.dir, "worker", name, options);
+        !s.ok()) {
+      return s;
+    }
+  }
+  rpc::SetProcessSecurity(rpc::TransportSecurity::Tls(
+      security.dir + "/ca.crt", security.dir + "/admin.crt", security.dir + "/admin.key"));
+  LogInfo("mutual TLS with certificates in ", security.dir, " (--insecure: plaintext)");
+  return security;
+}
+
 int RunLocal(const std::vector<std::string>& worker_args) {
   const int num_shards = absl::GetFlag(FLAGS_shards);
   const int num_workers = absl::GetFlag(FLAGS_workers);
@@ -409,6 +465,11 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   }
   LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s), ",
           num_workers, " worker(s); logs in ", work);
+  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers);
+  if (!tls.ok()) {
+    LogError(tls.status().message());
+    return absl::IsInvalidArgument(tls.status()) ? 2 : 1;
+  }
 
   // Every worker writes its result; rank 0's evaluations give the summary.
   std::string result_dir = absl::GetFlag(FLAGS_result_dir);
@@ -459,6 +520,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
         absl::StrCat("--world_size=", num_workers), "--listen=" + listen,
         "--port_file=" + coord_ports};
     if (restore) args.push_back("--restore=" + checkpoint_root);
+    for (std::string& a : tls->Args("coordinator")) args.push_back(std::move(a));
     absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(coordinator_bin, args, coord_log);
     if (!c.ok()) return c.status();
     absl::StatusOr<int> port = WaitForPort(*c, coord_ports, coord_log);
@@ -486,11 +548,11 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     const std::string ports = absl::StrCat(work, "/shard", i, ".ports");
     std::error_code ec;
     std::filesystem::remove(ports, ec);  // the last attempt's is stale
-    absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(
-        shard_bin,
-        {"--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
-         "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports},
-        log);
+    std::vector<std::string> args = {
+        "--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
+        "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports};
+    for (std::string& a : tls->Args("shard")) args.push_back(std::move(a));
+    absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(shard_bin, args, log);
     if (!shard.ok()) return fail(shard.status());
     servers.push_back(LocalServer{*std::move(shard), absl::StrCat("shard server ", i),
                                   absl::StrCat("shard-", i), nullptr, 0});
@@ -520,6 +582,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
         absl::StrCat("--threads=", threads),
         r == 0 ? "--progress_every=2s" : "--progress_every=1000h",
         absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
+    for (std::string& a : tls->Args(absl::StrCat("worker-", r))) args.push_back(std::move(a));
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
     if (!w.ok()) return fail(w.status());
@@ -678,6 +741,12 @@ int RunLaunch(const std::vector<std::string>& positional,
                                      w.rank == 0 ? "--progress_every=2s"
                                                  : "--progress_every=1000h"};
     if (!positional.empty()) args.push_back("--config=" + positional[0]);
+    // The node's worker certificate (or --insecure) goes to every worker.
+    const rpc::TlsFlagValues tls = rpc::GetTlsFlags();
+    if (tls.insecure) args.push_back("--insecure");
+    if (!tls.ca.empty()) args.push_back("--tls_ca=" + tls.ca);
+    if (!tls.cert.empty()) args.push_back("--tls_cert=" + tls.cert);
+    if (!tls.key.empty()) args.push_back("--tls_key=" + tls.key);
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     std::string log;
     if (const std::string dir = absl::GetFlag(FLAGS_log_dir); !dir.empty()) {
@@ -733,7 +802,7 @@ int main(int argc, char** argv) {
   recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
-      "  recps local [--job=FILE] [--shards=N] [--workers=N] "
+      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--insecure] "
       "[--consistency=sync|bounded|async] [--steps=N] [--resume] [--max_restarts=N] "
       "[-- WORKER FLAGS]\n"
       "    start a coordinator, shard servers and workers on 127.0.0.1 and "

@@ -1,12 +1,13 @@
 // Channels and credentials: every recps process makes its gRPC channels and
 // listening ports here, and nowhere else, so that transport security (mutual
-// TLS, identities) changes this file only.
+// TLS, identities) changes this file only. docs/security.md.
 #ifndef RECPS_COMMON_RPC_CHANNELS_H_
 #define RECPS_COMMON_RPC_CHANNELS_H_
 
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
@@ -14,12 +15,42 @@
 
 namespace recps::rpc {
 
-// How a process authenticates its peers. Today every channel is plaintext;
-// the TLS files and the caller's identity will be fields here.
+// How a process authenticates its peers.
 struct TransportSecurity {
-  // Plaintext gRPC. The only mode so far.
-  bool insecure = true;
+  enum class Mode {
+    // Whatever the process chose at start (SetProcessSecurity); plaintext
+    // when it chose nothing (tests, libraries).
+    kProcessDefault,
+    // Plaintext gRPC: no authentication, every call allowed.
+    kInsecure,
+    // Mutual TLS: both sides present a certificate signed by `ca_file`;
+    // servers take the caller's role from its certificate (identity.h).
+    kTls,
+  };
+  Mode mode = Mode::kProcessDefault;
+  // PEM files, re-read every `reload_interval` (certificates rotate without
+  // a restart; connections made before keep their handshake).
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  absl::Duration reload_interval = absl::Seconds(10);
+
+  static TransportSecurity Insecure();
+  static TransportSecurity Tls(
+      std::string ca, std::string cert, std::string key,
+      absl::Duration reload_interval = absl::Seconds(10));
 };
+
+// The security every kProcessDefault resolves to. Call once in main(),
+// before any channel or server is made.
+void SetProcessSecurity(const TransportSecurity& security);
+// `security` with kProcessDefault resolved (never kProcessDefault).
+TransportSecurity Resolve(const TransportSecurity& security);
+
+// OK when the TLS files exist and hold PEM data (the certificate provider
+// itself only logs a missing file and fails every handshake); a message
+// naming the flag and the file otherwise. OK for insecure.
+absl::Status CheckTlsFiles(const TransportSecurity& security);
 
 // What kind of peer a channel reaches: sets the reconnect and message-size
 // arguments that suit it.
@@ -33,13 +64,17 @@ enum class ChannelKind {
   kData,
 };
 
+// TLS credentials are made once per set of files (each has a file watcher)
+// and shared.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     const TransportSecurity& security);
+// For TLS: client certificates are required and verified.
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
     const TransportSecurity& security);
 
 // A channel to `address` ("host:port"). Never fails: gRPC connects lazily,
-// and a bad address surfaces as UNAVAILABLE on the first call.
+// and a bad address surfaces as UNAVAILABLE on the first call. With TLS the
+// server's certificate must name the host (DNS or IP SAN).
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address, ChannelKind kind,
     const TransportSecurity& security = TransportSecurity());

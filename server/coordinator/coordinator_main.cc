@@ -27,6 +27,9 @@
 #include "common/config/job_config.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
+#include "common/rpc/gate_flags.h"
+#include "common/rpc/health_port.h"
+#include "common/rpc/tls_flags.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
 #include "common/flags_usage.h"
@@ -131,6 +134,10 @@ ABSL_FLAG(bool, auto_rebalance_new_servers, false,
 ABSL_FLAG(int, max_kept_moves, 1000,
           "rebalancing: finished moves kept in the state and listed by "
           "`recpsctl moves` (the oldest are dropped)");
+ABSL_FLAG(std::string, health_listen, "",
+          "if set, a plaintext port (host:port) serving only grpc.health.v1 "
+          "(SERVING while the coordinator serves): for probes that cannot "
+          "present a client certificate (the kubelet's gRPC probe)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -275,13 +282,24 @@ int Run() {
     metrics_port = ports.empty() ? 0 : ports[0];
   }
 
+  absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
+  if (!gate_options.ok()) {
+    LogError(gate_options.status().message());
+    return 2;
+  }
+  rpc::CallGate gate(*gate_options, registry.get());
   CoordinatorService service(coordinator->get(), registry.get());
+  service.set_gate(&gate);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
+  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
+  // a port another process of the same user listens on (a restart on its
+  // old port) silently shares it, the kernel splitting connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&service);
   // Room for the largest value a KvSet may carry and the largest dense
   // state a checkpoint cut may carry, and not much more: a bigger request is
@@ -294,6 +312,16 @@ int Run() {
   if (server == nullptr || grpc_port == 0) {
     LogError("cannot listen on ", listen);
     return 1;
+  }
+  std::unique_ptr<rpc::HealthPort> health_port;
+  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
+    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
+    if (!started.ok()) {
+      LogError(started.status().message());
+      return 1;
+    }
+    health_port = *std::move(started);
+    health_port->SetServing(true);
   }
   auto ticker =
       std::make_unique<CoordinatorTicker>(coordinator->get(), absl::GetFlag(FLAGS_tick));
@@ -340,5 +368,6 @@ int main(int argc, char** argv) {
       "[--num_slots=4096] [--lease=10s] [--restore=DIR[@STEP]|latest]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-coordinator");
+  recps::rpc::InitProcessSecurityFromFlags();
   return recps::server::Run();
 }

@@ -74,6 +74,9 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::ShardMap> {
     FinishLocked(grpc::Status::CANCELLED);
   }
 
+  // Keeps the caller's admission (its per-client slot) for the stream's life.
+  void Hold(std::shared_ptr<rpc::Admission> admission) { admission_ = std::move(admission); }
+
   void OnDone() override {
     // After Unwatch no Offer runs, so `this` may go.
     service_->coordinator_->Unwatch(watch_id_);
@@ -98,6 +101,7 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::ShardMap> {
   }
 
   CoordinatorService* const service_;
+  std::shared_ptr<rpc::Admission> admission_;
   int64_t watch_id_ = 0;
   absl::Mutex mu_;
   uint64_t offered_epoch_ ABSL_GUARDED_BY(mu_) = 0;
@@ -108,6 +112,13 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::ShardMap> {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status stop_status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A stream refused before it started (role or per-client limit).
+class RefusedWriteReactor final : public grpc::ServerWriteReactor<v1::ShardMap> {
+ public:
+  explicit RefusedWriteReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
 };
 
 CoordinatorService::CoordinatorService(Coordinator* coordinator,
@@ -138,7 +149,8 @@ void CoordinatorService::Forget(WatchReactor* reactor) {
 }
 
 void CoordinatorService::Finish(const char* rpc, grpc::ServerUnaryReactor* reactor,
-                                const absl::Status& status) {
+                                const absl::Status& status, rpc::Admission* admission) {
+  if (admission != nullptr && absl::IsInvalidArgument(status)) admission->NoteBadRequest();
   if (metrics_ != nullptr) {
     metrics_->requests
         .Add({{"rpc", rpc}, {"code", absl::StatusCodeToString(status.code())}})
@@ -147,13 +159,26 @@ void CoordinatorService::Finish(const char* rpc, grpc::ServerUnaryReactor* react
   reactor->Finish(rpc::ToGrpcStatus(status));
 }
 
+std::shared_ptr<rpc::Admission> CoordinatorService::Admit(
+    grpc::CallbackServerContext* context, grpc::ServerUnaryReactor* reactor,
+    const char* rpc) {
+  if (gate_ == nullptr) return std::make_shared<rpc::Admission>();
+  absl::StatusOr<rpc::Admission> admission =
+      gate_->Admit(*context, absl::StrCat("Coordinator.", rpc));
+  if (admission.ok()) return std::make_shared<rpc::Admission>(*std::move(admission));
+  Finish(rpc, reactor, admission.status());
+  return nullptr;
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Register(
     grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
     v1::RegisterResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Register");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request);
   if (r.ok()) *response = *std::move(r);
-  Finish("Register", reactor, r.status());
+  Finish("Register", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -161,9 +186,11 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Heartbeat");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(*request);
   if (r.ok()) *response = *std::move(r);
-  Finish("Heartbeat", reactor, r.status());
+  Finish("Heartbeat", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -171,7 +198,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
                                                     const v1::LeaveRequest* request,
                                                     v1::LeaveResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish("Leave", reactor, coordinator_->Leave(*request));
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Leave");
+  if (admission == nullptr) return reactor;
+  Finish("Leave", reactor, coordinator_->Leave(*request), admission.get());
   return reactor;
 }
 
@@ -179,15 +208,24 @@ grpc::ServerUnaryReactor* CoordinatorService::GetShardMap(
     grpc::CallbackServerContext* context, const v1::GetCoordinatorShardMapRequest*,
     v1::GetCoordinatorShardMapResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "GetShardMap");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
   if (map.ok()) *response->mutable_shard_map() = *std::move(map);
-  Finish("GetShardMap", reactor, map.status());
+  Finish("GetShardMap", reactor, map.status(), admission.get());
   return reactor;
 }
 
 grpc::ServerWriteReactor<v1::ShardMap>* CoordinatorService::WatchShardMap(
-    grpc::CallbackServerContext*, const v1::WatchShardMapRequest* request) {
+    grpc::CallbackServerContext* context, const v1::WatchShardMapRequest* request) {
+  std::shared_ptr<rpc::Admission> admission = std::make_shared<rpc::Admission>();
+  if (gate_ != nullptr) {
+    absl::StatusOr<rpc::Admission> a = gate_->Admit(*context, "Coordinator.WatchShardMap");
+    if (!a.ok()) return new RefusedWriteReactor(rpc::ToGrpcStatus(a.status()));
+    *admission = *std::move(a);
+  }
   auto* reactor = new WatchReactor(this, request->after_epoch());
+  reactor->Hold(std::move(admission));
   absl::MutexLock lock(&mu_);
   watchers_.insert(reactor);
   if (stopping_) {
@@ -201,7 +239,9 @@ grpc::ServerUnaryReactor* CoordinatorService::KvSet(
     grpc::CallbackServerContext* context, const v1::KvSetRequest* request,
     v1::KvSetResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Finish("KvSet", reactor, coordinator_->KvSet(request->key(), request->value()));
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvSet");
+  if (admission == nullptr) return reactor;
+  Finish("KvSet", reactor, coordinator_->KvSet(request->key(), request->value()), admission.get());
   return reactor;
 }
 
@@ -209,10 +249,12 @@ grpc::ServerUnaryReactor* CoordinatorService::KvGet(
     grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
     v1::KvGetResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvGet");
+  if (admission == nullptr) return reactor;
   coordinator_->KvGet(request->key(), Ms(request->wait_ms()),
-                      [this, reactor, response](absl::StatusOr<std::string> v) {
+                      [this, reactor, response, admission](absl::StatusOr<std::string> v) {
                         if (v.ok()) response->set_value(*std::move(v));
-                        Finish("KvGet", reactor, v.status());
+                        Finish("KvGet", reactor, v.status(), admission.get());
                       });
   return reactor;
 }
@@ -221,9 +263,11 @@ grpc::ServerUnaryReactor* CoordinatorService::KvWait(
     grpc::CallbackServerContext* context, const v1::KvWaitRequest* request,
     v1::KvWaitResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvWait");
+  if (admission == nullptr) return reactor;
   coordinator_->KvWait({request->keys().begin(), request->keys().end()},
-                       Ms(request->timeout_ms()), [this, reactor](absl::Status s) {
-                         Finish("KvWait", reactor, s);
+                       Ms(request->timeout_ms()), [this, reactor, admission](absl::Status s) {
+                         Finish("KvWait", reactor, s, admission.get());
                        });
   return reactor;
 }
@@ -232,8 +276,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Barrier(
     grpc::CallbackServerContext* context, const v1::BarrierRequest* request,
     v1::BarrierResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  coordinator_->Barrier(*request, [this, reactor](absl::Status s) {
-    Finish("Barrier", reactor, s);
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Barrier");
+  if (admission == nullptr) return reactor;
+  coordinator_->Barrier(*request, [this, reactor, admission](absl::Status s) {
+    Finish("Barrier", reactor, s, admission.get());
   });
   return reactor;
 }
@@ -242,9 +288,11 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(
     grpc::CallbackServerContext* context, const v1::GetJobRequest*,
     v1::GetJobResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "GetJob");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
   if (job.ok()) *response->mutable_job() = *std::move(job);
-  Finish("GetJob", reactor, job.status());
+  Finish("GetJob", reactor, job.status(), admission.get());
   return reactor;
 }
 
@@ -252,8 +300,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMembers(
     grpc::CallbackServerContext* context, const v1::ListMembersRequest*,
     v1::ListMembersResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ListMembers");
+  if (admission == nullptr) return reactor;
   *response = coordinator_->ListMembers();
-  Finish("ListMembers", reactor, absl::OkStatus());
+  Finish("ListMembers", reactor, absl::OkStatus(), admission.get());
   return reactor;
 }
 
@@ -261,9 +311,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ForgetMember(
     grpc::CallbackServerContext* context, const v1::ForgetMemberRequest* request,
     v1::ForgetMemberResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ForgetMember");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::Member> member = coordinator_->ForgetMember(request->member_id());
   if (member.ok()) *response->mutable_member() = *std::move(member);
-  Finish("ForgetMember", reactor, member.status());
+  Finish("ForgetMember", reactor, member.status(), admission.get());
   return reactor;
 }
 
@@ -271,9 +323,11 @@ grpc::ServerUnaryReactor* CoordinatorService::GetPlan(
     grpc::CallbackServerContext* context, const v1::GetPlanRequest*,
     v1::GetPlanResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "GetPlan");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::ShardingPlan> plan = coordinator_->GetPlan();
   if (plan.ok()) *response->mutable_plan() = *std::move(plan);
-  Finish("GetPlan", reactor, plan.status());
+  Finish("GetPlan", reactor, plan.status(), admission.get());
   return reactor;
 }
 
@@ -281,11 +335,14 @@ grpc::ServerUnaryReactor* CoordinatorService::CheckpointCut(
     grpc::CallbackServerContext* context, const v1::CheckpointCutRequest* request,
     v1::CheckpointCutResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "CheckpointCut");
+  if (admission == nullptr) return reactor;
+  // The admission is held until the cut answers: the call is in flight.
   coordinator_->checkpoints().Cut(
-      *request,
-      [this, reactor, response](absl::StatusOr<v1::CheckpointCutResponse> r) {
+      *request, [this, reactor, response,
+                 admission](absl::StatusOr<v1::CheckpointCutResponse> r) {
         if (r.ok()) *response = *std::move(r);
-        Finish("CheckpointCut", reactor, r.status());
+        Finish("CheckpointCut", reactor, r.status(), admission.get());
       });
   return reactor;
 }
@@ -294,10 +351,12 @@ grpc::ServerUnaryReactor* CoordinatorService::RequestCheckpoint(
     grpc::CallbackServerContext* context, const v1::RequestCheckpointRequest* request,
     v1::RequestCheckpointResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "RequestCheckpoint");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::RequestCheckpointResponse> r =
       coordinator_->checkpoints().Request(request->reason());
   if (r.ok()) *response = *std::move(r);
-  Finish("RequestCheckpoint", reactor, r.status());
+  Finish("RequestCheckpoint", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -305,9 +364,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ListCheckpoints(
     grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest*,
     v1::ListCheckpointsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ListCheckpoints");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::ListCheckpointsResponse> r = coordinator_->checkpoints().List();
   if (r.ok()) *response = *std::move(r);
-  Finish("ListCheckpoints", reactor, r.status());
+  Finish("ListCheckpoints", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -315,10 +376,12 @@ grpc::ServerUnaryReactor* CoordinatorService::GetResumeState(
     grpc::CallbackServerContext* context, const v1::GetResumeStateRequest* request,
     v1::GetResumeStateResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "GetResumeState");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::GetResumeStateResponse> r =
       coordinator_->checkpoints().ResumeState(request->rank());
   if (r.ok()) *response = *std::move(r);
-  Finish("GetResumeState", reactor, r.status());
+  Finish("GetResumeState", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -326,11 +389,13 @@ grpc::ServerUnaryReactor* CoordinatorService::PlanRebalance(
     grpc::CallbackServerContext* context, const v1::PlanRebalanceRequest* request,
     v1::PlanRebalanceResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // An admin call, rare: it waits here for the servers' stats (bounded by
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "PlanRebalance");
+  if (admission == nullptr) return reactor;
+  // A rare call: it waits here for the servers' stats (bounded by
   // the move RPC timeout), in parallel.
   absl::StatusOr<v1::PlanRebalanceResponse> r = coordinator_->moves().Plan(*request);
   if (r.ok()) *response = *std::move(r);
-  Finish("PlanRebalance", reactor, r.status());
+  Finish("PlanRebalance", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -338,9 +403,11 @@ grpc::ServerUnaryReactor* CoordinatorService::ApplyRebalance(
     grpc::CallbackServerContext* context, const v1::ApplyRebalanceRequest* request,
     v1::ApplyRebalanceResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ApplyRebalance");
+  if (admission == nullptr) return reactor;
   absl::StatusOr<v1::ApplyRebalanceResponse> r = coordinator_->moves().Apply(*request);
   if (r.ok()) *response = *std::move(r);
-  Finish("ApplyRebalance", reactor, r.status());
+  Finish("ApplyRebalance", reactor, r.status(), admission.get());
   return reactor;
 }
 
@@ -348,8 +415,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ListMoves(
     grpc::CallbackServerContext* context, const v1::ListRebalanceMovesRequest*,
     v1::ListRebalanceMovesResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "ListMoves");
+  if (admission == nullptr) return reactor;
   *response = coordinator_->moves().List();
-  Finish("ListMoves", reactor, absl::OkStatus());
+  Finish("ListMoves", reactor, absl::OkStatus(), admission.get());
   return reactor;
 }
 

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/rpc/call_gate.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/coordinator.grpc.pb.h"
 #include "server/coordinator/coordinator.h"
@@ -40,6 +41,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // new ones; call before grpc::Server::Shutdown so it need not wait for
   // streams that would never end.
   void Stop();
+
+  // Roles and per-client limits (not owned; null: every call allowed).
+  void set_gate(rpc::CallGate* gate) { gate_ = gate; }
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const v1::RegisterRequest* request,
@@ -109,11 +113,17 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   friend class WatchReactor;
   struct Metrics;
   // Finishes a unary RPC: records it and converts the status.
+  // INVALID_ARGUMENT counts as a bad request of the admitted caller.
   void Finish(const char* rpc, grpc::ServerUnaryReactor* reactor,
-              const absl::Status& status);
+              const absl::Status& status, rpc::Admission* admission = nullptr);
   void Forget(WatchReactor* reactor);
+  // The caller's admission ("Coordinator.<rpc>"), held until the call ends;
+  // null after finishing the call refused.
+  std::shared_ptr<rpc::Admission> Admit(grpc::CallbackServerContext* context,
+                                        grpc::ServerUnaryReactor* reactor, const char* rpc);
 
   Coordinator* const coordinator_;
+  rpc::CallGate* gate_ = nullptr;
   std::unique_ptr<Metrics> metrics_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -27,6 +27,9 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/rpc/channels.h"
+#include "common/rpc/gate_flags.h"
+#include "common/rpc/health_port.h"
+#include "common/rpc/tls_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
@@ -111,6 +114,10 @@ ABSL_FLAG(absl::Duration, grace_period, absl::Seconds(10),
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address, host:port: register there as a shard server, "
           "keep the lease by heartbeat and take the shard map it pushes");
+ABSL_FLAG(std::string, health_listen, "",
+          "if set, a plaintext port (host:port) serving only grpc.health.v1, "
+          "SERVING once the shard map is installed: for probes that cannot "
+          "present a client certificate (the kubelet's gRPC probe)");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -334,10 +341,20 @@ int Run() {
   // The health service exists only once the gRPC server is built, after
   // the shard server: the callback finds it through this pointer.
   std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
-  options.on_map_installed = [&health] {
+  std::unique_ptr<rpc::HealthPort> health_port;
+  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
+    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
+    if (!started.ok()) {
+      LogError(started.status().message());
+      return 1;
+    }
+    health_port = *std::move(started);
+  }
+  options.on_map_installed = [&health, port = health_port.get()] {
     if (grpc::HealthCheckServiceInterface* h = health.load()) {
       h->SetServingStatus(true);
     }
+    if (port != nullptr) port->SetServing(true);
   };
   // Column groups of column-wise tables: same seed, slots and limits.
   options.create_store = [store_options](std::vector<config::TableSpec> groups) {
@@ -355,8 +372,16 @@ int Run() {
     return 2;
   }
 
+  absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
+  if (!gate_options.ok()) {
+    LogError(gate_options.status().message());
+    return 2;
+  }
+  rpc::CallGate gate(*gate_options, registry.get());
   EmbeddingShardService data_service(shard->get(), &metrics);
   ShardAdminService admin_service(shard->get(), &metrics);
+  data_service.set_gate(&gate);
+  admin_service.set_gate(&gate);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -364,6 +389,10 @@ int Run() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()),
                            &grpc_port);
+  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
+  // a port another process of the same user listens on (a restart on its
+  // old port) silently shares it, the kernel splitting connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(&data_service);
   builder.RegisterService(&admin_service);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_mb) << 20);
@@ -472,6 +501,7 @@ int main(int argc, char** argv) {
       "[--standalone]");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-shard");
+  recps::rpc::InitProcessSecurityFromFlags();
   recps::TuneDataPlaneProcess();
   return recps::server::Run();
 }

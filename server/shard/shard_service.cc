@@ -1,6 +1,7 @@
 #include "server/shard/shard_service.h"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,9 +66,33 @@ void Finish(const char* rpc, grpc::CallbackServerContext* context,
 
 // A lookup in flight: the parsed request and the response being built.
 struct LookupCall {
+  rpc::Admission admission;
   v1::LookupRequest request;
   SerializedLookupResponse response;
 };
+
+// The caller's admission (role and per-client limits); an empty one when
+// there is no gate. On refusal: finishes the call and returns nullopt.
+std::optional<rpc::Admission> AdmitOrFinish(rpc::CallGate* gate, const char* rpc,
+                                            const char* method,
+                                            grpc::CallbackServerContext* context,
+                                            grpc::ServerUnaryReactor* reactor,
+                                            absl::Time start, ShardMetrics* metrics) {
+  if (gate == nullptr) return rpc::Admission();
+  absl::StatusOr<rpc::Admission> admission = gate->Admit(*context, method);
+  if (admission.ok()) return *std::move(admission);
+  Finish(rpc, context, reactor, admission.status(), start, metrics);
+  return std::nullopt;
+}
+
+// Whether the lookup names a dynamic table (one whose rows a lookup creates).
+bool CreatesRows(const ShardServer& server, const v1::LookupRequest& request) {
+  for (const v1::TableIds& t : request.tables()) {
+    absl::StatusOr<int> index = server.store().FindTable(t.table());
+    if (index.ok() && server.store().spec(*index).num_rows == 0) return true;
+  }
+  return false;
+}
 
 // The response's segments as slices of its buffer, without copying: the
 // buffer goes back to its pool when gRPC drops the last slice.
@@ -91,7 +116,11 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
     grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "Lookup", "EmbeddingShard.Lookup", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   auto call = std::make_unique<LookupCall>();
+  call->admission = *std::move(admission);
   // Parsed as the generated handler would, with the same error. The copy
   // shares the slices; Deserialize clears the buffer it reads.
   grpc::ByteBuffer bytes(*request);
@@ -104,13 +133,25 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
                "the request does not parse as a recps.v1.LookupRequest (",
                request->Length(), " bytes): ", parsed.error_message())),
            start, metrics_, "malformed");
+    call->admission.NoteBadRequest();
     return reactor;
+  }
+  // Rows of dynamic tables are created by lookups: a write.
+  if (CreatesRows(*server_, call->request)) {
+    if (absl::Status s = call->admission.Require(
+            rpc::RoleBit(rpc::Role::kWorker),
+            "look up a dynamic table (it creates rows)");
+        !s.ok()) {
+      Finish("Lookup", context, reactor, s, start, metrics_);
+      return reactor;
+    }
   }
   LookupCall* c = call.get();
   server_->Lookup(&c->request, &c->response,
                   [this, context, reactor, start, response,
                    call = std::move(call)](absl::Status s) {
                     if (s.ok()) *response = ToByteBuffer(call->response);
+                    if (absl::IsInvalidArgument(s)) call->admission.NoteBadRequest();
                     Finish("Lookup", context, reactor, s, start, metrics_);
                   },
                   // The context lives until Finish: a parked lookup whose
@@ -125,8 +166,14 @@ grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
     v1::PushGradientsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "PushGradients", "EmbeddingShard.PushGradients", context,
+                    reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   server_->PushGradients(request, response,
-                         [this, context, reactor, start](absl::Status s) {
+                         [this, context, reactor, start,
+                          admission = *std::move(admission)](absl::Status s) mutable {
+                           if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
                            Finish("PushGradients", context, reactor, s, start,
                                   metrics_);
                          });
@@ -138,6 +185,9 @@ grpc::ServerUnaryReactor* ShardAdminService::Stats(
     v1::StatsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "Stats", "ShardAdmin.Stats", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   Finish("Stats", context, reactor, server_->Stats(*request, response), start,
          metrics_);
   return reactor;
@@ -148,6 +198,9 @@ grpc::ServerUnaryReactor* ShardAdminService::GetShardMap(
     v1::ShardMap* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "GetShardMap", "ShardAdmin.GetShardMap", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   *response = server_->GetShardMap();
   Finish("GetShardMap", context, reactor, absl::OkStatus(), start, metrics_);
   return reactor;
@@ -158,6 +211,9 @@ grpc::ServerUnaryReactor* ShardAdminService::SetShardMap(
     v1::SetShardMapResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "SetShardMap", "ShardAdmin.SetShardMap", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   Finish("SetShardMap", context, reactor, server_->SetShardMap(*request), start,
          metrics_);
   return reactor;
@@ -168,8 +224,13 @@ grpc::ServerUnaryReactor* ShardAdminService::SaveRows(
     v1::SaveRowsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "SaveRows", "ShardAdmin.SaveRows", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
   server_->SaveRows(request, response,
-                    [this, context, reactor, start](absl::Status s) {
+                    [this, context, reactor, start,
+                     admission = *std::move(admission)](absl::Status s) mutable {
+                      if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
                       Finish("SaveRows", context, reactor, s, start, metrics_);
                     });
   return reactor;
@@ -181,8 +242,13 @@ grpc::ServerUnaryReactor* ShardAdminService::SaveRowsStatus(
     v1::SaveRowsStatusResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  Finish("SaveRowsStatus", context, reactor,
-         server_->SaveRowsStatus(*request, response), start, metrics_);
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "SaveRowsStatus", "ShardAdmin.SaveRowsStatus", context,
+                    reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  const absl::Status s = server_->SaveRowsStatus(*request, response);
+  if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
+  Finish("SaveRowsStatus", context, reactor, s, start, metrics_);
   return reactor;
 }
 
@@ -191,8 +257,14 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
     const v1::RestoreRowsRequest* request, v1::RestoreRowsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "RestoreRows", "ShardAdmin.RestoreRows", context, reactor,
+                    start, metrics_);
+  if (!admission.has_value()) return reactor;
   server_->RestoreRows(request, response,
-                       [this, context, reactor, start](absl::Status s) {
+                       [this, context, reactor, start,
+                        admission = *std::move(admission)](absl::Status s) mutable {
+                         if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
                          Finish("RestoreRows", context, reactor, s, start,
                                 metrics_);
                        });
@@ -205,10 +277,17 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
       v1::Response* response) {                                            \
     grpc::ServerUnaryReactor* reactor = context->DefaultReactor();         \
     const absl::Time start = absl::Now();                                  \
-    server_->Method(request, response,                                     \
-                    [this, context, reactor, start](absl::Status s) {      \
-                      Finish(#Method, context, reactor, s, start, metrics_); \
-                    });                                                    \
+    std::optional<rpc::Admission> admission =                              \
+        AdmitOrFinish(gate_, #Method, "ShardAdmin." #Method, context,      \
+                      reactor, start, metrics_);                           \
+    if (!admission.has_value()) return reactor;                            \
+    server_->Method(                                                       \
+        request, response,                                                 \
+        [this, context, reactor, start,                                    \
+         admission = *std::move(admission)](absl::Status s) mutable {      \
+          if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();      \
+          Finish(#Method, context, reactor, s, start, metrics_);           \
+        });                                                                \
     return reactor;                                                        \
   }
 
@@ -223,8 +302,12 @@ grpc::ServerUnaryReactor* ShardAdminService::ListMoves(
     v1::ListMovesResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
-  Finish("ListMoves", context, reactor, server_->ListMoves(*request, response),
-         start, metrics_);
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "ListMoves", "ShardAdmin.ListMoves", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  const absl::Status s = server_->ListMoves(*request, response);
+  if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
+  Finish("ListMoves", context, reactor, s, start, metrics_);
   return reactor;
 }
 
@@ -236,8 +319,18 @@ class ExportRowsReactor final
     : public grpc::ServerWriteReactor<v1::ExportRowsChunk> {
  public:
   ExportRowsReactor(ShardServer* server, ShardMetrics* metrics,
-                    const v1::ExportRowsRequest* request)
+                    const v1::ExportRowsRequest* request, rpc::CallGate* gate,
+                    grpc::CallbackServerContext* context)
       : server_(server), metrics_(metrics), start_(absl::Now()) {
+    if (gate != nullptr) {
+      absl::StatusOr<rpc::Admission> admission =
+          gate->Admit(*context, "ShardAdmin.ExportRows");
+      if (!admission.ok()) {
+        End(admission.status());
+        return;
+      }
+      admission_ = *std::move(admission);
+    }
     absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> exp =
         server_->StartExport(*request);
     if (!exp.ok()) {
@@ -281,6 +374,8 @@ class ExportRowsReactor final
   ShardServer* const server_;
   ShardMetrics* const metrics_;
   const absl::Time start_;
+  // Held for the whole stream: it counts as a call in flight.
+  rpc::Admission admission_;
   std::unique_ptr<ShardServer::RowExport> export_;
   v1::ExportRowsChunk chunk_;
 };
@@ -288,8 +383,8 @@ class ExportRowsReactor final
 }  // namespace
 
 grpc::ServerWriteReactor<v1::ExportRowsChunk>* ShardAdminService::ExportRows(
-    grpc::CallbackServerContext*, const v1::ExportRowsRequest* request) {
-  return new ExportRowsReactor(server_, metrics_, request);
+    grpc::CallbackServerContext* context, const v1::ExportRowsRequest* request) {
+  return new ExportRowsReactor(server_, metrics_, request, gate_, context);
 }
 
 }  // namespace recps::server

@@ -3,6 +3,7 @@
 #ifndef RECPS_SERVER_SHARD_SHARD_SERVICE_H_
 #define RECPS_SERVER_SHARD_SHARD_SERVICE_H_
 
+#include "common/rpc/call_gate.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
@@ -24,6 +25,9 @@ class EmbeddingShardService final
   EmbeddingShardService(ShardServer* server, ShardMetrics* metrics)
       : server_(server), metrics_(metrics) {}
 
+  // Roles and per-client limits (not owned; null: every call allowed).
+  void set_gate(rpc::CallGate* gate) { gate_ = gate; }
+
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
@@ -35,12 +39,16 @@ class EmbeddingShardService final
  private:
   ShardServer* server_;
   ShardMetrics* metrics_;
+  rpc::CallGate* gate_ = nullptr;
 };
 
 class ShardAdminService final : public v1::ShardAdmin::CallbackService {
  public:
   ShardAdminService(ShardServer* server, ShardMetrics* metrics)
       : server_(server), metrics_(metrics) {}
+
+  // Roles and per-client limits (not owned; null: every call allowed).
+  void set_gate(rpc::CallGate* gate) { gate_ = gate; }
 
   grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
                                   const v1::StatsRequest* request,
@@ -87,6 +95,7 @@ class ShardAdminService final : public v1::ShardAdmin::CallbackService {
  private:
   ShardServer* server_;
   ShardMetrics* metrics_;
+  rpc::CallGate* gate_ = nullptr;
 };
 
 }  // namespace recps::server

@@ -48,6 +48,7 @@ std::string Slurp(const std::string& path) {
 Output RunCtl(const TempDir& dir, const std::vector<std::string>& args) {
   std::vector<std::string> quoted;
   for (const std::string& a : args) quoted.push_back("'" + a + "'");
+  quoted.push_back("--insecure");  // the test's daemons are plaintext
   const std::string out = dir.path() + "/out", err = dir.path() + "/err";
   const std::string command = absl::StrCat(RECPSCTL_BINARY, " ", absl::StrJoin(quoted, " "),
                                            " >", out, " 2>", err);

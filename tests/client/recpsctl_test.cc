@@ -3,6 +3,7 @@
 // the embedding client. Checks that status, tables and shards show what the
 // servers report, that --json parses into the admin messages, and the exit
 // codes.
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
@@ -57,6 +58,16 @@ Output RunCtl(const TempDir& dir, const std::vector<std::string>& args,
               const std::string& env = "") {
   std::vector<std::string> quoted;
   for (const std::string& a : args) quoted.push_back(Quote(a));
+  // The test cluster is plaintext; commands that reach a cluster need to
+  // be told (offline ones take no security flags).
+  const bool offline = !args.empty() && (args[0] == "plan" || args[0] == "certs" ||
+                                         args[0] == "help" || args[0] == "--help");
+  const bool has_security = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--tls_", 0) == 0 || a == "--insecure";
+  });
+  if (!offline && !has_security && env.find("RECPS_TLS_") == std::string::npos) {
+    quoted.push_back("--insecure");
+  }
   const std::string out = dir.path() + "/out", err = dir.path() + "/err";
   const std::string command =
       absl::StrCat(env, " ", RECPSCTL_BINARY, " ", absl::StrJoin(quoted, " "),

@@ -442,14 +442,20 @@ def check_rendered(overlay, objs):
                 metrics = flag_value(args, "metrics_listen")
                 listen = flag_value(args, "listen")
                 lport = int(listen.rsplit(":", 1)[1]) if listen else None
+                # With mutual TLS the kubelet's gRPC probe asks the plaintext
+                # health-only port (--health_listen).
+                health = flag_value(args, "health_listen")
+                hport = int(health.rsplit(":", 1)[1]) if health else lport
                 for probe in ("readinessProbe", "livenessProbe"):
                     pr = c.get(probe)
                     if not pr:
                         fail("%s: no %s" % (where(o), probe))
                         continue
                     port = (pr.get("grpc") or pr.get("tcpSocket") or {}).get("port")
-                    if port != lport:
-                        fail("%s: %s port %s is not the --listen port %s" % (where(o), probe, port, lport))
+                    want = hport if "grpc" in pr else lport
+                    if port != want:
+                        fail("%s: %s port %s is not the %s port %s" % (
+                            where(o), probe, port, "--health_listen" if "grpc" in pr else "--listen", want))
                 if "grpc" not in c.get("readinessProbe", {}):
                     fail("%s: the readiness probe is not a grpc probe" % where(o))
             # Thread counts follow the CPU limit (the binaries' default is
@@ -580,6 +586,22 @@ class LocalCluster:
                     "named": {p.get("name"): p["containerPort"] for p in c.get("ports", [])},
                 })
 
+    def tls_secret(self, secret, pod_name, d):
+        """What docs/security.md puts in a recps-tls-<role> Secret (ca.crt,
+        tls.crt, tls.key), made with recpsctl certs from one CA."""
+        m = re.match(r"recps-tls-(\w+)$", secret)
+        if not m:
+            raise RuntimeError("secret %s is not a recps-tls-<role> Secret" % secret)
+        ca = os.path.join(self.work, "ca")
+        if not os.path.exists(os.path.join(ca, "ca.key")):
+            subprocess.run([binary("recpsctl"), "certs", "init", ca], check=True,
+                           stdout=subprocess.DEVNULL)
+        subprocess.run([binary("recpsctl"), "certs", "issue", "--role=" + m.group(1),
+                        "--name=" + pod_name, "--ca=" + ca, "--out=" + d], check=True,
+                       stdout=subprocess.DEVNULL)
+        os.rename(os.path.join(d, pod_name + ".crt"), os.path.join(d, "tls.crt"))
+        os.rename(os.path.join(d, pod_name + ".key"), os.path.join(d, "tls.key"))
+
     def pods_of(self, kind, name):
         return [p for p in self.pods if p["owner"]["kind"] == kind and p["owner"]["metadata"]["name"] == name]
 
@@ -643,6 +665,8 @@ class LocalCluster:
                 for key, data in cm["data"].items():
                     with open(os.path.join(d, key), "w") as f:
                         f.write(data)
+            if v is not None and "secret" in v:
+                self.tls_secret(v["secret"]["secretName"], pod["name"], d)
             mounts[m["mountPath"]] = d
 
         def subst(a):
@@ -852,7 +876,8 @@ def metrics():
     try:
         c = procs.start("coordinator", [binary("recps-coordinator"), "--state_dir=" + work + "/coord",
                                         "--job=" + job, "--num_shards=1", "--listen=127.0.0.1:0", "--lease=1s",
-                                        "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/coord.ports"],
+                                        "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/coord.ports",
+                                        "--insecure"],
                         clean_env(), work + "/coordinator.log")
         read_ports = lambda f: (lambda t: tuple(map(int, t.split())) if len(t.split()) == 2 else None)(  # noqa: E731
             open(f).read() if os.path.exists(f) else "")
@@ -860,13 +885,14 @@ def metrics():
                           [("coordinator", c)])
         s = procs.start("shard", [binary("recps-shard"), "--job=" + job, "--world_size=1",
                                   "--coordinator=127.0.0.1:%d" % cports[0], "--listen=127.0.0.1:0",
-                                  "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/shard.ports"],
+                                  "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/shard.ports",
+                                  "--insecure"],
                         clean_env(), work + "/shard.log")
         sports = wait_for("the shard server's ports", lambda: read_ports(work + "/shard.ports"), 30, [("shard", s)])
         wport = free_port()
         w = procs.start("worker", [binary("recps-worker"), "--coordinator=127.0.0.1:%d" % cports[0],
                                    "--rank=0", "--world_size=1", "--steps=3000", "--threads=1",
-                                   "--metrics_listen=127.0.0.1:%d" % wport],
+                                   "--metrics_listen=127.0.0.1:%d" % wport, "--insecure"],
                         clean_env(), work + "/worker.log")
         # The worker serves metrics only while it trains: scrape until it
         # has stepped and evaluated (every scrape's names are kept).
@@ -895,7 +921,8 @@ def metrics():
             return n
         # The shard server sets its per-table gauges (recps_shard_table_rows,
         # _bytes) only when asked for Stats, as `recpsctl status` does.
-        r = subprocess.run([binary("recpsctl"), "--coordinator=127.0.0.1:%d" % cports[0], "status"],
+        r = subprocess.run([binary("recpsctl"), "--coordinator=127.0.0.1:%d" % cports[0], "--insecure",
+                            "status"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
         info("recpsctl status (exit %d):\n%s" % (r.returncode, r.stdout.strip()))
         add("shard server", sports[1])
@@ -949,6 +976,10 @@ def slurm():
         "RECPS_METRICS_PORT": str(free_port_range(3)), "RECPS_WORK_DIR": work + "/run",
         "RECPS_WORKER_ARGS": "--threads=1",
     })
+    # Mutual TLS, as docs/security.md sets it up: one CA on a shared path.
+    subprocess.run([binary("recpsctl"), "certs", "init", work + "/certs"], check=True,
+                   stdout=subprocess.DEVNULL)
+    env["RECPS_TLS_DIR"] = work + "/certs"
     log = work + "/sbatch.log"
     try:
         p = procs.start("recps.sbatch", ["bash", os.path.join(SRC, "deploy/slurm/recps.sbatch")],

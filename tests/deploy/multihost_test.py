@@ -208,7 +208,8 @@ class Cluster:
         c = self.procs.start("coord", "coordinator", [
             binary("recps-coordinator"), "--job=" + job, "--num_shards=2", "--world_size=2",
             "--listen=0.0.0.0:%d" % COORD_PORT, "--metrics_listen=127.0.0.1:0",
-            "--state_dir=" + os.path.join(self.dir, "coordinator"), "--port_file=" + port_file],
+            "--state_dir=" + os.path.join(self.dir, "coordinator"), "--port_file=" + port_file,
+            "--insecure"],
             self.log("coordinator"))
         self.servers.append(("coordinator", c))
         wait_for("the coordinator's port file", lambda: read(port_file).strip(), 30, self.servers)
@@ -218,14 +219,14 @@ class Cluster:
             s = self.procs.start(host, host, [
                 binary("recps-shard"), "--job=" + job, "--world_size=2",
                 "--coordinator=" + self.coordinator, "--listen=0.0.0.0:%d" % SHARD_PORT,
-                "--advertise=" + addr, "--metrics_listen=127.0.0.1:0"], self.log(host))
+                "--advertise=" + addr, "--metrics_listen=127.0.0.1:0", "--insecure"], self.log(host))
             self.servers.append((host + " (" + addr + ")", s))
         for k in range(2):
             host = "node%d" % k
             p = self.procs.start(host, "launcher " + host, [
                 binary("recps"), "launch", "--nproc-per-node=1", "--nnodes=2",
                 "--node-rank=%d" % k, "--coordinator=" + self.coordinator, "--gpus=none",
-                "--"] + worker_flags, self.log(host))
+                "--insecure", "--"] + worker_flags, self.log(host))
             self.launchers.append((host, p))
 
     def text(self):

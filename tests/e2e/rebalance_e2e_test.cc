@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
 #include "client/launcher/process.h"
+#include "common/rpc/channels.h"
 #include "common/wire/shard_map.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -93,11 +94,14 @@ struct LocalRun {
   std::string job = WriteJob(*dir, checkpoints);
   std::string work = dir->path() + "/work";
   std::string log = dir->path() + "/recps.log";
+  // Plaintext instead of `recps local`'s default mutual TLS.
+  bool insecure = false;
 
   absl::StatusOr<client::ChildProcess> Start(int shards, std::vector<std::string> extra) const {
     std::vector<std::string> args = {"local", "--job=" + job, "--work_dir=" + work,
                                      absl::StrCat("--shards=", shards), "--workers=2"};
     args.insert(args.end(), extra.begin(), extra.end());
+    if (insecure) args.push_back("--insecure");
     args.push_back("--");
     args.push_back("--threads=1");
     args.push_back("--progress_every=1000h");
@@ -124,6 +128,25 @@ struct LocalRun {
     return absl::StrCat("127.0.0.1:", port);
   }
   std::string Coordinator() const { return PortAddress("coordinator.ports"); }
+  // `recps local` runs mutual TLS with certificates in <work>/certs (made
+  // before it starts the coordinator): `role`'s flags, for recpsctl and
+  // the extra shard server.
+  std::vector<std::string> TlsFlags(const std::string& role) const {
+    if (insecure) return {"--insecure"};
+    const std::string certs = work + "/certs/";
+    return {"--tls_ca=" + certs + "ca.crt", "--tls_cert=" + certs + role + ".crt",
+            "--tls_key=" + certs + role + ".key"};
+  }
+  // The test's own CoordinatorClients call as admin.
+  void UseAdminCertificate() const {
+    if (insecure) {
+      rpc::SetProcessSecurity(rpc::TransportSecurity::Insecure());
+      return;
+    }
+    const std::string certs = work + "/certs/";
+    rpc::SetProcessSecurity(rpc::TransportSecurity::Tls(
+        certs + "ca.crt", certs + "admin.crt", certs + "admin.key"));
+  }
   std::string Shard(int i) const { return PortAddress(absl::StrCat("shard", i, ".ports")); }
 };
 
@@ -204,6 +227,16 @@ struct CtlResult {
 };
 CtlResult Recpsctl(const TempDir& dir, std::vector<std::string> args) {
   static int n = 0;
+  // The admin certificate `recps local` made in <dir>/work/certs (none
+  // when it runs --insecure).
+  const std::string certs = dir.path() + "/work/certs/";
+  if (std::filesystem::exists(certs)) {
+    args.push_back("--tls_ca=" + certs + "ca.crt");
+    args.push_back("--tls_cert=" + certs + "admin.crt");
+    args.push_back("--tls_key=" + certs + "admin.key");
+  } else {
+    args.push_back("--insecure");
+  }
   const std::string out_path = absl::StrCat(dir.path(), "/recpsctl", n++, ".out");
   // stdout only: a shell redirects stderr (the progress bar) elsewhere.
   std::string command = RECPSCTL_BINARY;
@@ -294,12 +327,12 @@ class RebalanceE2e : public ::testing::Test {
   static absl::StatusOr<client::ChildProcess> StartExtraShard(const LocalRun& run,
                                                               std::string* address) {
     const std::string ports = run.dir->path() + "/extra.ports";
-    absl::StatusOr<client::ChildProcess> p = client::ChildProcess::Spawn(
-        RECPS_SHARD_BINARY,
-        {"--job=" + run.work + "/job.textproto", "--world_size=2",
-         "--coordinator=" + run.Coordinator(), "--listen=127.0.0.1:0",
-         "--port_file=" + ports},
-        run.dir->path() + "/extra.log");
+    std::vector<std::string> args = {"--job=" + run.work + "/job.textproto", "--world_size=2",
+                                     "--coordinator=" + run.Coordinator(),
+                                     "--listen=127.0.0.1:0", "--port_file=" + ports};
+    for (std::string& f : run.TlsFlags("shard")) args.push_back(std::move(f));
+    absl::StatusOr<client::ChildProcess> p =
+        client::ChildProcess::Spawn(RECPS_SHARD_BINARY, args, run.dir->path() + "/extra.log");
     if (!p.ok()) return p.status();
     if (!Eventually([&] { return !ReadAll(ports).empty(); }, absl::Seconds(30))) {
       return absl::DeadlineExceededError(ReadAll(run.dir->path() + "/extra.log"));
@@ -329,6 +362,7 @@ TEST_F(RebalanceE2e, AThirdOfTheSlotsMovedMidRunBitIdentical) {
   absl::StatusOr<client::ChildProcess> p = run.Start(2, {});
   ASSERT_TRUE(p.ok()) << p.status();
   WaitForSteps(run, kSteps / 4);
+  run.UseAdminCertificate();
   client::CoordinatorClient coordinator(run.Coordinator());
   absl::StatusOr<v1::ShardMap> map = coordinator.GetShardMap();
   ASSERT_TRUE(map.ok()) << map.status();
@@ -390,6 +424,7 @@ TEST_F(RebalanceE2e, DISABLED_ThirdServerAddedAndRebalancedOntoBitIdentical) {
   EXPECT_EQ(applied.code, 0) << applied.out;
   EXPECT_THAT(applied.out, HasSubstr(extra_address));
   ExpectOneOwnerPerSlot(*run.dir, run.Coordinator());
+  run.UseAdminCertificate();
   client::CoordinatorClient coordinator(run.Coordinator());
   absl::StatusOr<v1::ShardMap> map = coordinator.GetShardMap();
   ASSERT_TRUE(map.ok());
@@ -415,6 +450,7 @@ TEST_F(RebalanceE2e, OneOfThreeServersDrainedBitIdentical) {
       *run.dir, {"drain", drained, "--coordinator=" + run.Coordinator(), "--apply"});
   EXPECT_EQ(applied.code, 0) << applied.out;
   ExpectOneOwnerPerSlot(*run.dir, run.Coordinator());
+  run.UseAdminCertificate();
   client::CoordinatorClient coordinator(run.Coordinator());
   absl::StatusOr<v1::ShardMap> map = coordinator.GetShardMap();
   ASSERT_TRUE(map.ok());
@@ -444,6 +480,7 @@ TEST_F(RebalanceE2e, RefusalsMoveNothing) {
   EXPECT_THAT(r.out, HasSubstr("is not a server of shard map"));
   r = Recpsctl(*run.dir, {"drain", run.Shard(0), coord});
   EXPECT_EQ(r.code, 0) << r.out;  // a plan; draining one of two is fine
+  run.UseAdminCertificate();
   client::CoordinatorClient coordinator(run.Coordinator());
   absl::StatusOr<v1::ShardMap> map = coordinator.GetShardMap();
   ASSERT_TRUE(map.ok());
@@ -477,6 +514,7 @@ class RebalanceKillE2e : public RebalanceE2e {
     ASSERT_TRUE(p.ok()) << p.status();
     job->emplace(*std::move(p));
     WaitForSteps(run, kEvery + kEvery / 2);  // past a checkpoint
+    run.UseAdminCertificate();
     client::CoordinatorClient coordinator(run.Coordinator());
     v1::PlanRebalanceRequest request;
     request.add_drain(run.Shard(1));
@@ -530,6 +568,11 @@ TEST_F(RebalanceKillE2e, KilledTargetRestartsFromTheCheckpoint) {
 TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
   ASSERT_NE(reference_, nullptr);
   LocalRun run;
+  // Plaintext: under mutual TLS a client that starts connecting while the
+  // coordinator is down stalls up to 20 s once it is back (docs/security.md,
+  // "known issue"), and the job may end before the test's recpsctl calls
+  // get through.
+  run.insecure = true;
   std::optional<client::ChildProcess> job;
   v1::MoveRecord copying;
   StartSlowDrain(run, {}, &job, &copying);
@@ -552,7 +595,8 @@ TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
         }
         return true;
       },
-      absl::Seconds(60)));
+      absl::Seconds(60)))
+      << ReadAll(run.log) << "\ncoordinator log:\n" << ReadAll(run.work + "/coordinator.log");
   bool resolved = false;
   for (const v1::MoveRecord& r : moves.moves()) {
     if (r.move_id() == copying.move_id()) {

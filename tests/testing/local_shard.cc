@@ -41,6 +41,13 @@ std::string TempDir::WriteFile(const std::string& name,
 absl::StatusOr<int> RunProcess(const std::string& binary,
                                std::vector<std::string> args,
                                absl::Duration timeout) {
+  // The recps daemons need TLS or --insecure: plaintext unless chosen.
+  const size_t slash = binary.rfind('/');
+  const std::string base = slash == std::string::npos ? binary : binary.substr(slash + 1);
+  const bool has_security = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--tls_", 0) == 0 || a == "--insecure";
+  });
+  if (base.rfind("recps-", 0) == 0 && !has_security) args.push_back("--insecure");
   absl::StatusOr<pid_t> spawned = client::SpawnProcess(binary, args);
   if (!spawned.ok()) return spawned.status();
   const pid_t pid = *spawned;
@@ -68,6 +75,11 @@ absl::StatusOr<std::unique_ptr<LocalShard>> LocalShard::Start(
     return a.rfind("--listen=", 0) == 0;
   });
   if (!has_listen) args.push_back("--listen=127.0.0.1:0");
+  // Plaintext unless the caller chose TLS: the daemons need one or the other.
+  const bool has_security = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--tls_", 0) == 0 || a == "--insecure";
+  });
+  if (!has_security) args.push_back("--insecure");
   args.push_back("--metrics_listen=127.0.0.1:0");
   args.push_back("--port_file=" + port_file);
   absl::StatusOr<pid_t> spawned = client::SpawnProcess(binary, args);

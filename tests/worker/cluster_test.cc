@@ -75,7 +75,7 @@ absl::StatusOr<client::ChildProcess> StartWorker(const TempDir& dir,
       RECPS_WORKER_BINARY,
       {"--coordinator=" + coordinator, absl::StrCat("--rank=", rank),
        absl::StrCat("--world_size=", world_size), absl::StrCat("--steps=", steps),
-       "--threads=1", "--collective_timeout=20s", "--progress_every=1s",
+       "--threads=1", "--collective_timeout=20s", "--progress_every=1s", "--insecure",
        absl::StrCat("--result_json=", dir.path(), "/result", rank, ".json")},
       absl::StrCat(dir.path(), "/worker", rank, ".log"));
 }
@@ -218,7 +218,7 @@ TEST(Cluster, LaunchStartsTwoWorkersOfACluster) {
   absl::StatusOr<int> code = testing::RunProcess(
       RECPS_LAUNCHER_BINARY,
       {"launch", "--nproc-per-node=2", "--nnodes=1", "--coordinator=" + address,
-       "--gpus=none", "--log_dir=" + dir.path() + "/logs", "--", "--steps=40",
+       "--gpus=none", "--log_dir=" + dir.path() + "/logs", "--insecure", "--", "--steps=40",
        "--threads=1", "--result_json=" + dir.path() + "/result.json"},
       absl::Minutes(4));
   ASSERT_TRUE(code.ok()) << code.status();
@@ -237,7 +237,8 @@ TEST(Cluster, LaunchFailsNamingTheRankThatFailed) {
   const std::string address = (*coordinator)->address();
   absl::StatusOr<client::ChildProcess> launch = client::ChildProcess::Spawn(
       RECPS_LAUNCHER_BINARY,
-      {"launch", "--nproc_per_node=2", "--coordinator=" + address, "--gpus=none", "--",
+      {"launch", "--nproc_per_node=2", "--coordinator=" + address, "--gpus=none", "--insecure",
+       "--",
        "--config=" + dir.path() + "/missing.textproto"},
       out);
   ASSERT_TRUE(launch.ok()) << launch.status();

@@ -209,7 +209,8 @@ TEST(DataParallel, KilledWorkerMakesThePeerFailInsteadOfHanging) {
     std::vector<std::string> args = {
         RECPS_WORKER_BINARY, "--config=" + job, "--shards=" + shards,
         absl::StrCat("--rank=", rank), "--world_size=2", "--steps=100000", "--threads=1",
-        "--collective_timeout=10s", "--rendezvous_dir=" + dir.path() + "/rendezvous"};
+        "--collective_timeout=10s", "--rendezvous_dir=" + dir.path() + "/rendezvous",
+        "--insecure"};
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);

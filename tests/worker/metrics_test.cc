@@ -74,7 +74,7 @@ TEST(Metrics, EveryDaemonPassesPromtool) {
   absl::StatusOr<client::ChildProcess> coordinator = client::ChildProcess::Spawn(
       RECPS_COORDINATOR_BINARY,
       {"--state_dir=" + dir.path() + "/state", "--job=" + Job(), "--num_shards=1",
-       "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+       "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--insecure",
        "--port_file=" + coordinator_ports},
       dir.path() + "/coordinator.log");
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
@@ -87,7 +87,7 @@ TEST(Metrics, EveryDaemonPassesPromtool) {
   absl::StatusOr<client::ChildProcess> worker = client::ChildProcess::Spawn(
       RECPS_WORKER_BINARY,
       {"--config=" + Job(), "--shards=" + (*shard)->address(), "--steps=1000000",
-       "--metrics_listen=127.0.0.1:0", "--port_file=" + worker_ports},
+       "--metrics_listen=127.0.0.1:0", "--port_file=" + worker_ports, "--insecure"},
       dir.path() + "/worker.log");
   ASSERT_TRUE(worker.ok()) << worker.status();
 

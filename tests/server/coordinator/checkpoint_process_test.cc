@@ -76,6 +76,7 @@ Output RunBinary(const TempDir& dir, const std::string& binary,
            const std::vector<std::string>& args) {
   std::vector<std::string> quoted = {binary};
   for (const std::string& a : args) quoted.push_back("'" + a + "'");
+  quoted.push_back("--insecure");  // the test's daemons are plaintext
   const std::string out = dir.path() + "/run.out", err = dir.path() + "/run.err";
   absl::StatusOr<int> code = testing::RunProcess(
       "/bin/sh", {"-c", absl::StrCat(absl::StrJoin(quoted, " "), " >", out, " 2>", err)},

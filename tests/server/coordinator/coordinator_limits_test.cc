@@ -191,7 +191,7 @@ class CoordinatorLimitsTest : public ::testing::Test {
   std::pair<int, std::string> RunToExit(const std::string& binary,
                                         const std::vector<std::string>& args) {
     std::string command =
-        absl::StrCat(binary, " --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0");
+        absl::StrCat(binary, " --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --insecure");
     for (const std::string& a : args) absl::StrAppend(&command, " '", a, "'");
     const std::string log = dir_.path() + "/run.log";
     absl::StrAppend(&command, " 2>", log);

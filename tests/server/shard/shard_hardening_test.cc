@@ -128,8 +128,10 @@ int RunShardToExit(const TempDir& dir, const std::vector<std::string>& args,
                    std::string* log) {
   const std::string log_path = dir.path() + "/exit.log";
   std::remove(log_path.c_str());
+  std::vector<std::string> with_security = args;
+  with_security.push_back("--insecure");
   absl::StatusOr<pid_t> pid =
-      client::SpawnProcess(RECPS_SHARD_BINARY, args, log_path);
+      client::SpawnProcess(RECPS_SHARD_BINARY, with_security, log_path);
   EXPECT_TRUE(pid.ok()) << pid.status();
   if (!pid.ok()) return -1;
   int status = 0;

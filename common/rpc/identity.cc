@@ -1,0 +1,107 @@
+#include "common/rpc/identity.h"
+
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "grpc/grpc_security_constants.h"
+#include "grpcpp/security/auth_context.h"
+
+namespace recps::rpc {
+namespace {
+
+constexpr absl::string_view kPrefix = "spiffe://recps/";
+
+bool ValidPart(absl::string_view part) {
+  if (part.empty() || part.size() > 64) return false;
+  for (char c : part) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kWorker:
+      return "worker";
+    case Role::kShard:
+      return "shard";
+    case Role::kCoordinator:
+      return "coordinator";
+    case Role::kAdmin:
+      return "admin";
+    case Role::kReader:
+      return "reader";
+    case Role::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<Role> ParseRole(absl::string_view name) {
+  for (Role r : kAllRoles) {
+    if (name == RoleName(r)) return r;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown role \"", name,
+      "\" (expected worker, shard, coordinator, admin or reader)"));
+}
+
+std::string RecpsUri(absl::string_view cluster, Role role,
+                     absl::string_view name) {
+  return absl::StrCat(kPrefix, cluster, "/", RoleName(role), "/", name);
+}
+
+absl::StatusOr<PeerIdentity> ParseRecpsUri(absl::string_view uri) {
+  if (!absl::StartsWith(uri, kPrefix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", uri, "\" does not start with ", kPrefix));
+  }
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(uri.substr(kPrefix.size()), '/');
+  if (parts.size() != 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", uri, "\": expected spiffe://recps/<cluster>/<role>/<name>"));
+  }
+  for (absl::string_view p : parts) {
+    if (!ValidPart(p)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", uri, "\": part \"", p, "\" must be 1..64 of [A-Za-z0-9._-]"));
+    }
+  }
+  PeerIdentity id;
+  id.cluster = std::string(parts[0]);
+  absl::StatusOr<Role> role = ParseRole(parts[1]);
+  if (!role.ok()) return role.status();
+  id.role = *role;
+  id.name = std::string(parts[2]);
+  id.uri = std::string(uri);
+  return id;
+}
+
+PeerIdentity IdentityOf(const grpc::ServerContextBase& context) {
+  PeerIdentity id;
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return id;
+  id.authenticated = true;
+  // peer_uri lists the URI SANs; older gRPCs only have the SAN list.
+  for (const char* property :
+       {GRPC_PEER_URI_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME}) {
+    for (const grpc::string_ref& value : auth->FindPropertyValues(property)) {
+      const absl::string_view uri(value.data(), value.size());
+      if (!absl::StartsWith(uri, kPrefix)) continue;
+      absl::StatusOr<PeerIdentity> parsed = ParseRecpsUri(uri);
+      if (!parsed.ok()) continue;
+      parsed->authenticated = true;
+      return *std::move(parsed);
+    }
+  }
+  return id;
+}
+
+}  // namespace recps::rpc
