@@ -62,7 +62,8 @@ struct PushRpc {
   using Request = v1::PushGradientsRequest;
   using Response = v1::PushGradientsResponse;
   static constexpr char kName[] = "PushGradients";
-  // Sync servers count a step done once every rank pushed, ids or not.
+  // Sync servers count a step done once every rank pushed, ids or not:
+  // every server that owns something in the map gets a push.
   static constexpr bool kEveryServer = true;
   // Never split in one round: one part per server and round. A request
   // carries a part id (RequestHeader.push_part): a retry of a request whose
@@ -391,8 +392,13 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     int32_t most_parts = 0;
     for (int s = 0; s < map->num_servers(); ++s) {
       const int32_t count = batch.CountFor(s);
+      // Pushes: also an empty one to every server that owns something and
+      // has not accepted this step's push, never to one that owns nothing
+      // (joined and not given a share yet, or drained): it takes part in no
+      // step, and one started while the job trains would refuse the step.
       if (count == 0 &&
-          !(Rpc::kEveryServer && !accepted.contains(map->servers()[s]))) {
+          !(Rpc::kEveryServer && map->OwnsAnything(s) &&
+            !accepted.contains(map->servers()[s]))) {
         continue;
       }
       int32_t parts = 1;

@@ -149,8 +149,10 @@ class EmbeddingClient {
   absl::Status LookupUpdated(int64_t step, absl::Span<const LookupSpec> batch);
 
   // Sends each distinct (table, id)'s gradient to its owner, and an empty
-  // push to every other server of the map, so that servers in sync mode know
-  // this rank is done with `step`. OK means every server accepted the push.
+  // push to every other server of the map that owns something (a server
+  // that owns nothing takes part in no step), so that servers in sync mode
+  // know this rank is done with `step`. OK means every such server
+  // accepted the push.
   //
   // Both fail with DATA_LOSS, in every consistency mode, once a server the
   // client has used answers with a new incarnation (it restarted and lost

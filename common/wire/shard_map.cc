@@ -138,7 +138,18 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
           " have the same name key"));
     }
   }
+  m.ComputeOwners();
   return m;
+}
+
+void ShardMap::ComputeOwners() {
+  owns_.assign(servers_.size(), 0);
+  for (uint32_t owner : slot_owner_) owns_[owner] = 1;
+  for (const TableRouting& r : tables_) {
+    if (r.owner >= 0) owns_[r.owner] = 1;
+    for (uint32_t owner : r.slot_owner) owns_[owner] = 1;
+    for (const ColumnGroup& g : r.groups) owns_[g.owner] = 1;
+  }
 }
 
 const ShardMap::TableRouting* ShardMap::Find(uint64_t table_key) const {
@@ -197,6 +208,7 @@ ShardMap ShardMap::Uniform(uint64_t epoch, uint32_t num_slots,
   for (uint32_t slot = 0; slot < num_slots; ++slot) {
     m.slot_owner_[slot] = static_cast<uint32_t>(slot * n / num_slots);
   }
+  m.ComputeOwners();
   return m;
 }
 

@@ -111,12 +111,23 @@ class ShardMap {
   // The slots owned by server index `server` in the global slot owners,
   // ascending.
   std::vector<uint32_t> SlotsOf(int server) const;
+  // Whether server index `server` owns anything: a global slot, a slot of
+  // a table routed by its own owners, a table-wise table or a column group.
+  // A server that owns nothing (joined, not yet given a share; drained) is
+  // sent no requests, pushes included (docs/shard-server.md).
+  bool OwnsAnything(int server) const {
+    return server >= 0 && static_cast<size_t>(server) < owns_.size() &&
+           owns_[server] != 0;
+  }
 
  private:
+  void ComputeOwners();
+
   uint64_t epoch_ = 0;
   uint32_t num_slots_ = 0;
   std::vector<std::string> servers_;
   std::vector<uint32_t> slot_owner_;
+  std::vector<uint8_t> owns_;  // per server: OwnsAnything
   struct TableRouting {
     uint64_t key = 0;
     std::string name;

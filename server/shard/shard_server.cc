@@ -316,7 +316,7 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
     return;
   }
   // Hand-overs: a lookup of a held unit waits for the hand-over's end.
-  NoteLookupStep(request->header().step());
+  NoteRequestStep(request->header().step());
   if (active_holds_.load() > 0 &&
       ParkIfHeld(request->header(), &request->tables(), nullptr,
                  [&]() -> absl::AnyInvocable<void() &&> {
@@ -481,10 +481,22 @@ void ShardServer::UpdatedPositions(int table, absl::Span<const int64_t> ids,
   }
 }
 
+namespace {
+
+bool IsEmptyPush(const GradientPush& push) {
+  for (const TableGradients& tg : push) {
+    if (!tg.ids.empty()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 absl::StatusOr<GradientPush> ShardServer::DecodePush(
-    const v1::PushGradientsRequest& request) {
+    const v1::PushGradientsRequest& request, bool* owns_nothing) {
   const MapView view = CurrentMap();
   RETURN_IF_ERROR(CheckHeader(request.header(), view));
+  *owns_nothing = !view->map.OwnsAnything(view->self);
   GradientPush push;
   absl::flat_hash_set<int> seen_tables;
   int64_t total_ids = 0;
@@ -546,8 +558,19 @@ void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
 
 void ShardServer::RunPush(const v1::PushGradientsRequest* request,
                           v1::PushGradientsResponse* response, Done done) {
-  absl::StatusOr<GradientPush> push = DecodePush(*request);
+  bool owns_nothing = false;
+  absl::StatusOr<GradientPush> push = DecodePush(*request, &owns_nothing);
   absl::Status s = push.status();
+  // A server that owns nothing (started while the job trains and not given
+  // a share yet, or drained) takes part in no step: an empty push routed by
+  // a map that still sends it one is accepted and dropped. Its clock joins
+  // at the source's step when a move gives it slots (FinishMove).
+  if (s.ok() && owns_nothing && IsEmptyPush(*push)) {
+    response->set_applied_step(clock_->applied_step());
+    response->set_incarnation(incarnation_);
+    std::move(done)(absl::OkStatus());
+    return;
+  }
   if (s.ok()) {
     // Async pushes apply here: a hand-over waits for those in flight by
     // taking the gate as a writer once its hold is in place.
@@ -570,6 +593,11 @@ std::optional<absl::Status> ShardServer::HoldOrApply(
     const v1::PushGradientsRequest* request,
     v1::PushGradientsResponse* response, GradientPush push, Done& done) {
   const v1::RequestHeader& header = request->header();
+  // Sync, bounded: a hand-over to a server that owns nothing yet holds every
+  // push of a step after the newest step seen (its L); see RunHandOver.
+  if (options_.consistency.mode != ConsistencyMode::kAsync) {
+    NoteRequestStep(header.step());
+  }
   if (active_holds_.load() > 0 &&
       ParkIfHeld(header, nullptr, &push, [&]() -> absl::AnyInvocable<void() &&> {
         return [this, request, response, done = std::move(done)]() mutable {

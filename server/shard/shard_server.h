@@ -217,7 +217,10 @@ class ShardServer {
                           absl::Span<const int64_t> ids) const;
   absl::Status RunLookup(const v1::LookupRequest& request,
                          SerializedLookupResponse* response);
-  absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request);
+  // `owns_nothing`: the map the request was checked against gives this
+  // server nothing (its pushes then take no part in step accounting).
+  absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request,
+                                          bool* owns_nothing);
   // FAILED_PRECONDITION when installing `next` (`next_proto` in proto form)
   // would take a slot holding rows away from `self`. REQUIRES: install_mu_.
   // Units in `handed_over` (table, slot) may move away: a hand-over sent
@@ -287,7 +290,8 @@ class ShardServer {
       const v1::PushGradientsRequest* request,
       v1::PushGradientsResponse* response, GradientPush push, Done& done);
   void ReleaseHold(const std::shared_ptr<Hold>& hold);
-  void NoteLookupStep(int64_t step);
+  // Records the step of a lookup or push before it checks the holds.
+  void NoteRequestStep(int64_t step);
   // Creates the tables of the column groups that `map` gives server index
   // `self` and that do not exist yet.
   absl::Status AddColumnGroupTables(const ShardMap& map, int self);
@@ -385,12 +389,13 @@ class ShardServer {
       move_threads_ ABSL_GUARDED_BY(moves_mu_);
   bool handing_over_ ABSL_GUARDED_BY(moves_mu_) = false;
   // Holds of hand-overs in progress. active_holds_ is read without the lock
-  // by every request (nonzero: check the holds); max_lookup_step_ is the
-  // largest step of a lookup that passed the hold check.
+  // by every request (nonzero: check the holds); max_request_step_ is the
+  // largest step of a lookup or (sync, bounded) push that reached the hold
+  // check: a hand-over's L.
   mutable absl::Mutex hold_mu_;
   std::vector<std::shared_ptr<Hold>> holds_ ABSL_GUARDED_BY(hold_mu_);
   std::atomic<int> active_holds_{0};
-  std::atomic<int64_t> max_lookup_step_{-1};
+  std::atomic<int64_t> max_request_step_{-1};
   // Async mode: pushes hold it as readers while they check holds and apply;
   // a hand-over takes it once as a writer, so no push to a held unit is in
   // flight after that.

@@ -63,6 +63,9 @@ struct ShardServer::Hold {
   // Sync and bounded: lookups (and pushes) of this step and later wait;
   // async: every step (0).
   int64_t from_step = 0;
+  // Sync and bounded, a target that owns nothing yet: every push of
+  // from_step or later waits, whatever its ids (see RunHandOver).
+  bool all_pushes = false;
   std::vector<absl::AnyInvocable<void() &&>> parked;
 };
 
@@ -86,9 +89,9 @@ uint64_t ShardServer::NextMark() {
   return mark;
 }
 
-void ShardServer::NoteLookupStep(int64_t step) {
-  int64_t seen = max_lookup_step_.load();
-  while (step > seen && !max_lookup_step_.compare_exchange_weak(seen, step)) {
+void ShardServer::NoteRequestStep(int64_t step) {
+  int64_t seen = max_request_step_.load();
+  while (step > seen && !max_request_step_.compare_exchange_weak(seen, step)) {
   }
 }
 
@@ -737,6 +740,18 @@ absl::Status ShardServer::RunFinish(const std::shared_ptr<Move>& move,
     return absl::AbortedError(absl::StrCat("move ", move->id, " was aborted"));
   }
   if (moves_stop_) return absl::UnavailableError("shard server is shutting down");
+  // A server that owned nothing took part in no step: it joins at the
+  // source's step L before anyone routes to it (new_map is not installed
+  // anywhere yet), so lookups of L + 1 run here. An owner already counts
+  // every step (its clock may still wait for pushes of L: not touched).
+  if (request.has_source_step()) {
+    const MapView now = CurrentMap();
+    if (!now->map.OwnsAnything(now->self)) {
+      RETURN_IF_ERROR(clock_->AdoptStep(request.source_step()));
+      LogInfo("move ", move->id, ": this server owned nothing; its step clock "
+              "joins at the source's step ", request.source_step());
+    }
+  }
   v1::SetShardMapRequest set;
   *set.mutable_shard_map() = request.new_map();
   set.set_self(view->self_address);
@@ -838,7 +853,8 @@ bool ShardServer::ParkIfHeld(
         }
       }
     }
-    if (push != nullptr) {
+    if (push != nullptr && hold->all_pushes) held = true;
+    if (push != nullptr && !held) {
       for (const TableGradients& tg : *push) {
         if (touches(tg.table, tg.ids)) {
           held = true;
@@ -971,11 +987,22 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
     hold->held[u.first][u.second] = 1;
   }
   const bool async = options_.consistency.mode == ConsistencyMode::kAsync;
+  // A target that owns nothing took part in no step so far: the workers do
+  // not push to it (client/embedding_client.cc). It joins at step L + 1
+  // (FinishMove adopts L), so from L + 1 on every worker's push must reach
+  // it: one routed by the current map would not. Every push of a step after
+  // L is held here and refused as stale once new_map is installed, so the
+  // worker refreshes the map and pushes that step to the target too. L
+  // counts pushes as well as lookups: no push of a later step was accepted
+  // here before the hold (a worker's lookups of a step may all go to other
+  // servers).
+  hold->all_pushes =
+      !async && !view->map.OwnsAnything(view->map.IndexOf(request.target()));
   int64_t last_step = -1;
   {
     absl::MutexLock lock(&hold_mu_);
     active_holds_.fetch_add(1);
-    last_step = max_lookup_step_.load();
+    last_step = max_request_step_.load();
     hold->from_step = async ? 0 : last_step + 1;
     holds_.push_back(hold);
   }
@@ -1018,6 +1045,10 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   finish.set_move_id(request.move_id());
   *finish.mutable_new_map() = request.new_map();
   finish.set_source(self);
+  if (!async) {
+    finish.set_source_step(last_step);
+    finish.set_has_source_step(true);
+  }
   absl::StatusOr<v1::FinishMoveResponse> finished =
       link->FinishMove(finish, options_.move_rpc_timeout);
   if (!finished.ok()) {

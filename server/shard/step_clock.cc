@@ -122,6 +122,13 @@ absl::Status CheckDisjoint(const GradientPush& have, const GradientPush& more) {
   return absl::OkStatus();
 }
 
+bool IsEmpty(const GradientPush& push) {
+  for (const TableGradients& tg : push) {
+    if (!tg.ids.empty()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
@@ -153,6 +160,9 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
     absl::MutexLock lock(&mu_);
     if (!apply_error_.ok()) return apply_error_;
     if (part != 0 && SeenPart(rank, step, part)) return absl::OkStatus();
+    if (step <= adopted_step_ && step <= applied_step_ && IsEmpty(push)) {
+      return absl::OkStatus();  // routed by a map without this server's share
+    }
     if (step <= applied_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " was already applied (this server has applied "
@@ -212,7 +222,8 @@ absl::Status StepClock::DrainCompleteSteps() {
     {
       absl::MutexLock lock(&mu_);
       applying_ = false;
-      applied_step_ = step;
+      // AdoptStep may have moved the clock past it meanwhile.
+      applied_step_ = std::max(applied_step_, step);
       if (!status.ok() && apply_error_.ok()) {
         apply_error_ = absl::Status(
             status.code(),
@@ -332,6 +343,30 @@ absl::Status StepClock::ResumeAt(int64_t step) {
           "); restore before training starts"));
     }
     applied_step_ = step - 1;
+    for (size_t i = 0; i < waiters_.size();) {
+      if (LookupReady(waiters_[i].step)) {
+        ready.push_back(TakeWaiter(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+  for (Waiter& w : ready) std::move(w.done)(absl::OkStatus());
+  return absl::OkStatus();
+}
+
+absl::Status StepClock::AdoptStep(int64_t step) {
+  if (step < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("step ", step, " < -1"));
+  }
+  std::vector<Waiter> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (step <= applied_step_) return absl::OkStatus();
+    // Pushes kept from before were of steps nobody waits for any more.
+    pending_.clear();
+    applied_step_ = step;
+    adopted_step_ = step;
     for (size_t i = 0; i < waiters_.size();) {
       if (LookupReady(waiters_[i].step)) {
         ready.push_back(TakeWaiter(i));

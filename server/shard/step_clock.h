@@ -133,6 +133,18 @@ class StepClock {
   // INVALID_ARGUMENT for a negative step.
   absl::Status ResumeAt(int64_t step);
 
+  // A server that starts owning slots while the job trains (a new or
+  // drained server, the target of a slot move) joins at the source's step:
+  // steps up to `step` count as applied (lookups of step+1 run, pushes of
+  // step+1 are the next to apply), waiting lookups that may now run are
+  // released, and pushes kept from before (the server owned nothing since)
+  // are dropped. From then on an EMPTY push of a step <= `step` is
+  // accepted and dropped (a rank that routed that step by an older map
+  // had nothing for this server); one with ids stays FAILED_PRECONDITION.
+  // No-op when the clock is already past `step`. INVALID_ARGUMENT for a
+  // step < -1.
+  absl::Status AdoptStep(int64_t step);
+
   // Whether any push arrived or a step was applied (ResumeAt is refused).
   bool started() const;
 
@@ -181,6 +193,8 @@ class StepClock {
   int64_t waiting_ids_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool any_push_ ABSL_GUARDED_BY(mu_) = false;
+  // AdoptStep's step: empty pushes of steps up to it are dropped.
+  int64_t adopted_step_ ABSL_GUARDED_BY(mu_) = -1;
   // Per rank: a ring of the last kRememberedParts accepted (step, part).
   std::vector<std::vector<std::pair<int64_t, uint64_t>>> parts_ ABSL_GUARDED_BY(mu_);
   std::vector<size_t> parts_next_ ABSL_GUARDED_BY(mu_);

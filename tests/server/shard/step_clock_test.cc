@@ -207,6 +207,37 @@ TEST(StepClock, ShutdownFailsWaitingLookups) {
   EXPECT_EQ(r.status.code(), absl::StatusCode::kUnavailable);
 }
 
+// A server that owned nothing joins a running job at the source's step
+// (slot move to a new or drained server).
+TEST(StepClock, AdoptStepJoinsARunningJobAtTheSourcesStep) {
+  Applied applied;
+  StepClock clock(Sync(2), applied.Fn());
+  // Left over from when it last owned slots: dropped on adoption.
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1}, {1.0f})).ok());
+  Ready waiting;
+  clock.AwaitLookup(866, waiting.Fn());
+  EXPECT_FALSE(waiting.done.HasBeenNotified());
+  ASSERT_TRUE(clock.AdoptStep(865).ok());
+  EXPECT_EQ(clock.applied_step(), 865);
+  ASSERT_TRUE(waiting.done.HasBeenNotified());
+  EXPECT_TRUE(waiting.status.ok()) << waiting.status;
+  // Step 866 is the next to apply; an empty push of an adopted step (a rank
+  // that routed it by a map without this server's share) is dropped; one
+  // with ids would be lost and is refused.
+  EXPECT_TRUE(clock.Push(1, 865, GradientPush{}).ok());
+  EXPECT_EQ(clock.Push(1, 865, OnePush(0, {5}, {1.0f})).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(clock.Push(0, 866, OnePush(0, {5}, {1.0f})).ok());
+  ASSERT_TRUE(clock.Push(1, 866, OnePush(0, {5}, {2.0f})).ok());
+  EXPECT_EQ(clock.applied_step(), 866);
+  ASSERT_EQ(applied.pushes.size(), 1u);
+  EXPECT_EQ(applied.pushes[0][0].grads, std::vector<float>({3.0f}));
+  // Never backwards; bad steps refused.
+  EXPECT_TRUE(clock.AdoptStep(10).ok());
+  EXPECT_EQ(clock.applied_step(), 866);
+  EXPECT_EQ(clock.AdoptStep(-2).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SumInRankOrder, SumsPerIdInRankOrderAcrossTables) {
   std::vector<GradientPush> pushes(3);
   pushes[0] = {TableGradients{0, 2, {5, 6}, {1, 2, 3, 4}}};
