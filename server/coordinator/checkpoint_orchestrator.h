@@ -156,7 +156,11 @@ class CheckpointOrchestrator {
     std::vector<CutDone> done;  // a retried arrival adds its own
   };
   // A cut: its barrier while open, then the checkpoint to write.
+  // The user-provided constructors let std::optional<...>::emplace() see
+  // them as default-constructible inside this class (clang evaluates that
+  // before it has parsed the member initializers).
   struct Cut_ {
+    Cut_() {}
     uint64_t step = 0;
     std::string reason;
     absl::Time opened;
@@ -165,6 +169,7 @@ class CheckpointOrchestrator {
     std::map<int32_t, Arrival> arrivals;
   };
   struct Progress {
+    Progress() {}
     uint64_t step = 0;
     int64_t rows_written = 0;
     int64_t rows_total = 0;
