@@ -20,6 +20,7 @@
 #include "rocksdb/table.h"
 #include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/row_file.h"
+#include "server/checkpoint/store_rows.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/request_checks.h"
 #include "tests/fuzz/shard_fixture.h"
@@ -111,14 +112,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CheckRefusal(reader.status(), "RowFileReader::Open", true);
     return 0;
   }
-  const absl::Status checked = (*reader)->CheckStore(**store);
+  const absl::Status checked = server::checkpoint::CheckRowFileStore(**reader, **store);
   if (!checked.ok()) {
     CheckRefusal(checked, "CheckStore", true);
     return 0;
   }
   std::vector<uint32_t> slots;
   for (uint32_t s = 0; s < kSlots; ++s) slots.push_back(s);
-  const absl::StatusOr<int64_t> imported = (*reader)->Import(**store, slots);
+  const absl::StatusOr<int64_t> imported =
+      server::checkpoint::ImportRowFile(**reader, **store, slots);
   Report("Import", imported.status());
   if (!imported.ok()) CheckRefusal(imported.status(), "Import", true);
   return 0;
