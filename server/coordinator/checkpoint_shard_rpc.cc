@@ -1,17 +1,10 @@
-// ShardCheckpointRpc over gRPC: ShardAdmin on a control channel per server,
-// made once and kept (channels reconnect on their own).
-#include <map>
+// ShardCheckpointRpc over gRPC: ShardAdmin on each server through ShardAdminCaller.
 #include <memory>
-#include <set>
 #include <string>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "common/rpc/channels.h"
-#include "common/rpc/status_conversion.h"
-#include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
+#include "server/coordinator/shard_admin_caller.h"
 
 namespace recps::server {
 namespace {
@@ -43,49 +36,17 @@ class GrpcShardCheckpointRpc final : public ShardCheckpointRpc {
     if (!map.ok()) return map.status();
     return map->epoch();
   }
-  void CancelAll() override {
-    absl::MutexLock lock(&mu_);
-    cancelled_ = true;
-    for (grpc::ClientContext* context : in_flight_) context->TryCancel();
-  }
+  void CancelAll() override { caller_.CancelAll(); }
 
  private:
-  v1::ShardAdmin::Stub* StubFor(const std::string& address) {
-    absl::MutexLock lock(&mu_);
-    std::unique_ptr<v1::ShardAdmin::Stub>& stub = stubs_[address];
-    if (stub == nullptr) {
-      stub = v1::ShardAdmin::NewStub(rpc::MakeChannel(address, rpc::ChannelKind::kControl));
-    }
-    return stub.get();
-  }
-
   template <typename Response, typename Request, typename Method>
   absl::StatusOr<Response> Call(const std::string& address, const char* name,
                                 Method method, const Request& request,
                                 absl::Duration timeout) {
-    v1::ShardAdmin::Stub* stub = StubFor(address);
-    grpc::ClientContext context;
-    rpc::SetTimeout(timeout, &context);
-    {
-      absl::MutexLock lock(&mu_);
-      if (cancelled_) return absl::CancelledError("the coordinator is stopping");
-      in_flight_.insert(&context);
-    }
-    Response response;
-    const grpc::Status s = (stub->*method)(&context, request, &response);
-    {
-      absl::MutexLock lock(&mu_);
-      in_flight_.erase(&context);
-    }
-    if (!s.ok()) return rpc::FromGrpcStatus(s, address, name);
-    return response;
+    return caller_.Call<Response>(address, name, method, request, timeout);
   }
 
-  absl::Mutex mu_;
-  // Only the servers of a shard map: stays small.
-  std::map<std::string, std::unique_ptr<v1::ShardAdmin::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  ShardAdminCaller caller_;
 };
 
 }  // namespace
