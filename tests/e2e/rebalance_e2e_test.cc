@@ -510,7 +510,25 @@ class RebalanceKillE2e : public RebalanceE2e {
     absl::StatusOr<client::ChildProcess> p = run.Start(3, extra_flags);
     ASSERT_TRUE(p.ok()) << p.status();
     job->emplace(*std::move(p));
-    WaitForSteps(run, kEvery + kEvery / 2);  // past a checkpoint
+    WaitForSteps(run, kEvery + kEvery / 2);
+    // The restart tests resume from this checkpoint: its rows are written in
+    // the background at low priority, and on a loaded machine a run can be
+    // well past step kEvery before its MANIFEST lands (CI once restarted from
+    // step 0 because of that, and "resuming from step" never appeared).
+    ASSERT_TRUE(Eventually(
+        [&] { return std::filesystem::exists(Dir(run.checkpoints, kEvery) + "/MANIFEST"); },
+        absl::Seconds(60)))
+        << "no complete checkpoint at step " << kEvery << "\n" << ReadAll(run.log);
+    ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the checkpoint was complete";
+    // The workers wait (SIGSTOP) until the test has killed its process, so
+    // that the run cannot end first on a slow machine; the copy goes on
+    // without them.
+    for (int r = 0; r < 2; ++r) {
+      const pid_t pid = run.PidOf(absl::StrCat("worker ", r));
+      ASSERT_GT(pid, 0) << ReadAll(run.work + "/pids");
+      ASSERT_EQ(kill(pid, SIGSTOP), 0);
+      paused_.push_back(pid);
+    }
     run.UseAdminCertificate();
     client::CoordinatorClient coordinator(run.Coordinator());
     v1::PlanRebalanceRequest request;
@@ -536,6 +554,12 @@ class RebalanceKillE2e : public RebalanceE2e {
         absl::Seconds(30)));
     ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the kill";
   }
+  std::vector<pid_t> paused_;
+  void ResumeWorkers() {
+    for (pid_t pid : paused_) kill(pid, SIGCONT);
+    paused_.clear();
+  }
+  void TearDown() override { ResumeWorkers(); }
   int ShardIndex(const LocalRun& run, const std::string& address) {
     for (int i = 0; i < 3; ++i) {
       if (run.Shard(i) == address) return i;
@@ -554,6 +578,7 @@ TEST_F(RebalanceKillE2e, KilledTargetRestartsFromTheCheckpoint) {
   const pid_t pid = run.PidOf(absl::StrCat("shard server ", ShardIndex(run, copying.target())));
   ASSERT_GT(pid, 0);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ResumeWorkers();
   absl::StatusOr<int> code = job->Wait(absl::Seconds(300));
   ASSERT_TRUE(code.ok()) << code.status();
   const std::string log = ReadAll(run.log);
@@ -577,6 +602,7 @@ TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
   const pid_t coordinator = run.PidOf("coordinator " + run.Coordinator());
   ASSERT_GT(coordinator, 0) << ReadAll(run.work + "/pids");
   ASSERT_EQ(kill(coordinator, SIGKILL), 0);
+  ResumeWorkers();
   // The launcher restarts it in place (same state, same port): it finds the
   // moves in flight and resolves them (a copy is rolled back).
   v1::ListRebalanceMovesResponse moves;
@@ -620,6 +646,7 @@ TEST_F(RebalanceKillE2e, KilledSourceRestartsFromTheCheckpoint) {
   const pid_t pid = run.PidOf(absl::StrCat("shard server ", ShardIndex(run, copying.source())));
   ASSERT_GT(pid, 0);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ResumeWorkers();
   absl::StatusOr<int> code = job->Wait(absl::Seconds(300));
   ASSERT_TRUE(code.ok()) << code.status();
   const std::string log = ReadAll(run.log);
