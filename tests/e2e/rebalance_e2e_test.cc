@@ -42,8 +42,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/admin.pb.h"
 #include "recps/v1/checkpoint.pb.h"
-#include "rocksdb/options.h"
-#include "rocksdb/sst_file_reader.h"
+#include "tests/testing/local_run.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -56,168 +55,19 @@ using ::testing::HasSubstr;
 constexpr int kSteps = 3000;
 constexpr int kEvery = 500;
 
-std::string ReadAll(const std::string& path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  return text.str();
-}
+using ::recps::testing::CheckpointDir;
+using ::recps::testing::ReadAll;
+using Outcome = ::recps::testing::RunOutcome;
 
-std::string WriteJob(const TempDir& dir, const std::string& checkpoint_dir) {
-  std::string tables, features;
-  for (int t = 0; t < 4; ++t) {
-    absl::StrAppend(&tables, "tables { name: \"t", t,
-                    "\" dim: 16 optimizer { kind: ROWWISE_ADAGRAD learning_rate: 0.05 } }\n");
-    absl::StrAppend(&features, "features { name: \"f", t, "\" table: \"t", t,
-                    "\" pooling: SUM }\n");
-  }
-  return dir.WriteFile(
-      "job.textproto",
-      absl::StrCat(
-          "name: \"rebalance_e2e\"\n", tables, features,
-          "model { bottom_mlp: [16, 16] top_mlp: [16, 1] }\n"
-          "training {\n  batch_size: 64\n  steps: ", kSteps, "\n",
-          "  dense_optimizer { kind: ADAM learning_rate: 0.001 }\n"
-          "  consistency { mode: SYNC }\n  eval_interval: 0\n  eval_batches: 2\n"
-          "  seed: 7\n  checkpoint { dir: \"", checkpoint_dir, "\" every_steps: ", kEvery,
-          " keep_last: 2 }\n}\n"
-          "data { synthetic { seed: 11 num_dense: 13\n"
-          "  features { id_space: 5000 zipf_exponent: 1.05 min_ids_per_bag: 1 max_ids_per_bag: 2 }\n"
-          "  features { id_space: 500 zipf_exponent: 1.05 min_ids_per_bag: 1 max_ids_per_bag: 1 }\n"
-          "  features { id_space: 20000 zipf_exponent: 1.1 min_ids_per_bag: 1 max_ids_per_bag: 3 }\n"
-          "  features { id_space: 50 zipf_exponent: 0.8 min_ids_per_bag: 1 max_ids_per_bag: 1 }\n"
-          "} }\n"));
-}
-
-struct LocalRun {
-  std::unique_ptr<TempDir> dir = std::make_unique<TempDir>();
-  std::string checkpoints = dir->path() + "/ckpt";
-  std::string job = WriteJob(*dir, checkpoints);
-  std::string work = dir->path() + "/work";
-  std::string log = dir->path() + "/recps.log";
-  // Plaintext instead of `recps local`'s default mutual TLS.
-  bool insecure = false;
-
-  absl::StatusOr<client::ChildProcess> Start(int shards, std::vector<std::string> extra) const {
-    std::vector<std::string> args = {"local", "--job=" + job, "--work_dir=" + work,
-                                     absl::StrCat("--shards=", shards), "--workers=2"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    if (insecure) args.push_back("--insecure");
-    args.push_back("--");
-    args.push_back("--threads=1");
-    args.push_back("--progress_every=1000h");
-    args.push_back("--loss_log=" + dir->path() + "/loss{rank}.log");
-    return client::ChildProcess::Spawn(RECPS_LAUNCHER_BINARY, args, log);
-  }
-  int LossLines() const {
-    const std::string text = ReadAll(dir->path() + "/loss0.log");
-    return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
-  }
-  pid_t PidOf(const std::string& name) const {
-    for (absl::string_view line : absl::StrSplit(ReadAll(work + "/pids"), '\n')) {
-      if (!absl::StartsWith(line, name + " ")) continue;
-      pid_t pid = 0;
-      if (absl::SimpleAtoi(line.substr(line.rfind(' ') + 1), &pid)) return pid;
-    }
-    return 0;
-  }
-  // host:port of the coordinator / of shard server i (from their port files).
-  std::string PortAddress(const std::string& file) const {
-    int port = 0;
-    std::vector<std::string> f = absl::StrSplit(ReadAll(work + "/" + file), ' ');
-    if (f.empty() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(f[0]), &port)) return "";
-    return absl::StrCat("127.0.0.1:", port);
-  }
-  std::string Coordinator() const { return PortAddress("coordinator.ports"); }
-  // `recps local` runs mutual TLS with certificates in <work>/certs (made
-  // before it starts the coordinator): `role`'s flags, for recpsctl and
-  // the extra shard server.
-  std::vector<std::string> TlsFlags(const std::string& role) const {
-    if (insecure) return {"--insecure"};
-    const std::string certs = work + "/certs/";
-    return {"--tls_ca=" + certs + "ca.crt", "--tls_cert=" + certs + role + ".crt",
-            "--tls_key=" + certs + role + ".key"};
-  }
-  // The test's own CoordinatorClients call as admin.
-  void UseAdminCertificate() const {
-    if (insecure) {
-      rpc::SetProcessSecurity(rpc::TransportSecurity::Insecure());
-      return;
-    }
-    const std::string certs = work + "/certs/";
-    rpc::SetProcessSecurity(rpc::TransportSecurity::Tls(
-        certs + "ca.crt", certs + "admin.crt", certs + "admin.key"));
-  }
-  std::string Shard(int i) const { return PortAddress(absl::StrCat("shard", i, ".ports")); }
+// The shared small job (tests/testing/local_run.h), rebalance_e2e's steps.
+struct RebalanceRun : ::recps::testing::LocalRun {
+  RebalanceRun() : LocalRun({"rebalance_e2e", kSteps, kEvery}) {}
 };
 
-struct Outcome {
-  std::map<std::string, std::string> rows;
-  std::string dense;
-  std::map<int64_t, std::string> losses[2];
-  std::string error;
-};
-
-std::string Dir(const std::string& root, int64_t step) {
-  char name[32];
-  std::snprintf(name, sizeof(name), "step-%012lld", static_cast<long long>(step));
-  return root + "/" + name;
-}
-
-Outcome Collect(const LocalRun& run) {
-  Outcome out;
-  const std::string final_dir = Dir(run.checkpoints, kSteps);
-  EXPECT_TRUE(std::filesystem::exists(final_dir + "/MANIFEST")) << final_dir;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(final_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name == "dense.pb") {
-      v1::DenseState dense;
-      EXPECT_TRUE(dense.ParseFromString(ReadAll(entry.path().string())));
-      out.dense = dense.parameters() + "|" + dense.optimizer_state() + "|" +
-                  std::to_string(dense.optimizer_steps());
-      continue;
-    }
-    if (entry.path().extension() != ".sst") continue;
-    rocksdb::Options options;
-    rocksdb::SstFileReader reader(options);
-    EXPECT_TRUE(reader.Open(entry.path().string()).ok()) << name;
-    std::unique_ptr<rocksdb::Iterator> it(reader.NewIterator(rocksdb::ReadOptions()));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      const std::string key = it->key().ToString();
-      if (!key.empty() && key[0] == '\0') continue;
-      // A row in two files would be a slot with two owners.
-      EXPECT_TRUE(out.rows.emplace(key, it->value().ToString()).second)
-          << "a row is in two row files";
-    }
-  }
-  for (int rank = 0; rank < 2; ++rank) {
-    for (absl::string_view line :
-         absl::StrSplit(ReadAll(absl::StrCat(run.dir->path(), "/loss", rank, ".log")), '\n',
-                        absl::SkipEmpty())) {
-      const std::vector<std::string> f = absl::StrSplit(line, ' ');
-      int64_t step = 0;
-      if (f.size() != 2 || !absl::SimpleAtoi(f[0], &step)) continue;
-      auto [it, fresh] = out.losses[rank].emplace(step, f[1]);
-      if (!fresh && it->second != f[1] && out.error.empty()) {
-        out.error = absl::StrCat("rank ", rank, " step ", step, ": loss ", it->second,
-                                 " before the restart, ", f[1], " after");
-      }
-    }
-  }
-  return out;
-}
-
+std::string Dir(const std::string& root, int64_t step) { return CheckpointDir(root, step); }
+Outcome Collect(const RebalanceRun& run) { return ::recps::testing::CollectOutcome(run); }
 void ExpectSame(const Outcome& reference, const Outcome& got) {
-  EXPECT_EQ(got.error, "");
-  EXPECT_FALSE(reference.rows.empty());
-  EXPECT_EQ(reference.rows.size(), got.rows.size());
-  EXPECT_TRUE(reference.rows == got.rows) << "the final tables differ";
-  EXPECT_FALSE(reference.dense.empty());
-  EXPECT_TRUE(reference.dense == got.dense) << "the final dense state differs";
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(reference.losses[rank].size(), static_cast<size_t>(kSteps));
-    EXPECT_EQ(reference.losses[rank], got.losses[rank]) << "rank " << rank << "'s losses";
-  }
+  ::recps::testing::ExpectSameOutcome(reference, got, kSteps);
 }
 
 // recpsctl with `args`; its exit code and stdout (stderr to a side file).
@@ -285,7 +135,7 @@ void ExpectOneOwnerPerSlot(const TempDir& dir, const std::string& coordinator) {
 }
 
 // Rank 0's step times, from its result JSON (written at the end).
-std::vector<double> StepTimes(const LocalRun& run) {
+std::vector<double> StepTimes(const RebalanceRun& run) {
   std::vector<double> out;
   const std::string json = ReadAll(run.work + "/result0.json");
   const size_t begin = json.find("\"step_seconds\":[");
@@ -303,7 +153,7 @@ std::vector<double> StepTimes(const LocalRun& run) {
 class RebalanceE2e : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    reference_run_ = new LocalRun();
+    reference_run_ = new RebalanceRun();
     absl::StatusOr<client::ChildProcess> p = reference_run_->Start(2, {});
     ASSERT_TRUE(p.ok()) << p.status();
     absl::StatusOr<int> code = p->Wait(absl::Seconds(300));
@@ -316,7 +166,7 @@ class RebalanceE2e : public ::testing::Test {
   }
 
   // Waits until rank 0 trained `steps` steps (and the run is not over).
-  static void WaitForSteps(const LocalRun& run, int steps) {
+  static void WaitForSteps(const RebalanceRun& run, int steps) {
     ASSERT_TRUE(Eventually([&] { return run.LossLines() >= steps; }, absl::Seconds(120)))
         << ReadAll(run.log);
     ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the move";
@@ -324,7 +174,7 @@ class RebalanceE2e : public ::testing::Test {
 
   // Starts one more recps-shard for `run`'s job; it registers and owns
   // nothing until a rebalance.
-  static absl::StatusOr<client::ChildProcess> StartExtraShard(const LocalRun& run,
+  static absl::StatusOr<client::ChildProcess> StartExtraShard(const RebalanceRun& run,
                                                               std::string* address) {
     const std::string ports = run.dir->path() + "/extra.ports";
     std::vector<std::string> args = {"--job=" + run.work + "/job.textproto", "--world_size=2",
@@ -344,21 +194,21 @@ class RebalanceE2e : public ::testing::Test {
     return p;
   }
 
-  static v1::ListRebalanceMovesResponse Moves(const LocalRun& run) {
+  static v1::ListRebalanceMovesResponse Moves(const RebalanceRun& run) {
     return FromJson<v1::ListRebalanceMovesResponse>(
         Recpsctl(*run.dir, {"moves", "--coordinator=" + run.Coordinator(), "--json"}).out);
   }
 
-  static LocalRun* reference_run_;
+  static RebalanceRun* reference_run_;
   static Outcome* reference_;
 };
 
-LocalRun* RebalanceE2e::reference_run_ = nullptr;
+RebalanceRun* RebalanceE2e::reference_run_ = nullptr;
 Outcome* RebalanceE2e::reference_ = nullptr;
 
 TEST_F(RebalanceE2e, AThirdOfTheSlotsMovedMidRunBitIdentical) {
   ASSERT_NE(reference_, nullptr);
-  LocalRun run;
+  RebalanceRun run;
   absl::StatusOr<client::ChildProcess> p = run.Start(2, {});
   ASSERT_TRUE(p.ok()) << p.status();
   WaitForSteps(run, kSteps / 4);
@@ -400,7 +250,7 @@ TEST_F(RebalanceE2e, AThirdOfTheSlotsMovedMidRunBitIdentical) {
 // at the source's step when the first move hands slots to it.
 TEST_F(RebalanceE2e, ThirdServerAddedAndRebalancedOntoBitIdentical) {
   ASSERT_NE(reference_, nullptr);
-  LocalRun run;
+  RebalanceRun run;
   absl::StatusOr<client::ChildProcess> p = run.Start(2, {});
   ASSERT_TRUE(p.ok()) << p.status();
   WaitForSteps(run, kSteps / 4);
@@ -438,7 +288,7 @@ TEST_F(RebalanceE2e, ThirdServerAddedAndRebalancedOntoBitIdentical) {
 
 TEST_F(RebalanceE2e, OneOfThreeServersDrainedBitIdentical) {
   ASSERT_NE(reference_, nullptr);
-  LocalRun run;
+  RebalanceRun run;
   absl::StatusOr<client::ChildProcess> p = run.Start(3, {});
   ASSERT_TRUE(p.ok()) << p.status();
   WaitForSteps(run, kSteps / 4);
@@ -466,7 +316,7 @@ TEST_F(RebalanceE2e, OneOfThreeServersDrainedBitIdentical) {
 
 // Bad requests through recpsctl: clear errors, nothing moved.
 TEST_F(RebalanceE2e, RefusalsMoveNothing) {
-  LocalRun run;
+  RebalanceRun run;
   absl::StatusOr<client::ChildProcess> p = run.Start(2, {});
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_TRUE(Eventually([&] { return !run.Coordinator().empty() && run.LossLines() > 0; },
@@ -505,7 +355,7 @@ TEST_F(RebalanceE2e, RefusalsMoveNothing) {
 class RebalanceKillE2e : public RebalanceE2e {
  protected:
   // Returns once a move is copying; `copying` is that move.
-  void StartSlowDrain(LocalRun& run, std::vector<std::string> extra_flags,
+  void StartSlowDrain(RebalanceRun& run, std::vector<std::string> extra_flags,
                       std::optional<client::ChildProcess>* job, v1::MoveRecord* copying) {
     absl::StatusOr<client::ChildProcess> p = run.Start(3, extra_flags);
     ASSERT_TRUE(p.ok()) << p.status();
@@ -560,7 +410,7 @@ class RebalanceKillE2e : public RebalanceE2e {
     paused_.clear();
   }
   void TearDown() override { ResumeWorkers(); }
-  int ShardIndex(const LocalRun& run, const std::string& address) {
+  int ShardIndex(const RebalanceRun& run, const std::string& address) {
     for (int i = 0; i < 3; ++i) {
       if (run.Shard(i) == address) return i;
     }
@@ -570,7 +420,7 @@ class RebalanceKillE2e : public RebalanceE2e {
 
 TEST_F(RebalanceKillE2e, KilledTargetRestartsFromTheCheckpoint) {
   ASSERT_NE(reference_, nullptr);
-  LocalRun run;
+  RebalanceRun run;
   std::optional<client::ChildProcess> job;
   v1::MoveRecord copying;
   StartSlowDrain(run, {"--max_restarts=1"}, &job, &copying);
@@ -589,7 +439,7 @@ TEST_F(RebalanceKillE2e, KilledTargetRestartsFromTheCheckpoint) {
 
 TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
   ASSERT_NE(reference_, nullptr);
-  LocalRun run;
+  RebalanceRun run;
   // Plaintext: under mutual TLS a client that starts connecting while the
   // coordinator is down stalls up to 20 s once it is back (docs/security.md,
   // "known issue"), and the job may end before the test's recpsctl calls
@@ -638,7 +488,7 @@ TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
 
 TEST_F(RebalanceKillE2e, KilledSourceRestartsFromTheCheckpoint) {
   ASSERT_NE(reference_, nullptr);
-  LocalRun run;
+  RebalanceRun run;
   std::optional<client::ChildProcess> job;
   v1::MoveRecord copying;
   StartSlowDrain(run, {"--max_restarts=1"}, &job, &copying);
@@ -659,7 +509,7 @@ TEST_F(RebalanceKillE2e, KilledSourceRestartsFromTheCheckpoint) {
 // move rate; printed for docs/operations.md (not a pass/fail bound here: the
 // machine is shared).
 TEST_F(RebalanceE2e, MeasureStepTimesDuringAMove) {
-  LocalRun run;
+  RebalanceRun run;
   absl::StatusOr<client::ChildProcess> p = run.Start(3, {});
   ASSERT_TRUE(p.ok()) << p.status();
   WaitForSteps(run, kSteps / 4);

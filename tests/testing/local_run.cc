@@ -1,0 +1,197 @@
+#include "tests/testing/local_run.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/rpc/channels.h"
+#include "gtest/gtest.h"
+#include "recps/v1/checkpoint.pb.h"
+#include "rocksdb/options.h"
+#include "rocksdb/sst_file_reader.h"
+
+namespace recps::testing {
+
+std::string ReadAll(const std::string& path) {
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
+namespace {
+
+std::string WriteJob(const TempDir& dir, const SmallJob& spec, const std::string& checkpoints) {
+  std::string tables, features;
+  for (int t = 0; t < 4; ++t) {
+    absl::StrAppend(&tables, "tables { name: \"t", t,
+                    "\" dim: 16 optimizer { kind: ROWWISE_ADAGRAD learning_rate: 0.05 } }\n");
+    absl::StrAppend(&features, "features { name: \"f", t, "\" table: \"t", t,
+                    "\" pooling: SUM }\n");
+  }
+  return dir.WriteFile(
+      "job.textproto",
+      absl::StrCat(
+          "name: \"", spec.name, "\"\n", tables, features,
+          "model { bottom_mlp: [16, 16] top_mlp: [16, 1] }\n"
+          "training {\n  batch_size: 64\n  steps: ", spec.steps, "\n",
+          "  dense_optimizer { kind: ADAM learning_rate: 0.001 }\n"
+          "  consistency { mode: SYNC }\n  eval_interval: 0\n  eval_batches: 2\n"
+          "  seed: 7\n  checkpoint { dir: \"", checkpoints,
+          "\" every_steps: ", spec.checkpoint_every, " keep_last: 2 }\n}\n",
+          "data { synthetic { seed: 11 num_dense: 13\n"
+          "  features { id_space: 5000 zipf_exponent: 1.05 min_ids_per_bag: 1 max_ids_per_bag: 2 }\n"
+          "  features { id_space: 500 zipf_exponent: 1.05 min_ids_per_bag: 1 max_ids_per_bag: 1 }\n"
+          "  features { id_space: 20000 zipf_exponent: 1.1 min_ids_per_bag: 1 max_ids_per_bag: 3 }\n"
+          "  features { id_space: 50 zipf_exponent: 0.8 min_ids_per_bag: 1 max_ids_per_bag: 1 }\n"
+          "} }\n"));
+}
+
+}  // namespace
+
+LocalRun::LocalRun(SmallJob job_spec)
+    : spec(std::move(job_spec)), job(WriteJob(*dir, spec, checkpoints)) {}
+
+absl::StatusOr<client::ChildProcess> LocalRun::Start(int shards,
+                                                     std::vector<std::string> extra) const {
+  std::vector<std::string> args = {"local", "--job=" + job, "--work_dir=" + work,
+                                   absl::StrCat("--shards=", shards),
+                                   absl::StrCat("--workers=", workers)};
+  args.insert(args.end(), extra.begin(), extra.end());
+  if (insecure) args.push_back("--insecure");
+  args.push_back("--");
+  args.push_back("--threads=1");
+  args.push_back("--progress_every=1000h");
+  args.push_back("--loss_log=" + dir->path() + "/loss{rank}.log");
+  return client::ChildProcess::Spawn(RECPS_LAUNCHER_BINARY, args, log);
+}
+
+int LocalRun::LossLines() const {
+  const std::string text = ReadAll(dir->path() + "/loss0.log");
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
+
+pid_t LocalRun::PidOf(const std::string& name) const {
+  for (absl::string_view line : absl::StrSplit(ReadAll(work + "/pids"), '\n')) {
+    if (!absl::StartsWith(line, name + " ")) continue;
+    pid_t pid = 0;
+    if (absl::SimpleAtoi(line.substr(line.rfind(' ') + 1), &pid)) return pid;
+  }
+  return 0;
+}
+
+std::string LocalRun::PortAddress(const std::string& file) const {
+  int port = 0;
+  std::vector<std::string> f = absl::StrSplit(ReadAll(work + "/" + file), ' ');
+  if (f.empty() || !absl::SimpleAtoi(absl::StripAsciiWhitespace(f[0]), &port)) return "";
+  return absl::StrCat("127.0.0.1:", port);
+}
+
+std::string LocalRun::Shard(int i) const {
+  return PortAddress(absl::StrCat("shard", i, ".ports"));
+}
+
+std::vector<std::string> LocalRun::TlsFlags(const std::string& role) const {
+  if (insecure) return {"--insecure"};
+  const std::string certs = work + "/certs/";
+  return {"--tls_ca=" + certs + "ca.crt", "--tls_cert=" + certs + role + ".crt",
+          "--tls_key=" + certs + role + ".key"};
+}
+
+void LocalRun::UseAdminCertificate() const {
+  if (insecure) {
+    rpc::SetProcessSecurity(rpc::TransportSecurity::Insecure());
+    return;
+  }
+  const std::string certs = work + "/certs/";
+  rpc::SetProcessSecurity(
+      rpc::TransportSecurity::Tls(certs + "ca.crt", certs + "admin.crt", certs + "admin.key"));
+}
+
+std::string CheckpointDir(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step-%012lld", static_cast<long long>(step));
+  return root + "/" + name;
+}
+
+RunOutcome CollectOutcome(const LocalRun& run) {
+  RunOutcome out;
+  const std::string final_dir = CheckpointDir(run.checkpoints, run.spec.steps);
+  EXPECT_TRUE(std::filesystem::exists(final_dir + "/MANIFEST")) << final_dir;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(final_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "dense.pb") {
+      v1::DenseState dense;
+      EXPECT_TRUE(dense.ParseFromString(ReadAll(entry.path().string())));
+      out.dense = dense.parameters() + "|" + dense.optimizer_state() + "|" +
+                  std::to_string(dense.optimizer_steps());
+      continue;
+    }
+    if (entry.path().extension() != ".sst") continue;
+    rocksdb::Options options;
+    rocksdb::SstFileReader reader(options);
+    EXPECT_TRUE(reader.Open(entry.path().string()).ok()) << name;
+    std::unique_ptr<rocksdb::Iterator> it(reader.NewIterator(rocksdb::ReadOptions()));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      const std::string key = it->key().ToString();
+      if (!key.empty() && key[0] == '\0') continue;  // the file's header
+      // A row in two files would be a slot with two owners.
+      if (!out.rows.emplace(key, it->value().ToString()).second && out.error.empty()) {
+        out.error = absl::StrCat("a row is in two row files (", name, ")");
+      }
+    }
+  }
+  out.losses.resize(run.workers);
+  for (int rank = 0; rank < run.workers; ++rank) {
+    for (absl::string_view line :
+         absl::StrSplit(ReadAll(absl::StrCat(run.dir->path(), "/loss", rank, ".log")), '\n',
+                        absl::SkipEmpty())) {
+      const std::vector<std::string> f = absl::StrSplit(line, ' ');
+      int64_t step = 0;
+      if (f.size() != 2 || !absl::SimpleAtoi(f[0], &step)) continue;
+      auto [it, fresh] = out.losses[rank].emplace(step, f[1]);
+      // A step trained again after a restart must give the same loss.
+      if (!fresh && it->second != f[1] && out.error.empty()) {
+        out.error = absl::StrCat("rank ", rank, " step ", step, ": loss ", it->second,
+                                 " before the restart, ", f[1], " after");
+      }
+    }
+  }
+  return out;
+}
+
+void ExpectSameOutcome(const RunOutcome& reference, const RunOutcome& got, int steps) {
+  EXPECT_EQ(got.error, "");
+  EXPECT_FALSE(reference.rows.empty());
+  EXPECT_EQ(reference.rows.size(), got.rows.size());
+  EXPECT_TRUE(reference.rows == got.rows) << "the final tables differ";
+  EXPECT_FALSE(reference.dense.empty());
+  EXPECT_TRUE(reference.dense == got.dense) << "the final dense state differs";
+  EXPECT_EQ(reference.losses.size(), got.losses.size());
+  for (size_t rank = 0; rank < reference.losses.size() && rank < got.losses.size(); ++rank) {
+    EXPECT_EQ(reference.losses[rank].size(), static_cast<size_t>(steps));
+    if (reference.losses[rank] == got.losses[rank]) continue;
+    // Name the first step that differs (the maps print truncated).
+    std::string first;
+    for (const auto& [step, loss] : reference.losses[rank]) {
+      auto it = got.losses[rank].find(step);
+      if (it == got.losses[rank].end() || it->second != loss) {
+        first = absl::StrCat("step ", step, ": ", loss, " vs ",
+                             it == got.losses[rank].end() ? "missing" : it->second);
+        break;
+      }
+    }
+    if (first.empty()) first = "extra steps in the second run";
+    ADD_FAILURE() << "rank " << rank << "'s losses differ (" << reference.losses[rank].size()
+                  << " vs " << got.losses[rank].size() << " steps), first at " << first;
+  }
+}
+
+}  // namespace recps::testing
