@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "kernels/device_memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/loss.h"
 #include "common/config/table_config.h"
@@ -34,15 +35,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (client == nullptr || train == nullptr) {
     return absl::InvalidArgumentError("Trainer needs a client and a train source");
   }
-  if (options.ctx.device != kernels::Device::kCpu) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device ", kernels::DeviceName(options.ctx.device, options.ctx.cuda_device),
-        ": the trainer keeps its tensors in host memory so far (the GPU worker "
-        "is not built yet); run with --device=cpu"));
-  }
   std::unique_ptr<Trainer> t(new Trainer());
   t->job_ = job;
   t->options_ = std::move(options);
+  // Pooling, its backward and the loss run on the host (the looked-up rows
+  // and the labels arrive there); the dense model runs on options.ctx.
+  t->host_ctx_ = t->options_.ctx;
+  t->host_ctx_.device = kernels::Device::kCpu;
+  t->host_ctx_.cuda_stream = nullptr;
+  t->host_ctx_.cublas_handle = nullptr;
+  t->reduce_buf_ =
+      kernels::DeviceBuffer(t->options_.ctx.device, t->options_.ctx.cuda_device);
   t->client_ = std::move(client);
   t->train_ = std::move(train);
   t->make_eval_source_ = std::move(make_eval_source);
@@ -72,11 +75,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   model.top_mlp.assign(job.model().top_mlp().begin(), job.model().top_mlp().end());
   model.seed = job.training().seed();
   model.num_dense = job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
-  ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model));
+  ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model, t->options_.ctx));
   ASSIGN_OR_RETURN(const kernels::OptimizerParams dense_optimizer,
                    config::OptimizerParamsFromConfig(job.training().dense_optimizer()));
   ASSIGN_OR_RETURN(t->optimizer_,
-                   DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters()));
+                   DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters(),
+                                          t->options_.ctx));
+  // Gradients plus the two agreement flags, on the model's device.
+  RETURN_IF_ERROR(t->reduce_buf_.Resize(
+      static_cast<size_t>(t->model_->num_parameters()) + 2));
   return t;
 }
 
@@ -169,7 +176,7 @@ absl::Status Trainer::Pool(const Batch& batch, StepTimes* times,
     a.pooling = fs.pooling;
     a.output = pooled_.data() + static_cast<int64_t>(f) * dim_;
     a.output_stride = static_cast<int64_t>(num_features) * dim_;
-    RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, options_.ctx));
+    RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, host_ctx_));
   }
   Charge(start, &times->forward);
   return absl::OkStatus();
@@ -223,7 +230,7 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   bce.labels = batch.labels.data();
   bce.loss = &loss;
   bce.grad_logits = grad_logits_.data();
-  RETURN_IF_ERROR(kernels::SigmoidBce(bce, options_.ctx));
+  RETURN_IF_ERROR(kernels::SigmoidBce(bce, host_ctx_));
   Charge(start, &times->forward);
 
   // Each worker's loss is the mean over its batch; scaling by 1/W makes the
@@ -261,7 +268,7 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     a.num_rows = num_rows;
     a.grad_rows = ts.grad_rows.data();
     a.accumulate = written[fs.table];
-    RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, options_.ctx));
+    RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, host_ctx_));
     written[fs.table] = true;
   }
   Charge(start, &times->backward);
@@ -284,17 +291,23 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     // The checkpoint decision rides on the dense allreduce (two floats after
     // the gradients), so every worker agrees on the cut with no extra round
     // trip. Always appended, checkpoints or not: the reduced buffer, and so
-    // the gradients' summation, is the same either way.
+    // the gradients' summation, is the same either way. The buffer is on the
+    // model's device (NCCL reduces GPU memory in place).
+    const kernels::ExecContext& ctx = options_.ctx;
     const absl::Span<float> grads = model_->gradients();
     const size_t n = grads.size();
-    reduce_buf_.resize(n + 2);
-    std::memcpy(reduce_buf_.data(), grads.data(), n * sizeof(float));
-    reduce_buf_[n] = checkpoint_flag;
-    reduce_buf_[n + 1] = stop_flag;
-    RETURN_IF_ERROR(options_.allreduce(absl::MakeSpan(reduce_buf_)));
-    std::memcpy(grads.data(), reduce_buf_.data(), n * sizeof(float));
-    checkpoint_flag = reduce_buf_[n];
-    stop_flag = reduce_buf_[n + 1];
+    float flags[2] = {checkpoint_flag, stop_flag};
+    float* reduce = reduce_buf_.data();
+    RETURN_IF_ERROR(kernels::CopyOnDevice(reduce, grads.data(), n, ctx));
+    RETURN_IF_ERROR(kernels::CopyToDevice(reduce + n, flags, 2, ctx));
+    // The collective runs on its own stream: the copies must be complete.
+    RETURN_IF_ERROR(kernels::Synchronize(ctx));
+    RETURN_IF_ERROR(options_.allreduce(absl::MakeSpan(reduce, n + 2)));
+    RETURN_IF_ERROR(kernels::CopyOnDevice(grads.data(), reduce, n, ctx));
+    RETURN_IF_ERROR(kernels::CopyToHost(flags, reduce + n, 2, ctx));
+    RETURN_IF_ERROR(kernels::Synchronize(ctx));
+    checkpoint_flag = flags[0];
+    stop_flag = flags[1];
   }
   agreed_checkpoint_ = checkpoint_flag > 0.5f;
   agreed_stop_ = stop_flag > 0.5f;
@@ -326,7 +339,7 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
     bce.logits = logits_.data();
     bce.labels = batch.labels.data();
     bce.probabilities = probabilities_.data();
-    RETURN_IF_ERROR(kernels::SigmoidBce(bce, options_.ctx));
+    RETURN_IF_ERROR(kernels::SigmoidBce(bce, host_ctx_));
     probabilities.insert(probabilities.end(), probabilities_.begin(), probabilities_.end());
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }
@@ -364,7 +377,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     info.reason = reason;
     info.wait_complete = wait_complete;
     info.batches_read = step;
-    if (options_.rank == 0) info.dense = SaveDenseState(*model_, *optimizer_);
+    if (options_.rank == 0) {
+      ASSIGN_OR_RETURN(info.dense, SaveDenseState(*model_, *optimizer_));
+    }
     if (options_.checkpoint_request_id) {
       handled_request_id_ = std::max(handled_request_id_, options_.checkpoint_request_id());
     }

@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "client/dedup.h"
 #include "client/embedding_client.h"
+#include "kernels/device_memory.h"
 #include "kernels/embedding_bag.h"
 #include "kernels/exec_context.h"
 #include "recps/v1/checkpoint.pb.h"
@@ -91,10 +92,15 @@ struct CheckpointCutInfo {
 struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
+  // Where the dense model runs (ctx.device; a CUDA context needs its stream
+  // and cuBLAS handle, see kernels::ExecResources). Pooling, the loss and
+  // the embedding gradients run on the host with ctx.pool.
   kernels::ExecContext ctx;
   // Data-parallel hook over the dense gradients, called every step before the
   // optimizer; it must leave the global-batch gradient (the sum over workers,
-  // each already scaled by 1 / world_size). Null: one worker, identity.
+  // each already scaled by 1 / world_size). Null: one worker, identity. The
+  // span is memory of ctx.device (GPU memory for CUDA: NCCL), with queued
+  // work on ctx's stream complete when it is called.
   std::function<absl::Status(absl::Span<float>)> allreduce;
   // Called after every step and evaluation (progress display, metrics).
   std::function<void(int64_t step, float loss, const TrainResult&)> on_step;
@@ -211,7 +217,9 @@ class Trainer {
 
   // Dense gradients plus the two agreement flags ("checkpoint", "stop")
   // that ride on the allreduce.
-  std::vector<float> reduce_buf_;
+  kernels::DeviceBuffer reduce_buf_;
+  // options_.ctx on the CPU: pooling, loss, embedding gradients.
+  kernels::ExecContext host_ctx_;
   // The agreed flags of the last step (summed over workers).
   bool agreed_checkpoint_ = false;
   bool agreed_stop_ = false;
