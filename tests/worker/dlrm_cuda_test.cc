@@ -24,10 +24,11 @@ using ::recps::kernels::testing::AllNear;
 using ::recps::kernels::testing::RandomFloats;
 using ::testing::HasSubstr;
 
-// Relative tolerance of the GPU against the CPU (issue 21), with an
-// absolute floor for values near zero.
+// Relative tolerance of the GPU against the CPU (issue 21), with the
+// absolute floor of tests/kernels/cuda_parity_test.cc for values near zero
+// (sums of different order cancel differently there).
 constexpr double kRel = 1e-5;
-constexpr double kAbs = 1e-6;
+constexpr double kAbs = 1e-5;
 
 DlrmConfig Config() {
   DlrmConfig c;
@@ -154,12 +155,16 @@ TEST_F(DlrmCudaTest, ForwardBackwardMatchTheCpu) {
   }
 }
 
-TEST_F(DlrmCudaTest, TrainStepsWithAdamMatchTheCpu) {
-  kernels::OptimizerParams adam;
-  adam.kind = kernels::OptimizerKind::kAdam;
-  adam.learning_rate = 0.01f;
-  auto oc = DenseOptimizer::Create(adam, cpu_->num_parameters());
-  auto og = DenseOptimizer::Create(adam, gpu_->num_parameters(), gpu());
+// SGD: Adam and Adagrad normalise each gradient by its own magnitude, so a
+// near-zero gradient whose sign differs between the devices (summation
+// order) moves its parameter by +lr on one and -lr on the other; SGD keeps
+// the devices' small differences small.
+TEST_F(DlrmCudaTest, TrainStepsWithSgdMatchTheCpu) {
+  kernels::OptimizerParams sgd;
+  sgd.kind = kernels::OptimizerKind::kSgd;
+  sgd.learning_rate = 0.1f;
+  auto oc = DenseOptimizer::Create(sgd, cpu_->num_parameters());
+  auto og = DenseOptimizer::Create(sgd, gpu_->num_parameters(), gpu());
   ASSERT_TRUE(oc.ok() && og.ok()) << oc.status() << og.status();
   for (int step = 0; step < 10; ++step) {
     const Inputs in = RandomInputs(Config(), 128, 1000 + step);
@@ -170,30 +175,58 @@ TEST_F(DlrmCudaTest, TrainStepsWithAdamMatchTheCpu) {
     auto loss_g = DlrmTrainStep(*gpu_, 128, in.dense.data(), in.pooled.data(),
                                 in.labels.data(), gg.data(), lg.data(), gpu());
     ASSERT_TRUE(loss_c.ok() && loss_g.ok()) << loss_c.status() << loss_g.status();
-    EXPECT_NEAR(*loss_g, *loss_c, 1e-4 * std::abs(*loss_c)) << "step " << step;
-    EXPECT_TRUE(AllNear(lg, lc, 1e-5, 1e-4)) << "step " << step;
-    EXPECT_TRUE(AllNear(gg, gc, 1e-6, 1e-4)) << "step " << step;
+    EXPECT_NEAR(*loss_g, *loss_c, 1e-5 * std::abs(*loss_c)) << "step " << step;
+    EXPECT_TRUE(AllNear(lg, lc, kAbs, 1e-4)) << "step " << step;
+    EXPECT_TRUE(AllNear(gg, gc, kAbs, 1e-4)) << "step " << step;
     ASSERT_TRUE((*oc)->Step(cpu_->parameters(), cpu_->gradients(), {}).ok());
     ASSERT_TRUE((*og)->Step(gpu_->parameters(), gpu_->gradients(), gpu()).ok());
   }
   std::vector<float> pc, pg;
   ASSERT_TRUE(cpu_->ReadParameters(&pc).ok());
   ASSERT_TRUE(gpu_->ReadParameters(&pg).ok());
-  EXPECT_TRUE(AllNear(pg, pc, 1e-5, 1e-4));
+  EXPECT_TRUE(AllNear(pg, pc, kAbs, 1e-4));
+}
 
-  // The GPU's checkpoint loads into a CPU model and back, bit for bit.
+// Adam's state lives on the GPU; a GPU checkpoint loads into a CPU model and
+// optimizer and back, bit for bit.
+TEST_F(DlrmCudaTest, AdamCheckpointsMoveBetweenDevicesBitForBit) {
+  kernels::OptimizerParams adam;
+  adam.kind = kernels::OptimizerKind::kAdam;
+  adam.learning_rate = 0.01f;
+  auto oc = DenseOptimizer::Create(adam, cpu_->num_parameters());
+  auto og = DenseOptimizer::Create(adam, gpu_->num_parameters(), gpu());
+  ASSERT_TRUE(oc.ok() && og.ok()) << oc.status() << og.status();
+  for (int step = 0; step < 3; ++step) {
+    const Inputs in = RandomInputs(Config(), 64, 2000 + step);
+    std::vector<float> gg(in.pooled.size());
+    ASSERT_TRUE(DlrmTrainStep(*gpu_, 64, in.dense.data(), in.pooled.data(),
+                              in.labels.data(), gg.data(), nullptr, gpu())
+                    .ok());
+    ASSERT_TRUE((*og)->Step(gpu_->parameters(), gpu_->gradients(), gpu()).ok());
+  }
   absl::StatusOr<v1::DenseState> saved = SaveDenseState(*gpu_, **og);
   ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ((*og)->step(), 3);
   ASSERT_TRUE(LoadDenseState(*saved, cpu_.get(), oc->get()).ok());
+  std::vector<float> pc, pg, sc, sg;
   ASSERT_TRUE(cpu_->ReadParameters(&pc).ok());
+  ASSERT_TRUE(gpu_->ReadParameters(&pg).ok());
   EXPECT_EQ(pc, pg);
-  std::vector<float> sc, sg;
   ASSERT_TRUE((*oc)->ReadState(&sc).ok());
   ASSERT_TRUE((*og)->ReadState(&sg).ok());
   EXPECT_EQ(sc, sg);
-  ASSERT_TRUE(LoadDenseState(*SaveDenseState(*cpu_, **oc), gpu_.get(), og->get()).ok());
-  ASSERT_TRUE(gpu_->ReadParameters(&pg).ok());
-  EXPECT_EQ(pc, pg);
+  EXPECT_EQ((*oc)->step(), 3);
+  // And back onto the GPU from a fresh model.
+  auto fresh = DlrmModel::Create(Config(), gpu());
+  auto fresh_opt = DenseOptimizer::Create(adam, cpu_->num_parameters(), gpu());
+  ASSERT_TRUE(fresh.ok() && fresh_opt.ok());
+  absl::StatusOr<v1::DenseState> from_cpu = SaveDenseState(*cpu_, **oc);
+  ASSERT_TRUE(from_cpu.ok());
+  ASSERT_TRUE(LoadDenseState(*from_cpu, fresh->get(), fresh_opt->get()).ok());
+  ASSERT_TRUE((*fresh)->ReadParameters(&pg).ok());
+  ASSERT_TRUE((*fresh_opt)->ReadState(&sg).ok());
+  EXPECT_EQ(pg, pc);
+  EXPECT_EQ(sg, sc);
 }
 
 }  // namespace
