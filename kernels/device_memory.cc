@@ -30,16 +30,21 @@ absl::Status UnknownDevice(const char* what, Device device) {
 
 }  // namespace
 
-DeviceBuffer::~DeviceBuffer() { Release(); }
+template <typename T>
+DeviceArray<T>::~DeviceArray() {
+  Release();
+}
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+template <typename T>
+DeviceArray<T>::DeviceArray(DeviceArray&& other) noexcept
     : device_(other.device_),
       cuda_device_(other.cuda_device_),
       size_(std::exchange(other.size_, 0)),
       host_(std::move(other.host_)),
       device_ptr_(std::exchange(other.device_ptr_, nullptr)) {}
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+template <typename T>
+DeviceArray<T>& DeviceArray<T>::operator=(DeviceArray&& other) noexcept {
   if (this != &other) {
     Release();
     device_ = other.device_;
@@ -51,16 +56,18 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
-void DeviceBuffer::Release() {
+template <typename T>
+void DeviceArray<T>::Release() {
 #if RECPS_HAVE_CUDA
-  if (device_ptr_ != nullptr) internal::CudaFreeFloats(device_ptr_, cuda_device_);
+  if (device_ptr_ != nullptr) internal::CudaFree(device_ptr_, cuda_device_);
 #endif
   device_ptr_ = nullptr;
   host_.clear();
   size_ = 0;
 }
 
-absl::Status DeviceBuffer::Resize(size_t n) {
+template <typename T>
+absl::Status DeviceArray<T>::Resize(size_t n) {
   if (n <= size_) return absl::OkStatus();
   switch (device_) {
     case Device::kCpu:
@@ -69,43 +76,42 @@ absl::Status DeviceBuffer::Resize(size_t n) {
       return absl::OkStatus();
     case Device::kCuda: {
 #if RECPS_HAVE_CUDA
-      ASSIGN_OR_RETURN(float* grown, internal::CudaAllocFloats(n, cuda_device_));
+      ASSIGN_OR_RETURN(void* block, internal::CudaAlloc(n * sizeof(T), cuda_device_));
+      T* grown = static_cast<T*>(block);
       // Work queued on any stream may still write the old block: let it
       // finish before its contents are copied.
-      if (size_ > 0) {
-        if (absl::Status s = internal::CudaStreamSync(nullptr); !s.ok()) {
-          internal::CudaFreeFloats(grown, cuda_device_);
-          return s;
-        }
-      }
+      absl::Status s = size_ > 0 ? internal::CudaStreamSync(nullptr) : absl::OkStatus();
       // On the legacy default stream, waited for below.
-      absl::Status s = internal::CudaZero(grown + size_, (n - size_) * sizeof(float),
-                                          nullptr);
+      if (s.ok()) s = internal::CudaZero(grown + size_, (n - size_) * sizeof(T), nullptr);
       if (s.ok() && size_ > 0) {
-        s = internal::CudaCopy(grown, device_ptr_, size_ * sizeof(float),
+        s = internal::CudaCopy(grown, device_ptr_, size_ * sizeof(T),
                                internal::CopyKind::kDeviceToDevice, nullptr);
       }
       if (s.ok()) s = internal::CudaStreamSync(nullptr);
       if (!s.ok()) {
-        internal::CudaFreeFloats(grown, cuda_device_);
+        internal::CudaFree(grown, cuda_device_);
         return s;
       }
-      internal::CudaFreeFloats(device_ptr_, cuda_device_);
+      internal::CudaFree(device_ptr_, cuda_device_);
       device_ptr_ = grown;
       size_ = n;
       return absl::OkStatus();
 #else
-      return NoCuda("DeviceBuffer::Resize");
+      return NoCuda("DeviceArray::Resize");
 #endif
     }
   }
-  return UnknownDevice("DeviceBuffer::Resize", device_);
+  return UnknownDevice("DeviceArray::Resize", device_);
 }
+
+template class DeviceArray<float>;
+template class DeviceArray<int64_t>;
 
 namespace {
 
-absl::Status Copy(float* dst, const float* src, size_t n, const ExecContext& ctx,
-                  [[maybe_unused]] int kind, const char* what) {
+absl::Status Copy(void* dst, const void* src, size_t n, size_t element_size,
+                  const ExecContext& ctx, [[maybe_unused]] int kind,
+                  const char* what) {
   if (n == 0) return absl::OkStatus();
   if (dst == nullptr || src == nullptr) {
     return absl::InvalidArgumentError(
@@ -114,11 +120,11 @@ absl::Status Copy(float* dst, const float* src, size_t n, const ExecContext& ctx
   }
   switch (ctx.device) {
     case Device::kCpu:
-      if (dst != src) std::memmove(dst, src, n * sizeof(float));
+      if (dst != src) std::memmove(dst, src, n * element_size);
       return absl::OkStatus();
     case Device::kCuda:
 #if RECPS_HAVE_CUDA
-      return internal::CudaCopy(dst, src, n * sizeof(float),
+      return internal::CudaCopy(dst, src, n * element_size,
                                 static_cast<internal::CopyKind>(kind),
                                 ctx.cuda_stream);
 #else
@@ -138,20 +144,61 @@ absl::Status Copy(float* dst, const float* src, size_t n, const ExecContext& ctx
 
 absl::Status CopyToDevice(float* device, const float* host, size_t n,
                           const ExecContext& ctx) {
-  return Copy(device, host, n, ctx, RECPS_COPY_KIND(kHostToDevice), "CopyToDevice");
+  return Copy(device, host, n, sizeof(float), ctx, RECPS_COPY_KIND(kHostToDevice),
+              "CopyToDevice");
+}
+
+absl::Status CopyToDevice(int64_t* device, const int64_t* host, size_t n,
+                          const ExecContext& ctx) {
+  return Copy(device, host, n, sizeof(int64_t), ctx,
+              RECPS_COPY_KIND(kHostToDevice), "CopyToDevice");
 }
 
 absl::Status CopyToHost(float* host, const float* device, size_t n,
                         const ExecContext& ctx) {
-  return Copy(host, device, n, ctx, RECPS_COPY_KIND(kDeviceToHost), "CopyToHost");
+  return Copy(host, device, n, sizeof(float), ctx, RECPS_COPY_KIND(kDeviceToHost),
+              "CopyToHost");
 }
 
 absl::Status CopyOnDevice(float* dst, const float* src, size_t n,
                           const ExecContext& ctx) {
-  return Copy(dst, src, n, ctx, RECPS_COPY_KIND(kDeviceToDevice), "CopyOnDevice");
+  return Copy(dst, src, n, sizeof(float), ctx, RECPS_COPY_KIND(kDeviceToDevice),
+              "CopyOnDevice");
 }
 
 #undef RECPS_COPY_KIND
+
+absl::Status CopyStridedOnDevice(float* dst, size_t dst_stride,
+                                 const float* src, size_t src_stride,
+                                 size_t width, size_t rows,
+                                 const ExecContext& ctx) {
+  if (width == 0 || rows == 0) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyStridedOnDevice: null ", dst == nullptr ? "destination" : "source"));
+  }
+  if (width > dst_stride || width > src_stride) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyStridedOnDevice: rows of ", width, " floats do not fit strides ",
+        src_stride, " (source) and ", dst_stride, " (destination)"));
+  }
+  switch (ctx.device) {
+    case Device::kCpu:
+      for (size_t r = 0; r < rows; ++r) {
+        std::memmove(dst + r * dst_stride, src + r * src_stride, width * sizeof(float));
+      }
+      return absl::OkStatus();
+    case Device::kCuda:
+#if RECPS_HAVE_CUDA
+      return internal::CudaCopy2D(dst, dst_stride * sizeof(float), src,
+                                  src_stride * sizeof(float), width * sizeof(float),
+                                  rows, ctx.cuda_stream);
+#else
+      return NoCuda("CopyStridedOnDevice");
+#endif
+  }
+  return UnknownDevice("CopyStridedOnDevice", ctx.device);
+}
 
 absl::Status ZeroOnDevice(float* device, size_t n, const ExecContext& ctx) {
   if (n == 0) return absl::OkStatus();

@@ -23,25 +23,36 @@ absl::Status CudaSetDevice(int device) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<float*> CudaAllocFloats(size_t n, int device) {
+absl::StatusOr<void*> CudaAlloc(size_t bytes, int device) {
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "cudaSetDevice");
   void* ptr = nullptr;
-  const cudaError_t err = cudaMalloc(&ptr, n * sizeof(float));
+  const cudaError_t err = cudaMalloc(&ptr, bytes);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "cudaMalloc of ", n, " floats (", n * sizeof(float), " bytes) on cuda:",
-        device, " failed: ", cudaGetErrorName(err), ": ",
-        cudaGetErrorString(err)));
+        "cudaMalloc of ", bytes, " bytes on cuda:", device, " failed: ",
+        cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
   }
-  return static_cast<float*>(ptr);
+  return ptr;
 }
 
-void CudaFreeFloats(float* ptr, int device) {
+void CudaFree(void* ptr, int device) {
   if (ptr == nullptr) return;
   (void)cudaSetDevice(device);
   (void)cudaDeviceSynchronize();
   (void)cudaFree(ptr);
+}
+
+absl::Status CudaCopy2D(void* dst, size_t dst_pitch, const void* src,
+                        size_t src_pitch, size_t width, size_t rows,
+                        void* stream) {
+  if (width == 0 || rows == 0) return absl::OkStatus();
+  RETURN_IF_CUDA_ERROR(
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                        cudaMemcpyDeviceToDevice,
+                        static_cast<cudaStream_t>(stream)),
+      "cudaMemcpy2DAsync (device to device)");
+  return absl::OkStatus();
 }
 
 absl::Status CudaCopy(void* dst, const void* src, size_t bytes, CopyKind kind,

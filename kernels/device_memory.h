@@ -7,6 +7,7 @@
 #define RECPS_KERNELS_DEVICE_MEMORY_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,29 +19,31 @@
 
 namespace recps::kernels {
 
-// A grow-only array of floats on one device. kCpu: a std::vector (so the
-// CPU path keeps exactly its old memory and zero-filling). kCuda: one
-// cudaMalloc'd block on GPU `cuda_device`, freed after the device is idle.
-class DeviceBuffer {
+// A grow-only array of T (float or int64_t) on one device. kCpu: a
+// std::vector (so the CPU path keeps exactly its old memory and
+// zero-filling). kCuda: one cudaMalloc'd block on GPU `cuda_device`, freed
+// after the device is idle.
+template <typename T>
+class DeviceArray {
  public:
   // An empty host buffer.
-  DeviceBuffer() = default;
-  DeviceBuffer(Device device, int cuda_device)
+  DeviceArray() = default;
+  DeviceArray(Device device, int cuda_device)
       : device_(device), cuda_device_(cuda_device) {}
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceArray();
+  DeviceArray(DeviceArray&& other) noexcept;
+  DeviceArray& operator=(DeviceArray&& other) noexcept;
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
 
-  // Grows to `n` floats (never shrinks), keeping the contents and zeroing
+  // Grows to `n` elements (never shrinks), keeping the contents and zeroing
   // the new elements, as std::vector::resize. CUDA: synchronous (waits for
-  // the device); INTERNAL naming the size when cudaMalloc fails;
+  // the device); RESOURCE_EXHAUSTED naming the size when cudaMalloc fails;
   // FAILED_PRECONDITION in a build without CUDA.
   absl::Status Resize(size_t n);
 
-  float* data() { return device_ == Device::kCpu ? host_.data() : device_ptr_; }
-  const float* data() const {
+  T* data() { return device_ == Device::kCpu ? host_.data() : device_ptr_; }
+  const T* data() const {
     return device_ == Device::kCpu ? host_.data() : device_ptr_;
   }
   size_t size() const { return size_; }
@@ -53,9 +56,13 @@ class DeviceBuffer {
   Device device_ = Device::kCpu;
   int cuda_device_ = 0;
   size_t size_ = 0;
-  std::vector<float> host_;       // kCpu
-  float* device_ptr_ = nullptr;   // kCuda
+  std::vector<T> host_;      // kCpu
+  T* device_ptr_ = nullptr;  // kCuda
 };
+
+extern template class DeviceArray<float>;
+extern template class DeviceArray<int64_t>;
+using DeviceBuffer = DeviceArray<float>;
 
 // Copies of `n` floats, ordered on ctx.cuda_stream for kCuda (complete when
 // the stream is synchronized: keep host buffers alive until then) and plain
@@ -67,6 +74,15 @@ absl::Status CopyToHost(float* host, const float* device, size_t n,
                         const ExecContext& ctx);
 absl::Status CopyOnDevice(float* dst, const float* src, size_t n,
                           const ExecContext& ctx);
+absl::Status CopyToDevice(int64_t* device, const int64_t* host, size_t n,
+                          const ExecContext& ctx);
+// `rows` rows of `width` floats from src (rows `src_stride` floats apart)
+// to dst (rows `dst_stride` floats apart), both device memory: one
+// feature's column block in and out of a sample-major B x F x D tensor.
+absl::Status CopyStridedOnDevice(float* dst, size_t dst_stride,
+                                 const float* src, size_t src_stride,
+                                 size_t width, size_t rows,
+                                 const ExecContext& ctx);
 // Sets n floats of device memory to 0.0f.
 absl::Status ZeroOnDevice(float* device, size_t n, const ExecContext& ctx);
 // Waits for everything queued on ctx's stream, or on the whole GPU when

@@ -47,10 +47,32 @@ TEST(DeviceMemory, HostCopiesAndSynchronize) {
   ASSERT_TRUE(ZeroOnDevice(back.data() + 1, 3, cpu).ok());
   EXPECT_EQ(back, (std::vector<float>{1, 0, 0, 0, 5}));
   // n = 0 is a no-op even with null pointers; nulls otherwise are refused.
-  EXPECT_TRUE(CopyToDevice(nullptr, nullptr, 0, cpu).ok());
+  EXPECT_TRUE(CopyToDevice(static_cast<float*>(nullptr), nullptr, 0, cpu).ok());
   EXPECT_TRUE(absl::IsInvalidArgument(CopyToHost(nullptr, src.data(), 1, cpu)));
   EXPECT_TRUE(absl::IsInvalidArgument(CopyToDevice(dev.data(), nullptr, 1, cpu)));
   EXPECT_TRUE(absl::IsInvalidArgument(ZeroOnDevice(nullptr, 1, cpu)));
+}
+
+TEST(DeviceMemory, Int64ArraysAndStridedCopies) {
+  const ExecContext cpu;
+  DeviceArray<int64_t> ids;
+  ASSERT_TRUE(ids.Resize(3).ok());
+  const std::vector<int64_t> host = {int64_t{1} << 40, -2, 7};
+  ASSERT_TRUE(CopyToDevice(ids.data(), host.data(), 3, cpu).ok());
+  EXPECT_EQ(std::vector<int64_t>(ids.data(), ids.data() + 3), host);
+  // Column block 1 (width 2) of a 3 x 6 matrix out to a dense 3 x 2 and back.
+  std::vector<float> wide(18);
+  std::iota(wide.begin(), wide.end(), 0.0f);
+  std::vector<float> block(6, -1.0f);
+  ASSERT_TRUE(CopyStridedOnDevice(block.data(), 2, wide.data() + 2, 6, 2, 3, cpu).ok());
+  EXPECT_EQ(block, (std::vector<float>{2, 3, 8, 9, 14, 15}));
+  std::vector<float> back(18, 0.0f);
+  ASSERT_TRUE(CopyStridedOnDevice(back.data() + 4, 6, block.data(), 2, 2, 3, cpu).ok());
+  EXPECT_EQ(back[4], 2.0f);
+  EXPECT_EQ(back[17], 15.0f);
+  EXPECT_EQ(back[3], 0.0f);
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      CopyStridedOnDevice(block.data(), 1, wide.data(), 6, 2, 3, cpu)));
 }
 
 TEST(DeviceMemory, CpuResourcesNeedNothing) {
@@ -118,6 +140,19 @@ TEST(DeviceMemoryCuda, BufferRoundTripOnTheStream) {
     const float want = i < 10 ? 0.0f : i < 1000 ? src[i] : 0.0f;
     ASSERT_EQ(back[i], want) << i;
   }
+  // int64 arrays and the 2D copy of a column block.
+  DeviceArray<int64_t> ids(Device::kCuda, 0);
+  ASSERT_TRUE(ids.Resize(2).ok());
+  const std::vector<int64_t> host_ids = {int64_t{1} << 40, -3};
+  ASSERT_TRUE(CopyToDevice(ids.data(), host_ids.data(), 2, ctx).ok());
+  DeviceBuffer block(Device::kCuda, 0);
+  ASSERT_TRUE(block.Resize(2 * 3).ok());
+  // Rows 0..2 of b (stride 500), elements 1..2 of each.
+  ASSERT_TRUE(CopyStridedOnDevice(block.data(), 2, b.data() + 1, 500, 2, 3, ctx).ok());
+  std::vector<float> got(6);
+  ASSERT_TRUE(CopyToHost(got.data(), block.data(), 6, ctx).ok());
+  ASSERT_TRUE(Synchronize(ctx).ok());
+  EXPECT_EQ(got, (std::vector<float>{src[1], src[2], src[501], src[502], 0.0f, 0.0f}));
   const absl::Status far = CheckDeviceUsable(Device::kCuda, 1023);
   EXPECT_TRUE(absl::IsFailedPrecondition(far)) << far;
   EXPECT_THAT(far.message(), HasSubstr("cuda:1023"));
