@@ -68,6 +68,11 @@ ABSL_FLAG(std::string, device, "cpu",
           "where the dense model runs: cpu, cuda (GPU 0) or cuda:N. A CUDA "
           "worker allreduces with NCCL instead of Gloo; without a usable GPU "
           "it exits 2 at start");
+ABSL_FLAG(bool, pool_on_device, false,
+          "pool the looked-up rows with the --device kernels (a GPU worker: "
+          "each table's distinct rows are copied once and pooled on the GPU, "
+          "and the gradient rows computed there); false: pool on the host "
+          "and copy the pooled tensor");
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address, host:port: register there, take the job, the "
           "shard map and the rendezvous from it (replaces --config, --shards "
@@ -750,6 +755,7 @@ int Run() {
     return 2;
   }
   options.ctx = (*exec)->ctx();
+  options.pool_on_device = absl::GetFlag(FLAGS_pool_on_device);
   const int64_t total_steps = job->training().steps();
   absl::Time last_print = absl::InfinitePast();
   double last_auc = -1;

@@ -84,8 +84,10 @@ SyntheticConfig Data(const v1::JobConfig& job) {
 
 class TrainerDevice : public ::testing::Test {
  protected:
-  void SetUp() override {
-    job_ = Job();
+  void SetUp() override { SetJob(Job()); }
+
+  void SetJob(const v1::JobConfig& job) {
+    job_ = job;
     ASSERT_TRUE(config::ValidateJobConfig(job_).ok()) << config::ValidateJobConfig(job_);
     std::string text;
     google::protobuf::TextFormat::PrintToString(job_, &text);
@@ -94,16 +96,20 @@ class TrainerDevice : public ::testing::Test {
 
   // Trains kSteps on a fresh standalone shard server; the per-step losses.
   std::vector<float> Train(TrainerOptions options) {
+    absl::StatusOr<std::vector<float>> losses = TrainOr(std::move(options));
+    EXPECT_TRUE(losses.ok()) << losses.status();
+    return losses.ok() ? *std::move(losses) : std::vector<float>();
+  }
+
+  absl::StatusOr<std::vector<float>> TrainOr(TrainerOptions options) {
     auto shard = LocalShard::Start(RECPS_SHARD_BINARY, {"--job=" + job_path_, "--threads=1",
                                                         "--num_slots=64", "--standalone"});
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    if (!shard.ok()) return {};
+    if (!shard.ok()) return shard.status();
     std::vector<client::TableSchema> tables;
     for (const auto& t : job_.tables()) tables.push_back({t.name(), t.dim()});
     auto client = client::EmbeddingClient::Create(
         tables, client::MakeServerShardMapSource({(*shard)->address()}), {});
-    EXPECT_TRUE(client.ok()) << client.status();
-    if (!client.ok()) return {};
+    if (!client.ok()) return client.status();
     SyntheticConfig eval = Data(job_);
     eval.first_sample = int64_t{1} << 40;
     auto trainer = Trainer::Create(
@@ -113,11 +119,9 @@ class TrainerDevice : public ::testing::Test {
           return MakeSyntheticSource(eval, 0, 1, 128, 1);
         },
         std::move(options));
-    EXPECT_TRUE(trainer.ok()) << trainer.status();
-    if (!trainer.ok()) return {};
+    if (!trainer.ok()) return trainer.status();
     absl::StatusOr<TrainResult> result = (*trainer)->Run();
-    EXPECT_TRUE(result.ok()) << result.status();
-    if (!result.ok()) return {};
+    if (!result.ok()) return result.status();
     EXPECT_EQ(result->losses.size(), static_cast<size_t>(kSteps));
     return result->losses;
   }
@@ -148,6 +152,49 @@ TEST_F(TrainerDevice, CpuAllreduceThroughTheDeviceBufferChangesNothing) {
   EXPECT_LT(with.back(), with.front());  // it learns
 }
 
+// pool_on_device through the CPU twins of the GPU path (one kernel call per
+// table, strided copies in and out of the pooled tensor): the same losses
+// as host pooling, bit for bit, where every feature has its own table.
+TEST_F(TrainerDevice, CpuPoolOnDeviceMatchesHostPooling) {
+  ThreadPool pool(2);
+  TrainerOptions host;
+  host.ctx.pool = &pool;
+  const std::vector<float> want = Train(host);
+  TrainerOptions device = host;
+  device.pool_on_device = true;
+  const std::vector<float> got = Train(device);
+  EXPECT_EQ(got, want);
+  ASSERT_FALSE(got.empty());
+}
+
+// Two features on one table: one pooling call over both, one backward
+// whose sums run over both features' positions (the host path adds the
+// second feature's sums to the first's: a different rounding, not more).
+TEST_F(TrainerDevice, CpuPoolOnDeviceWithASharedTable) {
+  v1::JobConfig job = Job();
+  job.mutable_features(1)->set_table("t0");
+  SetJob(job);
+  ThreadPool pool(2);
+  TrainerOptions host;
+  host.ctx.pool = &pool;
+  const std::vector<float> want = Train(host);
+  TrainerOptions device = host;
+  device.pool_on_device = true;
+  const std::vector<float> got = Train(device);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::abs(want[i])) << "step " << i;
+  }
+  // A shared table needs one pooling mode.
+  job.mutable_features(1)->set_pooling(v1::FeatureConfig::MEAN);
+  SetJob(job);
+  absl::StatusOr<std::vector<float>> mixed = TrainOr(device);
+  EXPECT_TRUE(absl::IsInvalidArgument(mixed.status())) << mixed.status();
+  EXPECT_NE(mixed.status().message().find("share table 't0' with different pooling"),
+            std::string::npos)
+      << mixed.status();
+}
+
 // Relative difference of two loss curves, step by step.
 void ExpectCurvesClose(const std::vector<float>& gpu, const std::vector<float>& cpu) {
   ASSERT_EQ(gpu.size(), cpu.size());
@@ -166,6 +213,20 @@ TEST_F(TrainerDevice, CudaTrainerMatchesTheCpuOver50Steps) {
   ASSERT_TRUE(exec.ok()) << exec.status();  // a GPU is present: must work
   TrainerOptions gpu;
   gpu.ctx = (*exec)->ctx();
+  ExpectCurvesClose(Train(gpu), cpu_losses);
+}
+
+TEST_F(TrainerDevice, CudaTrainerPoolingOnTheGpuMatchesTheCpu) {
+  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  ThreadPool pool(2);
+  TrainerOptions cpu;
+  cpu.ctx.pool = &pool;
+  const std::vector<float> cpu_losses = Train(cpu);
+  auto exec = kernels::ExecResources::Create(kernels::Device::kCuda, 0, &pool);
+  ASSERT_TRUE(exec.ok()) << exec.status();
+  TrainerOptions gpu;
+  gpu.ctx = (*exec)->ctx();
+  gpu.pool_on_device = true;
   ExpectCurvesClose(Train(gpu), cpu_losses);
 }
 

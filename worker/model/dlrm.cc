@@ -334,14 +334,15 @@ absl::Status DlrmModel::ForwardLayers(const kernels::ExecContext& ctx) {
 
 absl::Status DlrmModel::LoadInputs(int64_t batch, const float* dense,
                                    const float* pooled,
-                                   const kernels::ExecContext& ctx) {
+                                   const kernels::ExecContext& ctx,
+                                   bool pooled_in_place) {
   batch_ = -1;  // a failed Forward leaves nothing for Backward
   RETURN_IF_ERROR(CheckContext(ctx, "Forward"));
   if (batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DlrmModel::Forward: negative batch ", batch));
   }
-  if (batch > 0 && (dense == nullptr || pooled == nullptr)) {
+  if (batch > 0 && (dense == nullptr || (pooled == nullptr && !pooled_in_place))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DlrmModel::Forward: ", dense == nullptr ? "dense" : "pooled",
         " is null (batch=", batch, ")"));
@@ -351,13 +352,28 @@ absl::Status DlrmModel::LoadInputs(int64_t batch, const float* dense,
   // be refilled, or be grad_pooled itself, before Backward runs).
   RETURN_IF_ERROR(kernels::CopyToDevice(
       dense_in_.data(), dense, Floats(batch, config_.num_dense), ctx));
-  RETURN_IF_ERROR(kernels::CopyToDevice(
-      pooled_in_.data(), pooled,
-      Floats(batch,
-             static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim),
-      ctx));
+  if (!pooled_in_place) {
+    RETURN_IF_ERROR(kernels::CopyToDevice(
+        pooled_in_.data(), pooled,
+        Floats(batch,
+               static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim),
+        ctx));
+  }
   batch_ = batch;
   return absl::OkStatus();
+}
+
+absl::Status DlrmModel::ForwardToHost(int64_t batch, float* logits,
+                                      const kernels::ExecContext& ctx) {
+  absl::Status status = ForwardLayers(ctx);
+  // The last layer has width 1: its output is the logits vector.
+  if (status.ok()) {
+    status = kernels::CopyToHost(logits, act_.back().data(),
+                                 static_cast<size_t>(batch), ctx);
+  }
+  if (status.ok()) status = kernels::Synchronize(ctx);
+  if (!status.ok()) batch_ = -1;
+  return status;
 }
 
 absl::Status DlrmModel::Forward(int64_t batch, const float* dense,
@@ -369,15 +385,55 @@ absl::Status DlrmModel::Forward(int64_t batch, const float* dense,
         "DlrmModel::Forward: logits is null (batch=", batch, ")"));
   }
   RETURN_IF_ERROR(LoadInputs(batch, dense, pooled, ctx));
-  absl::Status status = ForwardLayers(ctx);
-  // The last layer has width 1: its output is the logits vector.
-  if (status.ok()) {
-    status = kernels::CopyToHost(logits, act_.back().data(),
-                                 static_cast<size_t>(batch), ctx);
+  return ForwardToHost(batch, logits, ctx);
+}
+
+absl::StatusOr<float*> DlrmModel::PooledInput(int64_t batch) {
+  batch_ = -1;
+  if (batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DlrmModel::PooledInput: negative batch ", batch));
   }
-  if (status.ok()) status = kernels::Synchronize(ctx);
-  if (!status.ok()) batch_ = -1;
-  return status;
+  RETURN_IF_ERROR(Reserve(batch));
+  return pooled_in_.data();
+}
+
+absl::Status DlrmModel::ForwardPooledInPlace(int64_t batch, const float* dense,
+                                             float* logits,
+                                             const kernels::ExecContext& ctx) {
+  if (batch > capacity_) {
+    batch_ = -1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DlrmModel::ForwardPooledInPlace: batch ", batch, " is larger than "
+        "the PooledInput reserved (", capacity_, ")"));
+  }
+  if (batch > 0 && logits == nullptr) {
+    batch_ = -1;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DlrmModel::ForwardPooledInPlace: logits is null (batch=", batch, ")"));
+  }
+  RETURN_IF_ERROR(LoadInputs(batch, dense, nullptr, ctx, /*pooled_in_place=*/true));
+  return ForwardToHost(batch, logits, ctx);
+}
+
+absl::StatusOr<const float*> DlrmModel::BackwardToDevice(
+    const float* grad_logits, const kernels::ExecContext& ctx) {
+  if (batch_ < 0) {
+    return absl::FailedPreconditionError(
+        "DlrmModel::BackwardToDevice: no successful Forward to differentiate");
+  }
+  RETURN_IF_ERROR(CheckContext(ctx, "BackwardToDevice"));
+  if (batch_ > 0 && grad_logits == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DlrmModel::BackwardToDevice: grad_logits is null (batch=", batch_, ")"));
+  }
+  RETURN_IF_ERROR(grad_pooled_.Resize(
+      Floats(capacity_,
+             static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim)));
+  RETURN_IF_ERROR(kernels::CopyToDevice(grad_act_.back().data(), grad_logits,
+                                        static_cast<size_t>(batch_), ctx));
+  RETURN_IF_ERROR(BackwardLayers(grad_pooled_.data(), ctx));
+  return static_cast<const float*>(grad_pooled_.data());
 }
 
 absl::Status DlrmModel::BackwardLayers(float* grad_pooled,

@@ -69,6 +69,21 @@ class DlrmModel {
   absl::Status Backward(const float* grad_logits, float* grad_pooled,
                         const kernels::ExecContext& ctx);
 
+  // Pooling on the model's device (the trainer's --pool_on_device): the
+  // pooled input [batch x F x D] in the model's device memory, for the
+  // caller to fill (on ctx's stream) before ForwardPooledInPlace. Grows the
+  // buffers; invalidates the last Forward.
+  absl::StatusOr<float*> PooledInput(int64_t batch);
+  // Forward as above, the pooled input already in PooledInput(batch).
+  absl::Status ForwardPooledInPlace(int64_t batch, const float* dense,
+                                    float* logits,
+                                    const kernels::ExecContext& ctx);
+  // Backward as above, leaving d loss / d pooled [batch x F x D] in the
+  // model's device memory (valid until the next Forward or Backward);
+  // queued on ctx's stream, not synchronized.
+  absl::StatusOr<const float*> BackwardToDevice(const float* grad_logits,
+                                                const kernels::ExecContext& ctx);
+
   // All parameters and their gradients, one contiguous buffer each with the
   // same layout: bottom MLP layers then top MLP layers, each layer its
   // weight [out x in] row-major (as torch.nn.Linear) then its bias [out].
@@ -118,8 +133,13 @@ class DlrmModel {
   absl::Status CheckContext(const kernels::ExecContext& ctx,
                             const char* op) const;
   // Forward's checks and input copies (dense_in_, pooled_in_), then batch_.
+  // pooled == nullptr with pooled_in_place: already in pooled_in_.
   absl::Status LoadInputs(int64_t batch, const float* dense,
-                          const float* pooled, const kernels::ExecContext& ctx);
+                          const float* pooled, const kernels::ExecContext& ctx,
+                          bool pooled_in_place = false);
+  // Forward's layers and the logits copied to the host, synchronized.
+  absl::Status ForwardToHost(int64_t batch, float* logits,
+                             const kernels::ExecContext& ctx);
   // Backward from grad_act_.back() (already filled) to the parameter
   // gradients and d loss / d pooled into `grad_pooled` (model memory).
   absl::Status BackwardLayers(float* grad_pooled,
@@ -161,7 +181,7 @@ class DlrmModel {
   kernels::DeviceBuffer grad_interaction_;  // batch x interaction_width_
   std::vector<kernels::DeviceBuffer> act_;  // per layer: batch x out
   std::vector<kernels::DeviceBuffer> grad_act_;
-  kernels::DeviceBuffer grad_pooled_;       // GPU only: batch x F x D
+  kernels::DeviceBuffer grad_pooled_;       // GPU or BackwardToDevice: B x F x D
   // DlrmTrainStep scratch on a GPU: the labels [batch] and the mean loss.
   kernels::DeviceBuffer labels_;
   kernels::DeviceBuffer loss_;
