@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "kernels/device_memory.h"
 #include "kernels/dispatch.h"
 #include "kernels/loss.h"
 #include "common/config/table_config.h"
@@ -34,15 +35,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (client == nullptr || train == nullptr) {
     return absl::InvalidArgumentError("Trainer needs a client and a train source");
   }
-  if (options.ctx.device != kernels::Device::kCpu) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "device ", kernels::DeviceName(options.ctx.device, options.ctx.cuda_device),
-        ": the trainer keeps its tensors in host memory so far (the GPU worker "
-        "is not built yet); run with --device=cpu"));
-  }
   std::unique_ptr<Trainer> t(new Trainer());
   t->job_ = job;
   t->options_ = std::move(options);
+  // Pooling, its backward and the loss run on the host (the looked-up rows
+  // and the labels arrive there); the dense model runs on options.ctx.
+  t->host_ctx_ = t->options_.ctx;
+  t->host_ctx_.device = kernels::Device::kCpu;
+  t->host_ctx_.cuda_stream = nullptr;
+  t->host_ctx_.cublas_handle = nullptr;
+  t->reduce_buf_ =
+      kernels::DeviceBuffer(t->options_.ctx.device, t->options_.ctx.cuda_device);
   t->client_ = std::move(client);
   t->train_ = std::move(train);
   t->make_eval_source_ = std::move(make_eval_source);
@@ -64,6 +67,40 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     buf->tables.resize(t->client_->tables().size());
     buf->features = features;
   }
+  if (t->options_.pool_on_device) {
+    // One group per table, its features in order; one pooling mode each.
+    std::vector<int> group_of(t->client_->tables().size(), -1);
+    for (int f = 0; f < static_cast<int>(features.size()); ++f) {
+      const int table = features[f].table;
+      if (group_of[table] < 0) {
+        group_of[table] = static_cast<int>(t->groups_.size());
+        t->groups_.push_back({table, features[f].pooling, {}});
+      }
+      TableGroup& g = t->groups_[group_of[table]];
+      if (g.pooling != features[f].pooling) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pool_on_device: features '", job.features(g.features[0]).name(), "' and '",
+            job.features(f).name(), "' share table '", job.features(f).table(),
+            "' with different pooling; give them one pooling or pool on the host"));
+      }
+      g.features.push_back(f);
+    }
+    for (size_t g = 0; g < t->groups_.size(); ++g) {
+      const kernels::Device d = t->options_.ctx.device;
+      const int ordinal = t->options_.ctx.cuda_device;
+      DeviceTable dt;
+      dt.rows = kernels::DeviceBuffer(d, ordinal);
+      dt.grad_rows = kernels::DeviceBuffer(d, ordinal);
+      dt.bags = kernels::DeviceBuffer(d, ordinal);
+      dt.indices = kernels::DeviceArray<int64_t>(d, ordinal);
+      dt.offsets = kernels::DeviceArray<int64_t>(d, ordinal);
+      t->device_tables_.push_back(std::move(dt));
+    }
+    for (LookupBuffers* buf : {&t->buffers_[0], &t->buffers_[1], &t->eval_buffers_}) {
+      buf->group_indices.resize(t->groups_.size());
+      buf->group_offsets.resize(t->groups_.size());
+    }
+  }
 
   DlrmConfig model;
   model.num_sparse = job.features_size();
@@ -72,11 +109,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   model.top_mlp.assign(job.model().top_mlp().begin(), job.model().top_mlp().end());
   model.seed = job.training().seed();
   model.num_dense = job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
-  ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model));
+  ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model, t->options_.ctx));
   ASSIGN_OR_RETURN(const kernels::OptimizerParams dense_optimizer,
                    config::OptimizerParamsFromConfig(job.training().dense_optimizer()));
   ASSIGN_OR_RETURN(t->optimizer_,
-                   DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters()));
+                   DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters(),
+                                          t->options_.ctx));
+  // Gradients plus the two agreement flags, on the model's device.
+  RETURN_IF_ERROR(t->reduce_buf_.Resize(
+      static_cast<size_t>(t->model_->num_parameters()) + 2));
   return t;
 }
 
@@ -150,6 +191,26 @@ absl::Status Trainer::Pool(const Batch& batch, StepTimes* times,
   const int num_features = static_cast<int>(features_.size());
   const absl::Time start = absl::Now();
   const int64_t b = batch.size;
+  if (options_.pool_on_device) {
+    // Host half only (this may be the helper thread): the kernels run in
+    // DeviceForward, on the training thread's stream.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      std::vector<int64_t>& indices = buf->group_indices[g];
+      std::vector<int64_t>& offsets = buf->group_offsets[g];
+      indices.clear();
+      offsets.clear();
+      for (int f : groups_[g].features) {
+        const int64_t base = static_cast<int64_t>(indices.size());
+        const std::vector<int64_t>& off = batch.offsets[f];
+        for (int64_t i = 0; i < b; ++i) offsets.push_back(base + off[i] - off[0]);
+        indices.insert(indices.end(), features_[f].indices.begin(),
+                       features_[f].indices.end());
+      }
+      offsets.push_back(static_cast<int64_t>(indices.size()));
+    }
+    Charge(start, &times->forward);
+    return absl::OkStatus();
+  }
   pooled_.resize(b * num_features * dim_);
   // Each feature pools straight from its table's unique rows into its
   // column block of the sample-major B x F x D tensor (output_stride), so
@@ -169,7 +230,7 @@ absl::Status Trainer::Pool(const Batch& batch, StepTimes* times,
     a.pooling = fs.pooling;
     a.output = pooled_.data() + static_cast<int64_t>(f) * dim_;
     a.output_stride = static_cast<int64_t>(num_features) * dim_;
-    RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, options_.ctx));
+    RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, host_ctx_));
   }
   Charge(start, &times->forward);
   return absl::OkStatus();
@@ -214,8 +275,12 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   absl::Time start = absl::Now();
   logits_.resize(b);
   grad_logits_.resize(b);
-  RETURN_IF_ERROR(model_->Forward(b, batch.dense.data(), pooled_.data(),
-                                  logits_.data(), options_.ctx));
+  if (options_.pool_on_device) {
+    RETURN_IF_ERROR(DeviceForward(batch, buf));
+  } else {
+    RETURN_IF_ERROR(model_->Forward(b, batch.dense.data(), pooled_.data(),
+                                    logits_.data(), options_.ctx));
+  }
   float loss = 0;
   kernels::SigmoidBceArgs bce;
   bce.n = b;
@@ -223,7 +288,7 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   bce.labels = batch.labels.data();
   bce.loss = &loss;
   bce.grad_logits = grad_logits_.data();
-  RETURN_IF_ERROR(kernels::SigmoidBce(bce, options_.ctx));
+  RETURN_IF_ERROR(kernels::SigmoidBce(bce, host_ctx_));
   Charge(start, &times->forward);
 
   // Each worker's loss is the mean over its batch; scaling by 1/W makes the
@@ -234,6 +299,9 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   if (options_.world_size > 1) {
     for (float& g : grad_logits_) g *= scale;
   }
+  if (options_.pool_on_device) {
+    RETURN_IF_ERROR(DeviceBackward(batch, buf));
+  } else {
   grad_pooled_.resize(pooled_.size());
   RETURN_IF_ERROR(model_->Backward(grad_logits_.data(), grad_pooled_.data(),
                                    options_.ctx));
@@ -261,8 +329,9 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     a.num_rows = num_rows;
     a.grad_rows = ts.grad_rows.data();
     a.accumulate = written[fs.table];
-    RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, options_.ctx));
+    RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, host_ctx_));
     written[fs.table] = true;
+  }
   }
   Charge(start, &times->backward);
 
@@ -284,17 +353,23 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     // The checkpoint decision rides on the dense allreduce (two floats after
     // the gradients), so every worker agrees on the cut with no extra round
     // trip. Always appended, checkpoints or not: the reduced buffer, and so
-    // the gradients' summation, is the same either way.
+    // the gradients' summation, is the same either way. The buffer is on the
+    // model's device (NCCL reduces GPU memory in place).
+    const kernels::ExecContext& ctx = options_.ctx;
     const absl::Span<float> grads = model_->gradients();
     const size_t n = grads.size();
-    reduce_buf_.resize(n + 2);
-    std::memcpy(reduce_buf_.data(), grads.data(), n * sizeof(float));
-    reduce_buf_[n] = checkpoint_flag;
-    reduce_buf_[n + 1] = stop_flag;
-    RETURN_IF_ERROR(options_.allreduce(absl::MakeSpan(reduce_buf_)));
-    std::memcpy(grads.data(), reduce_buf_.data(), n * sizeof(float));
-    checkpoint_flag = reduce_buf_[n];
-    stop_flag = reduce_buf_[n + 1];
+    float flags[2] = {checkpoint_flag, stop_flag};
+    float* reduce = reduce_buf_.data();
+    RETURN_IF_ERROR(kernels::CopyOnDevice(reduce, grads.data(), n, ctx));
+    RETURN_IF_ERROR(kernels::CopyToDevice(reduce + n, flags, 2, ctx));
+    // The collective runs on its own stream: the copies must be complete.
+    RETURN_IF_ERROR(kernels::Synchronize(ctx));
+    RETURN_IF_ERROR(options_.allreduce(absl::MakeSpan(reduce, n + 2)));
+    RETURN_IF_ERROR(kernels::CopyOnDevice(grads.data(), reduce, n, ctx));
+    RETURN_IF_ERROR(kernels::CopyToHost(flags, reduce + n, 2, ctx));
+    RETURN_IF_ERROR(kernels::Synchronize(ctx));
+    checkpoint_flag = flags[0];
+    stop_flag = flags[1];
   }
   agreed_checkpoint_ = checkpoint_flag > 0.5f;
   agreed_stop_ = stop_flag > 0.5f;
@@ -304,6 +379,94 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
                                    options_.ctx));
   Charge(start, &times->optimizer);
   return loss;
+}
+
+absl::Status Trainer::DeviceForward(const Batch& batch, LookupBuffers* buf) {
+  const kernels::ExecContext& ctx = options_.ctx;
+  const int64_t b = batch.size;
+  const int64_t num_features = static_cast<int64_t>(buf->features.size());
+  ASSIGN_OR_RETURN(float* pooled, model_->PooledInput(b));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const TableGroup& group = groups_[g];
+    const TableState& ts = buf->tables[group.table];
+    DeviceTable& dt = device_tables_[g];
+    const std::vector<int64_t>& indices = buf->group_indices[g];
+    const std::vector<int64_t>& offsets = buf->group_offsets[g];
+    const int64_t num_rows = static_cast<int64_t>(ts.dedup.unique.size());
+    const int64_t num_bags = b * static_cast<int64_t>(group.features.size());
+    // Each distinct row crosses once, however many bags use it.
+    RETURN_IF_ERROR(dt.rows.Resize(static_cast<size_t>(num_rows * dim_)));
+    RETURN_IF_ERROR(dt.indices.Resize(indices.size()));
+    RETURN_IF_ERROR(dt.offsets.Resize(offsets.size()));
+    RETURN_IF_ERROR(dt.bags.Resize(static_cast<size_t>(num_bags * dim_)));
+    RETURN_IF_ERROR(kernels::CopyToDevice(dt.rows.data(), ts.rows.data(),
+                                          static_cast<size_t>(num_rows * dim_), ctx));
+    RETURN_IF_ERROR(kernels::CopyToDevice(dt.indices.data(), indices.data(),
+                                          indices.size(), ctx));
+    RETURN_IF_ERROR(kernels::CopyToDevice(dt.offsets.data(), offsets.data(),
+                                          offsets.size(), ctx));
+    kernels::EmbeddingBagForwardArgs a;
+    a.rows = dt.rows.data();
+    a.num_rows = num_rows;
+    a.row_stride = dim_;
+    a.dim = dim_;
+    a.indices = dt.indices.data();
+    a.num_indices = static_cast<int64_t>(indices.size());
+    a.offsets = dt.offsets.data();
+    a.num_bags = num_bags;
+    a.pooling = group.pooling;
+    a.output = dt.bags.data();
+    RETURN_IF_ERROR(kernels::EmbeddingBagForward(a, ctx));
+    // Feature j's B bags into its column block of the B x F x D input.
+    for (size_t j = 0; j < group.features.size(); ++j) {
+      RETURN_IF_ERROR(kernels::CopyStridedOnDevice(
+          pooled + static_cast<int64_t>(group.features[j]) * dim_,
+          static_cast<size_t>(num_features * dim_),
+          dt.bags.data() + static_cast<int64_t>(j) * b * dim_, dim_, dim_,
+          static_cast<size_t>(b), ctx));
+    }
+  }
+  // Synchronizes: the host buffers above may be reused afterwards.
+  return model_->ForwardPooledInPlace(b, batch.dense.data(), logits_.data(), ctx);
+}
+
+absl::Status Trainer::DeviceBackward(const Batch& batch, LookupBuffers* buf) {
+  const kernels::ExecContext& ctx = options_.ctx;
+  const int64_t b = batch.size;
+  const int64_t num_features = static_cast<int64_t>(buf->features.size());
+  ASSIGN_OR_RETURN(const float* grad_pooled,
+                   model_->BackwardToDevice(grad_logits_.data(), ctx));
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const TableGroup& group = groups_[g];
+    TableState& ts = buf->tables[group.table];
+    DeviceTable& dt = device_tables_[g];
+    const int64_t num_rows = static_cast<int64_t>(ts.dedup.unique.size());
+    const int64_t num_bags = b * static_cast<int64_t>(group.features.size());
+    // The bags' gradients, feature after feature (as the forward's output).
+    for (size_t j = 0; j < group.features.size(); ++j) {
+      RETURN_IF_ERROR(kernels::CopyStridedOnDevice(
+          dt.bags.data() + static_cast<int64_t>(j) * b * dim_, dim_,
+          grad_pooled + static_cast<int64_t>(group.features[j]) * dim_,
+          static_cast<size_t>(num_features * dim_), dim_, static_cast<size_t>(b),
+          ctx));
+    }
+    RETURN_IF_ERROR(dt.grad_rows.Resize(static_cast<size_t>(num_rows * dim_)));
+    kernels::EmbeddingBagBackwardArgs a;
+    a.grad_output = dt.bags.data();
+    a.dim = dim_;
+    a.indices = dt.indices.data();
+    a.num_indices = static_cast<int64_t>(buf->group_indices[g].size());
+    a.offsets = dt.offsets.data();
+    a.num_bags = num_bags;
+    a.pooling = group.pooling;
+    a.num_rows = num_rows;
+    a.grad_rows = dt.grad_rows.data();
+    RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, ctx));
+    ts.grad_rows.resize(static_cast<size_t>(num_rows * dim_));
+    RETURN_IF_ERROR(kernels::CopyToHost(ts.grad_rows.data(), dt.grad_rows.data(),
+                                        static_cast<size_t>(num_rows * dim_), ctx));
+  }
+  return kernels::Synchronize(ctx);
 }
 
 absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
@@ -317,16 +480,20 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
     if (!more) break;
     RETURN_IF_ERROR(LookupAndPool(batch, step, &ignored, &eval_buffers_));
     logits_.resize(batch.size);
-    RETURN_IF_ERROR(model_->Forward(batch.size, batch.dense.data(),
-                                    eval_buffers_.pooled.data(),
-                                    logits_.data(), options_.ctx));
+    if (options_.pool_on_device) {
+      RETURN_IF_ERROR(DeviceForward(batch, &eval_buffers_));
+    } else {
+      RETURN_IF_ERROR(model_->Forward(batch.size, batch.dense.data(),
+                                      eval_buffers_.pooled.data(),
+                                      logits_.data(), options_.ctx));
+    }
     probabilities_.resize(batch.size);
     kernels::SigmoidBceArgs bce;
     bce.n = batch.size;
     bce.logits = logits_.data();
     bce.labels = batch.labels.data();
     bce.probabilities = probabilities_.data();
-    RETURN_IF_ERROR(kernels::SigmoidBce(bce, options_.ctx));
+    RETURN_IF_ERROR(kernels::SigmoidBce(bce, host_ctx_));
     probabilities.insert(probabilities.end(), probabilities_.begin(), probabilities_.end());
     labels.insert(labels.end(), batch.labels.begin(), batch.labels.end());
   }
@@ -364,7 +531,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     info.reason = reason;
     info.wait_complete = wait_complete;
     info.batches_read = step;
-    if (options_.rank == 0) info.dense = SaveDenseState(*model_, *optimizer_);
+    if (options_.rank == 0) {
+      ASSIGN_OR_RETURN(info.dense, SaveDenseState(*model_, *optimizer_));
+    }
     if (options_.checkpoint_request_id) {
       handled_request_id_ = std::max(handled_request_id_, options_.checkpoint_request_id());
     }

@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "client/dedup.h"
 #include "client/embedding_client.h"
+#include "kernels/device_memory.h"
 #include "kernels/embedding_bag.h"
 #include "kernels/exec_context.h"
 #include "recps/v1/checkpoint.pb.h"
@@ -91,10 +92,15 @@ struct CheckpointCutInfo {
 struct TrainerOptions {
   int rank = 0;
   int world_size = 1;
+  // Where the dense model runs (ctx.device; a CUDA context needs its stream
+  // and cuBLAS handle, see kernels::ExecResources). Pooling, the loss and
+  // the embedding gradients run on the host with ctx.pool.
   kernels::ExecContext ctx;
   // Data-parallel hook over the dense gradients, called every step before the
   // optimizer; it must leave the global-batch gradient (the sum over workers,
-  // each already scaled by 1 / world_size). Null: one worker, identity.
+  // each already scaled by 1 / world_size). Null: one worker, identity. The
+  // span is memory of ctx.device (GPU memory for CUDA: NCCL), with queued
+  // work on ctx's stream complete when it is called.
   std::function<absl::Status(absl::Span<float>)> allreduce;
   // Called after every step and evaluation (progress display, metrics).
   std::function<void(int64_t step, float loss, const TrainResult&)> on_step;
@@ -122,6 +128,14 @@ struct TrainerOptions {
   // re-read only the rows step t updated (exactly synchronous; see
   // docs/training.md, Overlap in sync mode). False: look up after the push.
   bool sync_prefetch = true;
+
+  // Pool the looked-up rows with the model's device kernels (on a GPU: each
+  // table's distinct rows are copied once, pooled there, and the gradient
+  // rows computed there and copied back for the push). False: pooling and
+  // its backward run on the host and the pooled tensor is copied. Features
+  // that share a table must then share its pooling mode (INVALID_ARGUMENT
+  // at Create otherwise).
+  bool pool_on_device = false;
 };
 
 class Trainer {
@@ -168,6 +182,22 @@ class Trainer {
     std::vector<FeatureState> features;
     std::vector<float> pooled;  // B x F x D, sample-major
     std::vector<client::LookupSpec> specs;  // of the last lookup
+    // pool_on_device: per TableGroup, its features' indices one after the
+    // other and their offsets (B bags per feature, shifted), so that one
+    // kernel call pools (and differentiates) every feature of a table.
+    std::vector<std::vector<int64_t>> group_indices, group_offsets;
+  };
+  // pool_on_device: the features of one table (in feature order).
+  struct TableGroup {
+    int table = 0;
+    kernels::PoolingMode pooling = kernels::PoolingMode::kSum;
+    std::vector<int> features;
+  };
+  // pool_on_device: a group's buffers on the model's device.
+  struct DeviceTable {
+    kernels::DeviceBuffer rows, grad_rows;
+    kernels::DeviceBuffer bags;  // B * |features| x D: pooled, then its gradient
+    kernels::DeviceArray<int64_t> indices, offsets;
   };
 
   // Looks up and pools `batch`'s embeddings into buf->pooled.
@@ -184,6 +214,12 @@ class Trainer {
   absl::Status CorrectAndPool(const Batch& batch, int64_t step,
                               uint64_t prefetch_epoch, StepTimes* times,
                               LookupBuffers* buf);
+  // pool_on_device: buf's rows pooled on the device into the model's pooled
+  // input, then the model's forward (logits to logits_).
+  absl::Status DeviceForward(const Batch& batch, LookupBuffers* buf);
+  // pool_on_device: the model's backward from grad_logits_, then the
+  // gradient rows of every table into buf's grad_rows (host).
+  absl::Status DeviceBackward(const Batch& batch, LookupBuffers* buf);
   // Forward, backward, push and optimizer for a looked-up batch.
   absl::StatusOr<float> Compute(const Batch& batch, int64_t step,
                                 StepTimes* times, LookupBuffers* buf);
@@ -211,7 +247,11 @@ class Trainer {
 
   // Dense gradients plus the two agreement flags ("checkpoint", "stop")
   // that ride on the allreduce.
-  std::vector<float> reduce_buf_;
+  kernels::DeviceBuffer reduce_buf_;
+  std::vector<TableGroup> groups_;          // pool_on_device
+  std::vector<DeviceTable> device_tables_;  // one per group
+  // options_.ctx on the CPU: pooling, loss, embedding gradients.
+  kernels::ExecContext host_ctx_;
   // The agreed flags of the last step (summed over workers).
   bool agreed_checkpoint_ = false;
   bool agreed_stop_ = false;

@@ -48,10 +48,13 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "kernels/device_memory.h"
+#include "kernels/exec_context.h"
 #include "worker/collectives/collectives.h"
 #include "worker/collectives/coordinator_kv_store.h"
 #include "worker/collectives/gloo_collectives.h"
 #include "worker/collectives/kv_store.h"
+#include "worker/collectives/nccl_collectives.h"
 #include "worker/data/criteo.h"
 #include "worker/data/prefetch.h"
 #include "worker/data/synthetic.h"
@@ -62,8 +65,14 @@
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, device, "cpu",
-          "where the dense model runs: cpu; cuda:N is refused until the GPU "
-          "worker exists");
+          "where the dense model runs: cpu, cuda (GPU 0) or cuda:N. A CUDA "
+          "worker allreduces with NCCL instead of Gloo; without a usable GPU "
+          "it exits 2 at start");
+ABSL_FLAG(bool, pool_on_device, false,
+          "pool the looked-up rows with the --device kernels (a GPU worker: "
+          "each table's distinct rows are copied once and pooled on the GPU, "
+          "and the gradient rows computed there); false: pool on the host "
+          "and copy the pooled tensor");
 ABSL_FLAG(std::string, coordinator, "",
           "coordinator address, host:port: register there, take the job, the "
           "shard map and the rendezvous from it (replaces --config, --shards "
@@ -436,6 +445,20 @@ int Run() {
     return 2;
   }
   SetLogTag(absl::StrCat("recps-worker ", rank));
+  // The device first: a worker that cannot run where it was asked to stops
+  // before it registers anywhere.
+  int cuda_device = 0;
+  absl::StatusOr<kernels::Device> device =
+      kernels::ParseDevice(absl::GetFlag(FLAGS_device), &cuda_device);
+  if (!device.ok()) {
+    LogError("--device: ", device.status().message());
+    return 2;
+  }
+  if (absl::Status s = kernels::CheckDeviceUsable(*device, cuda_device); !s.ok()) {
+    LogError("--device=", absl::GetFlag(FLAGS_device), ": ", s.message());
+    return 2;
+  }
+  const bool on_gpu = *device == kernels::Device::kCuda;
 
   // With a coordinator: register (retrying while it starts), then keep the
   // lease in the background for the whole run.
@@ -624,7 +647,8 @@ int Run() {
     }
   }
 
-  // Data parallelism: a Gloo allreduce over the dense gradients.
+  // Data parallelism: an allreduce over the dense gradients, Gloo for CPU
+  // workers, NCCL (on the worker's GPU, device pointers) for CUDA workers.
   std::unique_ptr<KeyValueStore> rendezvous;
   std::unique_ptr<Collectives> collectives;
   if (world > 1) {
@@ -660,14 +684,17 @@ int Run() {
                    "address they can reach");
       }
     }
-    absl::StatusOr<std::unique_ptr<Collectives>> gloo = CreateGlooCollectives(
-        *rendezvous, prefix, rank, world, hostname,
-        absl::GetFlag(FLAGS_collective_timeout));
-    if (!gloo.ok()) {
-      LogError("allreduce set-up failed: ", gloo.status().ToString());
+    absl::StatusOr<std::unique_ptr<Collectives>> made =
+        on_gpu ? CreateNcclCollectives(*rendezvous, prefix, rank, world, cuda_device,
+                                       absl::GetFlag(FLAGS_collective_timeout))
+               : CreateGlooCollectives(*rendezvous, prefix, rank, world, hostname,
+                                       absl::GetFlag(FLAGS_collective_timeout));
+    if (!made.ok()) {
+      LogError(on_gpu ? "NCCL" : "Gloo", " allreduce set-up failed: ",
+               made.status().ToString());
       return 1;
     }
-    collectives = *std::move(gloo);
+    collectives = *std::move(made);
   }
 
   ThreadPool pool(absl::GetFlag(FLAGS_threads));
@@ -719,16 +746,16 @@ int Run() {
       return absl::OkStatus();
     };
   }
-  options.ctx.pool = &pool;
   options.sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
-  if (absl::StatusOr<kernels::Device> device =
-          kernels::ParseDevice(absl::GetFlag(FLAGS_device), &options.ctx.cuda_device);
-      device.ok()) {
-    options.ctx.device = *device;
-  } else {
-    LogError("--device: ", device.status().message());
+  // The stream and cuBLAS handle of a CUDA worker (nothing for the CPU).
+  absl::StatusOr<std::unique_ptr<kernels::ExecResources>> exec =
+      kernels::ExecResources::Create(*device, cuda_device, &pool);
+  if (!exec.ok()) {
+    LogError("--device=", absl::GetFlag(FLAGS_device), ": ", exec.status().message());
     return 2;
   }
+  options.ctx = (*exec)->ctx();
+  options.pool_on_device = absl::GetFlag(FLAGS_pool_on_device);
   const int64_t total_steps = job->training().steps();
   absl::Time last_print = absl::InfinitePast();
   double last_auc = -1;
@@ -857,7 +884,11 @@ int Run() {
       1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained,
       1e3 * t.prefetch / trained, t.eval));
   if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
-    const absl::Span<const float> p = (*trainer)->model().parameters();
+    std::vector<float> p;
+    if (absl::Status s = (*trainer)->model().ReadParameters(&p); !s.ok()) {
+      LogError("--dense_out: reading the parameters: ", s.message());
+      return 1;
+    }
     std::ofstream(path, std::ios::binary)
         .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
   }

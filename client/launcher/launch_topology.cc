@@ -98,4 +98,17 @@ absl::StatusOr<LaunchTopology> ResolveLaunchTopology(const LaunchFlags& flags,
   return t;
 }
 
+GpuAssignment AssignGpu(const std::vector<std::string>& gpus, int local_rank) {
+  GpuAssignment a;
+  if (gpus.empty() || local_rank < 0) {
+    a.where = "CPU";
+    return a;
+  }
+  const std::string& gpu = gpus[static_cast<size_t>(local_rank) % gpus.size()];
+  a.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu);
+  a.args.push_back("--device=cuda:0");
+  a.where = "GPU " + gpu;
+  return a;
+}
+
 }  // namespace recps::client

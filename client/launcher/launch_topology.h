@@ -50,6 +50,17 @@ using GetEnv = std::function<const char*(const char*)>;
 absl::StatusOr<LaunchTopology> ResolveLaunchTopology(const LaunchFlags& flags,
                                                      const GetEnv& getenv);
 
+// What local rank `local_rank` gets of `gpus` (the --gpus list, reused
+// round-robin when shorter): CUDA_VISIBLE_DEVICES=<its GPU> and
+// --device=cuda:0 (the one GPU it then sees), so the worker trains on it and
+// allreduces with NCCL. Empty `gpus`: CPU workers, nothing added.
+struct GpuAssignment {
+  std::vector<std::string> env;   // NAME=value
+  std::vector<std::string> args;  // worker flags, before the user's (last wins)
+  std::string where;              // "GPU <id>" or "CPU", for the log
+};
+GpuAssignment AssignGpu(const std::vector<std::string>& gpus, int local_rank);
+
 }  // namespace recps::client
 
 #endif  // RECPS_CLIENT_LAUNCHER_LAUNCH_TOPOLOGY_H_

@@ -727,12 +727,10 @@ int RunLaunch(const std::vector<std::string>& positional,
         absl::StrCat("WORLD_SIZE=", topology->world_size),
         absl::StrCat("LOCAL_WORLD_SIZE=", topology->local_world_size),
         absl::StrCat("GROUP_RANK=", topology->node_rank)};
-    std::string where = "CPU";
-    if (!gpus.empty()) {
-      const std::string& gpu = gpus[w.local_rank % gpus.size()];
-      env.push_back("CUDA_VISIBLE_DEVICES=" + gpu);
-      where = "GPU " + gpu;
-    }
+    // Each local rank sees only its GPU and trains on it (--device=cuda:0).
+    const GpuAssignment assigned = AssignGpu(gpus, w.local_rank);
+    env.insert(env.end(), assigned.env.begin(), assigned.env.end());
+    const std::string& where = assigned.where;
     if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
       env.push_back(absl::StrCat("OPENBLAS_NUM_THREADS=", threads));
     }
@@ -741,6 +739,7 @@ int RunLaunch(const std::vector<std::string>& positional,
                                      w.rank == 0 ? "--progress_every=2s"
                                                  : "--progress_every=1000h"};
     if (!positional.empty()) args.push_back("--config=" + positional[0]);
+    args.insert(args.end(), assigned.args.begin(), assigned.args.end());
     // The node's worker certificate (or --insecure) goes to every worker.
     const rpc::TlsFlagValues tls = rpc::GetTlsFlags();
     if (tls.insecure) args.push_back("--insecure");

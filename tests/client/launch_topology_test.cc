@@ -116,5 +116,22 @@ TEST(LaunchTopology, RefusesWhatCannotBeRight) {
   EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
 }
 
+// `recps launch --gpus=...`: each local rank sees one GPU and is told to
+// train on it; the user's worker flags come after (and so win).
+TEST(AssignGpu, EachLocalRankGetsItsGpuAndACudaDevice) {
+  const std::vector<std::string> gpus = {"3", "5"};
+  const GpuAssignment r0 = AssignGpu(gpus, 0);
+  EXPECT_EQ(r0.env, std::vector<std::string>{"CUDA_VISIBLE_DEVICES=3"});
+  EXPECT_EQ(r0.args, std::vector<std::string>{"--device=cuda:0"});
+  EXPECT_EQ(r0.where, "GPU 3");
+  EXPECT_EQ(AssignGpu(gpus, 1).env, std::vector<std::string>{"CUDA_VISIBLE_DEVICES=5"});
+  // More ranks than GPUs: round-robin (the launcher warns).
+  EXPECT_EQ(AssignGpu(gpus, 2).env, std::vector<std::string>{"CUDA_VISIBLE_DEVICES=3"});
+  const GpuAssignment cpu = AssignGpu({}, 0);
+  EXPECT_TRUE(cpu.env.empty());
+  EXPECT_TRUE(cpu.args.empty());
+  EXPECT_EQ(cpu.where, "CPU");
+}
+
 }  // namespace
 }  // namespace recps::client

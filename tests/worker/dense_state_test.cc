@@ -65,7 +65,7 @@ bool BitEqual(absl::Span<const float> a, absl::Span<const float> b) {
 TEST(DenseState, RoundTripContinuesBitExact) {
   Replica straight = Make();
   Train(straight, 5, 0);
-  const v1::DenseState saved = SaveDenseState(*straight.model, *straight.optimizer);
+  const v1::DenseState saved = *SaveDenseState(*straight.model, *straight.optimizer);
   EXPECT_EQ(saved.optimizer_steps(), 5);
   Train(straight, 4, 5);
 
@@ -84,7 +84,7 @@ TEST(DenseState, RoundTripContinuesBitExact) {
 TEST(DenseState, OtherShapeIsRefusedAndChangesNothing) {
   Replica source = Make();
   Train(source, 2, 0);
-  const v1::DenseState saved = SaveDenseState(*source.model, *source.optimizer);
+  const v1::DenseState saved = *SaveDenseState(*source.model, *source.optimizer);
 
   DlrmConfig wider = Config();
   wider.top_mlp = {16, 1};
@@ -114,12 +114,12 @@ TEST(DenseState, OtherShapeIsRefusedAndChangesNothing) {
 
 TEST(DenseState, TruncatedBytesAreRefused) {
   Replica r = Make();
-  v1::DenseState saved = SaveDenseState(*r.model, *r.optimizer);
+  v1::DenseState saved = *SaveDenseState(*r.model, *r.optimizer);
   saved.mutable_parameters()->resize(saved.parameters().size() - 4);
   absl::Status s = LoadDenseState(saved, r.model.get(), r.optimizer.get());
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("parameters has"));
-  v1::DenseState future = SaveDenseState(*r.model, *r.optimizer);
+  v1::DenseState future = *SaveDenseState(*r.model, *r.optimizer);
   future.set_format_version(kDenseStateFormatVersion + 1);
   EXPECT_THAT(LoadDenseState(future, r.model.get(), r.optimizer.get()).message(),
               HasSubstr("format_version"));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/launcher/process.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda_util.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -132,6 +133,36 @@ TEST(WorkerEndToEnd, OversizedJobsAreRefusedNamingTheSetting) {
     EXPECT_EQ(code, 2) << c.to << "\n" << output;
     EXPECT_NE(output.find(c.expected), std::string::npos) << c.to << "\n" << output;
     EXPECT_EQ(output.find("bad_alloc"), std::string::npos) << output;
+  }
+}
+
+// --device=cuda where no GPU can run stops the worker at start (before it
+// registers or connects anywhere) with exit code 2 and the reason; a device
+// name that is not one is refused the same way.
+TEST(WorkerEndToEnd, CudaDeviceWithoutAGpuExitsTwoNamingTheDevice) {
+  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a GPU is present";
+  const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
+  struct Case {
+    std::string device, expected;
+  };
+  const std::vector<Case> cases = {
+#if RECPS_HAVE_CUDA
+      {"cuda", "--device=cuda: device cuda:0: no CUDA device is visible"},
+      {"cuda:1", "--device=cuda:1: device cuda:1: no CUDA device is visible"},
+#else
+      {"cuda", "--device=cuda: device cuda:0: this build has no CUDA"},
+#endif
+      {"tpu", "--device: device 'tpu': expected cpu, cuda or cuda:N"},
+  };
+  for (const Case& c : cases) {
+    std::string output;
+    // No shard server listens there: the worker must stop before it looks.
+    const int code = RunCapturing(
+        RECPS_WORKER_BINARY,
+        {"--config=" + job, "--shards=127.0.0.1:1", "--device=" + c.device},
+        absl::Seconds(60), &output);
+    EXPECT_EQ(code, 2) << c.device << "\n" << output;
+    EXPECT_NE(output.find(c.expected), std::string::npos) << c.device << "\n" << output;
   }
 }
 

@@ -8,7 +8,8 @@
 namespace recps::worker {
 
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
-    const kernels::OptimizerParams& params, int64_t n) {
+    const kernels::OptimizerParams& params, int64_t n,
+    const kernels::ExecContext& ctx) {
   RETURN_IF_ERROR(kernels::ValidateOptimizerParams(params));
   if (params.kind == kernels::OptimizerKind::kRowWiseAdagrad) {
     return absl::InvalidArgumentError(
@@ -19,16 +20,50 @@ absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("DenseOptimizer: negative parameter count ", n));
   }
-  return std::unique_ptr<DenseOptimizer>(new DenseOptimizer(params, n));
+  RETURN_IF_ERROR(kernels::CheckDeviceUsable(ctx.device, ctx.cuda_device));
+  std::unique_ptr<DenseOptimizer> opt(new DenseOptimizer(params, n, ctx));
+  // Resize zeroes the new elements on every device.
+  RETURN_IF_ERROR(opt->state_.Resize(static_cast<size_t>(
+      kernels::DenseOptimizerStateSize(params.kind, n))));
+  return opt;
 }
 
 DenseOptimizer::DenseOptimizer(const kernels::OptimizerParams& params,
-                               int64_t n)
-    : params_(params),
-      n_(n),
-      state_(static_cast<size_t>(
-                 kernels::DenseOptimizerStateSize(params.kind, n)),
-             0.0f) {}
+                               int64_t n, const kernels::ExecContext& ctx)
+    : params_(params), n_(n), state_(ctx.device, ctx.cuda_device) {}
+
+namespace {
+
+kernels::ExecContext CopyContext(const kernels::DeviceBuffer& b) {
+  kernels::ExecContext ctx;
+  ctx.device = b.device();
+  ctx.cuda_device = b.cuda_device();
+  return ctx;
+}
+
+}  // namespace
+
+absl::Status DenseOptimizer::ReadState(std::vector<float>* out) const {
+  const kernels::ExecContext ctx = CopyContext(state_);
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));  // queued steps first
+  out->resize(state_.size());
+  RETURN_IF_ERROR(
+      kernels::CopyToHost(out->data(), state_.data(), state_.size(), ctx));
+  return kernels::Synchronize(ctx);
+}
+
+absl::Status DenseOptimizer::WriteState(absl::Span<const float> values) {
+  if (values.size() != state_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DenseOptimizer::WriteState: ", values.size(), " values for a state of ",
+        state_.size(), " floats"));
+  }
+  const kernels::ExecContext ctx = CopyContext(state_);
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));  // queued steps first
+  RETURN_IF_ERROR(
+      kernels::CopyToDevice(state_.data(), values.data(), values.size(), ctx));
+  return kernels::Synchronize(ctx);
+}
 
 absl::Status DenseOptimizer::Step(absl::Span<float> weights,
                                   absl::Span<const float> grads,
@@ -38,6 +73,12 @@ absl::Status DenseOptimizer::Step(absl::Span<float> weights,
     return absl::InvalidArgumentError(absl::StrCat(
         "DenseOptimizer::Step: ", weights.size(), " weights and ",
         grads.size(), " gradients for an optimizer of ", n_, " parameters"));
+  }
+  if (ctx.device != state_.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DenseOptimizer::Step: the state lives on ",
+        kernels::DeviceName(state_.device(), state_.cuda_device()),
+        " but the context is ", kernels::DeviceName(ctx.device, ctx.cuda_device)));
   }
   kernels::DenseOptimizerArgs a;
   a.weights = weights.data();

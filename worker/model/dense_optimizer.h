@@ -1,5 +1,6 @@
 // Optimizer state for the model's flat dense parameter buffer, stepped with
-// kernels::DenseOptimizerStepCpu. Every worker holds the same allreduced
+// kernels::DenseOptimizerStep on the model's device (the state lives there
+// too). Every worker holds the same allreduced
 // gradients and so takes the same step on its own replica.
 #ifndef RECPS_WORKER_MODEL_DENSE_OPTIMIZER_H_
 #define RECPS_WORKER_MODEL_DENSE_OPTIMIZER_H_
@@ -11,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/device_memory.h"
 #include "kernels/exec_context.h"
 #include "kernels/optimizer.h"
 
@@ -19,15 +21,19 @@ namespace recps::worker {
 class DenseOptimizer {
  public:
   // For `n` parameters. INVALID_ARGUMENT for bad hyper-parameters, the
-  // row-wise Adagrad kind (embedding-only) or n < 0.
+  // row-wise Adagrad kind (embedding-only) or n < 0. The state lives on
+  // ctx's device (zeroed); FAILED_PRECONDITION when it cannot be used.
   static absl::StatusOr<std::unique_ptr<DenseOptimizer>> Create(
-      const kernels::OptimizerParams& params, int64_t n);
+      const kernels::OptimizerParams& params, int64_t n,
+      const kernels::ExecContext& ctx = {});
 
   DenseOptimizer(const DenseOptimizer&) = delete;
   DenseOptimizer& operator=(const DenseOptimizer&) = delete;
 
-  // One update of `weights` from `grads`, both of size n(). The step
-  // counter (Adam's bias correction) advances only when the step succeeds.
+  // One update of `weights` from `grads`, both of size n() and in the
+  // memory of the optimizer's device (ctx must be of that device). The step
+  // counter (Adam's bias correction) advances only when the launch succeeds;
+  // on a GPU the update is queued on ctx's stream.
   absl::Status Step(absl::Span<float> weights, absl::Span<const float> grads,
                     const kernels::ExecContext& ctx);
 
@@ -41,19 +47,28 @@ class DenseOptimizer {
   int64_t step() const { return step_; }
 
   // State and step counter, for checkpoints: state layout as
-  // kernels::DenseOptimizerStateSize (Adagrad: s; Adam: m then v).
-  absl::Span<float> state() { return absl::MakeSpan(state_); }
-  absl::Span<const float> state() const { return state_; }
+  // kernels::DenseOptimizerStateSize (Adagrad: s; Adam: m then v). state()
+  // is device memory; ReadState/WriteState copy through the host (waiting
+  // for queued work). WriteState: INVALID_ARGUMENT for a size mismatch.
+  absl::Span<float> state() { return absl::MakeSpan(state_.data(), state_.size()); }
+  absl::Span<const float> state() const {
+    return absl::MakeConstSpan(state_.data(), state_.size());
+  }
+  int64_t state_size() const { return static_cast<int64_t>(state_.size()); }
+  absl::Status ReadState(std::vector<float>* out) const;
+  absl::Status WriteState(absl::Span<const float> values);
+  kernels::Device device() const { return state_.device(); }
   // INVALID_ARGUMENT for a negative count.
   absl::Status set_step(int64_t step);
 
  private:
-  DenseOptimizer(const kernels::OptimizerParams& params, int64_t n);
+  DenseOptimizer(const kernels::OptimizerParams& params, int64_t n,
+                 const kernels::ExecContext& ctx);
 
   kernels::OptimizerParams params_;
   int64_t n_ = 0;
   int64_t step_ = 0;
-  std::vector<float> state_;
+  kernels::DeviceBuffer state_;
 };
 
 }  // namespace recps::worker

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,8 +49,11 @@ absl::Status CheckBytes(const char* field, size_t bytes, size_t floats) {
 
 }  // namespace
 
-v1::DenseState SaveDenseState(const DlrmModel& model,
-                              const DenseOptimizer& optimizer) {
+absl::StatusOr<v1::DenseState> SaveDenseState(const DlrmModel& model,
+                                              const DenseOptimizer& optimizer) {
+  std::vector<float> parameters, optimizer_state;
+  RETURN_IF_ERROR(model.ReadParameters(&parameters));
+  RETURN_IF_ERROR(optimizer.ReadState(&optimizer_state));
   v1::DenseState s;
   const DlrmConfig& c = model.config();
   s.set_format_version(kDenseStateFormatVersion);
@@ -58,9 +62,9 @@ v1::DenseState SaveDenseState(const DlrmModel& model,
   s.set_dim(c.embedding_dim);
   for (int w : c.bottom_mlp) s.add_bottom_mlp(w);
   for (int w : c.top_mlp) s.add_top_mlp(w);
-  s.set_parameters(FloatBytes(model.parameters()));
+  s.set_parameters(FloatBytes(parameters));
   s.set_optimizer_kind(static_cast<int32_t>(optimizer.params().kind));
-  s.set_optimizer_state(FloatBytes(optimizer.state()));
+  s.set_optimizer_state(FloatBytes(optimizer_state));
   s.set_optimizer_steps(optimizer.step());
   return s;
 }
@@ -83,20 +87,25 @@ absl::Status LoadDenseState(const v1::DenseState& state, DlrmModel* model,
   RETURN_IF_ERROR(CheckBytes("parameters", state.parameters().size(),
                              model->parameters().size()));
   RETURN_IF_ERROR(CheckBytes("optimizer_state", state.optimizer_state().size(),
-                             optimizer->state().size()));
+                             static_cast<size_t>(optimizer->state_size())));
   if (state.optimizer_steps() < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dense state: optimizer_steps is ", state.optimizer_steps(), " (must be >= 0)"));
   }
-  // Every check passed: now change state.
-  RETURN_IF_ERROR(optimizer->set_step(state.optimizer_steps()));
-  std::memcpy(model->parameters().data(), state.parameters().data(),
+  // Every check passed: decode, then change state (the copies to a GPU are
+  // the only steps left that can fail, before the step counter moves).
+  std::vector<float> parameters(model->parameters().size());
+  std::memcpy(parameters.data(), state.parameters().data(),
               state.parameters().size());
+  std::vector<float> optimizer_state(
+      static_cast<size_t>(optimizer->state_size()));
   if (!state.optimizer_state().empty()) {
-    std::memcpy(optimizer->state().data(), state.optimizer_state().data(),
+    std::memcpy(optimizer_state.data(), state.optimizer_state().data(),
                 state.optimizer_state().size());
   }
-  return absl::OkStatus();
+  RETURN_IF_ERROR(model->WriteParameters(parameters));
+  RETURN_IF_ERROR(optimizer->WriteState(optimizer_state));
+  return optimizer->set_step(state.optimizer_steps());
 }
 
 }  // namespace recps::worker

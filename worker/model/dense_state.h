@@ -6,6 +6,7 @@
 #define RECPS_WORKER_MODEL_DENSE_STATE_H_
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "recps/v1/checkpoint.pb.h"
 #include "worker/model/dense_optimizer.h"
 #include "worker/model/dlrm.h"
@@ -15,8 +16,10 @@ namespace recps::worker {
 // Format of what SaveDenseState writes; LoadDenseState refuses newer ones.
 inline constexpr uint32_t kDenseStateFormatVersion = 1;
 
-v1::DenseState SaveDenseState(const DlrmModel& model,
-                              const DenseOptimizer& optimizer);
+// Copies the parameters and optimizer state to the host first (a GPU
+// model: waits for queued work; a failed copy is its error).
+absl::StatusOr<v1::DenseState> SaveDenseState(const DlrmModel& model,
+                                              const DenseOptimizer& optimizer);
 
 // Overwrites the parameters, optimizer state and step counter. The
 // checkpoint's shape (num_dense, num_sparse, dim, the MLP widths) and

@@ -78,14 +78,17 @@ absl::Status ValidateDlrmConfig(const DlrmConfig& c) {
 }
 
 absl::StatusOr<std::unique_ptr<DlrmModel>> DlrmModel::Create(
-    const DlrmConfig& config) {
+    const DlrmConfig& config, const kernels::ExecContext& ctx) {
   RETURN_IF_ERROR(ValidateDlrmConfig(config));
-  std::unique_ptr<DlrmModel> model(new DlrmModel(config));
-  model->InitParameters();
+  RETURN_IF_ERROR(kernels::CheckDeviceUsable(ctx.device, ctx.cuda_device));
+  std::unique_ptr<DlrmModel> model(new DlrmModel(config, ctx));
+  RETURN_IF_ERROR(model->Allocate());
+  RETURN_IF_ERROR(model->InitParameters());
   return model;
 }
 
-DlrmModel::DlrmModel(const DlrmConfig& config) : config_(config) {
+DlrmModel::DlrmModel(const DlrmConfig& config, const kernels::ExecContext& ctx)
+    : config_(config), device_(ctx.device), cuda_device_(ctx.cuda_device) {
   interaction_width_ = kernels::DotInteractionOutputWidth(
       config.num_sparse, config.embedding_dim);
   int64_t offset = 0;
@@ -112,13 +115,30 @@ DlrmModel::DlrmModel(const DlrmConfig& config) : config_(config) {
     add(in, config.top_mlp[i], /*relu=*/i + 1 < config.top_mlp.size());
     in = config.top_mlp[i];
   }
-  params_.assign(static_cast<size_t>(offset), 0.0f);
-  grads_.assign(static_cast<size_t>(offset), 0.0f);
-  act_.resize(layers_.size());
-  grad_act_.resize(layers_.size());
+  for (kernels::DeviceBuffer* b :
+       {&params_, &grads_, &dense_in_, &pooled_in_, &interaction_,
+        &grad_interaction_, &grad_pooled_, &labels_, &loss_}) {
+    *b = NewBuffer();
+  }
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    act_.push_back(NewBuffer());
+    grad_act_.push_back(NewBuffer());
+  }
 }
 
-void DlrmModel::InitParameters() {
+absl::Status DlrmModel::Allocate() {
+  const size_t n = layers_.empty()
+                       ? 0
+                       : static_cast<size_t>(layers_.back().bias_offset +
+                                             layers_.back().out);
+  RETURN_IF_ERROR(params_.Resize(n));
+  RETURN_IF_ERROR(grads_.Resize(n));
+  return loss_.Resize(1);
+}
+
+absl::Status DlrmModel::InitParameters() {
+  // Computed on the host (the same bits for every device), then copied.
+  std::vector<float> host(params_.size(), 0.0f);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& layer = layers_[l];
     const bool bottom = l < num_bottom_;
@@ -133,7 +153,7 @@ void DlrmModel::InitParameters() {
     weight_init.b = static_cast<float>(
         std::sqrt(2.0 / (static_cast<double>(layer.in) + layer.out)));
     const uint64_t weight_key = StableNameKey(absl::StrCat(name, ".weight"));
-    float* w = params_.data() + layer.weight_offset;
+    float* w = host.data() + layer.weight_offset;
     for (int64_t row = 0; row < layer.out; ++row) {
       InitRow(weight_init, config_.seed, weight_key, row,
               static_cast<int>(layer.in), w + row * layer.in);
@@ -142,23 +162,85 @@ void DlrmModel::InitParameters() {
     bias_init.b = static_cast<float>(std::sqrt(1.0 / layer.out));
     InitRow(bias_init, config_.seed, StableNameKey(absl::StrCat(name, ".bias")),
             /*id=*/0, static_cast<int>(layer.out),
-            params_.data() + layer.bias_offset);
+            host.data() + layer.bias_offset);
   }
+  return WriteParameters(host);
 }
 
-void DlrmModel::Reserve(int64_t batch) {
-  if (batch <= capacity_) return;
-  dense_in_.resize(Floats(batch, config_.num_dense));
-  pooled_in_.resize(
-      Floats(batch, static_cast<int64_t>(config_.num_sparse) *
-                        config_.embedding_dim));
-  interaction_.resize(Floats(batch, interaction_width_));
-  grad_interaction_.resize(Floats(batch, interaction_width_));
+namespace {
+
+// A context for the model's own copies outside a step (init, checkpoints):
+// the whole device (its streams are non-blocking): see Synchronize.
+kernels::ExecContext CopyContext(kernels::Device device, int cuda_device) {
+  kernels::ExecContext ctx;
+  ctx.device = device;
+  ctx.cuda_device = cuda_device;
+  return ctx;
+}
+
+}  // namespace
+
+absl::Status DlrmModel::ReadParameters(std::vector<float>* out) const {
+  const kernels::ExecContext ctx = CopyContext(device_, cuda_device_);
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));  // queued steps first
+  out->resize(params_.size());
+  RETURN_IF_ERROR(kernels::CopyToHost(out->data(), params_.data(),
+                                      params_.size(), ctx));
+  return kernels::Synchronize(ctx);
+}
+
+absl::Status DlrmModel::ReadGradients(std::vector<float>* out) const {
+  const kernels::ExecContext ctx = CopyContext(device_, cuda_device_);
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));  // queued steps first
+  out->resize(grads_.size());
+  RETURN_IF_ERROR(
+      kernels::CopyToHost(out->data(), grads_.data(), grads_.size(), ctx));
+  return kernels::Synchronize(ctx);
+}
+
+absl::Status DlrmModel::WriteParameters(absl::Span<const float> values) {
+  if (values.size() != params_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DlrmModel::WriteParameters: ", values.size(),
+        " values for a model of ", params_.size(), " parameters"));
+  }
+  const kernels::ExecContext ctx = CopyContext(device_, cuda_device_);
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));  // queued readers first
+  RETURN_IF_ERROR(kernels::CopyToDevice(params_.data(), values.data(),
+                                        values.size(), ctx));
+  return kernels::Synchronize(ctx);
+}
+
+absl::Status DlrmModel::CheckContext(const kernels::ExecContext& ctx,
+                                     const char* op) const {
+  if (ctx.device == device_ &&
+      (device_ == kernels::Device::kCpu || ctx.cuda_device == cuda_device_)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "DlrmModel::", op, ": the model lives on ",
+      kernels::DeviceName(device_, cuda_device_), " but the context is ",
+      kernels::DeviceName(ctx.device, ctx.cuda_device)));
+}
+
+absl::Status DlrmModel::Reserve(int64_t batch) {
+  if (batch <= capacity_) return absl::OkStatus();
+  RETURN_IF_ERROR(dense_in_.Resize(Floats(batch, config_.num_dense)));
+  const size_t pooled = Floats(
+      batch, static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim);
+  RETURN_IF_ERROR(pooled_in_.Resize(pooled));
+  RETURN_IF_ERROR(interaction_.Resize(Floats(batch, interaction_width_)));
+  RETURN_IF_ERROR(grad_interaction_.Resize(Floats(batch, interaction_width_)));
   for (size_t l = 0; l < layers_.size(); ++l) {
-    act_[l].resize(Floats(batch, layers_[l].out));
-    grad_act_[l].resize(Floats(batch, layers_[l].out));
+    RETURN_IF_ERROR(act_[l].Resize(Floats(batch, layers_[l].out)));
+    RETURN_IF_ERROR(grad_act_[l].Resize(Floats(batch, layers_[l].out)));
+  }
+  if (device_ != kernels::Device::kCpu) {
+    // The CPU path writes d loss / d pooled straight to the caller's buffer.
+    RETURN_IF_ERROR(grad_pooled_.Resize(pooled));
   }
   capacity_ = batch;
+  return absl::OkStatus();
 }
 
 const float* DlrmModel::LayerInput(size_t l) const {
@@ -250,54 +332,112 @@ absl::Status DlrmModel::ForwardLayers(const kernels::ExecContext& ctx) {
   return absl::OkStatus();
 }
 
-absl::Status DlrmModel::Forward(int64_t batch, const float* dense,
-                                const float* pooled, float* logits,
-                                const kernels::ExecContext& ctx) {
+absl::Status DlrmModel::LoadInputs(int64_t batch, const float* dense,
+                                   const float* pooled,
+                                   const kernels::ExecContext& ctx,
+                                   bool pooled_in_place) {
   batch_ = -1;  // a failed Forward leaves nothing for Backward
+  RETURN_IF_ERROR(CheckContext(ctx, "Forward"));
   if (batch < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("DlrmModel::Forward: negative batch ", batch));
   }
-  if (batch > 0 &&
-      (dense == nullptr || pooled == nullptr || logits == nullptr)) {
+  if (batch > 0 && (dense == nullptr || (pooled == nullptr && !pooled_in_place))) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "DlrmModel::Forward: ",
-        dense == nullptr ? "dense" : pooled == nullptr ? "pooled" : "logits",
+        "DlrmModel::Forward: ", dense == nullptr ? "dense" : "pooled",
         " is null (batch=", batch, ")"));
   }
-  Reserve(batch);
+  RETURN_IF_ERROR(Reserve(batch));
   // Copies, so Backward does not depend on the caller's buffers (which may
   // be refilled, or be grad_pooled itself, before Backward runs).
-  std::copy(dense, dense + Floats(batch, config_.num_dense),
-            dense_in_.begin());
-  std::copy(pooled,
-            pooled + Floats(batch, static_cast<int64_t>(config_.num_sparse) *
-                                       config_.embedding_dim),
-            pooled_in_.begin());
-  batch_ = batch;
-  const absl::Status status = ForwardLayers(ctx);
-  if (!status.ok()) {
-    batch_ = -1;
-    return status;
+  RETURN_IF_ERROR(kernels::CopyToDevice(
+      dense_in_.data(), dense, Floats(batch, config_.num_dense), ctx));
+  if (!pooled_in_place) {
+    RETURN_IF_ERROR(kernels::CopyToDevice(
+        pooled_in_.data(), pooled,
+        Floats(batch,
+               static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim),
+        ctx));
   }
-  // The last layer has width 1: its output is the logits vector.
-  std::copy(act_.back().begin(), act_.back().begin() + batch, logits);
+  batch_ = batch;
   return absl::OkStatus();
 }
 
-absl::Status DlrmModel::Backward(const float* grad_logits, float* grad_pooled,
-                                 const kernels::ExecContext& ctx) {
+absl::Status DlrmModel::ForwardToHost(int64_t batch, float* logits,
+                                      const kernels::ExecContext& ctx) {
+  absl::Status status = ForwardLayers(ctx);
+  // The last layer has width 1: its output is the logits vector.
+  if (status.ok()) {
+    status = kernels::CopyToHost(logits, act_.back().data(),
+                                 static_cast<size_t>(batch), ctx);
+  }
+  if (status.ok()) status = kernels::Synchronize(ctx);
+  if (!status.ok()) batch_ = -1;
+  return status;
+}
+
+absl::Status DlrmModel::Forward(int64_t batch, const float* dense,
+                                const float* pooled, float* logits,
+                                const kernels::ExecContext& ctx) {
+  if (batch > 0 && logits == nullptr) {
+    batch_ = -1;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DlrmModel::Forward: logits is null (batch=", batch, ")"));
+  }
+  RETURN_IF_ERROR(LoadInputs(batch, dense, pooled, ctx));
+  return ForwardToHost(batch, logits, ctx);
+}
+
+absl::StatusOr<float*> DlrmModel::PooledInput(int64_t batch) {
+  batch_ = -1;
+  if (batch < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DlrmModel::PooledInput: negative batch ", batch));
+  }
+  RETURN_IF_ERROR(Reserve(batch));
+  return pooled_in_.data();
+}
+
+absl::Status DlrmModel::ForwardPooledInPlace(int64_t batch, const float* dense,
+                                             float* logits,
+                                             const kernels::ExecContext& ctx) {
+  if (batch > capacity_) {
+    batch_ = -1;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "DlrmModel::ForwardPooledInPlace: batch ", batch, " is larger than "
+        "the PooledInput reserved (", capacity_, ")"));
+  }
+  if (batch > 0 && logits == nullptr) {
+    batch_ = -1;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DlrmModel::ForwardPooledInPlace: logits is null (batch=", batch, ")"));
+  }
+  RETURN_IF_ERROR(LoadInputs(batch, dense, nullptr, ctx, /*pooled_in_place=*/true));
+  return ForwardToHost(batch, logits, ctx);
+}
+
+absl::StatusOr<const float*> DlrmModel::BackwardToDevice(
+    const float* grad_logits, const kernels::ExecContext& ctx) {
   if (batch_ < 0) {
     return absl::FailedPreconditionError(
-        "DlrmModel::Backward: no successful Forward to differentiate");
+        "DlrmModel::BackwardToDevice: no successful Forward to differentiate");
   }
-  if (batch_ > 0 && (grad_logits == nullptr || grad_pooled == nullptr)) {
+  RETURN_IF_ERROR(CheckContext(ctx, "BackwardToDevice"));
+  if (batch_ > 0 && grad_logits == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "DlrmModel::Backward: ",
-        grad_logits == nullptr ? "grad_logits" : "grad_pooled",
-        " is null (batch=", batch_, ")"));
+        "DlrmModel::BackwardToDevice: grad_logits is null (batch=", batch_, ")"));
   }
-  std::copy(grad_logits, grad_logits + batch_, grad_act_.back().begin());
+  RETURN_IF_ERROR(grad_pooled_.Resize(
+      Floats(capacity_,
+             static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim)));
+  RETURN_IF_ERROR(kernels::CopyToDevice(grad_act_.back().data(), grad_logits,
+                                        static_cast<size_t>(batch_), ctx));
+  RETURN_IF_ERROR(BackwardLayers(grad_pooled_.data(), ctx));
+  return static_cast<const float*>(grad_pooled_.data());
+}
+
+absl::Status DlrmModel::BackwardLayers(float* grad_pooled,
+                                       const kernels::ExecContext& ctx) {
   for (size_t l = layers_.size(); l-- > num_bottom_;) {
     float* grad_x =
         l == num_bottom_ ? grad_interaction_.data() : grad_act_[l - 1].data();
@@ -321,6 +461,31 @@ absl::Status DlrmModel::Backward(const float* grad_logits, float* grad_pooled,
   return absl::OkStatus();
 }
 
+absl::Status DlrmModel::Backward(const float* grad_logits, float* grad_pooled,
+                                 const kernels::ExecContext& ctx) {
+  if (batch_ < 0) {
+    return absl::FailedPreconditionError(
+        "DlrmModel::Backward: no successful Forward to differentiate");
+  }
+  RETURN_IF_ERROR(CheckContext(ctx, "Backward"));
+  if (batch_ > 0 && (grad_logits == nullptr || grad_pooled == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DlrmModel::Backward: ",
+        grad_logits == nullptr ? "grad_logits" : "grad_pooled",
+        " is null (batch=", batch_, ")"));
+  }
+  RETURN_IF_ERROR(kernels::CopyToDevice(grad_act_.back().data(), grad_logits,
+                                        static_cast<size_t>(batch_), ctx));
+  if (device_ == kernels::Device::kCpu) return BackwardLayers(grad_pooled, ctx);
+  RETURN_IF_ERROR(BackwardLayers(grad_pooled_.data(), ctx));
+  RETURN_IF_ERROR(kernels::CopyToHost(
+      grad_pooled, grad_pooled_.data(),
+      Floats(batch_,
+             static_cast<int64_t>(config_.num_sparse) * config_.embedding_dim),
+      ctx));
+  return kernels::Synchronize(ctx);
+}
+
 absl::StatusOr<float> DlrmTrainStep(DlrmModel& model, int64_t batch,
                                     const float* dense, const float* pooled,
                                     const float* labels, float* grad_pooled,
@@ -333,25 +498,56 @@ absl::StatusOr<float> DlrmTrainStep(DlrmModel& model, int64_t batch,
   if (labels == nullptr) {
     return absl::InvalidArgumentError("DlrmTrainStep: labels is null");
   }
-  // Grow-only scratch, like the activations.
-  if (model.logits_.size() < static_cast<size_t>(batch)) {
-    model.logits_.resize(static_cast<size_t>(batch));
-    model.grad_logits_.resize(static_cast<size_t>(batch));
+  if (grad_pooled == nullptr) {
+    return absl::InvalidArgumentError("DlrmTrainStep: grad_pooled is null");
   }
-  RETURN_IF_ERROR(
-      model.Forward(batch, dense, pooled, model.logits_.data(), ctx));
+  const size_t n = static_cast<size_t>(batch);
+  RETURN_IF_ERROR(model.LoadInputs(batch, dense, pooled, ctx));
+  absl::Status status = model.ForwardLayers(ctx);
+  // Everything from here to the copies back runs on the device: the loss
+  // reads the logits in place (the last layer's output).
+  const float* device_labels = labels;
+  if (status.ok() && model.device_ != kernels::Device::kCpu) {
+    status = model.labels_.Resize(n);
+    if (status.ok()) {
+      status = kernels::CopyToDevice(model.labels_.data(), labels, n, ctx);
+    }
+    device_labels = model.labels_.data();
+  }
   float loss = 0.0f;
-  kernels::SigmoidBceArgs la;
-  la.n = batch;
-  la.logits = model.logits_.data();
-  la.labels = labels;
-  la.loss = &loss;
-  la.grad_logits = model.grad_logits_.data();
-  RETURN_IF_ERROR(kernels::SigmoidBce(la, ctx));
-  RETURN_IF_ERROR(model.Backward(model.grad_logits_.data(), grad_pooled, ctx));
-  if (logits_out != nullptr) {
-    std::copy(model.logits_.begin(), model.logits_.begin() + batch, logits_out);
+  if (status.ok()) {
+    kernels::SigmoidBceArgs la;
+    la.n = batch;
+    la.logits = model.act_.back().data();
+    la.labels = device_labels;
+    la.loss = model.device_ == kernels::Device::kCpu ? &loss
+                                                      : model.loss_.data();
+    la.grad_logits = model.grad_act_.back().data();
+    status = kernels::SigmoidBce(la, ctx);
   }
+  if (status.ok()) {
+    status = model.BackwardLayers(model.device_ == kernels::Device::kCpu
+                                      ? grad_pooled
+                                      : model.grad_pooled_.data(),
+                                  ctx);
+  }
+  if (!status.ok()) {
+    model.batch_ = -1;
+    return status;
+  }
+  if (model.device_ != kernels::Device::kCpu) {
+    RETURN_IF_ERROR(kernels::CopyToHost(
+        grad_pooled, model.grad_pooled_.data(),
+        Floats(batch, static_cast<int64_t>(model.config_.num_sparse) *
+                          model.config_.embedding_dim),
+        ctx));
+    RETURN_IF_ERROR(kernels::CopyToHost(&loss, model.loss_.data(), 1, ctx));
+  }
+  if (logits_out != nullptr) {
+    RETURN_IF_ERROR(
+        kernels::CopyToHost(logits_out, model.act_.back().data(), n, ctx));
+  }
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));
   return loss;
 }
 
