@@ -33,6 +33,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateCudaStore(
                                     std::move(backend));
 #else
   // CheckCudaDevice refuses every device in a build without CUDA.
+  (void)tables;
   return absl::InternalError("unreachable: CUDA store without CUDA");
 #endif
 }
