@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <thread>
 #include <atomic>
@@ -25,6 +26,10 @@
 #include "tests/server/shard/gpu_test_util.h"
 #include "tests/testing/table_specs.h"
 
+namespace recps::kernels {
+void PrintTo(OptimizerKind k, std::ostream* os) { *os << static_cast<int>(k); }
+}  // namespace recps::kernels
+
 namespace recps::server {
 namespace {
 
@@ -33,6 +38,9 @@ using ::testing::HasSubstr;
 using testing::TestTableSpec;
 
 enum class Backend { kCpuTwin, kCuda };
+void PrintTo(Backend b, std::ostream* os) {
+  *os << (b == Backend::kCpuTwin ? "cpu-twin" : "cuda");
+}
 
 constexpr uint32_t kSlots = 16;
 constexpr int64_t kFixedRows = 500;
