@@ -520,13 +520,16 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
                                                        int64_t num_rows,
                                                        int dim, int64_t batch,
                                                        int iters) {
-  if (dim % 4 != 0 || num_rows < 1 || batch < 1 || iters < 1) {
+  if (dim % 4 != 0 || num_rows < 1 || batch < 1 || batch > num_rows ||
+      iters < 1) {
     return absl::InvalidArgumentError(
-        "gather benchmark: dim must be a multiple of 4, sizes >= 1");
+        "gather benchmark: dim must be a multiple of 4, 1 <= batch <= rows");
   }
   RETURN_IF_ERROR(kernels::CheckCudaDevice(device));
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "cudaSetDevice");
-  const int64_t stride = (dim + 3) / 4 * 4;
+  // Adagrad rows: weights and their sums of squares side by side.
+  const int64_t stride =
+      kernels::FusedRowStride(kernels::OptimizerKind::kAdagrad, dim);
   float* arena = nullptr;
   float* out = nullptr;
   float* copy = nullptr;
@@ -535,16 +538,24 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
   RETURN_IF_CUDA_ERROR(
       cudaMalloc(&arena, static_cast<size_t>(num_rows) * stride * sizeof(float)),
       "cudaMalloc");
+  RETURN_IF_CUDA_ERROR(
+      cudaMemset(arena, 0, static_cast<size_t>(num_rows) * stride * sizeof(float)),
+      "cudaMemset");
   RETURN_IF_CUDA_ERROR(cudaMalloc(&out, out_bytes), "cudaMalloc");
   RETURN_IF_CUDA_ERROR(cudaMalloc(&copy, out_bytes), "cudaMalloc");
+  RETURN_IF_CUDA_ERROR(cudaMemset(out, 0, out_bytes), "cudaMemset");
   RETURN_IF_CUDA_ERROR(cudaMalloc(&rows, batch * sizeof(int64_t)), "cudaMalloc");
-  std::vector<int64_t> h(batch);
+  // Distinct random rows (the update requires them distinct): a partial
+  // Fisher-Yates shuffle of [0, num_rows).
+  std::vector<int64_t> perm(num_rows);
+  for (int64_t i = 0; i < num_rows; ++i) perm[i] = i;
   uint64_t x = 42;
   for (int64_t i = 0; i < batch; ++i) {
     x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    h[i] = static_cast<int64_t>((x >> 17) % static_cast<uint64_t>(num_rows));
+    const int64_t j = i + static_cast<int64_t>((x >> 17) % static_cast<uint64_t>(num_rows - i));
+    std::swap(perm[i], perm[j]);
   }
-  RETURN_IF_CUDA_ERROR(cudaMemcpy(rows, h.data(), batch * sizeof(int64_t),
+  RETURN_IF_CUDA_ERROR(cudaMemcpy(rows, perm.data(), batch * sizeof(int64_t),
                                   cudaMemcpyHostToDevice),
                        "cudaMemcpy");
   cudaEvent_t a, b;
@@ -569,17 +580,38 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
   r.memcpy_ms = time([&] {
     cudaMemcpyAsync(copy, out, out_bytes, cudaMemcpyDeviceToDevice);
   });
+  kernels::FusedUpdateArgs args;
+  args.rows = arena;
+  args.num_rows = num_rows;
+  args.row_stride = stride;
+  args.dim = dim;
+  args.row_indices = rows;
+  args.num_updates = batch;
+  args.grads = out;  // zeros: the rows stay finite however often it runs
+  args.optimizer.kind = kernels::OptimizerKind::kAdagrad;
+  args.optimizer.learning_rate = 0.01f;
+  kernels::ExecContext ctx;
+  ctx.device = kernels::Device::kCuda;
+  ctx.cuda_device = device;
+  absl::Status update_status;
+  r.update_ms = time([&] {
+    absl::Status s = kernels::FusedOptimizerUpdate(args, ctx);
+    if (!s.ok() && update_status.ok()) update_status = s;
+  });
   const cudaError_t err = cudaGetLastError();
-  // Bytes moved: the gather reads and writes out_bytes (plus the row
-  // numbers); the copy reads and writes out_bytes.
+  // Bytes moved: the gather reads and writes out_bytes; the copy reads and
+  // writes out_bytes; the Adagrad update reads and writes weights and sums
+  // and reads the gradient (5 x out_bytes).
   r.gather_gbps = 2.0 * out_bytes / (r.gather_ms * 1e6);
   r.memcpy_gbps = 2.0 * out_bytes / (r.memcpy_ms * 1e6);
+  r.update_gbps = 5.0 * out_bytes / (r.update_ms * 1e6);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   cudaFree(arena);
   cudaFree(out);
   cudaFree(copy);
   cudaFree(rows);
+  RETURN_IF_ERROR(update_status);
   RETURN_IF_CUDA_ERROR(err, "gather benchmark");
   return r;
 }

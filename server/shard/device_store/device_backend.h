@@ -95,14 +95,15 @@ absl::StatusOr<std::unique_ptr<DeviceBackend>> CreateCudaBackend(
 // Bytes the CUDA backend's lanes take in GPU memory.
 int64_t CudaBackendScratchBytes(int lanes, int64_t lane_bytes);
 
-// The physical anchor of the store's lookups (bench/): the backend's
-// row-gather kernel over `batch` random rows of a num_rows x dim table
-// against a device-to-device cudaMemcpy of the same output bytes, each
-// timed with events over `iters` runs. GB/s count bytes read + written.
-// REQUIRES: dim % 4 == 0.
+// The physical anchor of the store's lookups and pushes (bench/): the
+// backend's row-gather kernel over `batch` distinct random rows of a
+// num_rows x dim Adagrad table, and the fused Adagrad update of those rows,
+// against a device-to-device cudaMemcpy of the gathered bytes, each timed
+// with events over `iters` runs. GB/s count bytes read + written.
+// REQUIRES: dim % 4 == 0, batch <= num_rows.
 struct GatherBandwidth {
-  double gather_ms = 0, memcpy_ms = 0;
-  double gather_gbps = 0, memcpy_gbps = 0;
+  double gather_ms = 0, memcpy_ms = 0, update_ms = 0;
+  double gather_gbps = 0, memcpy_gbps = 0, update_gbps = 0;
 };
 absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
                                                        int64_t num_rows,
