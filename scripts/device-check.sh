@@ -24,6 +24,9 @@ GPU_TEST_TARGETS=(
 # Benchmarks: "target|arguments" (RESULTS is replaced by the results folder).
 GPU_BENCHES=(
   "recps_device_store_bench|--json=RESULTS/device_store_bench.json"
+  # The GPU store through a real recps-shard (lookups, then pushes).
+  "recps_shard_bench|--shard_flag=--device=cuda:0 --op=lookup --ids=65536 --seconds_per_case=2 --rounds=2"
+  "recps_shard_bench|--shard_flag=--device=cuda:0 --op=push --ids=65536 --seconds_per_case=2 --rounds=2 --optimizer=adagrad"
 )
 # ---------------------------------------------------------------------
 
@@ -62,6 +65,7 @@ if command -v ccache >/dev/null; then
 fi
 bench_targets=()
 for b in "${GPU_BENCHES[@]}"; do bench_targets+=("${b%%|*}"); done
+mapfile -t bench_targets < <(printf "%s\n" "${bench_targets[@]}" | sort -u)
 if ! cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DRECPS_REQUIRE_CUDA=ON \
      "${launcher[@]}" > "$RESULTS/configure.log" 2>&1; then
   tail -30 "$RESULTS/configure.log"
@@ -104,19 +108,23 @@ else
   step gpu-tests ok "$total_line, $(( $(date +%s) - t0 )) s"
 fi
 
+n=0
 for b in "${GPU_BENCHES[@]}"; do
+  n=$((n + 1))
   target=${b%%|*}
   args=${b#*|}
   args=${args//RESULTS/$RESULTS}
   bin=$(find "$BUILD_DIR" -type f -name "$target" -perm -u+x | head -1)
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  if timeout 180 "$bin" $args > "$RESULTS/$target.log" 2>&1; then
-    cat "$RESULTS/$target.log"
-    step "$target" ok "$(( $(date +%s) - t0 )) s"
+  log="$RESULTS/bench-$n-$target.log"
+  echo "== $target $args"
+  if timeout 180 "$bin" $args > "$log" 2>&1; then
+    tail -12 "$log"
+    step "$n. $target" ok "$(( $(date +%s) - t0 )) s"
   else
-    tail -20 "$RESULTS/$target.log"
-    step "$target" FAIL "see $target.log"
+    tail -20 "$log"
+    step "$n. $target" FAIL "see $(basename "$log")"
   fi
 done
 step total ok "$(( $(date +%s) - start )) s"
