@@ -441,5 +441,50 @@ TEST(DeviceStoreCuda, ConcurrentLookupsOnSeparateLanesMatchTheTwin) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+#if defined(RECPS_HAVE_CUDA)
+// Lanes of 64 KiB: every call is cut into many chunks (a 64k-id lookup of
+// width 16 is ~80 chunks), and one lane serialises concurrent callers.
+TEST(DeviceStoreCuda, BatchesLargerThanALaneGoInChunks) {
+  RECPS_REQUIRE_GPU_OR_SKIP();
+  auto backend = device_store::CreateCudaBackend(0, /*lanes=*/1, 64 << 10);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto cuda = CreateDeviceEmbeddingStore(Specs(OptimizerKind::kAdam),
+                                         Options(1 << 17), *std::move(backend));
+  auto twin = CreateCpuTwinEmbeddingStore(Specs(OptimizerKind::kAdam),
+                                          Options(1 << 17));
+  ASSERT_TRUE(cuda.ok() && twin.ok()) << cuda.status();
+  std::vector<int64_t> ids(65536);
+  for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k) * 3 - 7;
+  std::vector<float> a(ids.size() * 16), b(ids.size() * 16);
+  ASSERT_TRUE((*twin)->Lookup(1, ids, a.data()).ok());
+  ASSERT_TRUE((*cuda)->Lookup(1, ids, b.data()).ok());
+  ASSERT_EQ(a, b);
+  std::vector<float> grads(ids.size() * 16);
+  for (size_t k = 0; k < grads.size(); ++k) grads[k] = 0.001f * static_cast<float>(k % 97);
+  ASSERT_TRUE((*twin)->ApplyGradients(1, ids, grads.data()).ok());
+  ASSERT_TRUE((*cuda)->ApplyGradients(1, ids, grads.data()).ok());
+  ASSERT_TRUE((*twin)->Lookup(1, ids, a.data()).ok());
+  ASSERT_TRUE((*cuda)->Lookup(1, ids, b.data()).ok());
+  for (size_t k = 0; k < a.size(); ++k) {
+    ASSERT_NEAR(a[k], b[k], 1e-6 * std::max(1.0f, std::fabs(a[k]))) << k;
+  }
+  auto da = (*twin)->DropSlot(1, 5);
+  auto db = (*cuda)->DropSlot(1, 5);
+  ASSERT_TRUE(da.ok() && db.ok());
+  EXPECT_EQ(*da, *db);
+  for (uint32_t slot : {0u, 5u, 9u}) {
+    SlotCursor ca, cb;
+    SlotChunk x, y;
+    ASSERT_TRUE((*twin)->ExportSlot(1, slot, &ca, 1 << 20, &x).ok());
+    ASSERT_TRUE((*cuda)->ExportSlot(1, slot, &cb, 1 << 20, &y).ok());
+    ASSERT_EQ(x.ids, y.ids);
+    ASSERT_EQ(x.rows.size(), y.rows.size());
+    for (size_t k = 0; k < x.rows.size(); ++k) {
+      ASSERT_NEAR(x.rows[k], y.rows[k], 1e-6 * std::max(1.0f, std::fabs(x.rows[k])));
+    }
+  }
+}
+#endif
+
 }  // namespace
 }  // namespace recps::server
