@@ -25,6 +25,59 @@ bool CudaDeviceAvailable() {
   return available;
 }
 
+absl::StatusOr<int> CudaDeviceCount() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaSuccess) return count;
+  (void)cudaGetLastError();
+  if (NvidiaDeviceFilesPresent()) {
+    return absl::InternalError(absl::StrCat(
+        "an NVIDIA GPU is installed (/dev/nvidia*) but CUDA cannot "
+        "initialise: cudaGetDeviceCount: ",
+        cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+  }
+  return 0;
+}
+
+absl::Status CheckCudaDevice(int device) {
+  const std::string name = absl::StrCat("cuda:", device);
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    const char* why =
+        err == cudaErrorInsufficientDriver
+            ? "no usable NVIDIA driver"
+            : err == cudaErrorNoDevice ? "this machine has no CUDA GPU"
+                                       : "CUDA cannot initialise";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", name, ": ", why, " (cudaGetDeviceCount: ",
+        cudaGetErrorName(err), ": ", cudaGetErrorString(err),
+        "); run with --device=cpu"));
+  }
+  if (count == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", name, ": this machine has no CUDA GPU; run with "
+        "--device=cpu"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "device ", name, ": out of range: this machine has ", count,
+        " CUDA GPU(s), cuda:0 to cuda:", count - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaMemInfo(int device, int64_t* free_bytes,
+                         int64_t* total_bytes) {
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device), "cudaSetDevice");
+  size_t free_b = 0, total_b = 0;
+  RETURN_IF_CUDA_ERROR(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  *free_bytes = static_cast<int64_t>(free_b);
+  *total_bytes = static_cast<int64_t>(total_b);
+  return absl::OkStatus();
+}
+
 absl::Status CudaErrorToStatus(cudaError_t err, const char* op) {
   if (err == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(

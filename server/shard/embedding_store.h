@@ -208,8 +208,10 @@ class EmbeddingStore {
                                          SlotChunk* out) const = 0;
 };
 
-// The store for options.device: the host store for CPU. A GPU-resident
-// store does not exist yet: kCuda is FAILED_PRECONDITION saying so.
+// The store for options.device: the host store for CPU, the GPU store
+// (device_store/device_store.h) for CUDA, after checking that the GPU can
+// be used (FAILED_PRECONDITION naming cuda:N and why) and that the store
+// fits in its free memory (RESOURCE_EXHAUSTED with the footprint).
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options);
 

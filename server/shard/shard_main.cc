@@ -90,8 +90,7 @@ ABSL_FLAG(int64_t, max_parked_ids, int64_t{1} << 24,
           "most ids over all lookups waiting for their step; more are refused "
           "with RESOURCE_EXHAUSTED (1..2^34)");
 ABSL_FLAG(std::string, device, "cpu",
-          "where rows live: cpu (host memory); cuda:N is refused until the "
-          "GPU-resident store exists");
+          "where rows live: cpu (host memory) or cuda:N (GPU N; docs/gpu.md)");
 ABSL_FLAG(int, max_message_mb, 1024,
           "largest request accepted, in MiB (1..2047)");
 ABSL_FLAG(int, threads, 0,

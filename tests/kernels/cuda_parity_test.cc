@@ -22,6 +22,7 @@
 #include "kernels/interaction.h"
 #include "kernels/loss.h"
 #include "tests/kernels/test_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace recps::kernels {
 namespace {
@@ -156,7 +157,7 @@ constexpr PoolingMode kPoolings[] = {PoolingMode::kSum, PoolingMode::kMean,
                                      PoolingMode::kNone};
 
 TEST(CudaParityTest, EmbeddingBagForward) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kRows = 41, kBags = 40;
   const Jagged j = MakeJagged(kBags, 9, kRows, 7);
@@ -215,7 +216,7 @@ TEST(CudaParityTest, EmbeddingBagForward) {
 
 // Rows not 16-byte aligned must take the scalar path and still agree.
 TEST(CudaParityTest, EmbeddingBagForwardUnalignedRows) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kRows = 20, kBags = 12, kDim = 64;
   const Jagged j = MakeJagged(kBags, 6, kRows, 11);
@@ -245,7 +246,7 @@ TEST(CudaParityTest, EmbeddingBagForwardUnalignedRows) {
 // The device skips out-of-range indices: same as the CPU with those
 // positions weighted zero.
 TEST(CudaParityTest, EmbeddingBagForwardSkipsBadIndices) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kRows = 10, kDim = 8;
   const std::vector<float> f = RandomFloats(kRows * kDim, 3);
@@ -278,7 +279,7 @@ TEST(CudaParityTest, EmbeddingBagForwardSkipsBadIndices) {
 }
 
 TEST(CudaParityTest, EmbeddingBagRejectsBadArguments) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   DeviceBuffer<float> rows(64), weights(4), out(64);
   DeviceBuffer<int64_t> idx(std::vector<int64_t>{0, 1, 2, 3}),
       off(std::vector<int64_t>{0, 2, 4});
@@ -364,7 +365,7 @@ void CheckBackward(const Jagged& j, int64_t num_bags, int64_t num_rows, int dim,
 }
 
 TEST(CudaParityTest, EmbeddingBagBackward) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kRows = 37, kBags = 50;
   const Jagged j = MakeJagged(kBags, 12, kRows, 21);
@@ -383,7 +384,7 @@ TEST(CudaParityTest, EmbeddingBagBackward) {
 // Thousands of contributions to a few rows: summation order matters, and
 // must be the same on every run.
 TEST(CudaParityTest, EmbeddingBagBackwardManyDuplicatesIsDeterministic) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   const Jagged j = MakeJagged(2000, 40, 12, 5);
   CheckBackward(j, 2000, 12, 64, PoolingMode::kSum, true, cuda.ctx());
@@ -406,7 +407,7 @@ OptimizerParams TestParams(OptimizerKind kind) {
 }
 
 TEST(CudaParityTest, FusedOptimizerUpdateTwoSteps) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kRows = 30;
   for (OptimizerKind kind : kAllKinds) {
@@ -464,7 +465,7 @@ TEST(CudaParityTest, FusedOptimizerUpdateTwoSteps) {
 
 // The device skips out-of-range rows and updates the others.
 TEST(CudaParityTest, FusedOptimizerUpdateSkipsBadRows) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kRows = 8;
   constexpr int kDim = 16;
@@ -502,7 +503,7 @@ TEST(CudaParityTest, FusedOptimizerUpdateSkipsBadRows) {
 }
 
 TEST(CudaParityTest, DenseOptimizerStepTwoSteps) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   constexpr int64_t kN = 100003;
   for (OptimizerKind kind : kAllKinds) {
@@ -540,7 +541,7 @@ TEST(CudaParityTest, DenseOptimizerStepTwoSteps) {
 // ------------------------------------------------------- gemm, dense layer
 
 TEST(CudaParityTest, GemmEveryTranspose) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   const ExecContext& ctx = cuda.WithCublas();
   for (int64_t k : {31, 0}) {
@@ -580,7 +581,7 @@ TEST(CudaParityTest, GemmEveryTranspose) {
 }
 
 TEST(CudaParityTest, GemmNeedsCublasHandle) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   DeviceBuffer<float> a(4), b(4), c(4);
   GemmArgs g;
   g.m = g.n = g.k = 2;
@@ -593,7 +594,7 @@ TEST(CudaParityTest, GemmNeedsCublasHandle) {
 }
 
 TEST(CudaParityTest, BiasActivationForwardBackward) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   struct Shape {
     int64_t batch, n;
@@ -633,7 +634,7 @@ TEST(CudaParityTest, BiasActivationForwardBackward) {
 // ------------------------------------------------------ interaction, loss
 
 TEST(CudaParityTest, DotInteractionForwardBackward) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   struct Shape {
     int64_t batch;
@@ -682,7 +683,7 @@ TEST(CudaParityTest, DotInteractionForwardBackward) {
 }
 
 TEST(CudaParityTest, SigmoidBce) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no CUDA device";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
   for (int64_t n : {1, 1000, 100003, 3000000}) {
     SCOPED_TRACE(absl::StrCat("n=", n));

@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_util.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace recps::kernels {
 namespace {
@@ -89,7 +90,7 @@ TEST(DeviceMemory, CpuResourcesNeedNothing) {
 // Where no GPU can run (this machine, CI): every CUDA entry point says why,
 // naming the device, and nothing crashes.
 TEST(DeviceMemory, CudaWithoutAGpuIsRefusedNamingTheDevice) {
-  if (CudaDeviceAvailable()) GTEST_SKIP() << "a GPU is present";
+  RECPS_REQUIRE_NO_GPU_OR_SKIP();
   const absl::Status usable = CheckDeviceUsable(Device::kCuda, 1);
   EXPECT_TRUE(absl::IsFailedPrecondition(usable)) << usable;
   EXPECT_THAT(usable.message(), HasSubstr("device cuda:1"));
@@ -116,7 +117,7 @@ TEST(DeviceMemory, CudaWithoutAGpuIsRefusedNamingTheDevice) {
 // The GPU path: a round trip through device memory on the resources'
 // stream, growth keeping contents, and an out-of-range ordinal refused.
 TEST(DeviceMemoryCuda, BufferRoundTripOnTheStream) {
-  if (!CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   auto r = ExecResources::Create(Device::kCuda, 0, nullptr);
   ASSERT_TRUE(r.ok()) << r.status();  // a GPU is present: must initialise
   const ExecContext& ctx = (*r)->ctx();

@@ -24,6 +24,7 @@
 #include "kernels/cuda_util.h"
 #include "worker/collectives/gloo_collectives.h"
 #include "worker/collectives/nccl_collectives.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace recps::worker {
 namespace {
@@ -153,7 +154,7 @@ TEST(CoordinatorKeyValueStore, GlooRanksMeetThroughTheCoordinator) {
 // GPU; skipped without a GPU; a GPU build always has NCCL, so UNIMPLEMENTED
 // fails).
 TEST(CoordinatorKeyValueStore, NcclUniqueIdGoesThroughTheCoordinator) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   testing::TempDir dir;
   auto coordinator = InProcessCoordinator::Start(dir.path() + "/state");
   ASSERT_NE(coordinator, nullptr);

@@ -14,6 +14,7 @@
 #include "worker/model/dense_optimizer.h"
 #include "worker/model/dense_state.h"
 #include "worker/model/dlrm.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace recps::worker {
 namespace {
@@ -90,7 +91,7 @@ TEST(DlrmDeviceTest, HostCopiesOfTheParametersRoundTrip) {
 }
 
 TEST(DlrmDeviceTest, CudaModelWithoutAGpuIsRefusedNamingTheDevice) {
-  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a GPU is present";
+  RECPS_REQUIRE_NO_GPU_OR_SKIP();
   ExecContext cuda;
   cuda.device = Device::kCuda;
   cuda.cuda_device = 0;
@@ -109,7 +110,7 @@ TEST(DlrmDeviceTest, CudaModelWithoutAGpuIsRefusedNamingTheDevice) {
 class DlrmCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+    RECPS_REQUIRE_GPU_OR_SKIP();
     auto r = kernels::ExecResources::Create(Device::kCuda, 0, nullptr);
     ASSERT_TRUE(r.ok()) << r.status();
     gpu_resources_ = *std::move(r);

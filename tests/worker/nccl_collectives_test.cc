@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda_util.h"
 #include "worker/collectives/kv_store.h"
+#include "tests/testing/gpu_test_util.h"
 
 #if defined(RECPS_HAVE_NCCL)
 #include <cuda_runtime.h>
@@ -16,7 +17,7 @@ namespace recps::worker {
 namespace {
 
 TEST(NcclCollectivesTest, OneRankOnOneGpu) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
 #if !defined(RECPS_HAVE_NCCL)
   FAIL() << "a GPU is present but this build has no NCCL (CMake refuses a "
             "CUDA tree without NCCL; how was this built?)";
@@ -57,7 +58,7 @@ TEST(NcclCollectivesTest, OneRankOnOneGpu) {
 }
 
 TEST(NcclCollectivesTest, MissingRankZeroTimesOut) {
-  if (!recps::kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   InMemoryKeyValueStore store;
   absl::StatusOr<std::unique_ptr<Collectives>> c =
       CreateNcclCollectives(store, "nccl-missing", 1, 2, 0, absl::Seconds(1));

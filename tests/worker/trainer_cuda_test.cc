@@ -23,6 +23,7 @@
 #include "worker/collectives/nccl_collectives.h"
 #include "worker/data/synthetic.h"
 #include "worker/trainer.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace recps::worker {
 namespace {
@@ -204,7 +205,7 @@ void ExpectCurvesClose(const std::vector<float>& gpu, const std::vector<float>& 
 }
 
 TEST_F(TrainerDevice, CudaTrainerMatchesTheCpuOver50Steps) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   ThreadPool pool(2);
   TrainerOptions cpu;
   cpu.ctx.pool = &pool;
@@ -217,7 +218,7 @@ TEST_F(TrainerDevice, CudaTrainerMatchesTheCpuOver50Steps) {
 }
 
 TEST_F(TrainerDevice, CudaTrainerPoolingOnTheGpuMatchesTheCpu) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
   ThreadPool pool(2);
   TrainerOptions cpu;
   cpu.ctx.pool = &pool;
@@ -231,7 +232,7 @@ TEST_F(TrainerDevice, CudaTrainerPoolingOnTheGpuMatchesTheCpu) {
 }
 
 TEST_F(TrainerDevice, CudaTrainerWithOneRankNcclAllreduce) {
-  if (!kernels::CudaDeviceAvailable()) GTEST_SKIP() << "no GPU";
+  RECPS_REQUIRE_GPU_OR_SKIP();
 #if !defined(RECPS_HAVE_NCCL)
   FAIL() << "a GPU is present but this build has no NCCL";
 #else

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda_util.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/gpu_test_util.h"
 
 namespace recps {
 namespace {
@@ -140,7 +141,7 @@ TEST(WorkerEndToEnd, OversizedJobsAreRefusedNamingTheSetting) {
 // registers or connects anywhere) with exit code 2 and the reason; a device
 // name that is not one is refused the same way.
 TEST(WorkerEndToEnd, CudaDeviceWithoutAGpuExitsTwoNamingTheDevice) {
-  if (kernels::CudaDeviceAvailable()) GTEST_SKIP() << "a GPU is present";
+  RECPS_REQUIRE_NO_GPU_OR_SKIP();
   const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
   struct Case {
     std::string device, expected;

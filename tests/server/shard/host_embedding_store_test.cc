@@ -351,6 +351,9 @@ TEST(IdIndex, RefusedRowInsertsNothing) {
 }
 
 TEST(HostEmbeddingStore, IndexBytesFollowRowsThroughGrowth) {
+#if defined(RECPS_DEVICE_STORE_CONTRACT)
+  GTEST_SKIP() << "host store only: the device store allocates its index whole at start";
+#endif
   StoreOptions opt;
   opt.num_slots = 1;  // one index, so growth steps are visible
   auto store = MakeStore({Spec("t", 2)}, opt);

@@ -736,6 +736,9 @@ TEST(SlotTransfer, ExportAndDropWhileServing) {
 
 // A large drop gives its memory back: 200k rows of dim 64 (~51 MB of rows).
 TEST(SlotTransfer, DropReturnsMemory) {
+#if defined(RECPS_DEVICE_STORE_CONTRACT)
+  GTEST_SKIP() << "host store only: the device store keeps its arena allocated whole (GPU memory)";
+#endif
   constexpr uint32_t kTwoSlots = 2;
   auto store = MakeStore({Spec("big", 64, 0, OptimizerKind::kSgd, 0.1f)},
                          Options(kTwoSlots));

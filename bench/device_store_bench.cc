@@ -1,0 +1,196 @@
+// The device store's lookups and pushes against the GPU's physical anchor.
+//
+// Anchor (CUDA only): the store backend's row-gather kernel over 64k random
+// rows of a 1M x 64 table, and the fused Adagrad update of those rows, vs a
+// device-to-device cudaMemcpy of the gathered bytes, in the same run
+// (goals: gather >= 0.7 of memcpy, update >= 0.35). Then the
+// store itself (a fixed table of --rows rows of width 64, Adagrad): lookups
+// and pushes of 4k, 16k and 64k distinct random ids through the
+// EmbeddingStore interface (host ids in, host rows out: the copies to and
+// from the GPU included), as ids/s and GB/s of rows.
+//
+//   recps_device_store_bench [--backend=cuda|cpu-twin] [--rows=1048576]
+//       [--seconds_per_case=1] [--json=PATH]
+// Without a GPU, --backend=cuda prints that it skips and exits 0 (1 when a
+// GPU is installed but CUDA cannot initialise).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/cuda_util.h"
+#include "server/shard/device_store/device_backend.h"
+#include "server/shard/device_store/device_store.h"
+#include "server/shard/embedding_store.h"
+
+namespace recps {
+namespace {
+
+constexpr int kDim = 64;
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename Fn>
+double MedianSeconds(double seconds, Fn&& fn) {
+  std::vector<double> times;
+  const double start = Now();
+  while (Now() - start < seconds || times.size() < 5) {
+    const double t0 = Now();
+    if (!fn()) return -1;
+    times.push_back(Now() - t0);
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
+
+bool Flag(const char* arg, const char* name, std::string* value) {
+  const size_t n = std::strlen(name);
+  if (std::strncmp(arg, name, n) != 0 || arg[n] != '=') return false;
+  *value = arg + n + 1;
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  std::string backend = "cuda", json_path, v;
+  int64_t rows = int64_t{1} << 20;
+  double seconds = 1.0;
+  for (int i = 1; i < argc; ++i) {
+    if (Flag(argv[i], "--backend", &v)) {
+      backend = v;
+    } else if (Flag(argv[i], "--rows", &v)) {
+      rows = std::stoll(v);
+    } else if (Flag(argv[i], "--seconds_per_case", &v)) {
+      seconds = std::stod(v);
+    } else if (Flag(argv[i], "--json", &v)) {
+      json_path = v;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  std::vector<std::string> json;
+  const bool cuda = backend == "cuda";
+  if (cuda) {
+    const absl::StatusOr<int> gpus = kernels::CudaDeviceCount();
+    if (!gpus.ok()) {
+      std::fprintf(stderr, "FAIL: %s\n", gpus.status().ToString().c_str());
+      return 1;
+    }
+    if (*gpus == 0) {
+      std::printf("no CUDA GPU: skipping the device store benchmark\n");
+      return 0;
+    }
+#if defined(RECPS_HAVE_CUDA)
+    auto bw = server::device_store::MeasureGatherBandwidth(
+        0, rows, kDim, std::min<int64_t>(65536, rows), 50);
+    if (!bw.ok()) {
+      std::fprintf(stderr, "FAIL: %s\n", bw.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("anchor: gather of 64k rows %.1f GB/s, D2D memcpy %.1f GB/s, "
+                "ratio %.2f (goal >= 0.70); fused Adagrad update %.1f GB/s, "
+                "%.2f of memcpy (goal >= 0.35)\n",
+                bw->gather_gbps, bw->memcpy_gbps,
+                bw->gather_gbps / bw->memcpy_gbps, bw->update_gbps,
+                bw->update_gbps / bw->memcpy_gbps);
+    json.push_back(absl::StrCat(
+        "\"gather_gbps\": ", bw->gather_gbps, ", \"memcpy_gbps\": ",
+        bw->memcpy_gbps, ", \"gather_vs_memcpy\": ",
+        bw->gather_gbps / bw->memcpy_gbps, ", \"update_gbps\": ",
+        bw->update_gbps, ", \"update_vs_memcpy\": ",
+        bw->update_gbps / bw->memcpy_gbps));
+#endif
+  } else if (backend != "cpu-twin") {
+    std::fprintf(stderr, "--backend must be cuda or cpu-twin\n");
+    return 2;
+  }
+
+  config::TableSpec spec;
+  spec.name = "t";
+  spec.dim = kDim;
+  spec.num_rows = rows;
+  spec.optimizer.kind = kernels::OptimizerKind::kAdagrad;
+  spec.optimizer.learning_rate = 0.01f;
+  server::StoreOptions options;
+  options.num_slots = 4096;
+  options.device = cuda ? kernels::Device::kCuda : kernels::Device::kCpu;
+  auto store = cuda ? server::CreateEmbeddingStore({spec}, options)
+                    : server::CreateCpuTwinEmbeddingStore({spec}, options);
+  if (!store.ok()) {
+    std::fprintf(stderr, "FAIL: %s\n", store.status().ToString().c_str());
+    return 1;
+  }
+  // Create every row (lookups of the whole table).
+  {
+    const int64_t batch = 65536;
+    std::vector<int64_t> ids(batch);
+    std::vector<float> out(batch * kDim);
+    const double t0 = Now();
+    for (int64_t lo = 0; lo < rows; lo += batch) {
+      const int64_t n = std::min(batch, rows - lo);
+      for (int64_t k = 0; k < n; ++k) ids[k] = lo + k;
+      if (!(*store)->Lookup(0, absl::MakeSpan(ids.data(), n), out.data()).ok()) {
+        std::fprintf(stderr, "FAIL: filling the table\n");
+        return 1;
+      }
+    }
+    std::printf("%s store: created %lld rows in %.2f s\n", backend.c_str(),
+                static_cast<long long>(rows), Now() - t0);
+  }
+  std::mt19937_64 rng(1);
+  for (int64_t batch : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
+    // Distinct random ids.
+    std::vector<int64_t> ids(rows);
+    for (int64_t k = 0; k < rows; ++k) ids[k] = k;
+    std::shuffle(ids.begin(), ids.end(), rng);
+    ids.resize(std::min(batch, rows));
+    const int64_t n = static_cast<int64_t>(ids.size());
+    std::vector<float> out(n * kDim);
+    std::vector<float> grads(n * kDim, 1e-3f);
+    const double lookup = MedianSeconds(seconds, [&] {
+      return (*store)->Lookup(0, ids, out.data()).ok();
+    });
+    const double push = MedianSeconds(seconds, [&] {
+      return (*store)->ApplyGradients(0, ids, grads.data()).ok();
+    });
+    if (lookup < 0 || push < 0) {
+      std::fprintf(stderr, "FAIL: a lookup or push failed\n");
+      return 1;
+    }
+    const double bytes = static_cast<double>(n) * kDim * sizeof(float);
+    std::printf("%s store, %6lld ids: lookup %8.1f us (%6.1f M ids/s, "
+                "%6.2f GB/s of rows), push %8.1f us (%6.1f M ids/s)\n",
+                backend.c_str(), static_cast<long long>(n), lookup * 1e6,
+                n / lookup / 1e6, bytes / lookup / 1e9, push * 1e6,
+                n / push / 1e6);
+    json.push_back(absl::StrCat(
+        "\"lookup_", n, "_mids_per_s\": ", n / lookup / 1e6, ", \"lookup_", n,
+        "_gbps\": ", bytes / lookup / 1e9, ", \"push_", n,
+        "_mids_per_s\": ", n / push / 1e6));
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << "{\"backend\": \"" << backend << "\", \"rows\": " << rows << ", "
+      << absl::StrJoin(json, ", ") << "}\n";
+    if (!f) {
+      std::fprintf(stderr, "FAIL: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace recps
+
+int main(int argc, char** argv) { return recps::Main(argc, argv); }

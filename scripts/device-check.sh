@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU, configures and builds the
+# GPU tests and benchmarks (CUDA required), runs every GPU test and the GPU
+# benchmarks, prints a summary and writes the results as JSON under
+# RESULTS_DIR. Exits non-zero when a step fails, or when a GPU test skips on
+# a machine that has a GPU. Without a GPU it builds, says so and exits 0.
+# Fits in about 8 minutes on 16 cores (most of it the first build).
+#
+#   scripts/device-check.sh [RESULTS_DIR]     (default: device-check-results)
+#   BUILD_DIR (default build-gpu) and JOBS (default nproc) override.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# ---- What runs: the one place to add GPU tests and benchmarks. ----
+# ctest -R regex of the GPU test names (gtest suites/cases).
+GPU_TEST_REGEX='Cuda|Nccl|Gpu|Device'
+# Cases that check the start-up error without a GPU (they skip on a GPU).
+NO_GPU_TEST_REGEX='WithoutAGpu'
+# The targets holding them, built before ctest runs.
+GPU_TEST_TARGETS=(
+  recps_kernels_cuda_test
+  recps_device_store_test
+  recps_device_store_process_test
+  recps_device_memory_test
+  recps_worker_model_device_test
+  recps_trainer_device_test
+  recps_collectives_test
+  recps_coordinator_kv_store_test
+  recps-shard
+  recps-worker
+)
+# Benchmarks: "target|arguments" (RESULTS is replaced by the results folder).
+GPU_BENCHES=(
+  "recps_device_store_bench|--json=RESULTS/device_store_bench.json"
+  # The GPU store through a real recps-shard (lookups, then pushes).
+  "recps_shard_bench|--shard_flag=--device=cuda:0 --op=lookup --ids=65536 --seconds_per_case=2 --rounds=2"
+  "recps_shard_bench|--shard_flag=--device=cuda:0 --op=push --ids=65536 --seconds_per_case=2 --rounds=2 --optimizer=adagrad"
+)
+# ---------------------------------------------------------------------
+
+RESULTS=${1:-device-check-results}
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+JOBS=${JOBS:-$(nproc)}
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+summary=()
+failed=0
+step() {  # step NAME STATUS DETAIL
+  summary+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")")
+  [[ $2 == FAIL ]] && failed=1
+}
+finish() {
+  echo
+  echo "== device-check summary"
+  printf '%s\n' "${summary[@]}"
+  {
+    echo "{\"failed\": $failed, \"steps\": ["
+    local first=1
+    for s in "${summary[@]}"; do
+      [[ $first == 1 ]] || echo ","
+      first=0
+      printf '  "%s"' "$(echo "$s" | sed 's/"/\\"/g')"
+    done
+    echo "]}"
+  } > "$RESULTS/summary.json"
+  exit $failed
+}
+
+start=$(date +%s)
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+fi
+bench_targets=()
+for b in "${GPU_BENCHES[@]}"; do bench_targets+=("${b%%|*}"); done
+mapfile -t bench_targets < <(printf "%s\n" "${bench_targets[@]}" | sort -u)
+if ! cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DRECPS_REQUIRE_CUDA=ON \
+     "${launcher[@]}" > "$RESULTS/configure.log" 2>&1; then
+  tail -30 "$RESULTS/configure.log"
+  step configure FAIL "see $RESULTS/configure.log"
+  finish
+fi
+if ! cmake --build "$BUILD_DIR" -j "$JOBS" --target "${GPU_TEST_TARGETS[@]}" \
+     "${bench_targets[@]}" > "$RESULTS/build.log" 2>&1; then
+  grep -E "error|Error" "$RESULTS/build.log" | head -30
+  step build FAIL "see $RESULTS/build.log"
+  finish
+fi
+step build ok "$(( $(date +%s) - start )) s"
+
+gpu_present=0
+if ls /dev/nvidia[0-9]* >/dev/null 2>&1 || nvidia-smi -L >/dev/null 2>&1; then
+  gpu_present=1
+fi
+if [[ $gpu_present == 0 ]]; then
+  echo "no GPU present (no /dev/nvidia*, no nvidia-smi): built only, no GPU test run"
+  step gpu-tests skip "no GPU present"
+  finish
+fi
+nvidia-smi -L 2>/dev/null | head -4
+
+# GPU tests: every one must pass, none may skip (a GPU is present).
+t0=$(date +%s)
+ctest --test-dir "$BUILD_DIR" -R "$GPU_TEST_REGEX" -E "_NOT_BUILT|$NO_GPU_TEST_REGEX" -V \
+  --timeout 300 > "$RESULTS/gpu-tests.log" 2>&1
+rc=$?
+skipped=$(grep -c '\[  SKIPPED \]' "$RESULTS/gpu-tests.log")
+total_line=$(grep -E 'tests passed' "$RESULTS/gpu-tests.log" | tail -1)
+if [[ $rc != 0 ]]; then
+  grep -E '\*\*\*Failed|Failed  |FAILED' "$RESULTS/gpu-tests.log" | head -20
+  step gpu-tests FAIL "$total_line (see gpu-tests.log)"
+elif [[ $skipped != 0 ]]; then
+  grep -B2 '\[  SKIPPED \]' "$RESULTS/gpu-tests.log" | head -20
+  step gpu-tests FAIL "$skipped skipped with a GPU present"
+else
+  step gpu-tests ok "$total_line, $(( $(date +%s) - t0 )) s"
+fi
+
+n=0
+for b in "${GPU_BENCHES[@]}"; do
+  n=$((n + 1))
+  target=${b%%|*}
+  args=${b#*|}
+  args=${args//RESULTS/$RESULTS}
+  bin=$(find "$BUILD_DIR" -type f -name "$target" -perm -u+x | head -1)
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  log="$RESULTS/bench-$n-$target.log"
+  echo "== $target $args"
+  if timeout 180 "$bin" $args > "$log" 2>&1; then
+    tail -12 "$log"
+    step "$n. $target" ok "$(( $(date +%s) - t0 )) s"
+  else
+    tail -20 "$log"
+    step "$n. $target" FAIL "see $(basename "$log")"
+  fi
+done
+step total ok "$(( $(date +%s) - start )) s"
+finish

@@ -1,0 +1,889 @@
+// The device store (device_store.h) over a DeviceBackend.
+//
+// Snapshots are copy-on-write, as in the host store, not a copy of the
+// table at BeginSnapshot: every change goes through a writer here, which
+// knows the row's generation on the host, so the first change of a row
+// after the cut reads that row back from the device (one batched read per
+// push) into host memory first. BeginSnapshot then costs a generation bump,
+// and a snapshot costs host memory only for the rows trained meanwhile,
+// where a whole copy would cost the table's size in host memory and a
+// stall of a full device-to-host copy at every checkpoint.
+#include "server/shard/device_store/device_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/hashing.h"
+#include "common/human_bytes.h"
+#include "common/row_init.h"
+#include "common/status_macros.h"
+#include "kernels/embedding_optimizer.h"
+#include "server/shard/id_index.h"
+#include "server/shard/store_footprint.h"
+
+namespace recps::server {
+namespace {
+
+using device_store::DeviceBackend;
+using device_store::DeviceTable;
+using device_store::TableLayout;
+
+constexpr int kMaxDim = 4096;
+constexpr size_t kMaxNameLength = 64;
+
+// The host store's spec checks (host_embedding_store.cc), same messages.
+bool ValidName(const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameLength) return false;
+  for (unsigned char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+absl::Status ValidateSpec(const config::TableSpec& s, int index) {
+  if (!ValidName(s.name)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table ", index, ": name '", s.name,
+        "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
+  }
+  const std::string t = absl::StrCat("table '", s.name, "': ");
+  if (s.dim < 1 || s.dim > kMaxDim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(t, "dim is ", s.dim, "; it must be in 1..", kMaxDim));
+  }
+  if (s.num_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        t, "num_rows is ", s.num_rows, "; it must be >= 0 (0: dynamic)"));
+  }
+  if (absl::Status st = kernels::ValidateOptimizerParams(s.optimizer);
+      !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(t, "optimizer: ", st.message()));
+  }
+  const RowInit& in = s.init;
+  const bool finite = std::isfinite(in.a) && std::isfinite(in.b);
+  switch (in.distribution) {
+    case RowInit::Distribution::kUniform:
+      if (!finite || !(in.a < in.b)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            t, "init: uniform bounds [", in.a, ", ", in.b,
+            ") must be finite with low < high"));
+      }
+      break;
+    case RowInit::Distribution::kNormal:
+      if (!finite || !(in.b > 0)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            t, "init: normal mean ", in.a, " and stddev ", in.b,
+            " must be finite with stddev > 0"));
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          t, "init: unknown distribution ",
+          static_cast<int>(in.distribution)));
+  }
+  return absl::OkStatus();
+}
+
+int64_t CapacityOf(const config::TableSpec& spec, const StoreOptions& options) {
+  return spec.num_rows > 0 ? spec.num_rows : options.max_rows_per_table;
+}
+
+// The first repeated id, as the positions of its first two occurrences.
+std::optional<std::pair<size_t, size_t>> FindRepeated(
+    absl::Span<const int64_t> ids) {
+  absl::flat_hash_map<int64_t, size_t> seen;
+  seen.reserve(ids.size());
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const auto [it, inserted] = seen.try_emplace(ids[p], p);
+    if (!inserted) return std::make_pair(it->second, p);
+  }
+  return std::nullopt;
+}
+
+struct Table {
+  config::TableSpec spec;
+  uint64_t key = 0;
+  uint64_t seed = 0;
+  uint32_t num_slots = 0;
+  int64_t stride = 0;
+  int64_t capacity = 0;
+  int64_t index_capacity = 0;
+  std::unique_ptr<DeviceTable> dev;
+  std::atomic<int64_t> lookup_ids{0};
+  std::atomic<int64_t> update_ids{0};
+
+  // Readers: probes, gathers, exports. Writers: everything that changes a
+  // row, the index or the bookkeeping below.
+  mutable absl::Mutex mu;
+  // Per row r < rows(): its id, generation, and position in its slot's list.
+  std::vector<int64_t> row_ids ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> row_gens ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> row_pos ABSL_GUARDED_BY(mu);
+  // The rows of each slot, in no order.
+  std::vector<std::vector<int64_t>> slot_rows ABSL_GUARDED_BY(mu);
+  uint64_t write_gen ABSL_GUARDED_BY(mu) = 1;
+  uint64_t snapshot_cut ABSL_GUARDED_BY(mu) = 0;
+  // Rows as they were at the cut, copied aside before their first change.
+  absl::flat_hash_map<int64_t, int64_t> pre_at ABSL_GUARDED_BY(mu);  // id -> k
+  std::vector<float> pre_rows ABSL_GUARDED_BY(mu);     // k x stride
+  std::vector<uint64_t> pre_gens ABSL_GUARDED_BY(mu);  // gen at the cut
+  std::atomic<int64_t> rows{0};  // written under mu (writer)
+
+  uint32_t Slot(int64_t id) const { return SlotOf(key, id, num_slots); }
+  bool InRange(int64_t id) const {
+    return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
+  }
+  absl::Status CheckRange(absl::Span<const int64_t> ids) const {
+    if (spec.num_rows == 0) return absl::OkStatus();
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (!InRange(ids[p])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", spec.name, "': id ", ids[p], " (position ", p,
+            ") is outside [0, ", spec.num_rows, ")"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status FullError() const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table '", spec.name, "' is full: it holds ", capacity, " rows (",
+        spec.num_rows > 0 ? "its num_rows"
+                          : "StoreOptions.max_rows_per_table",
+        ")"));
+  }
+
+  // Bookkeeping of a new row r holding id. REQUIRES: mu held as a writer.
+  void AddRow(int64_t id, int64_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::vector<int64_t>& list = slot_rows[Slot(id)];
+    row_ids.push_back(id);
+    row_gens.push_back(write_gen);
+    row_pos.push_back(static_cast<int64_t>(list.size()));
+    list.push_back(r);
+    rows.store(r + 1, std::memory_order_relaxed);
+  }
+
+  // Before rows[k] change: copies aside those a snapshot still needs
+  // (first change since the cut) and stamps them all with write_gen.
+  absl::Status Touch(absl::Span<const int64_t> rs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (snapshot_cut != 0) {
+      std::vector<int64_t> save;
+      for (int64_t r : rs) {
+        if (row_gens[r] <= snapshot_cut && !pre_at.contains(row_ids[r])) {
+          save.push_back(r);
+        }
+      }
+      if (!save.empty()) {
+        const size_t first = pre_gens.size();
+        pre_rows.resize((first + save.size()) * stride);
+        RETURN_IF_ERROR(dev->ReadRows(save, pre_rows.data() + first * stride));
+        for (size_t k = 0; k < save.size(); ++k) {
+          pre_at.emplace(row_ids[save[k]], static_cast<int64_t>(first + k));
+          pre_gens.push_back(row_gens[save[k]]);
+        }
+      }
+    }
+    for (int64_t r : rs) row_gens[r] = write_gen;
+    return absl::OkStatus();
+  }
+
+  // rows_out[p] = the row of ids[p], creating (with the initial value) the
+  // rows that do not exist; all or nothing: RESOURCE_EXHAUSTED before any
+  // row is created when they do not fit. `probed` holds a probe of ids
+  // (-1: missing) taken under this lock or is empty.
+  absl::Status EnsureRows(absl::Span<const int64_t> ids, int64_t* rows_out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    RETURN_IF_ERROR(dev->ProbeGather(ids, rows_out, nullptr));
+    std::vector<int64_t> fresh_ids;
+    std::vector<size_t> fresh_pos;
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (rows_out[p] < 0) fresh_pos.push_back(p);
+    }
+    if (fresh_pos.empty()) return absl::OkStatus();
+    // Duplicate ids of a lookup get one row.
+    absl::flat_hash_map<int64_t, int64_t> made;
+    made.reserve(fresh_pos.size());
+    for (size_t p : fresh_pos) {
+      if (made.try_emplace(ids[p], -1).second) fresh_ids.push_back(ids[p]);
+    }
+    const int64_t next = rows.load(std::memory_order_relaxed);
+    if (static_cast<int64_t>(fresh_ids.size()) > capacity - next) {
+      return FullError();
+    }
+    std::vector<float> init(fresh_ids.size() * stride, 0.0f);
+    std::vector<int64_t> new_rows(fresh_ids.size());
+    for (size_t k = 0; k < fresh_ids.size(); ++k) {
+      float* row = init.data() + k * stride;
+      InitRow(spec.init, seed, key, fresh_ids[k], spec.dim, row);
+      kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
+      new_rows[k] = next + static_cast<int64_t>(k);
+      made[fresh_ids[k]] = new_rows[k];
+    }
+    RETURN_IF_ERROR(dev->WriteRows(new_rows, init.data()));
+    RETURN_IF_ERROR(dev->Insert(fresh_ids, new_rows));
+    for (size_t k = 0; k < fresh_ids.size(); ++k) {
+      AddRow(fresh_ids[k], new_rows[k]);
+    }
+    for (size_t p : fresh_pos) rows_out[p] = made[ids[p]];
+    return absl::OkStatus();
+  }
+};
+
+// OK when `row` (a whole fused row of `spec`) may be stored: the host
+// store's import check (host_table.cc ValidateImportedRow), same messages.
+absl::Status ValidateImportedRow(const config::TableSpec& spec,
+                                 const float* row, int64_t id,
+                                 size_t position) {
+  const int dim = spec.dim;
+  using Part = std::tuple<int64_t, int64_t, const char*, bool>;
+  Part parts[3];
+  int num_parts = 0;
+  parts[num_parts++] = Part{0, dim, "weight", false};
+  switch (spec.optimizer.kind) {
+    case kernels::OptimizerKind::kSgd:
+      break;
+    case kernels::OptimizerKind::kAdagrad:
+      parts[num_parts++] = Part{dim, dim, "Adagrad sum of squares", true};
+      break;
+    case kernels::OptimizerKind::kRowWiseAdagrad:
+      parts[num_parts++] =
+          Part{dim, 1, "row-wise Adagrad sum of mean squares", true};
+      break;
+    case kernels::OptimizerKind::kAdam:
+    case kernels::OptimizerKind::kAdamW:
+      parts[num_parts++] = Part{dim, dim, "Adam first moment m", false};
+      parts[num_parts++] = Part{2 * dim, dim, "Adam second moment v", true};
+      break;
+  }
+  for (int k = 0; k < num_parts; ++k) {
+    const auto [first, n, what, non_negative] = parts[k];
+    for (int64_t c = first; c < first + n; ++c) {
+      const float v = row[c];
+      if (std::isfinite(v) && (!non_negative || v >= 0)) continue;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", spec.name, "': row of id ", id, " (position ", position,
+          ") has ", what, " ", v, " at column ", c,
+          non_negative ? "; it must be finite and >= 0"
+                       : "; it must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+class DeviceEmbeddingStore final : public EmbeddingStore {
+ public:
+  DeviceEmbeddingStore(const StoreOptions& options,
+                       std::unique_ptr<DeviceBackend> backend,
+                       std::vector<std::unique_ptr<Table>> tables)
+      : options_(options),
+        backend_(std::move(backend)),
+        tables_(std::move(tables)) {
+    for (size_t i = 0; i < tables_.size(); ++i) {
+      by_name_.emplace(tables_[i]->spec.name, static_cast<int>(i));
+    }
+  }
+
+  int num_tables() const override { return static_cast<int>(tables_.size()); }
+
+  const config::TableSpec& spec(int table) const override {
+    static const config::TableSpec* const kNone = new config::TableSpec();
+    return Valid(table) ? tables_[table]->spec : *kNone;
+  }
+
+  absl::StatusOr<int> FindTable(absl::string_view name) const override {
+    auto it = by_name_.find(name);
+    if (it != by_name_.end()) return it->second;
+    std::vector<absl::string_view> names;
+    for (const auto& t : tables_) names.push_back(t->spec.name);
+    return absl::NotFoundError(
+        absl::StrCat("unknown table '", name, "'; this store has ",
+                     names.empty() ? "no tables" : absl::StrJoin(names, ", ")));
+  }
+
+  absl::Status Lookup(int table, absl::Span<const int64_t> ids,
+                      float* out) override {
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    if (ids.empty()) return absl::OkStatus();
+    if (out == nullptr) return absl::InvalidArgumentError("Lookup: out is null");
+    const auto n = static_cast<int64_t>(ids.size());
+    std::vector<int64_t> rows(n);
+    {
+      absl::ReaderMutexLock lock(&t->mu);
+      RETURN_IF_ERROR(t->dev->ProbeGather(ids, rows.data(), out));
+    }
+    std::vector<int64_t> missing;
+    for (int64_t p = 0; p < n; ++p) {
+      if (rows[p] < 0) missing.push_back(p);
+    }
+    if (!missing.empty()) {
+      // Rare once a table is warm: create them (or find them created by
+      // another caller meanwhile) under the writer lock, and read them back.
+      std::vector<int64_t> sub_ids(missing.size());
+      for (size_t k = 0; k < missing.size(); ++k) sub_ids[k] = ids[missing[k]];
+      std::vector<int64_t> sub_rows(missing.size());
+      std::vector<float> full(missing.size() * t->stride);
+      absl::MutexLock lock(&t->mu);
+      RETURN_IF_ERROR(t->EnsureRows(sub_ids, sub_rows.data()));
+      RETURN_IF_ERROR(t->dev->ReadRows(sub_rows, full.data()));
+      const int dim = t->spec.dim;
+      for (size_t k = 0; k < missing.size(); ++k) {
+        std::memcpy(out + missing[k] * dim, full.data() + k * t->stride,
+                    sizeof(float) * dim);
+      }
+    }
+    t->lookup_ids.fetch_add(n, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  absl::Status ValidateGradients(int table, absl::Span<const int64_t> ids,
+                                 const float* grads) const override {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    const int dim = t->spec.dim;
+    if (!ids.empty() && grads == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': no gradients for ", ids.size(), " ids"));
+    }
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const float* g = grads + p * dim;
+      for (int j = 0; j < dim; ++j) {
+        if (!std::isfinite(g[j])) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "table '", t->spec.name, "': gradient of id ", ids[p],
+              " (position ", p, ") is ", g[j], " at column ", j));
+        }
+      }
+    }
+    if (const auto twice = FindRepeated(ids)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': id ", ids[twice->second],
+          " appears twice in one gradient push (positions ", twice->first,
+          " and ", twice->second, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
+                              const float* grads) override {
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    if (ids.empty()) return absl::OkStatus();
+    if (grads == nullptr) {
+      return absl::InvalidArgumentError("ApplyGradients: grads is null");
+    }
+    std::vector<int64_t> rows(ids.size());
+    absl::MutexLock lock(&t->mu);
+    RETURN_IF_ERROR(t->EnsureRows(ids, rows.data()));
+    RETURN_IF_ERROR(t->Touch(rows));
+    RETURN_IF_ERROR(t->dev->Update(rows, grads, t->spec.optimizer));
+    t->update_ids.fetch_add(static_cast<int64_t>(ids.size()),
+                            std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadRows(int table, absl::Span<const int64_t> ids,
+                        float* out) const override {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    if (ids.empty()) return absl::OkStatus();
+    if (out == nullptr) {
+      return absl::InvalidArgumentError("ReadRows: out is null");
+    }
+    std::vector<int64_t> rows(ids.size());
+    absl::ReaderMutexLock lock(&t->mu);
+    RETURN_IF_ERROR(t->dev->ProbeGather(ids, rows.data(), nullptr));
+    for (size_t p = 0; p < ids.size(); ++p) {
+      if (rows[p] < 0) {
+        return absl::NotFoundError(absl::StrCat(
+            "table '", t->spec.name, "' has no row for id ", ids[p]));
+      }
+    }
+    return t->dev->ReadRows(rows, out);
+  }
+
+  TableInfo Info(int table) const override {
+    TableInfo info;
+    if (!Valid(table)) return info;
+    const Table& t = *tables_[table];
+    info.name = t.spec.name;
+    info.dim = t.spec.dim;
+    info.rows = t.rows.load(std::memory_order_relaxed);
+    info.row_bytes = t.stride * static_cast<int64_t>(sizeof(float));
+    // The device index is allocated whole; the host keeps each row's id.
+    info.index_bytes = IdIndex::AllocBytes(t.index_capacity) +
+                       HostRowIdBytes(info.rows);
+    info.lookup_ids = t.lookup_ids.load(std::memory_order_relaxed);
+    info.update_ids = t.update_ids.load(std::memory_order_relaxed);
+    return info;
+  }
+
+  std::vector<int64_t> RowsPerSlot() const override {
+    std::vector<int64_t> out(options_.num_slots, 0);
+    for (const auto& t : tables_) {
+      absl::ReaderMutexLock lock(&t->mu);
+      for (uint32_t s = 0; s < options_.num_slots; ++s) {
+        out[s] += static_cast<int64_t>(t->slot_rows[s].size());
+      }
+    }
+    return out;
+  }
+
+  std::vector<int64_t> BytesPerSlot() const override {
+    std::vector<int64_t> out(options_.num_slots, 0);
+    for (const auto& t : tables_) {
+      const int64_t row_bytes = t->stride * static_cast<int64_t>(sizeof(float));
+      absl::ReaderMutexLock lock(&t->mu);
+      for (uint32_t s = 0; s < options_.num_slots; ++s) {
+        out[s] += static_cast<int64_t>(t->slot_rows[s].size()) * row_bytes;
+      }
+    }
+    return out;
+  }
+
+  absl::Status ExportSlot(int table, uint32_t slot, SlotCursor* cursor,
+                          int64_t max_rows, SlotChunk* out) const override {
+    return Export(table, slot, /*snapshot=*/false, 0, cursor, max_rows, out,
+                  "ExportSlot");
+  }
+
+  absl::Status ExportChangedSlot(int table, uint32_t slot, uint64_t since,
+                                 SlotCursor* cursor, int64_t max_rows,
+                                 SlotChunk* out) const override {
+    return Export(table, slot, /*snapshot=*/false, since, cursor, max_rows,
+                  out, "ExportSlot");
+  }
+
+  absl::Status ExportSnapshotSlot(int table, uint32_t slot, uint64_t since,
+                                  SlotCursor* cursor, int64_t max_rows,
+                                  SlotChunk* out) const override {
+    return Export(table, slot, /*snapshot=*/true, since, cursor, max_rows, out,
+                  "ExportSnapshotSlot");
+  }
+
+  absl::Status ImportRows(int table, uint32_t slot,
+                          absl::Span<const int64_t> ids,
+                          const float* rows) override {
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    RETURN_IF_ERROR(CheckSlot(slot));
+    if (ids.empty()) return absl::OkStatus();
+    if (rows == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': no rows for ", ids.size(), " ids"));
+    }
+    RETURN_IF_ERROR(t->CheckRange(ids));
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const uint32_t s = t->Slot(ids[p]);
+      if (s != slot) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", t->spec.name, "': id ", ids[p], " (position ", p,
+            ") belongs to slot ", s, ", not to slot ", slot));
+      }
+      RETURN_IF_ERROR(
+          ValidateImportedRow(t->spec, rows + p * t->stride, ids[p], p));
+    }
+    if (const auto twice = FindRepeated(ids)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", t->spec.name, "': id ", ids[twice->second],
+          " appears twice in one import (positions ", twice->first, " and ",
+          twice->second, ")"));
+    }
+    const int64_t used = t->spec.dim + kernels::FusedRowStateWidth(
+                                           t->spec.optimizer.kind, t->spec.dim);
+    const size_t n = ids.size();
+    // Padding is stored as 0, whatever the sender had there.
+    std::vector<float> data(rows, rows + n * t->stride);
+    for (size_t p = 0; p < n; ++p) {
+      std::fill(data.begin() + p * t->stride + used,
+                data.begin() + (p + 1) * t->stride, 0.0f);
+    }
+    std::vector<int64_t> at(n);
+    absl::MutexLock lock(&t->mu);
+    RETURN_IF_ERROR(t->dev->ProbeGather(ids, at.data(), nullptr));
+    std::vector<int64_t> existing, fresh_ids, fresh_rows;
+    for (size_t p = 0; p < n; ++p) {
+      if (at[p] >= 0) existing.push_back(at[p]);
+    }
+    const int64_t fresh = static_cast<int64_t>(n - existing.size());
+    const int64_t next = t->rows.load(std::memory_order_relaxed);
+    if (fresh > t->capacity - next) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          t->FullError().message(), "; importing ", fresh,
+          " new rows into slot ", slot, " needs ",
+          fresh - (t->capacity - next), " more"));
+    }
+    RETURN_IF_ERROR(t->Touch(existing));
+    int64_t r = next;
+    for (size_t p = 0; p < n; ++p) {
+      if (at[p] >= 0) continue;
+      at[p] = r++;
+      fresh_ids.push_back(ids[p]);
+      fresh_rows.push_back(at[p]);
+    }
+    RETURN_IF_ERROR(t->dev->WriteRows(at, data.data()));
+    RETURN_IF_ERROR(t->dev->Insert(fresh_ids, fresh_rows));
+    for (size_t k = 0; k < fresh_ids.size(); ++k) {
+      t->AddRow(fresh_ids[k], fresh_rows[k]);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override {
+    RETURN_IF_ERROR(CheckSlot(slot));
+    if (table == kAllTables) {
+      int64_t dropped = 0;
+      for (const auto& t : tables_) {
+        ASSIGN_OR_RETURN(const int64_t n, DropSlotOf(*t, slot));
+        dropped += n;
+      }
+      return dropped;
+    }
+    ASSIGN_OR_RETURN(Table * t, Get(table));
+    return DropSlotOf(*t, slot);
+  }
+
+  absl::Status BeginSnapshot(uint64_t cut) override {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (open_cut_ != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a snapshot (cut ", open_cut_, ") is open; end it before cut ", cut));
+    }
+    if (cut == 0 || cut <= last_cut_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "snapshot cut ", cut, " must be above the last cut ", last_cut_,
+          " (and above 0)"));
+    }
+    for (const auto& t : tables_) {
+      absl::MutexLock table_lock(&t->mu);
+      t->snapshot_cut = cut;
+      t->write_gen = cut + 1;
+    }
+    open_cut_ = cut;
+    last_cut_ = cut;
+    return absl::OkStatus();
+  }
+
+  void EndSnapshot() override {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (open_cut_ == 0) return;
+    for (const auto& t : tables_) {
+      absl::flat_hash_map<int64_t, int64_t> at;
+      std::vector<float> rows;
+      std::vector<uint64_t> gens;
+      {
+        absl::MutexLock table_lock(&t->mu);
+        t->snapshot_cut = 0;
+        at.swap(t->pre_at);
+        rows.swap(t->pre_rows);
+        gens.swap(t->pre_gens);
+      }
+      // Freed here, with no lock held.
+    }
+    open_cut_ = 0;
+  }
+
+  int64_t SnapshotBytes() const override {
+    int64_t bytes = 0;
+    for (const auto& t : tables_) {
+      absl::ReaderMutexLock lock(&t->mu);
+      bytes += static_cast<int64_t>(t->pre_gens.size()) * t->stride *
+               static_cast<int64_t>(sizeof(float));
+    }
+    return bytes;
+  }
+
+  absl::Status MarkGeneration(uint64_t mark) override {
+    absl::MutexLock lock(&snapshot_mu_);
+    if (mark == 0 || mark <= last_cut_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generation mark ", mark, " must be above the last cut or mark ",
+          last_cut_, " (and above 0)"));
+    }
+    for (const auto& t : tables_) {
+      absl::MutexLock table_lock(&t->mu);
+      t->write_gen = mark + 1;
+    }
+    last_cut_ = mark;
+    return absl::OkStatus();
+  }
+
+ private:
+  bool Valid(int table) const {
+    return table >= 0 && table < static_cast<int>(tables_.size());
+  }
+
+  absl::StatusOr<Table*> Get(int table) const {
+    if (!Valid(table)) {
+      return absl::NotFoundError(absl::StrCat(
+          "no table with index ", table, " (the store has ", tables_.size(),
+          " tables)"));
+    }
+    return tables_[table].get();
+  }
+
+  absl::Status CheckSlot(uint32_t slot) const {
+    if (slot < options_.num_slots) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, " is outside [0, ", options_.num_slots,
+        ") (StoreOptions.num_slots)"));
+  }
+
+  // ExportSlot, ExportChangedSlot (snapshot false) and ExportSnapshotSlot.
+  absl::Status Export(int table, uint32_t slot, bool snapshot, uint64_t since,
+                      SlotCursor* cursor, int64_t max_rows, SlotChunk* out,
+                      const char* what) const {
+    ASSIGN_OR_RETURN(const Table* t, Get(table));
+    RETURN_IF_ERROR(CheckSlot(slot));
+    if (cursor == nullptr || out == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": cursor or out is null"));
+    }
+    if (max_rows < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": max_rows is ", max_rows, "; it must be >= 1"));
+    }
+    out->row_stride = t->stride;
+    out->ids.clear();
+    out->rows.clear();
+    if (cursor->done) return absl::OkStatus();
+    // (id, source): source >= 0 a row of the arena, < 0 the pre-image
+    // -1 - source; only used under this lock.
+    std::vector<std::pair<int64_t, int64_t>> found;
+    bool done = true;
+    {
+      absl::ReaderMutexLock lock(&t->mu);
+      const uint64_t cut = t->snapshot_cut;
+      if (snapshot && cut == 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table '", t->spec.name, "': no snapshot is open"));
+      }
+      const std::vector<int64_t>& list = t->slot_rows[slot];
+      found.reserve(list.size());
+      for (int64_t row : list) {
+        const int64_t id = t->row_ids[row];
+        if (cursor->started && id <= cursor->last_id) continue;
+        const uint64_t gen = t->row_gens[row];
+        if (!snapshot || gen <= cut) {
+          if (gen > since) found.emplace_back(id, row);
+          continue;
+        }
+        const auto it = t->pre_at.find(id);
+        if (it != t->pre_at.end() && t->pre_gens[it->second] > since) {
+          found.emplace_back(id, -1 - it->second);
+        }
+      }
+      if (static_cast<int64_t>(found.size()) > max_rows) {
+        done = false;
+        std::nth_element(found.begin(), found.begin() + max_rows, found.end());
+        found.resize(max_rows);
+      }
+      std::sort(found.begin(), found.end());
+      out->ids.resize(found.size());
+      out->rows.resize(found.size() * t->stride);
+      std::vector<int64_t> live;
+      std::vector<size_t> live_at;
+      for (size_t k = 0; k < found.size(); ++k) {
+        out->ids[k] = found[k].first;
+        if (found[k].second >= 0) {
+          live.push_back(found[k].second);
+          live_at.push_back(k);
+        } else {
+          std::memcpy(out->rows.data() + k * t->stride,
+                      t->pre_rows.data() + (-1 - found[k].second) * t->stride,
+                      sizeof(float) * t->stride);
+        }
+      }
+      if (live.size() == found.size()) {
+        RETURN_IF_ERROR(t->dev->ReadRows(live, out->rows.data()));
+      } else if (!live.empty()) {
+        std::vector<float> buf(live.size() * t->stride);
+        RETURN_IF_ERROR(t->dev->ReadRows(live, buf.data()));
+        for (size_t j = 0; j < live.size(); ++j) {
+          std::memcpy(out->rows.data() + live_at[j] * t->stride,
+                      buf.data() + j * t->stride, sizeof(float) * t->stride);
+        }
+      }
+    }
+    if (!found.empty()) {
+      cursor->started = true;
+      cursor->last_id = found.back().first;
+    }
+    cursor->done = done;
+    return absl::OkStatus();
+  }
+
+  // Removes the rows of `slot` and compacts the arena as the host store
+  // does (the last rows move into the freed places), then rebuilds the
+  // index from the row ids.
+  static absl::StatusOr<int64_t> DropSlotOf(Table& t, uint32_t slot) {
+    absl::MutexLock lock(&t.mu);
+    std::vector<int64_t> holes = std::move(t.slot_rows[slot]);
+    t.slot_rows[slot] = {};
+    if (holes.empty()) return 0;
+    const auto n = static_cast<int64_t>(holes.size());
+    std::sort(holes.begin(), holes.end());
+    const int64_t end = t.rows.load(std::memory_order_relaxed);
+    const int64_t new_end = end - n;
+    std::vector<int64_t> old_ids(t.row_ids.begin(), t.row_ids.end());
+    std::vector<int64_t> from, to;
+    int64_t tail = end - 1;
+    size_t top = holes.size();
+    for (size_t h = 0; h < holes.size() && holes[h] < new_end; ++h) {
+      while (top > 0 && holes[top - 1] == tail) {
+        --top;
+        --tail;
+      }
+      const int64_t dst = holes[h];
+      const int64_t id = t.row_ids[tail];
+      t.row_ids[dst] = id;
+      t.row_gens[dst] = t.row_gens[tail];
+      t.row_pos[dst] = t.row_pos[tail];
+      t.slot_rows[t.Slot(id)][t.row_pos[dst]] = dst;
+      from.push_back(tail);
+      to.push_back(dst);
+      --tail;
+    }
+    RETURN_IF_ERROR(t.dev->MoveRows(from, to));
+    t.row_ids.resize(new_end);
+    t.row_gens.resize(new_end);
+    t.row_pos.resize(new_end);
+    t.rows.store(new_end, std::memory_order_relaxed);
+    RETURN_IF_ERROR(t.dev->RebuildIndex(old_ids, t.row_ids));
+    return n;
+  }
+
+  const StoreOptions options_;
+  const std::unique_ptr<DeviceBackend> backend_;
+  const std::vector<std::unique_ptr<Table>> tables_;
+  absl::flat_hash_map<std::string, int> by_name_;
+  absl::Mutex snapshot_mu_;
+  uint64_t open_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
+  uint64_t last_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateDeviceEmbeddingStore(
+    std::vector<config::TableSpec> tables, const StoreOptions& options,
+    std::unique_ptr<DeviceBackend> backend) {
+  if (backend == nullptr) {
+    return absl::InvalidArgumentError("device store: no backend");
+  }
+  if (options.num_slots == 0) {
+    return absl::InvalidArgumentError("store: num_slots must be > 0");
+  }
+  if (options.max_rows_per_table < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store: max_rows_per_table is ", options.max_rows_per_table,
+        "; it must be >= 1"));
+  }
+  absl::flat_hash_map<std::string, int> names;
+  for (size_t i = 0; i < tables.size(); ++i) {
+    RETURN_IF_ERROR(ValidateSpec(tables[i], static_cast<int>(i)));
+    auto [it, inserted] = names.try_emplace(tables[i].name, i);
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table name '", tables[i].name, "' is used by tables ", it->second,
+          " and ", i));
+    }
+  }
+  std::vector<std::unique_ptr<Table>> built;
+  for (config::TableSpec& spec : tables) {
+    auto t = std::make_unique<Table>();
+    t->key = StableNameKey(spec.name);
+    t->seed = options.seed;
+    t->num_slots = options.num_slots;
+    t->stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+    t->capacity = CapacityOf(spec, options);
+    t->index_capacity = IdIndex::CapacityForRows(t->capacity);
+    TableLayout layout;
+    layout.capacity = t->capacity;
+    layout.stride = t->stride;
+    layout.dim = spec.dim;
+    layout.index_capacity = t->index_capacity;
+    auto dev = backend->CreateTable(layout);
+    if (!dev.ok()) {
+      return absl::Status(dev.status().code(),
+                          absl::StrCat("table '", spec.name, "': ",
+                                       dev.status().message()));
+    }
+    t->dev = *std::move(dev);
+    {
+      absl::MutexLock lock(&t->mu);
+      t->slot_rows.resize(options.num_slots);
+    }
+    t->spec = std::move(spec);
+    built.push_back(std::move(t));
+  }
+  return std::unique_ptr<EmbeddingStore>(new DeviceEmbeddingStore(
+      options, std::move(backend), std::move(built)));
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateCpuTwinEmbeddingStore(
+    std::vector<config::TableSpec> tables, const StoreOptions& options) {
+  return CreateDeviceEmbeddingStore(std::move(tables), options,
+                                    device_store::CreateCpuTwinBackend());
+}
+
+DeviceFootprint ComputeDeviceFootprint(
+    const std::vector<config::TableSpec>& tables, const StoreOptions& options,
+    int64_t scratch_bytes) {
+  DeviceFootprint f;
+  f.scratch_bytes = scratch_bytes;
+  f.total_bytes = scratch_bytes;
+  for (const config::TableSpec& spec : tables) {
+    DeviceFootprint::Table t;
+    t.name = spec.name;
+    t.rows = CapacityOf(spec, options);
+    t.row_bytes = kernels::FusedRowStride(spec.optimizer.kind, spec.dim) *
+                  static_cast<int64_t>(sizeof(float));
+    t.index_bytes = HostIndexBytesForRows(t.rows);
+    f.total_bytes += t.rows * t.row_bytes + t.index_bytes;
+    f.tables.push_back(std::move(t));
+  }
+  return f;
+}
+
+absl::Status CheckDeviceFits(const DeviceFootprint& footprint,
+                             const std::string& device, int64_t free_bytes,
+                             int64_t total_bytes) {
+  if (footprint.total_bytes <= free_bytes) return absl::OkStatus();
+  const DeviceFootprint::Table* biggest = nullptr;
+  for (const DeviceFootprint::Table& t : footprint.tables) {
+    if (biggest == nullptr || t.rows * t.row_bytes + t.index_bytes >
+                                  biggest->rows * biggest->row_bytes +
+                                      biggest->index_bytes) {
+      biggest = &t;
+    }
+  }
+  std::string msg = absl::StrCat(
+      "device ", device, ": the store does not fit: it needs ",
+      HumanBytes(static_cast<double>(footprint.total_bytes)), " (",
+      footprint.tables.size(), " table(s) and ",
+      HumanBytes(static_cast<double>(footprint.scratch_bytes)),
+      " of stream buffers), the GPU has ",
+      HumanBytes(static_cast<double>(free_bytes)), " free of ",
+      HumanBytes(static_cast<double>(total_bytes)));
+  if (biggest != nullptr) {
+    absl::StrAppend(
+        &msg, "; the largest is table '", biggest->name, "': ", biggest->rows,
+        " rows of ", biggest->row_bytes, " B, ",
+        HumanBytes(static_cast<double>(biggest->index_bytes)),
+        " of index (dynamic tables reserve --max_rows_per_table rows up "
+        "front: lower it, or shard the table over more servers)");
+  }
+  return absl::ResourceExhaustedError(msg);
+}
+
+}  // namespace recps::server
