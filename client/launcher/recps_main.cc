@@ -1,7 +1,7 @@
 // recps: the launcher.
 //
 //   recps local [--job=FILE] [--shards=2] [--workers=2] [--consistency=sync]
-//               [-- WORKER FLAGS]
+//               [--in_process] [-- WORKER FLAGS]
 //
 //   recps launch --coordinator=HOST:PORT --nproc_per_node=N [--nnodes=M
 //                --node_rank=R] [CONFIG] [-- WORKER FLAGS]
@@ -61,7 +61,14 @@
 ABSL_FLAG(std::string, job, "",
           "job config (text-format recps.v1.JobConfig); default: "
           "examples/small.textproto");
-ABSL_FLAG(int, shards, 2, "shard servers to start");
+ABSL_FLAG(int, shards, 0,
+          "shard servers to start (0: 2, or with --in_process one per worker)");
+ABSL_FLAG(bool, in_process, false,
+          "local: no shard server processes; each worker embeds one "
+          "(recps-worker --embedded_shard) and reaches its own without gRPC, "
+          "the other workers' over gRPC; shards = workers. A worker that "
+          "dies takes its rows with it: the run stops (or restarts from the "
+          "last checkpoint with --max_restarts)");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
 ABSL_FLAG(std::string, consistency, "",
           "override the job's consistency: sync, bounded or async");
@@ -396,11 +403,24 @@ absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int nu
 }
 
 int RunLocal(const std::vector<std::string>& worker_args) {
-  const int num_shards = absl::GetFlag(FLAGS_shards);
+  const bool in_process = absl::GetFlag(FLAGS_in_process);
   const int num_workers = absl::GetFlag(FLAGS_workers);
-  if (num_shards < 1 || num_workers < 1) {
-    LogError("--shards and --workers must be >= 1");
+  int num_shards = absl::GetFlag(FLAGS_shards);
+  if (num_shards < 0 || num_workers < 1) {
+    LogError("--shards must be >= 0 (0: the default) and --workers >= 1");
     return 2;
+  }
+  if (in_process) {
+    // One shard server per worker, inside it.
+    if (num_shards != 0 && num_shards != num_workers) {
+      LogError("--in_process runs one shard server inside each worker: --shards=",
+               num_shards, " must equal --workers=", num_workers,
+               " (or be left out); drop --in_process for separate shard servers");
+      return 2;
+    }
+    num_shards = num_workers;
+  } else if (num_shards == 0) {
+    num_shards = 2;
   }
   std::string job_path = absl::GetFlag(FLAGS_job);
   if (job_path.empty()) job_path = DefaultJob();
@@ -428,7 +448,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   const std::string coordinator_bin = FindBinary("recps-coordinator");
   const std::string shard_bin = FindBinary("recps-shard");
   const std::string worker_bin = FindBinary("recps-worker");
-  if (coordinator_bin.empty() || shard_bin.empty() || worker_bin.empty()) {
+  if (coordinator_bin.empty() || (shard_bin.empty() && !in_process) || worker_bin.empty()) {
     LogError("cannot find recps-coordinator, recps-shard and recps-worker; "
              "set --bin_dir");
     return 2;
@@ -463,7 +483,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     LogWarning("--max_restarts=", max_restarts, " without training.checkpoint.dir: a "
                "restarted job starts from step 0");
   }
-  LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s), ",
+  LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s)",
+          in_process ? " (one inside each worker, --in_process)" : "", ", ",
           num_workers, " worker(s); logs in ", work);
   absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers);
   if (!tls.ok()) {
@@ -543,7 +564,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   write_pids();
 
   std::vector<std::string> shard_addresses;
-  for (int i = 0; i < num_shards; ++i) {
+  // --in_process: the workers start their shard servers and wait for the
+  // map themselves.
+  for (int i = 0; i < num_shards && !in_process; ++i) {
     const std::string log = absl::StrCat(work, "/shard", i, ".log");
     const std::string ports = absl::StrCat(work, "/shard", i, ".ports");
     std::error_code ec;
@@ -582,6 +605,14 @@ int RunLocal(const std::vector<std::string>& worker_args) {
         absl::StrCat("--threads=", threads),
         r == 0 ? "--progress_every=2s" : "--progress_every=1000h",
         absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
+    if (in_process) {
+      const std::string ports = absl::StrCat(work, "/shard", r, ".ports");
+      std::error_code ec;
+      std::filesystem::remove(ports, ec);  // the last attempt's is stale
+      args.push_back("--embedded_shard");
+      args.push_back("--embedded_shard_listen=127.0.0.1:0");
+      args.push_back("--embedded_shard_port_file=" + ports);
+    }
     for (std::string& a : tls->Args(absl::StrCat("worker-", r))) args.push_back(std::move(a));
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
@@ -802,7 +833,7 @@ int main(int argc, char** argv) {
   recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
-      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--insecure] "
+      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--in_process] [--insecure] "
       "[--consistency=sync|bounded|async] [--steps=N] [--resume] [--max_restarts=N] "
       "[-- WORKER FLAGS]\n"
       "    start a coordinator, shard servers and workers on 127.0.0.1 and "
