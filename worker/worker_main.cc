@@ -146,6 +146,13 @@ ABSL_FLAG(std::string, embedded_shard_metrics_listen, "",
 ABSL_FLAG(std::string, embedded_shard_port_file, "",
           "with --embedded_shard: write '<grpc port> <metrics port>' of the "
           "embedded shard server here once it serves");
+ABSL_FLAG(std::string, embedded_shard_tls_cert, "",
+          "with --embedded_shard and mutual TLS: the embedded shard server's "
+          "certificate (role shard; CA from --tls_ca), for its gRPC server "
+          "and its calls to other shard servers (slot moves need the shard "
+          "role). Default: the worker's own --tls_cert");
+ABSL_FLAG(std::string, embedded_shard_tls_key, "",
+          "with --embedded_shard_tls_cert: its private key");
 ABSL_FLAG(uint32_t, embedded_shard_num_slots, 4096,
           "with --embedded_shard: slots of the cluster (as recps-shard "
           "--num_slots)");
@@ -465,6 +472,20 @@ absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
   o.metrics_listen = absl::GetFlag(FLAGS_embedded_shard_metrics_listen);
   o.coordinator = coordinator;
   o.standalone = coordinator.empty();
+  const std::string cert = absl::GetFlag(FLAGS_embedded_shard_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_embedded_shard_tls_key);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--embedded_shard_tls_cert and --embedded_shard_tls_key go together");
+  }
+  if (!cert.empty()) {
+    const rpc::TlsFlagValues tls = rpc::GetTlsFlags();
+    if (tls.insecure || tls.ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--embedded_shard_tls_cert needs mutual TLS (--tls_ca, --tls_cert, --tls_key)");
+    }
+    o.security = rpc::TransportSecurity::Tls(tls.ca, cert, key, tls.reload_interval);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<server::ShardProcess> shard,
                    server::ShardProcess::Create(std::move(o)));
   RETURN_IF_ERROR(shard->Serve());

@@ -363,7 +363,8 @@ struct LocalSecurity {
 // TLS by default: a CA and certificates in <work>/certs (one per worker, so
 // that per-client limits count each worker alone); this process calls as
 // admin. --insecure: plaintext everywhere.
-absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int num_workers) {
+absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int num_workers,
+                                                  bool in_process) {
   const rpc::TlsFlagValues flags = rpc::GetTlsFlags();
   LocalSecurity security;
   if (!flags.ca.empty() || !flags.cert.empty() || !flags.key.empty()) {
@@ -389,11 +390,17 @@ absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int nu
     }
   }
   for (int r = 0; r < num_workers; ++r) {
-    const std::string name = absl::StrCat("worker-", r);
-    if (std::filesystem::exists(security.dir + "/" + name + ".crt")) continue;
-    if (absl::Status s = security::IssueCert(security.dir, security.dir, "worker", name, options);
-        !s.ok()) {
-      return s;
+    // --in_process: each worker's embedded shard server gets a shard
+    // certificate of its own (its peers accept slot-move calls from the
+    // shard role only).
+    for (const char* role : {"worker", "shard"}) {
+      if (std::strcmp(role, "shard") == 0 && !in_process) continue;
+      const std::string name = absl::StrCat(role, "-", r);
+      if (std::filesystem::exists(security.dir + "/" + name + ".crt")) continue;
+      if (absl::Status s = security::IssueCert(security.dir, security.dir, role, name, options);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   rpc::SetProcessSecurity(rpc::TransportSecurity::Tls(
@@ -486,7 +493,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s)",
           in_process ? " (one inside each worker, --in_process)" : "", ", ",
           num_workers, " worker(s); logs in ", work);
-  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers);
+  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers, in_process);
   if (!tls.ok()) {
     LogError(tls.status().message());
     return absl::IsInvalidArgument(tls.status()) ? 2 : 1;
@@ -612,6 +619,11 @@ int RunLocal(const std::vector<std::string>& worker_args) {
       args.push_back("--embedded_shard");
       args.push_back("--embedded_shard_listen=127.0.0.1:0");
       args.push_back("--embedded_shard_port_file=" + ports);
+      if (!tls->insecure) {
+        const std::string name = absl::StrCat(tls->dir, "/shard-", r);
+        args.push_back("--embedded_shard_tls_cert=" + name + ".crt");
+        args.push_back("--embedded_shard_tls_key=" + name + ".key");
+      }
     }
     for (std::string& a : tls->Args(absl::StrCat("worker-", r))) args.push_back(std::move(a));
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins

@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
   };
   // Slot moves: this server pulls rows from, and calls, other shard
   // servers over the same transport as the data plane.
-  server_options.connect_peer = [](const std::string& address) {
-    return ConnectGrpcShardPeer(address, rpc::TransportSecurity());
+  server_options.connect_peer = [security = o.security](const std::string& address) {
+    return ConnectGrpcShardPeer(address, security);
   };
   ASSIGN_OR_RETURN(p->shard_, ShardServer::Create(std::move(store), ShardMap(),
                                                   std::move(server_options),
@@ -108,7 +108,8 @@ absl::Status ShardProcess::Serve() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, rpc::ServerCredentials(rpc::TransportSecurity()),
+  RETURN_IF_ERROR(rpc::CheckTlsFiles(rpc::Resolve(o.security)));
+  builder.AddListeningPort(o.listen, rpc::ServerCredentials(o.security),
                            &grpc_port_);
   // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
   // a port another process of the same user listens on (a restart on its

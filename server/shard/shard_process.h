@@ -22,6 +22,7 @@
 #include "client/in_process_shard.h"
 #include "common/config/table_config.h"
 #include "common/rpc/call_gate.h"
+#include "common/rpc/channels.h"
 #include "recps/v1/job.pb.h"
 #include "server/shard/step_clock.h"
 
@@ -73,6 +74,11 @@ struct ShardProcessOptions {
   std::string coordinator;     // empty: no registration
   bool standalone = false;     // serve every slot alone, epoch 1
   rpc::CallGateOptions gate;
+  // How its gRPC server and its calls to other shard servers (slot moves)
+  // authenticate: the process's by default. A worker that embeds a shard
+  // server gives it a shard certificate (its own is a worker's), so that
+  // its peers accept its ExportRows and FinishMove calls.
+  rpc::TransportSecurity security;
   // The coordinator refused the registration (recps-shard exits 2).
   std::function<void(const absl::Status&)> on_registration_refused;
 };

@@ -37,7 +37,7 @@ using ::recps::testing::Eventually;
 using ::recps::testing::TempDir;
 using ::testing::HasSubstr;
 
-constexpr int kSteps = 120;
+constexpr int kSteps = 300;
 constexpr int kEvery = 20;
 
 std::string ReadAll(const std::string& path) {
@@ -200,6 +200,7 @@ TEST_P(InProcessE2e, SameAsSeparateShardServersBitIdentical) {
   ExpectSame(reference, got);
   const std::string log = ReadAll(embedded.log);
   EXPECT_THAT(log, HasSubstr("one inside each worker, --in_process"));
+  EXPECT_THAT(log, HasSubstr("this worker reaches it in process"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, InProcessE2e, ::testing::Values(1, 2),
