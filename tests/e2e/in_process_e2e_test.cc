@@ -234,6 +234,36 @@ TEST(InProcessE2eRestart, KilledWorkerRestartsFromCheckpointBitIdentical) {
   ExpectSame(reference, Collect(run, 2));
 }
 
+// SIGTERM to the launcher (pre-emption): the workers checkpoint (their
+// embedded servers save their rows) and exit; `recps local --in_process
+// --resume` finishes the job as an uninterrupted run.
+TEST(InProcessE2eRestart, PreemptedThenResumedBitIdentical) {
+  LocalRun reference_run, run;
+  const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
+  {
+    absl::StatusOr<client::ChildProcess> p = run.Start(2, true);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(Eventually([&] { return run.LossLines() >= kEvery + kEvery / 2; },
+                           absl::Seconds(120)))
+        << ReadAll(run.log);
+    ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the signal";
+    p->Signal(SIGTERM);
+    absl::StatusOr<int> code = p->Wait(absl::Seconds(120));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 128 + SIGTERM) << ReadAll(run.log);
+  }
+  EXPECT_THAT(ReadAll(run.log), HasSubstr("pre-empted: checkpoint at step"));
+  ASSERT_FALSE(std::filesystem::exists(Dir(run.checkpoints, kSteps)));
+  absl::StatusOr<client::ChildProcess> p = run.Start(2, true, {"--resume"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string log = ReadAll(run.log);
+  EXPECT_EQ(*code, 0) << log;
+  EXPECT_THAT(log, HasSubstr("--resume: resuming from the checkpoint at step"));
+  ExpectSame(reference, Collect(run, 2));
+}
+
 // --in_process needs one shard server per worker.
 TEST(InProcessE2eFlags, OtherShardCountsAreRefused) {
   TempDir dir;
