@@ -2,6 +2,7 @@
 //
 //   recps-worker --coordinator=host:7000            (a cluster)
 //   recps-worker --config=job.textproto --shards=127.0.0.1:7000   (no coordinator)
+//   recps-worker --coordinator=host:7000 --embedded_shard  (its own shard server inside)
 //
 // Rank and world size come from --rank/--world_size or, as torchrun and
 // `recps launch` set them, from RANK and WORLD_SIZE. With --coordinator the
@@ -1004,7 +1005,8 @@ int main(int argc, char** argv) {
       "recps worker: trains a job's DLRM against the shard servers.\n"
       "  recps-worker --coordinator=HOST:PORT [--rank=R --world_size=W]\n"
       "  recps-worker --config=JOB --shards=HOST:PORT[,HOST:PORT...] "
-      "[--rank=R --world_size=W --rendezvous_dir=DIR]");
+      "[--rank=R --world_size=W --rendezvous_dir=DIR]\n"
+      "  recps-worker ... --embedded_shard   (run a shard server inside the worker)");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
   recps::rpc::InitProcessSecurityFromFlags();

@@ -13,7 +13,9 @@
 // coordinator that dies is restarted on its port with its state (up to
 // --coordinator_restarts times); a shard server that dies stops the run,
 // named by index and address. WORK/pids lists every child's pid; the last
-// line gives rank 0's final held-out AUC.
+// line gives rank 0's final held-out AUC. With --in_process no shard server
+// processes are started: each worker embeds one (recps-worker
+// --embedded_shard), shards = workers, and a worker's death is its shard's.
 // With no flags it trains examples/small.textproto with 2 shards and 2
 // workers in sync mode. `--resume` restores the newest complete checkpoint of
 // training.checkpoint.dir; `--max_restarts=N` restarts the whole job from it
