@@ -264,6 +264,43 @@ TEST(InProcessE2eRestart, PreemptedThenResumedBitIdentical) {
   ExpectSame(reference, Collect(run, 2));
 }
 
+// The embedded servers register like recps-shard: `recpsctl status` lists
+// them as alive shard servers with their rows while the job trains.
+TEST(InProcessE2eStatus, RecpsctlStatusListsTheEmbeddedServers) {
+  LocalRun run;
+  absl::StatusOr<client::ChildProcess> p = run.Start(2, true, {"--steps=100000"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(Eventually([&] { return run.LossLines() >= 5; }, absl::Seconds(120)))
+      << ReadAll(run.log);
+  int port = 0;
+  {
+    std::ifstream ports(run.work + "/coordinator.ports");
+    ports >> port;
+  }
+  ASSERT_GT(port, 0);
+  const std::string out = run.dir->path() + "/status.txt";
+  std::string status;
+  // Poll: the servers' first Stats may not have rows yet.
+  EXPECT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<int> code = testing::RunProcess(
+            "/bin/sh",
+            {"-c", absl::StrCat(RECPSCTL_BINARY, " --insecure --coordinator=127.0.0.1:", port,
+                                " status > ", out, " 2>&1")},
+            absl::Seconds(30));
+        status = ReadAll(out);
+        return code.ok() && *code == 0 && absl::StrContains(status, "shard-0") &&
+               absl::StrContains(status, "shard-1") &&
+               absl::StrContains(status, "4 alive");
+      },
+      absl::Seconds(60)))
+      << status;
+  p->Signal(SIGTERM);
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(120));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 128 + SIGTERM) << ReadAll(run.log);
+}
+
 // --in_process needs one shard server per worker.
 TEST(InProcessE2eFlags, OtherShardCountsAreRefused) {
   TempDir dir;
