@@ -301,6 +301,37 @@ TEST(InProcessE2eStatus, RecpsctlStatusListsTheEmbeddedServers) {
   EXPECT_EQ(*code, 128 + SIGTERM) << ReadAll(run.log);
 }
 
+// recps-worker --embedded_shard without a coordinator: one worker serving
+// every slot alone, trained to the end; with --world_size=2 it is refused
+// (its peers could not find the shard server).
+TEST(InProcessE2eFlags, WorkerAloneWithItsShardServer) {
+  LocalRun run;
+  const std::string log = run.dir->path() + "/worker.log";
+  absl::StatusOr<client::ChildProcess> p = client::ChildProcess::Spawn(
+      RECPS_WORKER_BINARY,
+      {"--config=" + run.job, "--embedded_shard", "--insecure", "--steps=20",
+       "--threads=1", "--progress_every=1000h"},
+      log);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(120));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << ReadAll(log);
+  EXPECT_THAT(ReadAll(log), HasSubstr("this worker reaches it in process"));
+  EXPECT_THAT(ReadAll(log), HasSubstr("done: 20 steps"));
+
+  const std::string refused_log = run.dir->path() + "/refused.log";
+  absl::StatusOr<client::ChildProcess> refused = client::ChildProcess::Spawn(
+      RECPS_WORKER_BINARY,
+      {"--config=" + run.job, "--embedded_shard", "--insecure", "--world_size=2",
+       "--rank=0", "--rendezvous_dir=" + run.dir->path()},
+      refused_log);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  code = refused->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(ReadAll(refused_log), HasSubstr("it needs --world_size=1 and no --shards"));
+}
+
 // --in_process needs one shard server per worker.
 TEST(InProcessE2eFlags, OtherShardCountsAreRefused) {
   TempDir dir;
