@@ -13,6 +13,9 @@
 #   BIN_DIR=/path/to/bin   binaries to run (default build/bin), e.g. an old
 #     build to interleave before/after runs.
 #   SYNC_PREFETCH=0|1      passes --sync_prefetch to the workers (if set).
+#   IN_PROCESS=1           each worker embeds its shard server and reaches it
+#     without gRPC (W1: recps-worker --embedded_shard alone; W > 1: recps
+#     local --in_process, S = W). Default 0: separate recps-shard processes.
 #   TLS=1                  the same over mutual TLS (default plaintext).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -46,6 +49,7 @@ for _ in range(5):
 print(f"{len(b) / best / 1e9:.2f}")'
 }
 
+[[ ${IN_PROCESS:-0} == 1 ]] && SHARDS="$WORKERS(in-process)"
 printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %8s  (ms/step)\n' \
   job "$WORKERS" "$SHARDS" batch steps samples/s memcpy x_memcpy data lookup forward backward \
   push allred optim lk_wait prefetch
@@ -53,7 +57,15 @@ for config in "${CONFIGS[@]}"; do
   job=$(basename "$config" .textproto)
   anchor=$(memcpy_gbps)
   rm -rf "$work/out" && mkdir -p "$work/out"
-  if [[ $WORKERS == 1 && $SHARDS == 1 ]]; then
+  if [[ ${IN_PROCESS:-0} == 1 && $WORKERS == 1 ]]; then
+    "$BIN_DIR/recps-worker" --config="$config" --embedded_shard \
+      --steps="$STEPS" --result_json="$work/out/result0.json" "${extra[@]}" \
+      "${worker_tls[@]}" 2>/dev/null
+  elif [[ ${IN_PROCESS:-0} == 1 ]]; then
+    "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --in_process \
+      --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
+      --result_dir="$work/out" "${local_tls[@]}" >/dev/null 2>&1
+  elif [[ $WORKERS == 1 && $SHARDS == 1 ]]; then
     rm -f "$work/ports"
     "$BIN_DIR/recps-shard" --job="$config" --standalone --world_size=1 \
       --port_file="$work/ports" "${shard_tls[@]}" 2>/dev/null &

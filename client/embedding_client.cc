@@ -1,15 +1,18 @@
 #include "client/embedding_client.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "client/in_process_shard.h"
 #include "client/routed_batch.h"
 #include "client/shard_fanout.h"
 #include "common/rpc/retry.h"
+#include "common/rpc/status_conversion.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
@@ -43,6 +46,11 @@ struct LookupRpc {
     stubs.raw_lookup->UnaryCall(ctx, internal::LookupMethodName(),
                                 grpc::StubOptions(), request, response,
                                 std::move(done));
+  }
+  static void StartInProcess(InProcessShard& shard, absl::Time deadline,
+                             const Request* request, Response* response,
+                             InProcessShard::Done done) {
+    shard.Lookup(request, response, deadline, std::move(done));
   }
   static void Build(RoutedBatch& batch, int server, int32_t begin,
                     int32_t end, v1::RowEncoding encoding, Request* request) {
@@ -80,6 +88,12 @@ struct PushRpc {
                     std::function<void(grpc::Status)> done) {
     stubs.shard->async()->PushGradients(ctx, request, response,
                                         std::move(done));
+  }
+  // Accepted pushes return at once; no deadline to pass.
+  static void StartInProcess(InProcessShard& shard, absl::Time,
+                             const Request* request, Response* response,
+                             InProcessShard::Done done) {
+    shard.PushGradients(request, response, std::move(done));
   }
   static void Build(RoutedBatch& batch, int server, int32_t, int32_t,
                     v1::RowEncoding encoding, Request* request) {
@@ -360,6 +374,9 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     int32_t begin = 0;  // the part of the server's ids this call carries
     int32_t end = 0;
     const std::string* address = nullptr;
+    // Handed to options_.in_process_shard instead of sent over gRPC.
+    bool in_process = false;
+    std::optional<uint64_t> server_epoch;  // of an in-process refusal
     grpc::ClientContext ctx;
     typename Rpc::Request request;
     typename Rpc::Response response;
@@ -425,6 +442,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
         call->end =
             static_cast<int32_t>(int64_t{sv.count} * (k + 1) / sv.parts);
         call->address = &map->servers()[sv.index];
+        call->in_process = options_.in_process_shard != nullptr &&
+                           *call->address == options_.in_process_shard->address();
         v1::RequestHeader* header = call->request.mutable_header();
         header->set_shard_map_epoch(map->epoch());
         header->set_step(step);
@@ -444,8 +463,11 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     }
 
     internal::DoneQueue done(static_cast<int>(calls.size()));
+    // Remote calls first: an in-process call may run to completion on this
+    // thread before it returns, and the remote servers work meanwhile.
     for (size_t i = 0; i < calls.size(); ++i) {
       Call& c = *calls[i];
+      if (c.in_process) continue;
       rpc::SetTimeout(options_.rpc_timeout, &c.ctx);
       // An OK response is consumed (rows copied out) on the gRPC thread that
       // received it, while its bytes are still in that core's cache and
@@ -464,6 +486,28 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
                    queued(std::move(status));
                  });
     }
+    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      Call& c = *calls[i];
+      if (!c.in_process) continue;
+      // The same status the gRPC path would see (codes and messages), and
+      // the epoch of a stale-map refusal, which gRPC sends as a trailer.
+      Rpc::StartInProcess(
+          *options_.in_process_shard, deadline, &c.request, &c.response,
+          [this, &c, &batch,
+           queued = done.Callback(static_cast<int>(i), &c.status)](
+              absl::Status status) {
+            if (status.ok()) {
+              c.consumed = Rpc::Consume(batch, c.server, c.begin, c.end,
+                                        options_.encoding, &c.response,
+                                        &c.incarnation);
+            } else if (auto epoch =
+                           status.GetPayload(kShardMapEpochKey)) {
+              c.server_epoch = rpc::ParseShardMapEpoch(std::string(*epoch));
+            }
+            queued(rpc::ToGrpcStatus(status));
+          });
+    }
     bool failed = false;
     bool again = false;
     unsure_parts.clear();
@@ -471,7 +515,10 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     for (int i = done.Next(); i >= 0; i = done.Next()) {
       Call& c = *calls[i];
       if (failed) continue;
-      switch (retry.Judge(*c.address, c.status, c.ctx)) {
+      const internal::CallVerdict verdict =
+          c.in_process ? retry.Judge(*c.address, c.status, c.server_epoch)
+                       : retry.Judge(*c.address, c.status, c.ctx);
+      switch (verdict) {
         case internal::CallVerdict::kOk: {
           if (!c.consumed.ok()) {
             retry.FailResponse(*c.address, c.consumed);
@@ -500,8 +547,11 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
           break;
       }
       // No point waiting for the rest; cancelling a finished call is a no-op.
+      // An in-process call cannot be cancelled: it ends by its deadline.
       if (failed) {
-        for (const std::unique_ptr<Call>& other : calls) other->ctx.TryCancel();
+        for (const std::unique_ptr<Call>& other : calls) {
+          if (!other->in_process) other->ctx.TryCancel();
+        }
       }
     }
     if (failed) return retry.error();

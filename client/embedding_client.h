@@ -30,6 +30,8 @@
 
 namespace recps::client {
 
+class InProcessShard;
+
 namespace internal {
 class StubCache;
 struct RoutedBatch;
@@ -69,6 +71,12 @@ struct EmbeddingClientOptions {
   // request (docs/shard-server.md, Benchmark), so a server's part is split
   // only beyond 16k ids.
   int max_ids_per_lookup_request = 16384;
+  // A shard server in this process (recps-worker --embedded_shard), or
+  // null. Requests for the server at its address() are handed to it
+  // directly (no serialization, socket or thread hop); routing, retries,
+  // stale epochs and incarnations are handled as for any server. Not owned:
+  // it must outlive the client.
+  InProcessShard* in_process_shard = nullptr;
 };
 
 // Where the client gets the current shard map: at start and whenever a

@@ -80,6 +80,16 @@ void RetryState::Remember(const std::string& address,
 CallVerdict RetryState::Judge(const std::string& address,
                               const grpc::Status& status,
                               const grpc::ClientContext& ctx) {
+  // The trailers are read only for a refusal that may carry an epoch.
+  return Judge(address, status,
+               status.error_code() == grpc::StatusCode::ABORTED
+                   ? rpc::ShardMapEpochOf(ctx)
+                   : std::nullopt);
+}
+
+CallVerdict RetryState::Judge(const std::string& address,
+                              const grpc::Status& status,
+                              std::optional<uint64_t> server_epoch) {
   if (status.ok()) return CallVerdict::kOk;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     // Starting, behind our map, or unreachable: the same request may work
@@ -89,7 +99,7 @@ CallVerdict RetryState::Judge(const std::string& address,
     return CallVerdict::kRetry;
   }
   if (status.error_code() == grpc::StatusCode::ABORTED) {
-    if (std::optional<uint64_t> epoch = rpc::ShardMapEpochOf(ctx)) {
+    if (std::optional<uint64_t> epoch = server_epoch) {
       // Our map is stale: refresh once for the round, then re-route.
       wanted_epoch_ = std::max(wanted_epoch_.value_or(0), *epoch);
       Remember(address, status);

@@ -94,6 +94,10 @@ class RetryState {
   // error is returned by error(), prefixed with the address.
   CallVerdict Judge(const std::string& address, const grpc::Status& status,
                     const grpc::ClientContext& ctx);
+  // The same, for a call whose server epoch (sent with a stale-map
+  // refusal) is known without a gRPC context: an in-process server's.
+  CallVerdict Judge(const std::string& address, const grpc::Status& status,
+                    std::optional<uint64_t> server_epoch);
   // The error of the last kFail verdict (or a response the caller rejected).
   absl::Status error() const { return error_; }
   // Marks the call to `address` as failed with a malformed response.

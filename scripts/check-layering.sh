@@ -36,8 +36,16 @@ forbid common/config 'common/(wire|rpc)/|server/|client/|worker/|grpcpp/' \
   "the config library includes only the base library, kernels' parameter types and the protos"
 forbid common/rpc 'common/config/|kernels/|server/|client/|worker/' \
   "the RPC layer includes only the base and wire libraries and gRPC"
-forbid worker 'server/|client/launcher/|client/admin/' \
+# recps-worker --embedded_shard runs a whole shard server in the worker
+# (docs/architecture.md, "Embedded shard servers"): its main() alone may
+# include server/shard/shard_process.h (checked precisely below); the
+# worker's libraries stay server-free.
+worker_files=$(find worker -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) \
+  | grep -v '^worker/worker_main\.cc$')
+forbid "$worker_files" 'server/|client/launcher/|client/admin/' \
   "the worker includes no server internals, launcher or admin CLI"
+forbid worker/worker_main.cc 'client/launcher/|client/admin/' \
+  "the worker includes no launcher or admin CLI"
 forbid server/shard 'server/coordinator/|server/planner/|worker/|client/launcher/|client/admin/' \
   "the shard server includes no coordinator, planner, worker, launcher or admin code"
 forbid server/checkpoint 'server/coordinator/|server/planner/|worker/|client/' \
@@ -63,6 +71,12 @@ forbid client/launcher 'server/|client/admin/' \
 # grep -E has no look-ahead: the planner rule above would refuse
 # store_footprint.h too; check it precisely here instead.
 planner_hits=$(grep -rnE '^#include "server/shard/' server/planner | grep -v 'server/shard/store_footprint.h' || true)
+worker_main_hits=$(grep -nE '^#include "server/' worker/worker_main.cc | grep -v 'server/shard/shard_process.h' || true)
+if [[ -n $worker_main_hits ]]; then
+  echo "layering: recps-worker's main includes server code other than server/shard/shard_process.h:"
+  echo "$worker_main_hits" | sed 's/^/  /'
+  broken=1
+fi
 if [[ -n $planner_hits ]]; then
   echo "layering: the planner includes store internals:"; echo "$planner_hits" | sed 's/^/  /'
   broken=1
@@ -82,7 +96,9 @@ if [[ -n $build_dir ]]; then
       fi
     done
   }
-  links worker/CMakeFiles/recps-worker.dir/link.txt recps_server_store recps_server recps_coordinator recps_planner recps_launcher recps_admin
+  # recps-worker links the shard server (recps_shard_process, recps_server,
+  # recps_server_store) for --embedded_shard; nothing of the coordinator's.
+  links worker/CMakeFiles/recps-worker.dir/link.txt recps_coordinator recps_planner recps_launcher recps_admin
   links client/launcher/CMakeFiles/recps.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator recps_client
   links client/admin/CMakeFiles/recpsctl.dir/link.txt recps_worker recps_server recps_server_store recps_coordinator recps_checkpoint
   links server/shard/CMakeFiles/recps-shard.dir/link.txt recps_worker recps_coordinator recps_planner recps_admin

@@ -2,6 +2,7 @@
 //
 //   recps-worker --coordinator=host:7000            (a cluster)
 //   recps-worker --config=job.textproto --shards=127.0.0.1:7000   (no coordinator)
+//   recps-worker --coordinator=host:7000 --embedded_shard  (its own shard server inside)
 //
 // Rank and world size come from --rank/--world_size or, as torchrun and
 // `recps launch` set them, from RANK and WORLD_SIZE. With --coordinator the
@@ -42,6 +43,7 @@
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
 #include "common/port_file.h"
+#include "common/status_macros.h"
 #include "common/rpc/retry.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -63,6 +65,9 @@
 #include "worker/model/dense_state.h"
 #include "common/rpc/tls_flags.h"
 #include "worker/trainer.h"
+// The one server header of the worker: --embedded_shard runs a whole shard
+// server in this process (scripts/check-layering.sh allows exactly this).
+#include "server/shard/shard_process.h"
 
 ABSL_FLAG(std::string, device, "cpu",
           "where the dense model runs: cpu, cuda (GPU 0) or cuda:N. A CUDA "
@@ -131,6 +136,36 @@ ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Minutes(10),
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");
+ABSL_FLAG(bool, embedded_shard, false,
+          "run a shard server inside this worker (the same store, update and "
+          "step clock as recps-shard): it registers with --coordinator and "
+          "serves other workers, the coordinator and recpsctl over gRPC like "
+          "a recps-shard, while this worker reaches it directly, without "
+          "gRPC. Without --coordinator (and --world_size=1) it serves every "
+          "slot alone. Its rows live in this process: if the worker dies, "
+          "they are lost (restart from a checkpoint)");
+ABSL_FLAG(std::string, embedded_shard_listen, "127.0.0.1:0",
+          "with --embedded_shard: its gRPC address, host:port (port 0: the "
+          "OS picks)");
+ABSL_FLAG(std::string, embedded_shard_advertise, "",
+          "with --embedded_shard: its address in shard maps (default: the "
+          "listen host with the bound port)");
+ABSL_FLAG(std::string, embedded_shard_metrics_listen, "",
+          "with --embedded_shard: its Prometheus /metrics address, host:port "
+          "(empty: none)");
+ABSL_FLAG(std::string, embedded_shard_port_file, "",
+          "with --embedded_shard: write '<grpc port> <metrics port>' of the "
+          "embedded shard server here once it serves");
+ABSL_FLAG(std::string, embedded_shard_tls_cert, "",
+          "with --embedded_shard and mutual TLS: the embedded shard server's "
+          "certificate (role shard; CA from --tls_ca), for its gRPC server "
+          "and its calls to other shard servers (slot moves need the shard "
+          "role). Default: the worker's own --tls_cert");
+ABSL_FLAG(std::string, embedded_shard_tls_key, "",
+          "with --embedded_shard_tls_cert: its private key");
+ABSL_FLAG(uint32_t, embedded_shard_num_slots, 4096,
+          "with --embedded_shard: slots of the cluster (as recps-shard "
+          "--num_slots)");
 ABSL_FLAG(bool, sync_prefetch, true,
           "sync mode: read step t+1's rows during step t and re-read only the "
           "rows step t updated (exact; false: look up after each push)");
@@ -427,6 +462,77 @@ class WorkerMetrics {
   std::array<prometheus::Histogram*, kPhases.size()> phases_{};
 };
 
+// --embedded_shard: the job's tables served from this process, registered
+// with the coordinator like a recps-shard (or alone, without one). Returns
+// once it serves a shard map that lists it.
+absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
+    const v1::JobConfig& job, int world, const std::string& coordinator) {
+  server::ShardProcessOptions o;
+  *o.tables.mutable_tables() = job.tables();
+  o.seed = job.training().seed();
+  const v1::ConsistencyConfig& c = job.training().consistency();
+  o.consistency.mode = c.mode() == v1::ConsistencyConfig::BOUNDED ? server::ConsistencyMode::kBounded
+                       : c.mode() == v1::ConsistencyConfig::ASYNC ? server::ConsistencyMode::kAsync
+                                                                  : server::ConsistencyMode::kSync;
+  o.consistency.staleness = c.staleness() > 0 ? c.staleness() : 1;
+  o.consistency.world_size = world;
+  o.num_slots = absl::GetFlag(FLAGS_embedded_shard_num_slots);
+  o.listen = absl::GetFlag(FLAGS_embedded_shard_listen);
+  o.advertise = absl::GetFlag(FLAGS_embedded_shard_advertise);
+  o.metrics_listen = absl::GetFlag(FLAGS_embedded_shard_metrics_listen);
+  o.coordinator = coordinator;
+  o.standalone = coordinator.empty();
+  const std::string cert = absl::GetFlag(FLAGS_embedded_shard_tls_cert);
+  const std::string key = absl::GetFlag(FLAGS_embedded_shard_tls_key);
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--embedded_shard_tls_cert and --embedded_shard_tls_key go together");
+  }
+  if (!cert.empty()) {
+    const rpc::TlsFlagValues tls = rpc::GetTlsFlags();
+    if (tls.insecure || tls.ca.empty()) {
+      return absl::InvalidArgumentError(
+          "--embedded_shard_tls_cert needs mutual TLS (--tls_ca, --tls_cert, --tls_key)");
+    }
+    o.security = rpc::TransportSecurity::Tls(tls.ca, cert, key, tls.reload_interval);
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<server::ShardProcess> shard,
+                   server::ShardProcess::Create(std::move(o)));
+  RETURN_IF_ERROR(shard->Serve());
+  if (const std::string path = absl::GetFlag(FLAGS_embedded_shard_port_file); !path.empty()) {
+    RETURN_IF_ERROR(WritePortFile(path, shard->grpc_port(), shard->metrics_port()));
+  }
+  // The coordinator sends the map once every shard server registered.
+  const absl::Duration wait = absl::GetFlag(FLAGS_resume_timeout);
+  const absl::Time deadline = absl::Now() + wait;
+  while (!shard->serving()) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the embedded shard server ", shard->address(), " received no shard map from "
+          "coordinator ", coordinator, " within --resume_timeout=", absl::FormatDuration(wait),
+          " (are all of the job's shard servers started?)"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  LogInfo("embedded shard server ", shard->address(), " serves; this worker reaches it "
+          "in process");
+  return shard;
+}
+
+// Other workers may still read this worker's rows (their last evaluation)
+// until they are done too: wait for every peer, then stop serving (leave
+// the coordinator, finish calls in flight).
+void StopEmbeddedShard(Collectives* collectives, server::ShardProcess* shard) {
+  if (shard == nullptr) return;
+  if (collectives != nullptr) {
+    if (absl::Status s = collectives->Barrier(); !s.ok()) {
+      LogWarning("waiting for the other workers before stopping the embedded shard "
+                 "server: ", s.ToString());
+    }
+  }
+  shard->Stop(absl::Seconds(10));
+}
+
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
   const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
@@ -507,8 +613,26 @@ int Run() {
     LogError(s.message());
     return 2;
   }
-  const std::vector<std::string> shards =
+  std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  // Declared before the embedding client: it outlives every call to it.
+  std::unique_ptr<server::ShardProcess> embedded_shard;
+  if (absl::GetFlag(FLAGS_embedded_shard)) {
+    if (coordinator == nullptr && (world != 1 || !shards.empty())) {
+      LogError("--embedded_shard without --coordinator serves every slot alone: it needs "
+               "--world_size=1 and no --shards (got --world_size=", world, ", ",
+               shards.size(), " --shards)");
+      return 2;
+    }
+    absl::StatusOr<std::unique_ptr<server::ShardProcess>> started =
+        StartEmbeddedShard(*job, world, coordinator_address);
+    if (!started.ok()) {
+      LogError("--embedded_shard: ", started.status().message());
+      return absl::IsInvalidArgument(started.status()) ? 2 : 1;
+    }
+    embedded_shard = *std::move(started);
+    if (coordinator == nullptr) shards = {embedded_shard->address()};
+  }
   if (coordinator == nullptr && shards.empty()) {
     LogError("--shards is required without --coordinator (the shard servers' addresses)");
     return 2;
@@ -558,6 +682,7 @@ int Run() {
   client::EmbeddingClientOptions client_options;
   client_options.worker_rank = rank;
   client_options.encoding = config::WireEncoding(job->training());
+  if (embedded_shard != nullptr) client_options.in_process_shard = embedded_shard->endpoint();
   if (client_options.encoding != v1::ROW_ENCODING_FLOAT32) {
     LogInfo("rows and gradients travel as ", v1::RowEncoding_Name(client_options.encoding),
             " (training.wire_precision)");
@@ -866,6 +991,7 @@ int Run() {
     if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
       std::ofstream(path) << ResultJson(*result);
     }
+    StopEmbeddedShard(collectives.get(), embedded_shard.get());
     if (lease != nullptr) lease->Leave();
     std::fflush(nullptr);
     _exit(0);
@@ -895,6 +1021,7 @@ int Run() {
   if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
     std::ofstream(path) << ResultJson(*result);
   }
+  StopEmbeddedShard(collectives.get(), embedded_shard.get());
   if (lease != nullptr) lease->Leave();
   std::fflush(nullptr);
   _exit(0);  // skip the metrics exposer's slow stop (see recps-shard)
@@ -909,7 +1036,8 @@ int main(int argc, char** argv) {
       "recps worker: trains a job's DLRM against the shard servers.\n"
       "  recps-worker --coordinator=HOST:PORT [--rank=R --world_size=W]\n"
       "  recps-worker --config=JOB --shards=HOST:PORT[,HOST:PORT...] "
-      "[--rank=R --world_size=W --rendezvous_dir=DIR]");
+      "[--rank=R --world_size=W --rendezvous_dir=DIR]\n"
+      "  recps-worker ... --embedded_shard   (run a shard server inside the worker)");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
   recps::rpc::InitProcessSecurityFromFlags();

@@ -158,7 +158,11 @@ def run_tree(cmd, log_path, timeout, env=None):
     return rc, peak
 
 
-def run_recps(a, cfg, d, workers, shards, steps, warm, wire=""):
+def run_recps(a, cfg, d, workers, shards, steps, warm, wire="", transport=None):
+    # transport: "inproc" (each worker embeds its shard server: recps local
+    # --in_process) or "grpc" (separate recps-shard processes); default
+    # --recps_transport.
+    transport = transport or a.recps_transport
     tables, rows, bag, gb = CONFIGS[cfg]
     job = os.path.join(d, f"job-{workers}{wire}.textproto")
     eval_batches = max(1, a.eval_lines // gb)
@@ -166,8 +170,9 @@ def run_recps(a, cfg, d, workers, shards, steps, warm, wire=""):
               tables, rows, gb // workers, steps, eval_batches, wire)
     res = tempfile.mkdtemp(dir=d)
     cmd = [os.path.join(a.build_dir, "bin", "recps"), "local", f"--job={job}",
-           f"--workers={workers}", f"--shards={shards}", f"--result_dir={res}",
+           f"--workers={workers}", f"--result_dir={res}",
            f"--work_dir={res}/work", f"--bin_dir={os.path.join(a.build_dir, 'bin')}"]
+    cmd += ["--in_process"] if transport == "inproc" else [f"--shards={shards}"]
     rc, peak = run_tree(cmd, os.path.join(res, "log.txt"), a.timeout)
     try:
         with open(os.path.join(res, "result0.json")) as f:
@@ -205,6 +210,13 @@ def run_torch(a, cfg, d, system, world, steps, warm):
 
 
 def run_system(a, cfg, d, system, steps, warm):
+    # recps-...-grpc / -inproc: that transport whatever --recps_transport says.
+    for t in ("grpc", "inproc"):
+        if system.startswith("recps-") and system.endswith("-" + t):
+            base = system[:-len(t) - 1]
+            workers = 2 if base.startswith("recps-W2S2") else 1
+            wire = base.split("-", 2)[2] if base.count("-") >= 2 else ""
+            return run_recps(a, cfg, d, workers, workers, steps, warm, wire, t)
     if system == "recps-W1S1":
         return run_recps(a, cfg, d, 1, 1, steps, warm)
     if system == "recps-W2S2":
@@ -231,7 +243,13 @@ def main():
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma list of " + ",".join(SYSTEMS) +
                    "; recps-W1S1-FLOAT16 / -BFLOAT16 (and W2S2) run recps with that "
-                   "training.wire_precision")
+                   "training.wire_precision; a -grpc or -inproc suffix "
+                   "(recps-W1S1-grpc) overrides --recps_transport for that system, "
+                   "to interleave both")
+    p.add_argument("--recps_transport", choices=["inproc", "grpc"], default="inproc",
+                   help="recps' shard servers: inproc (each worker embeds one, "
+                   "recps local --in_process; the default, faster on one machine, "
+                   "docs/performance.md) or grpc (separate recps-shard processes)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0,
                    help="training steps per run (0: 100 for S, 60 for M)")

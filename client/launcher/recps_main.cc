@@ -1,7 +1,7 @@
 // recps: the launcher.
 //
 //   recps local [--job=FILE] [--shards=2] [--workers=2] [--consistency=sync]
-//               [-- WORKER FLAGS]
+//               [--in_process] [-- WORKER FLAGS]
 //
 //   recps launch --coordinator=HOST:PORT --nproc_per_node=N [--nnodes=M
 //                --node_rank=R] [CONFIG] [-- WORKER FLAGS]
@@ -13,7 +13,9 @@
 // coordinator that dies is restarted on its port with its state (up to
 // --coordinator_restarts times); a shard server that dies stops the run,
 // named by index and address. WORK/pids lists every child's pid; the last
-// line gives rank 0's final held-out AUC.
+// line gives rank 0's final held-out AUC. With --in_process no shard server
+// processes are started: each worker embeds one (recps-worker
+// --embedded_shard), shards = workers, and a worker's death is its shard's.
 // With no flags it trains examples/small.textproto with 2 shards and 2
 // workers in sync mode. `--resume` restores the newest complete checkpoint of
 // training.checkpoint.dir; `--max_restarts=N` restarts the whole job from it
@@ -61,7 +63,14 @@
 ABSL_FLAG(std::string, job, "",
           "job config (text-format recps.v1.JobConfig); default: "
           "examples/small.textproto");
-ABSL_FLAG(int, shards, 2, "shard servers to start");
+ABSL_FLAG(int, shards, 0,
+          "shard servers to start (0: 2, or with --in_process one per worker)");
+ABSL_FLAG(bool, in_process, false,
+          "local: no shard server processes; each worker embeds one "
+          "(recps-worker --embedded_shard) and reaches its own without gRPC, "
+          "the other workers' over gRPC; shards = workers. A worker that "
+          "dies takes its rows with it: the run stops (or restarts from the "
+          "last checkpoint with --max_restarts)");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
 ABSL_FLAG(std::string, consistency, "",
           "override the job's consistency: sync, bounded or async");
@@ -356,7 +365,8 @@ struct LocalSecurity {
 // TLS by default: a CA and certificates in <work>/certs (one per worker, so
 // that per-client limits count each worker alone); this process calls as
 // admin. --insecure: plaintext everywhere.
-absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int num_workers) {
+absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int num_workers,
+                                                  bool in_process) {
   const rpc::TlsFlagValues flags = rpc::GetTlsFlags();
   LocalSecurity security;
   if (!flags.ca.empty() || !flags.cert.empty() || !flags.key.empty()) {
@@ -382,11 +392,17 @@ absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int nu
     }
   }
   for (int r = 0; r < num_workers; ++r) {
-    const std::string name = absl::StrCat("worker-", r);
-    if (std::filesystem::exists(security.dir + "/" + name + ".crt")) continue;
-    if (absl::Status s = security::IssueCert(security.dir, security.dir, "worker", name, options);
-        !s.ok()) {
-      return s;
+    // --in_process: each worker's embedded shard server gets a shard
+    // certificate of its own (its peers accept slot-move calls from the
+    // shard role only).
+    for (const char* role : {"worker", "shard"}) {
+      if (std::strcmp(role, "shard") == 0 && !in_process) continue;
+      const std::string name = absl::StrCat(role, "-", r);
+      if (std::filesystem::exists(security.dir + "/" + name + ".crt")) continue;
+      if (absl::Status s = security::IssueCert(security.dir, security.dir, role, name, options);
+          !s.ok()) {
+        return s;
+      }
     }
   }
   rpc::SetProcessSecurity(rpc::TransportSecurity::Tls(
@@ -396,11 +412,24 @@ absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int nu
 }
 
 int RunLocal(const std::vector<std::string>& worker_args) {
-  const int num_shards = absl::GetFlag(FLAGS_shards);
+  const bool in_process = absl::GetFlag(FLAGS_in_process);
   const int num_workers = absl::GetFlag(FLAGS_workers);
-  if (num_shards < 1 || num_workers < 1) {
-    LogError("--shards and --workers must be >= 1");
+  int num_shards = absl::GetFlag(FLAGS_shards);
+  if (num_shards < 0 || num_workers < 1) {
+    LogError("--shards must be >= 0 (0: the default) and --workers >= 1");
     return 2;
+  }
+  if (in_process) {
+    // One shard server per worker, inside it.
+    if (num_shards != 0 && num_shards != num_workers) {
+      LogError("--in_process runs one shard server inside each worker: --shards=",
+               num_shards, " must equal --workers=", num_workers,
+               " (or be left out); drop --in_process for separate shard servers");
+      return 2;
+    }
+    num_shards = num_workers;
+  } else if (num_shards == 0) {
+    num_shards = 2;
   }
   std::string job_path = absl::GetFlag(FLAGS_job);
   if (job_path.empty()) job_path = DefaultJob();
@@ -428,7 +457,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   const std::string coordinator_bin = FindBinary("recps-coordinator");
   const std::string shard_bin = FindBinary("recps-shard");
   const std::string worker_bin = FindBinary("recps-worker");
-  if (coordinator_bin.empty() || shard_bin.empty() || worker_bin.empty()) {
+  if (coordinator_bin.empty() || (shard_bin.empty() && !in_process) || worker_bin.empty()) {
     LogError("cannot find recps-coordinator, recps-shard and recps-worker; "
              "set --bin_dir");
     return 2;
@@ -463,9 +492,10 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     LogWarning("--max_restarts=", max_restarts, " without training.checkpoint.dir: a "
                "restarted job starts from step 0");
   }
-  LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s), ",
+  LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s)",
+          in_process ? " (one inside each worker, --in_process)" : "", ", ",
           num_workers, " worker(s); logs in ", work);
-  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers);
+  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers, in_process);
   if (!tls.ok()) {
     LogError(tls.status().message());
     return absl::IsInvalidArgument(tls.status()) ? 2 : 1;
@@ -543,7 +573,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   write_pids();
 
   std::vector<std::string> shard_addresses;
-  for (int i = 0; i < num_shards; ++i) {
+  // --in_process: the workers start their shard servers and wait for the
+  // map themselves.
+  for (int i = 0; i < num_shards && !in_process; ++i) {
     const std::string log = absl::StrCat(work, "/shard", i, ".log");
     const std::string ports = absl::StrCat(work, "/shard", i, ".ports");
     std::error_code ec;
@@ -582,6 +614,19 @@ int RunLocal(const std::vector<std::string>& worker_args) {
         absl::StrCat("--threads=", threads),
         r == 0 ? "--progress_every=2s" : "--progress_every=1000h",
         absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
+    if (in_process) {
+      const std::string ports = absl::StrCat(work, "/shard", r, ".ports");
+      std::error_code ec;
+      std::filesystem::remove(ports, ec);  // the last attempt's is stale
+      args.push_back("--embedded_shard");
+      args.push_back("--embedded_shard_listen=127.0.0.1:0");
+      args.push_back("--embedded_shard_port_file=" + ports);
+      if (!tls->insecure) {
+        const std::string name = absl::StrCat(tls->dir, "/shard-", r);
+        args.push_back("--embedded_shard_tls_cert=" + name + ".crt");
+        args.push_back("--embedded_shard_tls_key=" + name + ".key");
+      }
+    }
     for (std::string& a : tls->Args(absl::StrCat("worker-", r))) args.push_back(std::move(a));
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
@@ -801,7 +846,7 @@ int main(int argc, char** argv) {
   recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
-      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--insecure] "
+      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--in_process] [--insecure] "
       "[--consistency=sync|bounded|async] [--steps=N] [--resume] [--max_restarts=N] "
       "[-- WORKER FLAGS]\n"
       "    start a coordinator, shard servers and workers on 127.0.0.1 and "

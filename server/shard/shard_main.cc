@@ -11,38 +11,24 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "client/coordinator_client.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "common/rpc/channels.h"
 #include "common/rpc/gate_flags.h"
-#include "common/rpc/health_port.h"
 #include "common/rpc/tls_flags.h"
 #include "common/malloc_tuning.h"
 #include "common/port_file.h"
 #include "common/config/text_proto.h"
-#include "common/thread_pool.h"
 #include "google/protobuf/stubs/logging.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/grpcpp.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "prometheus/exposer.h"
-#include "prometheus/registry.h"
-#include "recps/v1/coordinator.grpc.pb.h"
-#include "server/shard/shard_peer_grpc.h"
-#include "server/shard/shard_service.h"
+#include "server/shard/shard_metrics.h"  // LogLimiter
+#include "server/shard/shard_process.h"
 #include "recps/v1/job.pb.h"
 #include "common/config/table_config.h"
 #include "common/flags_usage.h"
@@ -297,189 +283,59 @@ int Run() {
     }
   }
 
-  ThreadPool compute_pool(std::max(0, absl::GetFlag(FLAGS_store_threads)));
-  StoreOptions store_options;
-  store_options.seed = seed;
-  store_options.num_slots = absl::GetFlag(FLAGS_num_slots);
-  store_options.max_rows_per_table = absl::GetFlag(FLAGS_max_rows_per_table);
-  store_options.pool = &compute_pool;
-  absl::StatusOr<kernels::Device> device =
-      kernels::ParseDevice(absl::GetFlag(FLAGS_device), &store_options.cuda_device);
-  if (!device.ok()) {
-    LogError("--device: ", device.status().message());
-    return 2;
-  }
-  store_options.device = *device;
-  absl::StatusOr<std::unique_ptr<EmbeddingStore>> store =
-      CreateEmbeddingStore(*specs, store_options);
-  if (!store.ok()) {
-    LogError(store.status().message());
-    return 2;
-  }
-
-  auto registry = std::make_shared<prometheus::Registry>();
-  ShardMetrics metrics(*registry);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  int metrics_port = 0;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    exposer = std::make_unique<prometheus::Exposer>(addr);
-    exposer->RegisterCollectable(registry);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    metrics_port = ports.empty() ? 0 : ports[0];
-  }
-
-  ShardServerOptions options;
-  options.num_slots = store_options.num_slots;
-  options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
-  options.consistency = *consistency;
-  options.work_threads = absl::GetFlag(FLAGS_threads);
-  options.move_streams = absl::GetFlag(FLAGS_move_streams);
-  options.move_chunk_bytes = absl::GetFlag(FLAGS_move_chunk_bytes);
-  options.move_max_rounds = absl::GetFlag(FLAGS_move_max_rounds);
-  // Health: NOT_SERVING until a map that lists this server is installed.
-  // The health service exists only once the gRPC server is built, after
-  // the shard server: the callback finds it through this pointer.
-  std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
-  std::unique_ptr<rpc::HealthPort> health_port;
-  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
-    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
-    if (!started.ok()) {
-      LogError(started.status().message());
-      return 1;
-    }
-    health_port = *std::move(started);
-  }
-  options.on_map_installed = [&health, port = health_port.get()] {
-    if (grpc::HealthCheckServiceInterface* h = health.load()) {
-      h->SetServingStatus(true);
-    }
-    if (port != nullptr) port->SetServing(true);
-  };
-  // Column groups of column-wise tables: same seed, slots and limits.
-  options.create_store = [store_options](std::vector<config::TableSpec> groups) {
-    return CreateEmbeddingStore(std::move(groups), store_options);
-  };
-  // Slot moves: this server pulls rows from, and calls, other shard
-  // servers over the same transport as the data plane.
-  options.connect_peer = [](const std::string& address) {
-    return ConnectGrpcShardPeer(address, rpc::TransportSecurity());
-  };
-  absl::StatusOr<std::unique_ptr<ShardServer>> shard =
-      ShardServer::Create(*std::move(store), ShardMap(), options, &metrics);
-  if (!shard.ok()) {
-    LogError(shard.status().message());
-    return 2;
-  }
-
   absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
   if (!gate_options.ok()) {
     LogError(gate_options.status().message());
     return 2;
   }
-  rpc::CallGate gate(*gate_options, registry.get());
-  EmbeddingShardService data_service(shard->get(), &metrics);
-  ShardAdminService admin_service(shard->get(), &metrics);
-  data_service.set_gate(&gate);
-  admin_service.set_gate(&gate);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()),
-                           &grpc_port);
-  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
-  // a port another process of the same user listens on (a restart on its
-  // old port) silently shares it, the kernel splitting connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(&data_service);
-  builder.RegisterService(&admin_service);
-  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_message_mb) << 20);
-  builder.SetMaxSendMessageSize(-1);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    LogError("cannot listen on ", listen);
+  ShardProcessOptions options;
+  options.tables = *std::move(config);
+  options.seed = seed;
+  options.consistency = *consistency;
+  options.num_slots = absl::GetFlag(FLAGS_num_slots);
+  options.max_rows_per_table = absl::GetFlag(FLAGS_max_rows_per_table);
+  options.max_ids_per_request = absl::GetFlag(FLAGS_max_ids_per_request);
+  options.device = absl::GetFlag(FLAGS_device);
+  options.max_message_mb = absl::GetFlag(FLAGS_max_message_mb);
+  options.threads = absl::GetFlag(FLAGS_threads);
+  options.store_threads = absl::GetFlag(FLAGS_store_threads);
+  options.move_streams = absl::GetFlag(FLAGS_move_streams);
+  options.move_chunk_bytes = absl::GetFlag(FLAGS_move_chunk_bytes);
+  options.move_max_rounds = absl::GetFlag(FLAGS_move_max_rounds);
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.advertise = absl::GetFlag(FLAGS_advertise);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.coordinator = absl::GetFlag(FLAGS_coordinator);
+  options.standalone = absl::GetFlag(FLAGS_standalone);
+  options.gate = *gate_options;
+  options.on_registration_refused = [](const absl::Status&) {
+    registration_refused.store(true);
+    kill(getpid(), SIGTERM);  // ends the sigwait below
+  };
+  absl::StatusOr<std::unique_ptr<ShardProcess>> process =
+      ShardProcess::Create(std::move(options));
+  if (!process.ok()) {
+    LogError(process.status().message());
+    return 2;
+  }
+  if (absl::Status s = (*process)->Serve(); !s.ok()) {
+    LogError(s.message());
     return 1;
   }
-  if (grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService()) {
-    h->SetServingStatus(false);  // the default service starts SERVING
-    health.store(h);
-    // A map installed before the pointer was published.
-    if ((*shard)->serving()) h->SetServingStatus(true);
-  }
-
-  std::string advertise = absl::GetFlag(FLAGS_advertise);
-  if (advertise.empty()) {
-    const std::vector<std::string> host_port = absl::StrSplit(listen, ':');
-    advertise = absl::StrCat(host_port.empty() ? "127.0.0.1" : host_port[0], ":",
-                             grpc_port);
-  }
-  if (absl::GetFlag(FLAGS_standalone)) {
-    v1::SetShardMapRequest set;
-    *set.mutable_shard_map() =
-        ShardMap::Uniform(1, store_options.num_slots, {advertise}).ToProto();
-    set.set_self(advertise);
-    if (absl::Status s = (*shard)->SetShardMap(set); !s.ok()) {
-      LogError(s.message());
-      return 1;
-    }
-  } else {
-    (*shard)->SetSelfAddress(advertise);  // for maps that do not name `self`
-  }
-  LogInfo("serving ", specs->size(), " table(s) on ", advertise, " (",
-          ConsistencyModeName(consistency->mode), ", world size ",
-          consistency->world_size, "), metrics on port ", metrics_port,
-          absl::GetFlag(FLAGS_standalone) ? ", standalone" : ", waiting for a shard map");
-  // Registers in the background (the coordinator may start later) and
-  // keeps the lease; the map arrives via ShardAdmin.SetShardMap.
-  std::unique_ptr<client::CoordinatorClient> coordinator;
-  std::unique_ptr<client::CoordinatorLease> lease;
-  if (const std::string c = absl::GetFlag(FLAGS_coordinator); !c.empty()) {
-    client::CoordinatorClientOptions options;
-    options.call_timeout = absl::Seconds(5);  // also bounds the wait at shutdown
-    coordinator = std::make_unique<client::CoordinatorClient>(c, options);
-    v1::RegisterRequest request;
-    request.set_role(v1::SHARD_SERVER);
-    request.set_address(advertise);
-    request.set_rank(-1);
-    // What the coordinator checks against the cluster and the job.
-    request.set_num_slots(store_options.num_slots);
-    *request.mutable_tables() = config->tables();
-    lease = std::make_unique<client::CoordinatorLease>(
-        coordinator.get(), request, nullptr, [](const absl::Status& refused) {
-          LogError("the coordinator refused this shard server: ", refused.message());
-          registration_refused.store(true);
-          kill(getpid(), SIGTERM);  // ends the sigwait below
-        });
-  }
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-    if (absl::Status s = WritePortFile(path, grpc_port, metrics_port); !s.ok()) {
+    if (absl::Status s =
+            WritePortFile(path, (*process)->grpc_port(), (*process)->metrics_port());
+        !s.ok()) {
       LogError(s.message());
       return 1;
     }
   }
 
-  // Level metrics (resident memory, rows) between scrapes of Stats.
-  absl::Notification stop_gauges;
-  std::thread gauges([&] {
-    do {
-      (*shard)->RefreshGauges();
-    } while (!stop_gauges.WaitForNotificationWithTimeout(absl::Seconds(1)));
-  });
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   LogInfo("received signal ", signal_number, "; finishing calls in flight");
-  stop_gauges.Notify();
-  gauges.join();
-  if (lease != nullptr) lease->Leave();
-  lease.reset();
-  // A move's call waits for its copy: end the moves first, or the shutdown
-  // below would wait for them.
-  (*shard)->StopMoves();
-  server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
-  server->Wait();
-  shard->reset();
+  (*process)->Stop(absl::GetFlag(FLAGS_grace_period));
   LogInfo("stopped");
   // Everything that holds data is closed. Skip the metrics exposer's
   // destructor: civetweb polls its threads down for about a second, which

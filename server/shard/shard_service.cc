@@ -94,9 +94,9 @@ bool CreatesRows(const ShardServer& server, const v1::LookupRequest& request) {
   return false;
 }
 
-// The response's segments as slices of its buffer, without copying: the
-// buffer goes back to its pool when gRPC drops the last slice.
-grpc::ByteBuffer ToByteBuffer(SerializedLookupResponse& response) {
+}  // namespace
+
+grpc::ByteBuffer LookupResponseToByteBuffer(SerializedLookupResponse& response) {
   auto* buffer = new PooledBuffer(response.TakeBuffer());
   const grpc::Slice whole(
       buffer->data(), buffer->size(),
@@ -108,8 +108,6 @@ grpc::ByteBuffer ToByteBuffer(SerializedLookupResponse& response) {
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
 }
-
-}  // namespace
 
 grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
@@ -150,7 +148,7 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
   server_->Lookup(&c->request, &c->response,
                   [this, context, reactor, start, response,
                    call = std::move(call)](absl::Status s) {
-                    if (s.ok()) *response = ToByteBuffer(call->response);
+                    if (s.ok()) *response = LookupResponseToByteBuffer(call->response);
                     if (absl::IsInvalidArgument(s)) call->admission.NoteBadRequest();
                     Finish("Lookup", context, reactor, s, start, metrics_);
                   },

@@ -12,6 +12,11 @@
 
 namespace recps::server {
 
+// The response's segments as slices of its buffer, without copying: the
+// buffer goes back to its pool when the last slice is dropped. What gRPC
+// sends, and what an in-process lookup hands over (in_process_shard.h).
+grpc::ByteBuffer LookupResponseToByteBuffer(SerializedLookupResponse& response);
+
 // Lookup is registered raw: its response is sent from the buffer the rows
 // were written to (SerializedLookupResponse) instead of a protobuf
 // message that gRPC would serialize, copying every row again. The wire

@@ -30,8 +30,8 @@ namespace {
 std::string WriteJob(const TempDir& dir, const SmallJob& spec, const std::string& checkpoints) {
   std::string tables, features;
   for (int t = 0; t < 4; ++t) {
-    absl::StrAppend(&tables, "tables { name: \"t", t,
-                    "\" dim: 16 optimizer { kind: ROWWISE_ADAGRAD learning_rate: 0.05 } }\n");
+    absl::StrAppend(&tables, "tables { name: \"t", t, "\" dim: 16 optimizer { kind: ",
+                    spec.optimizer, " learning_rate: 0.05 } }\n");
     absl::StrAppend(&features, "features { name: \"f", t, "\" table: \"t", t,
                     "\" pooling: SUM }\n");
   }

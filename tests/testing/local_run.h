@@ -22,13 +22,14 @@ namespace recps::testing {
 // The whole file, or "" when it cannot be read.
 std::string ReadAll(const std::string& path);
 
-// The job: 4 tables of 16 floats (row-wise Adagrad), batch 64, sync mode,
+// The job: 4 tables of 16 floats (`optimizer`), batch 64, sync mode,
 // Adam on the dense part, zipf synthetic data, a checkpoint every
 // `checkpoint_every` steps (keep_last 2) into the run's checkpoint folder.
 struct SmallJob {
   std::string name = "e2e";
   int steps = 300;
   int checkpoint_every = 20;
+  std::string optimizer = "ROWWISE_ADAGRAD";  // the tables' OptimizerKind
 };
 
 struct LocalRun {

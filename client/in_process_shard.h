@@ -1,0 +1,48 @@
+// A shard server that lives in the caller's process (recps-worker
+// --embedded_shard): the embedding client hands it the requests for the ids
+// it owns as objects, with no serialization, socket or thread hop, and
+// everything else (other servers, retries, stale epochs, incarnations)
+// goes through the client's usual logic. The implementation is the shard
+// server's own (server/shard/in_process_shard.h); this interface keeps
+// client/ free of server code.
+#ifndef RECPS_CLIENT_IN_PROCESS_SHARD_H_
+#define RECPS_CLIENT_IN_PROCESS_SHARD_H_
+
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "recps/v1/shard.pb.h"
+
+namespace recps::client {
+
+class InProcessShard {
+ public:
+  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+  virtual ~InProcessShard() = default;
+
+  // The server's address in shard maps: requests routed to it are handed
+  // over here instead of being sent over gRPC.
+  virtual const std::string& address() const = 0;
+
+  // As EmbeddingShard.Lookup: `response` receives the serialized
+  // v1::LookupResponse, the bytes a gRPC call would have received. A
+  // lookup still waiting for its step when `deadline` passes fails with
+  // DEADLINE_EXCEEDED. `done` runs exactly once, possibly on the calling
+  // thread before Lookup returns; `request` and `response` must live until
+  // then. A refusal for a stale shard map carries the server's epoch as
+  // the kShardMapEpochKey payload (common/wire/wire_format.h).
+  virtual void Lookup(const v1::LookupRequest* request,
+                      grpc::ByteBuffer* response, absl::Time deadline,
+                      Done done) = 0;
+  // As EmbeddingShard.PushGradients, with the same contract as Lookup.
+  virtual void PushGradients(const v1::PushGradientsRequest* request,
+                             v1::PushGradientsResponse* response,
+                             Done done) = 0;
+};
+
+}  // namespace recps::client
+
+#endif  // RECPS_CLIENT_IN_PROCESS_SHARD_H_

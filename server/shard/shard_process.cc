@@ -1,0 +1,208 @@
+#include "server/shard/shard_process.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/coordinator_client.h"
+#include "common/log.h"
+#include "common/rpc/channels.h"
+#include "common/rpc/health_port.h"
+#include "common/status_macros.h"
+#include "common/thread_pool.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "server/shard/embedding_store.h"
+#include "server/shard/in_process_shard.h"
+#include "server/shard/shard_metrics.h"
+#include "server/shard/shard_peer_grpc.h"
+#include "server/shard/shard_server.h"
+#include "server/shard/shard_service.h"
+
+namespace recps::server {
+
+ShardProcess::ShardProcess(ShardProcessOptions options)
+    : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
+    ShardProcessOptions options) {
+  std::unique_ptr<ShardProcess> p(new ShardProcess(std::move(options)));
+  const ShardProcessOptions& o = p->options_;
+  ASSIGN_OR_RETURN(p->specs_, config::TableSpecsFromConfig(o.tables));
+
+  p->compute_pool_ = std::make_unique<ThreadPool>(std::max(0, o.store_threads));
+  StoreOptions store_options;
+  store_options.seed = o.seed;
+  store_options.num_slots = o.num_slots;
+  store_options.max_rows_per_table = o.max_rows_per_table;
+  store_options.pool = p->compute_pool_.get();
+  absl::StatusOr<kernels::Device> device =
+      kernels::ParseDevice(o.device, &store_options.cuda_device);
+  if (!device.ok()) {
+    return absl::Status(device.status().code(),
+                        absl::StrCat("--device: ", device.status().message()));
+  }
+  store_options.device = *device;
+  ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store,
+                   CreateEmbeddingStore(p->specs_, store_options));
+
+  p->registry_ = std::make_shared<prometheus::Registry>();
+  p->metrics_ = std::make_unique<ShardMetrics>(*p->registry_);
+
+  ShardServerOptions server_options;
+  server_options.num_slots = o.num_slots;
+  server_options.max_ids_per_request = o.max_ids_per_request;
+  server_options.consistency = o.consistency;
+  server_options.work_threads = o.threads;
+  server_options.move_streams = o.move_streams;
+  server_options.move_chunk_bytes = o.move_chunk_bytes;
+  server_options.move_max_rounds = o.move_max_rounds;
+  // Health: NOT_SERVING until a map that lists this server is installed.
+  // The health service exists only once the gRPC server is built (Serve):
+  // the callback finds it through the atomic pointer. Maps arrive only
+  // after Serve started the health port.
+  ShardProcess* self = p.get();
+  server_options.on_map_installed = [self] {
+    if (grpc::HealthCheckServiceInterface* h = self->health_.load()) {
+      h->SetServingStatus(true);
+    }
+    if (self->health_port_ != nullptr) self->health_port_->SetServing(true);
+  };
+  // Column groups of column-wise tables: same seed, slots and limits.
+  server_options.create_store = [store_options](std::vector<config::TableSpec> groups) {
+    return CreateEmbeddingStore(std::move(groups), store_options);
+  };
+  // Slot moves: this server pulls rows from, and calls, other shard
+  // servers over the same transport as the data plane.
+  server_options.connect_peer = [security = o.security](const std::string& address) {
+    return ConnectGrpcShardPeer(address, security);
+  };
+  ASSIGN_OR_RETURN(p->shard_, ShardServer::Create(std::move(store), ShardMap(),
+                                                  std::move(server_options),
+                                                  p->metrics_.get()));
+  return p;
+}
+
+absl::Status ShardProcess::Serve() {
+  const ShardProcessOptions& o = options_;
+  if (!o.metrics_listen.empty()) {
+    exposer_ = std::make_unique<prometheus::Exposer>(o.metrics_listen);
+    exposer_->RegisterCollectable(registry_);
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    metrics_port_ = ports.empty() ? 0 : ports[0];
+  }
+  if (!o.health_listen.empty()) {
+    ASSIGN_OR_RETURN(health_port_, rpc::HealthPort::Start(o.health_listen));
+  }
+
+  gate_ = std::make_unique<rpc::CallGate>(o.gate, registry_.get());
+  data_service_ = std::make_unique<EmbeddingShardService>(shard_.get(), metrics_.get());
+  admin_service_ = std::make_unique<ShardAdminService>(shard_.get(), metrics_.get());
+  data_service_->set_gate(gate_.get());
+  admin_service_->set_gate(gate_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  RETURN_IF_ERROR(rpc::CheckTlsFiles(rpc::Resolve(o.security)));
+  builder.AddListeningPort(o.listen, rpc::ServerCredentials(o.security),
+                           &grpc_port_);
+  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
+  // a port another process of the same user listens on (a restart on its
+  // old port) silently shares it, the kernel splitting connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(data_service_.get());
+  builder.RegisterService(admin_service_.get());
+  builder.SetMaxReceiveMessageSize(o.max_message_mb << 20);
+  builder.SetMaxSendMessageSize(-1);
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || grpc_port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen));
+  }
+  if (grpc::HealthCheckServiceInterface* h = grpc_server_->GetHealthCheckService()) {
+    h->SetServingStatus(false);  // the default service starts SERVING
+    health_.store(h);
+    // A map installed before the pointer was published.
+    if (shard_->serving()) h->SetServingStatus(true);
+  }
+
+  advertise_ = o.advertise;
+  if (advertise_.empty()) {
+    const std::vector<std::string> host_port = absl::StrSplit(o.listen, ':');
+    advertise_ = absl::StrCat(host_port.empty() ? "127.0.0.1" : host_port[0], ":",
+                              grpc_port_);
+  }
+  endpoint_ = std::make_unique<ShardServerEndpoint>(shard_.get(), metrics_.get(),
+                                                    advertise_);
+  if (o.standalone) {
+    v1::SetShardMapRequest set;
+    *set.mutable_shard_map() = ShardMap::Uniform(1, o.num_slots, {advertise_}).ToProto();
+    set.set_self(advertise_);
+    RETURN_IF_ERROR(shard_->SetShardMap(set));
+  } else {
+    shard_->SetSelfAddress(advertise_);  // for maps that do not name `self`
+  }
+  LogInfo("serving ", specs_.size(), " table(s) on ", advertise_, " (",
+          ConsistencyModeName(o.consistency.mode), ", world size ",
+          o.consistency.world_size, "), metrics on port ", metrics_port_,
+          o.standalone ? ", standalone" : ", waiting for a shard map");
+  // Registers in the background (the coordinator may start later) and
+  // keeps the lease; the map arrives via ShardAdmin.SetShardMap.
+  if (!o.coordinator.empty()) {
+    client::CoordinatorClientOptions coordinator_options;
+    coordinator_options.call_timeout = absl::Seconds(5);  // bounds the wait at shutdown
+    coordinator_ = std::make_unique<client::CoordinatorClient>(o.coordinator,
+                                                               coordinator_options);
+    v1::RegisterRequest request;
+    request.set_role(v1::SHARD_SERVER);
+    request.set_address(advertise_);
+    request.set_rank(-1);
+    // What the coordinator checks against the cluster and the job.
+    request.set_num_slots(o.num_slots);
+    *request.mutable_tables() = o.tables.tables();
+    lease_ = std::make_unique<client::CoordinatorLease>(
+        coordinator_.get(), request, nullptr,
+        [refused = o.on_registration_refused](const absl::Status& s) {
+          LogError("the coordinator refused this shard server: ", s.message());
+          if (refused) refused(s);
+        });
+  }
+  // Level metrics (resident memory, rows) between scrapes of Stats.
+  gauges_ = std::thread([this] {
+    do {
+      shard_->RefreshGauges();
+    } while (!stop_gauges_.WaitForNotificationWithTimeout(absl::Seconds(1)));
+  });
+  return absl::OkStatus();
+}
+
+bool ShardProcess::serving() const { return shard_ != nullptr && shard_->serving(); }
+
+void ShardProcess::Stop(absl::Duration grace) {
+  if (stopped_) return;
+  stopped_ = true;
+  if (gauges_.joinable()) {
+    stop_gauges_.Notify();
+    gauges_.join();
+  }
+  if (lease_ != nullptr) lease_->Leave();
+  lease_.reset();
+  // A move's call waits for its copy: end the moves first, or the shutdown
+  // below would wait for them.
+  if (shard_ != nullptr) shard_->StopMoves();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           absl::ToChronoSeconds(grace));
+    grpc_server_->Wait();
+  }
+  endpoint_.reset();
+  shard_.reset();
+}
+
+ShardProcess::~ShardProcess() { Stop(absl::ZeroDuration()); }
+
+}  // namespace recps::server
