@@ -28,7 +28,13 @@ GPU_TEST_TARGETS=(
   recps_coordinator_kv_store_test
   recps-shard
   recps-worker
+  recps-coordinator
+  recps
 )
+# End to end: `recps local` on this job, a GPU worker and a GPU shard, then
+# the same on the CPU (samples/s and held-out AUC side by side).
+E2E_JOB=examples/small.textproto
+E2E_STEPS=2000
 # Benchmarks: "target|arguments" (RESULTS is replaced by the results folder).
 GPU_BENCHES=(
   "recps_device_store_bench|--json=RESULTS/device_store_bench.json"
@@ -133,6 +139,26 @@ for b in "${GPU_BENCHES[@]}"; do
   else
     tail -20 "$log"
     step "$n. $target" FAIL "see $(basename "$log")"
+  fi
+done
+# recps local: GPU worker + GPU shard against CPU worker + CPU shard.
+for mode in gpu cpu; do
+  if [[ $mode == gpu ]]; then
+    flags=(--shard_device=cuda:0 -- --device=cuda:0)
+  else
+    flags=(--shard_device=cpu -- --device=cpu)
+  fi
+  log="$RESULTS/local-$mode.log"
+  t0=$(date +%s)
+  echo "== recps local ($mode worker and shard, $E2E_STEPS steps of $E2E_JOB)"
+  if timeout 240 "$BUILD_DIR/bin/recps" local --insecure --workers=1 --shards=1 \
+       --job="$E2E_JOB" --steps="$E2E_STEPS" "${flags[@]}" > "$log" 2>&1; then
+    rate=$(grep -o 'done: [0-9]* steps, [0-9]* samples/s' "$log" | tail -1 | awk '{print $4}')
+    auc=$(grep -o 'held-out AUC [0-9.]*' "$log" | tail -1 | awk '{print $3}')
+    step "local-$mode" ok "${rate:-?} samples/s, AUC ${auc:-?}, $(( $(date +%s) - t0 )) s"
+  else
+    tail -20 "$log"
+    step "local-$mode" FAIL "see $(basename "$log")"
   fi
 done
 step total ok "$(( $(date +%s) - start )) s"

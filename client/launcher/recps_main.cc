@@ -42,6 +42,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -72,6 +73,10 @@ ABSL_FLAG(bool, in_process, false,
           "dies takes its rows with it: the run stops (or restarts from the "
           "last checkpoint with --max_restarts)");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
+ABSL_FLAG(std::string, shard_device, "cpu",
+          "local: where the shard servers keep their rows (recps-shard "
+          "--device): cpu, or cuda:N for the GPU store (docs/gpu.md); the "
+          "workers' device is a worker flag (-- --device=cuda:N)");
 ABSL_FLAG(std::string, consistency, "",
           "override the job's consistency: sync, bounded or async");
 ABSL_FLAG(int, staleness, 1, "steps of staleness with --consistency=bounded");
@@ -419,6 +424,21 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     LogError("--shards must be >= 0 (0: the default) and --workers >= 1");
     return 2;
   }
+  const std::string shard_device = absl::GetFlag(FLAGS_shard_device);
+  // The shard server parses and checks it (kernels::ParseDevice); here only
+  // the form, so that a typo fails before anything starts.
+  int ordinal = 0;
+  if (shard_device != "cpu" && shard_device != "cuda" &&
+      !(absl::StartsWith(shard_device, "cuda:") &&
+        absl::SimpleAtoi(shard_device.substr(5), &ordinal) && ordinal >= 0)) {
+    LogError("--shard_device=", shard_device, ": expected cpu, cuda or cuda:N");
+    return 2;
+  }
+  if (in_process && shard_device != "cpu") {
+    LogError("--shard_device=", shard_device, " needs separate shard servers: the shard "
+             "servers embedded by --in_process keep their rows in host memory");
+    return 2;
+  }
   if (in_process) {
     // One shard server per worker, inside it.
     if (num_shards != 0 && num_shards != num_workers) {
@@ -582,7 +602,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     std::filesystem::remove(ports, ec);  // the last attempt's is stale
     std::vector<std::string> args = {
         "--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
-        "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports};
+        "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports,
+        "--device=" + shard_device};
     for (std::string& a : tls->Args("shard")) args.push_back(std::move(a));
     absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(shard_bin, args, log);
     if (!shard.ok()) return fail(shard.status());

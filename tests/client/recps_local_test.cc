@@ -20,11 +20,15 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/launcher/process.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cuda_util.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
 namespace {
+
+using ::testing::HasSubstr;
 
 std::string Job() { return std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto"; }
 
@@ -203,6 +207,35 @@ TEST(RecpsLocal, BadJobIsRefusedBeforeAnythingStarts) {
       RECPS_LAUNCHER_BINARY, {"local", "--job=" + job}, absl::Minutes(1));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 2);
+}
+
+// --shard_device reaches every recps-shard: on a machine without a usable
+// GPU, cuda:0 stops the run at start with the shard server's reason; a
+// value that is no device, and a GPU store with --in_process, are refused
+// before anything starts.
+TEST(RecpsLocal, ShardDeviceReachesTheShardServers) {
+  testing::TempDir dir;
+  auto run = [&](std::vector<std::string> args, const std::string& log) {
+    args.insert(args.begin(), {"local", "--insecure", "--work_dir=" + dir.path() + "/work",
+                               "--workers=1", "--shards=1", "--steps=5"});
+    absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, args, log);
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    int status = 0;
+    waitpid(*pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+  const std::string bad = dir.path() + "/bad.log";
+  EXPECT_EQ(run({"--shard_device=gpu"}, bad), 2);
+  EXPECT_THAT(ReadAll(bad), HasSubstr("--shard_device=gpu: expected cpu, cuda or cuda:N"));
+  const std::string in_process = dir.path() + "/in_process.log";
+  EXPECT_EQ(run({"--shard_device=cuda:0", "--in_process"}, in_process), 2);
+  EXPECT_THAT(ReadAll(in_process), HasSubstr("needs separate shard servers"));
+  absl::StatusOr<int> gpus = kernels::CudaDeviceCount();
+  if (!gpus.ok() || *gpus > 0) return;  // the GPU store may start here
+  const std::string cuda = dir.path() + "/cuda.log";
+  EXPECT_NE(run({"--shard_device=cuda:0"}, cuda), 0);
+  EXPECT_THAT(ReadAll(cuda), HasSubstr("recps-shard exited during start-up"));
+  EXPECT_THAT(ReadAll(cuda), HasSubstr("device cuda:0"));
 }
 
 // A hand-started cluster rides out a coordinator restart; so does
