@@ -20,8 +20,9 @@
 // is a multiple of 4). A 16-bit row is never larger than the fp32 row and
 // takes 2*dim fewer bytes before padding (half for SGD).
 // The update widens the weights to fp32, applies exactly the fp32 rule to
-// them and the state, and rounds the weights back to nearest even once per
-// update (stochastic rounding, which FBGEMM also offers, is future work).
+// them and the state, and rounds the weights back once per update: to
+// nearest even, or (stochastic_rounding, as FBGEMM offers) up or down with
+// probability by closeness, random bits hashed from the value and column.
 // Rows leave and enter the store as fp32 fused rows (FusedRowStride floats):
 // widening is exact, so a 16-bit row exports and re-imports bit-identically.
 #ifndef RECPS_KERNELS_EMBEDDING_OPTIMIZER_H_
@@ -64,6 +65,9 @@ struct FusedUpdateArgs {
   // `precision` (see the layout above).
   float* rows = nullptr;
   RowPrecision precision = RowPrecision::kFp32;
+  // 16-bit rows: round the updated weights stochastically (unbiased; see
+  // optimizer_simd.cc) instead of to nearest even. Ignored for fp32.
+  bool stochastic_rounding = false;
   int64_t num_rows = 0;
   int64_t row_stride = 0;
   int dim = 0;

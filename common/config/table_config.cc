@@ -87,6 +87,12 @@ absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
                  absl::StrCat("is ", static_cast<int>(c.precision()),
                               "; it must be FP32, FP16 or BF16"));
   }
+  if (c.stochastic_rounding() &&
+      spec.precision == kernels::RowPrecision::kFp32) {
+    return Bad(c, "stochastic_rounding",
+               "needs precision FP16 or BF16 (fp32 weights are not rounded)");
+  }
+  spec.stochastic_rounding = c.stochastic_rounding();
   const float bound = 1.0f / std::sqrt(static_cast<float>(c.dim()));
   spec.init = RowInit{RowInit::Distribution::kUniform, -bound, bound};
   if (c.init().has_uniform()) {

@@ -23,6 +23,8 @@ struct TableSpec {
   RowInit init;
   // Weight storage of the host store (optimizer state stays fp32).
   kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
+  // 16-bit weights only: stochastic instead of nearest-even rounding.
+  bool stochastic_rounding = false;
 };
 
 }  // namespace recps::config

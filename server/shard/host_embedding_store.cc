@@ -293,6 +293,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
       kernels::FusedUpdateArgs args;
       args.rows = t->arena.as<float>();
       args.precision = t->precision;
+      args.stochastic_rounding = t->spec.stochastic_rounding;
       args.num_rows = t->capacity;
       args.row_stride = t->row_words;
       args.dim = t->spec.dim;

@@ -116,6 +116,15 @@ TEST(JobConfig, TablePrecisionReachesTheTableSpec) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("precision"), std::string::npos);
   EXPECT_NE(bad.status().message().find("FP16"), std::string::npos);
+  // Stochastic rounding only for 16-bit weights.
+  t.set_precision(v1::FP16);
+  t.set_stochastic_rounding(true);
+  ASSERT_TRUE(config::TableSpecFromConfig(t).ok());
+  EXPECT_TRUE(config::TableSpecFromConfig(t)->stochastic_rounding);
+  t.set_precision(v1::FP32);
+  bad = config::TableSpecFromConfig(t);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("stochastic_rounding"), std::string::npos);
   // The text format takes the names.
   v1::TablesConfig file;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(

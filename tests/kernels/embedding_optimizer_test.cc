@@ -374,5 +374,79 @@ TEST(FusedOptimizer16, AStrideTooSmallForTheStateIsRefused) {
   EXPECT_TRUE(FusedOptimizerUpdateCpu(a, {}).ok());
 }
 
+// Stochastic rounding: each weight lands on one of the two 16-bit
+// neighbours of the fp32 update, the same on every ISA and every call, and
+// unbiased: updates far below half an ulp still move the mean.
+TEST(FusedOptimizer16, StochasticRoundingIsUnbiasedAndDeterministic) {
+  for (RowPrecision p : {RowPrecision::kFp16, RowPrecision::kBf16}) {
+    SCOPED_TRACE(RowPrecisionName(p));
+    const int dim = 8;
+    const int num_rows = 4096;
+    const int64_t stride = FusedRowStride(OptimizerKind::kSgd, dim, p);
+    // SGD with lr 1 and a gradient of about -0.1 ulp of the weights.
+    const float ulp = p == RowPrecision::kFp16 ? 1.0f / 1024 : 1.0f / 128;
+    // Row r starts at base(r) = 1 + (r % 64) ulp: distinct values to hash
+    // (the random bits are a hash of the value and the column).
+    std::vector<float> rows(num_rows * stride, 0.0f);
+    auto base = [&](int r) { return 1.0f + static_cast<float>(r % 64) * ulp; };
+    for (int r = 0; r < num_rows; ++r) {
+      auto* w = reinterpret_cast<uint16_t*>(rows.data() + r * stride);
+      for (int j = 0; j < dim; ++j) w[j] = Narrow(p, base(r));
+    }
+    std::vector<int64_t> idx(num_rows);
+    std::vector<float> grads(num_rows * dim);
+    for (int r = 0; r < num_rows; ++r) {
+      idx[r] = r;
+      for (int j = 0; j < dim; ++j) {
+        grads[r * dim + j] = -0.1f * ulp * (1.0f + 0.01f * static_cast<float>(r / 64));
+      }
+    }
+    FusedUpdateArgs a;
+    a.precision = p;
+    a.stochastic_rounding = true;
+    a.num_rows = num_rows;
+    a.row_stride = stride;
+    a.dim = dim;
+    a.row_indices = idx.data();
+    a.num_updates = num_rows;
+    a.grads = grads.data();
+    a.optimizer.kind = OptimizerKind::kSgd;
+    a.optimizer.learning_rate = 1.0f;
+    std::vector<float> first;
+    for (const ExecContext& ctx : EveryCpuIsa()) {
+      SCOPED_TRACE(CpuIsaName(ctx.isa));
+      std::vector<float> got = rows;
+      a.rows = got.data();
+      ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ctx).ok());
+      double sum = 0;
+      int up = 0;
+      for (int r = 0; r < num_rows; ++r) {
+        const auto* w = reinterpret_cast<const uint16_t*>(got.data() + r * stride);
+        for (int j = 0; j < dim; ++j) {
+          const float v = Widen(p, w[j]);
+          ASSERT_TRUE(v == base(r) || v == base(r) + ulp) << v;
+          up += v != base(r);
+          sum += (v - base(r)) / (1.0 + 0.01 * (r / 64));  // in units of 0.1 ulp
+        }
+      }
+      // About 10% go up: the mean update is 0.1 ulp (nearest even: 0).
+      const double mean = sum / (num_rows * dim) / ulp;
+      EXPECT_NEAR(mean, 0.1, 0.015);
+      EXPECT_GT(up, 0);
+      if (first.empty()) {
+        first = got;
+      } else {
+        EXPECT_EQ(0, std::memcmp(first.data(), got.data(), sizeof(float) * got.size()));
+      }
+    }
+    // Nearest even keeps every weight at 1.0.
+    std::vector<float> rne = rows;
+    a.rows = rne.data();
+    a.stochastic_rounding = false;
+    ASSERT_TRUE(FusedOptimizerUpdateCpu(a, {}).ok());
+    EXPECT_EQ(rne, rows);
+  }
+}
+
 }  // namespace
 }  // namespace recps::kernels

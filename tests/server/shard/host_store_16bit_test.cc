@@ -306,6 +306,37 @@ TEST(HostStore16, SnapshotsAndDroppedSlotsKeepRowsExact) {
   }
 }
 
+// TableSpec.stochastic_rounding reaches the update: updates below half
+// an ulp move no weight with nearest even, some stochastically.
+TEST(HostStore16, StochasticRoundingKeepsTinyUpdates) {
+  for (RowPrecision p : kSixteen) {
+    SCOPED_TRACE(kernels::RowPrecisionName(p));
+    const int dim = 16;
+    config::TableSpec plain = Spec("t", dim, p, OptimizerKind::kSgd, 1.0f);
+    // Weights in [0.2, 0.25): a 1e-5 step is below half an ulp there.
+    plain.init = RowInit{RowInit::Distribution::kUniform, 0.2f, 0.25f};
+    config::TableSpec sr = plain;
+    sr.stochastic_rounding = true;
+    const std::vector<int64_t> ids = Ids(512);
+    std::vector<float> before(ids.size() * dim), after(ids.size() * dim);
+    std::vector<float> grads(ids.size() * dim, 1e-5f);
+    int moved[2] = {0, 0};
+    int k = 0;
+    for (const config::TableSpec& spec : {plain, sr}) {
+      auto store = MakeStore({spec});
+      ASSERT_TRUE(store->Lookup(0, ids, before.data()).ok());
+      ASSERT_TRUE(store->ApplyGradients(0, ids, grads.data()).ok());
+      ASSERT_TRUE(store->Lookup(0, ids, after.data()).ok());
+      for (size_t i = 0; i < before.size(); ++i) {
+        moved[k] += before[i] != after[i];
+      }
+      ++k;
+    }
+    EXPECT_EQ(moved[0], 0);
+    EXPECT_GT(moved[1], 0);
+  }
+}
+
 TEST(HostStore16, TheDeviceStoreRefusesSixteenBitTables) {
   for (RowPrecision p : kSixteen) {
     auto store = CreateCpuTwinEmbeddingStore(
