@@ -4,6 +4,7 @@
 //
 //   recps_row_precision_bench [--rows=1048576] [--dim=64] [--ids=16384]
 //       [--seconds_per_case=1] [--optimizer=sgd|rowwise_adagrad|adagrad|adam]
+//       [--stochastic_rounding] (the 16-bit tables round stochastically)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,6 +49,7 @@ int Main(int argc, char** argv) {
   int64_t n = 16384;
   double seconds = 1.0;
   std::string optimizer = "sgd";
+  bool stochastic = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* flag) -> const char* {
@@ -59,6 +61,7 @@ int Main(int argc, char** argv) {
     else if (const char* v = value("--ids")) n = std::stoll(v);
     else if (const char* v = value("--seconds_per_case")) seconds = std::stod(v);
     else if (const char* v = value("--optimizer")) optimizer = v;
+    else if (a == "--stochastic_rounding") stochastic = true;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -85,6 +88,7 @@ int Main(int argc, char** argv) {
     spec.optimizer.kind = kind;
     spec.optimizer.learning_rate = 0.01f;
     spec.precision = p;
+    spec.stochastic_rounding = stochastic && p != RowPrecision::kFp32;
     auto store = server::CreateHostEmbeddingStore({spec}, options);
     if (!store.ok()) {
       std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
@@ -103,9 +107,10 @@ int Main(int argc, char** argv) {
     }
   }
   std::printf("host store, %ld rows of dim %d, %s, batches of %ld distinct ids, "
-              "%d threads\n\n",
+              "%d threads%s\n\n",
               static_cast<long>(rows), dim, optimizer.c_str(), static_cast<long>(n),
-              pool.num_threads());
+              pool.num_threads(),
+              stochastic ? ", 16-bit tables round stochastically" : "");
   std::printf("%6s %10s %12s %12s %12s %12s\n", "rows", "row bytes",
               "lookup ns/id", "vs fp32", "push ns/id", "vs fp32");
   std::mt19937_64 rng(1);
