@@ -175,6 +175,12 @@ absl::Status FusedOptimizerUpdateCuda(const FusedUpdateArgs& args,
         absl::StrCat(op, ": negative size (num_rows ", args.num_rows,
                      ", num_updates ", args.num_updates, ")"));
   }
+  if (args.precision != RowPrecision::kFp32) {
+    // The device store refuses 16-bit tables at start; this is the backstop.
+    return absl::FailedPreconditionError(absl::StrCat(
+        op, ": ", RowPrecisionName(args.precision),
+        " rows are served by the host store only"));
+  }
   const OptimizerKind kind = args.optimizer.kind;
   const int64_t min_stride = args.dim + FusedRowStateWidth(kind, args.dim);
   if (args.row_stride < min_stride) {

@@ -11,15 +11,48 @@
 
 namespace recps::kernels {
 
+const char* RowPrecisionName(RowPrecision precision) {
+  switch (precision) {
+    case RowPrecision::kFp32:
+      return "fp32";
+    case RowPrecision::kFp16:
+      return "fp16";
+    case RowPrecision::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+int64_t FusedRowStateOffset(int dim, RowPrecision precision) {
+  if (precision == RowPrecision::kFp32) return dim;
+  // dim halves padded to whole 4-byte words.
+  return (int64_t{dim} + 1) / 2;
+}
+
+int64_t FusedRowStride(OptimizerKind kind, int dim, RowPrecision precision) {
+  if (precision == RowPrecision::kFp32) return FusedRowStride(kind, dim);
+  const int64_t used =
+      FusedRowStateOffset(dim, precision) + FusedRowStateWidth(kind, dim);
+  return (used + 3) / 4 * 4;
+}
+
 absl::Status FusedOptimizerUpdateCpu(const FusedUpdateArgs& a,
                                      const ExecContext& ctx) {
   RETURN_IF_ERROR(ValidateOptimizerParams(a.optimizer));
   if (a.dim < 1) return absl::InvalidArgumentError(absl::StrCat("dim must be >= 1, got ", a.dim));
-  const int64_t needed = a.dim + FusedRowStateWidth(a.optimizer.kind, a.dim);
+  if (a.precision != RowPrecision::kFp32 &&
+      a.precision != RowPrecision::kFp16 &&
+      a.precision != RowPrecision::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown row precision ", static_cast<int>(a.precision)));
+  }
+  const int64_t needed = FusedRowStateOffset(a.dim, a.precision) +
+                         FusedRowStateWidth(a.optimizer.kind, a.dim);
   if (a.row_stride < needed) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "row_stride ", a.row_stride, " cannot hold dim ", a.dim, " plus ",
-        OptimizerName(a.optimizer.kind), " state (", needed, " floats)"));
+        "row_stride ", a.row_stride, " cannot hold dim ", a.dim, " ",
+        RowPrecisionName(a.precision), " weights plus ",
+        OptimizerName(a.optimizer.kind), " state (", needed, " words)"));
   }
   if (a.num_updates < 0 || a.num_rows < 0) {
     return absl::InvalidArgumentError("negative num_updates or num_rows");

@@ -3,8 +3,11 @@
 // are written so the compiler vectorises them over the row (restrict
 // pointers, no FMA contraction, -fno-math-errno for sqrt).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
+#include "common/hashing.h"
 #include "kernels/optimizer_internal.h"
 #include "kernels/row_math_simd.h"
 
@@ -51,9 +54,148 @@ void AdamRow(float* __restrict w, float* __restrict m, float* __restrict v,
   for (int j = 0; j < dim; ++j) AdamRule(w[j], m[j], v[j], g[j], p, scale, decoupled);
 }
 
+// 16-bit weights <-> fp32: exact widening, round-to-nearest-even narrowing.
+// F16C where the build has it (every ISA but the portable one), bit-identical
+// to common/half.h's scalar conversions for every value but NaN payloads.
+void WidenFp16(const uint16_t* __restrict src, int n, float* __restrict out) {
+  int j = 0;
+#if defined(__F16C__)
+  for (; j + 8 <= n; j += 8) {
+    _mm256_storeu_ps(out + j, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i*>(src + j))));
+  }
+#endif
+  for (; j < n; ++j) out[j] = HalfToFloat(src[j]);
+}
+
+void NarrowFp16(const float* __restrict w, int n, uint16_t* __restrict out) {
+  int j = 0;
+#if defined(__F16C__)
+  for (; j + 8 <= n; j += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + j),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(w + j),
+                                     _MM_FROUND_TO_NEAREST_INT |
+                                         _MM_FROUND_NO_EXC));
+  }
+#endif
+  for (; j < n; ++j) out[j] = FloatToHalf(w[j]);
+}
+
+// bf16 is the top half of a float: plain integer loops that vectorise.
+void WidenBf16(const uint16_t* __restrict src, int n, float* __restrict out) {
+  for (int j = 0; j < n; ++j) out[j] = Bf16ToFloat(src[j]);
+}
+
+void NarrowBf16(const float* __restrict w, int n, uint16_t* __restrict out) {
+  // FloatToBf16 without its branch, so that it vectorises.
+  for (int j = 0; j < n; ++j) {
+    uint32_t x;
+    std::memcpy(&x, &w[j], sizeof(x));
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t nan = (x >> 16) | 0x40u;
+    out[j] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? nan
+                                                                    : rounded);
+  }
+}
+
+// Stochastic rounding: v goes to one of its two 16-bit neighbours with
+// probability proportional to closeness, so E[result] = v and updates below
+// half an ulp survive in expectation. The random bits are a hash of v's bits
+// and the column: deterministic (replays, resumes and every ISA give the same
+// bits) without any state. Non-finite values, exact values and values whose
+// other neighbour would overflow round to nearest even.
+template <bool kFp16>
+uint16_t RoundStochastic(float v, int column) {
+  const uint16_t h = kFp16 ? FloatToHalf(v) : FloatToBf16(v);
+  const float hv = kFp16 ? HalfToFloat(h) : Bf16ToFloat(h);
+  if (hv == v || !std::isfinite(hv) || !std::isfinite(v)) return h;
+  // The neighbour on v's other side: one step of magnitude up or down
+  // (h's magnitude is not 0 when stepping down: |v| < |hv| then).
+  const uint16_t other = std::fabs(v) > std::fabs(hv) ? h + 1 : h - 1;
+  const float ov = kFp16 ? HalfToFloat(other) : Bf16ToFloat(other);
+  if (!std::isfinite(ov)) return h;
+  const float p = std::fabs(v - hv) / std::fabs(ov - hv);
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  const uint64_t r = Mix64((uint64_t{bits} << 32) | static_cast<uint32_t>(column));
+  const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+  return u < p ? other : h;
+}
+
+void NarrowStochastic(bool fp16, const float* w, int n, uint16_t* out) {
+  if (fp16) {
+    for (int j = 0; j < n; ++j) out[j] = RoundStochastic<true>(w[j], j);
+  } else {
+    for (int j = 0; j < n; ++j) out[j] = RoundStochastic<false>(w[j], j);
+  }
+}
+
+// The 16-bit twin of the fp32 loop below: each row's weights are widened
+// into `w`, updated by the same row functions as fp32 weights, and rounded
+// back once.
+void FusedUpdateRange16(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
+  const OptimizerParams& p = a.optimizer;
+  const int dim = a.dim;
+  const bool fp16 = a.precision == RowPrecision::kFp16;
+  const int64_t state_offset = FusedRowStateOffset(dim, a.precision);
+  const int64_t touched_bytes =
+      (state_offset + FusedRowStateWidth(p.kind, dim)) *
+      static_cast<int64_t>(sizeof(float));
+  std::vector<float> scratch(dim);  // once per range, not per row
+  float* const w = scratch.data();
+  for (int64_t i = begin; i < end; ++i) {
+    if (i + kPrefetchDistance < end) {
+      PrefetchRowForWrite(
+          a.rows + a.row_indices[i + kPrefetchDistance] * a.row_stride,
+          touched_bytes);
+    }
+    float* row = a.rows + a.row_indices[i] * a.row_stride;
+    uint16_t* weights = reinterpret_cast<uint16_t*>(row);
+    float* state = row + state_offset;
+    const float* g = a.grads + (a.grad_indices ? a.grad_indices[i] : i) * dim;
+    if (fp16) {
+      WidenFp16(weights, dim, w);
+    } else {
+      WidenBf16(weights, dim, w);
+    }
+    switch (p.kind) {
+      case OptimizerKind::kSgd:
+        SgdRow(w, g, dim, p);
+        break;
+      case OptimizerKind::kAdagrad:
+        AdagradRow(w, state, g, dim, p);
+        break;
+      case OptimizerKind::kRowWiseAdagrad:
+        RowWiseAdagradRow(w, state, g, dim, p);
+        break;
+      case OptimizerKind::kAdam:
+      case OptimizerKind::kAdamW: {
+        uint32_t step;
+        std::memcpy(&step, state + 2 * dim, sizeof(step));
+        ++step;
+        std::memcpy(state + 2 * dim, &step, sizeof(step));
+        AdamRow(w, state, state + dim, g, dim, p, ComputeAdamScale(p, step),
+                p.kind == OptimizerKind::kAdamW);
+        break;
+      }
+    }
+    if (a.stochastic_rounding) {
+      NarrowStochastic(fp16, w, dim, weights);
+    } else if (fp16) {
+      NarrowFp16(w, dim, weights);
+    } else {
+      NarrowBf16(w, dim, weights);
+    }
+  }
+}
+
 }  // namespace
 
 void FusedUpdateRange(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
+  if (a.precision != RowPrecision::kFp32) {
+    FusedUpdateRange16(a, begin, end);
+    return;
+  }
   const OptimizerParams& p = a.optimizer;
   const int dim = a.dim;
   const int64_t touched_bytes =

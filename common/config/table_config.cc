@@ -71,6 +71,28 @@ absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
       OptimizerParamsFromConfig(c.optimizer());
   if (!optimizer.ok()) return Bad(c, "optimizer:", optimizer.status().message());
   spec.optimizer = *optimizer;
+  switch (c.precision()) {
+    case v1::STORAGE_PRECISION_UNSPECIFIED:
+    case v1::FP32:
+      spec.precision = kernels::RowPrecision::kFp32;
+      break;
+    case v1::FP16:
+      spec.precision = kernels::RowPrecision::kFp16;
+      break;
+    case v1::BF16:
+      spec.precision = kernels::RowPrecision::kBf16;
+      break;
+    default:
+      return Bad(c, "precision",
+                 absl::StrCat("is ", static_cast<int>(c.precision()),
+                              "; it must be FP32, FP16 or BF16"));
+  }
+  if (c.stochastic_rounding() &&
+      spec.precision == kernels::RowPrecision::kFp32) {
+    return Bad(c, "stochastic_rounding",
+               "needs precision FP16 or BF16 (fp32 weights are not rounded)");
+  }
+  spec.stochastic_rounding = c.stochastic_rounding();
   const float bound = 1.0f / std::sqrt(static_cast<float>(c.dim()));
   spec.init = RowInit{RowInit::Distribution::kUniform, -bound, bound};
   if (c.init().has_uniform()) {

@@ -18,8 +18,8 @@ namespace recps::config {
 absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
     const v1::OptimizerConfig& config);
 
-// Applies defaults (eps 1e-8, betas 0.9/0.999, init uniform +-1/sqrt(dim))
-// and checks every field; INVALID_ARGUMENT says which table and field.
+// Applies defaults (eps 1e-8, betas 0.9/0.999, init uniform +-1/sqrt(dim),
+// precision FP32) and checks every field; INVALID_ARGUMENT says which table and field.
 absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& config);
 absl::StatusOr<std::vector<TableSpec>> TableSpecsFromConfig(
     const v1::TablesConfig& config);

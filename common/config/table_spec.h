@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/row_init.h"
+#include "kernels/embedding_optimizer.h"
 #include "kernels/optimizer.h"
 
 namespace recps::config {
@@ -20,6 +21,10 @@ struct TableSpec {
   int64_t num_rows = 0;
   kernels::OptimizerParams optimizer;
   RowInit init;
+  // Weight storage of the host store (optimizer state stays fp32).
+  kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
+  // 16-bit weights only: stochastic instead of nearest-even rounding.
+  bool stochastic_rounding = false;
 };
 
 }  // namespace recps::config

@@ -17,17 +17,24 @@ constexpr double kValueWireBytes = 4;
 }  // namespace
 
 int64_t WeightRowBytes(int width, v1::StoragePrecision precision) {
-  return int64_t{width} * (precision == v1::FP16 ? 2 : 4);
+  return int64_t{width} * (precision == v1::FP16 || precision == v1::BF16 ? 2 : 4);
+}
+
+kernels::RowPrecision KernelPrecision(v1::StoragePrecision precision) {
+  switch (precision) {
+    case v1::FP16:
+      return kernels::RowPrecision::kFp16;
+    case v1::BF16:
+      return kernels::RowPrecision::kBf16;
+    default:
+      return kernels::RowPrecision::kFp32;
+  }
 }
 
 int64_t StoredRowBytes(kernels::OptimizerKind optimizer, int width,
                        v1::StoragePrecision precision) {
-  // The store pads fused rows to 4 floats (kernels::FusedRowStride).
-  const int64_t fp32 = kernels::FusedRowStride(optimizer, width) * 4;
-  if (precision != v1::FP16) return fp32;
-  const int64_t used =
-      WeightRowBytes(width, precision) + (fp32 - int64_t{width} * 4);
-  return (used + 15) / 16 * 16;
+  // What the host store allocates per row (TableInfo.row_bytes).
+  return server::HostRowBytes(optimizer, width, KernelPrecision(precision));
 }
 
 Load& Load::operator+=(const Load& o) {

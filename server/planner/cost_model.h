@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/human_bytes.h"
+#include "kernels/embedding_optimizer.h"
 #include "kernels/optimizer.h"
 #include "recps/v1/plan.pb.h"
 #include "server/planner/table_model.h"
@@ -16,11 +17,13 @@
 namespace recps::planner {
 
 // Bytes of one stored row of `width` columns: weights and optimizer state
-// side by side, padded like the shard server pads them.
+// side by side, padded like the shard server pads them
+// (server::HostRowBytes).
 int64_t StoredRowBytes(kernels::OptimizerKind optimizer, int width,
                        v1::StoragePrecision precision);
-// The weights' part of StoredRowBytes.
+// The weights' part of StoredRowBytes (without padding).
 int64_t WeightRowBytes(int width, v1::StoragePrecision precision);
+kernels::RowPrecision KernelPrecision(v1::StoragePrecision precision);
 
 // One server's load; loads add up.
 struct Load {

@@ -26,9 +26,9 @@ std::string FormatPlan(const v1::ShardingPlan& plan) {
       plan.plan_id(), plan.format_version(), plan.proposer(),
       plan.tables_size(), plan.servers_size(), plan.num_slots(),
       plan.predicted_step_seconds() * 1e3);
-  absl::StrAppendFormat(&out, "%-24s %-12s %6s %12s %11s %12s  %s\n", "TABLE",
-                        "TYPE", "DIM", "ROWS", "STORED", "IDS/STEP",
-                        "PLACEMENT (reason)");
+  absl::StrAppendFormat(&out, "%-24s %-12s %6s %5s %12s %11s %12s  %s\n",
+                        "TABLE", "TYPE", "DIM", "PREC", "ROWS", "STORED",
+                        "IDS/STEP", "PLACEMENT (reason)");
   for (const v1::TablePlan& t : plan.tables()) {
     std::string where;
     switch (t.type()) {
@@ -52,8 +52,10 @@ std::string FormatPlan(const v1::ShardingPlan& plan) {
         where = "?";
     }
     absl::StrAppendFormat(
-        &out, "%-24s %-12s %6d %12d %11s %12.0f  %s (%s)\n", t.table(),
-        ShardingTypeName(t.type()), t.dim(), t.estimate().rows(),
+        &out, "%-24s %-12s %6d %5s %12d %11s %12.0f  %s (%s)\n", t.table(),
+        ShardingTypeName(t.type()), t.dim(),
+        kernels::RowPrecisionName(KernelPrecision(t.precision())),
+        t.estimate().rows(),
         HumanBytes(static_cast<double>(t.estimate().bytes_stored())),
         t.estimate().lookup_ids_per_step(), where, t.reason());
   }

@@ -97,12 +97,14 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
         absl::StrCat("let it go row-wise over all servers (drop its pinned ",
                      tm.servers_pinned ? "servers" : "type", ")"));
   }
-  if (tm.precision != v1::FP16) {
-    const double saved =
-        static_cast<double>(tm.rows) *
-        (row_bytes - StoredRowBytes(tm.optimizer, tm.dim, v1::FP16));
-    fixes.push_back(
-        absl::StrCat("store it as FP16 (saves ", HumanBytes(saved), ")"));
+  const double saved =
+      static_cast<double>(tm.rows) *
+      (row_bytes - StoredRowBytes(tm.optimizer, tm.dim, v1::FP16));
+  // (Narrow rows may save nothing: rows pad to 16 bytes.)
+  if (tm.precision != v1::FP16 && tm.precision != v1::BF16 && saved > 0) {
+    fixes.push_back(absl::StrCat(
+        "store it as FP16 or BF16 (`precision: FP16` in its table config; "
+        "saves ", HumanBytes(saved), ")"));
   }
   if (m.memory_reserve_fraction > 0) {
     fixes.push_back(absl::StrCat("lower memory_reserve_fraction (",
@@ -260,13 +262,6 @@ absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
   *map.mutable_servers() = plan.servers();
   *map.mutable_slot_owner() = plan.slot_owner();
   for (const v1::TablePlan& t : plan.tables()) {
-    if (t.precision() == v1::FP16) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table '", t.table(),
-          "' is planned with FP16 storage: shard servers "
-          "store float32 only, so FP16 plans are planned-only for now; plan it "
-          "as FP32"));
-    }
     switch (t.type()) {
       case v1::TABLE_WISE: {
         v1::TableRouting* r = map.add_tables();

@@ -63,9 +63,9 @@ absl::StatusOr<v1::ShardingPlan> PlanSharding(const PlannerInput& input);
 // owners, plus a table routing for each table-wise table (its one owner),
 // each row-wise table with its own slot layout and each column-wise table
 // (its column groups and their owners).
-// FAILED_PRECONDITION for what the data plane cannot serve yet: FP16
-// storage ("planned-only"); INVALID_ARGUMENT for a malformed plan or one
-// with a newer format_version.
+// INVALID_ARGUMENT for a malformed plan or one with a newer
+// format_version. (The precision needs no routing: each shard server stores
+// a table as its table config says.)
 absl::StatusOr<v1::ShardMap> PlanToShardMap(const v1::ShardingPlan& plan,
                                             uint64_t epoch);
 

@@ -143,6 +143,17 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
     tm.key = StableNameKey(tm.name);
     tm.dim = spec->dim;
     tm.optimizer = spec->optimizer.kind;
+    switch (spec->precision) {
+      case kernels::RowPrecision::kFp32:
+        tm.precision = v1::FP32;
+        break;
+      case kernels::RowPrecision::kFp16:
+        tm.precision = v1::FP16;
+        break;
+      case kernels::RowPrecision::kBf16:
+        tm.precision = v1::BF16;
+        break;
+    }
     tm.rows = spec->num_rows;
     tm.dynamic = spec->num_rows == 0;
     tm.num_workers = m.num_workers;
@@ -214,16 +225,23 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
         m.num_workers *
         ExpectedDistinct(per_sample * static_cast<double>(m.batch_size),
                          static_cast<double>(tm.rows));
-    switch (h->precision()) {
-      case v1::STORAGE_PRECISION_UNSPECIFIED:
-      case v1::FP32:
-        tm.precision = v1::FP32;
-        break;
-      case v1::FP16:
-        tm.precision = v1::FP16;
-        break;
-      default:
+    // The store keeps what the table config says: a hint may repeat it
+    // but not change it, or the plan's bytes would not be the servers'.
+    if (h->precision() != v1::STORAGE_PRECISION_UNSPECIFIED &&
+        h->precision() != tm.precision) {
+      if (!v1::StoragePrecision_IsValid(h->precision())) {
         return BadHint(*h, absl::StrCat("unknown precision ", h->precision()));
+      }
+      return BadHint(
+          *h, absl::StrCat("precision ",
+                           v1::StoragePrecision_Name(h->precision()),
+                           " differs from the table config's ",
+                           v1::StoragePrecision_Name(tm.precision),
+                           "; shard servers store what the table config "
+                           "says: set `precision: ",
+                           v1::StoragePrecision_Name(h->precision()),
+                           "` in the table config (and leave the hint's "
+                           "unset)"));
     }
     tm.pinned_type = h->pinned_type();
     if (tm.pinned_type < v1::SHARDING_TYPE_UNSPECIFIED ||

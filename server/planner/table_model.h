@@ -29,7 +29,7 @@ struct TableModel {
   uint64_t key = 0;  // StableNameKey(name)
   int dim = 0;
   kernels::OptimizerKind optimizer = kernels::OptimizerKind::kSgd;
-  v1::StoragePrecision precision = v1::FP32;  // FP32 or FP16
+  v1::StoragePrecision precision = v1::FP32;  // the table config's
   // Rows the table will hold (over all servers).
   int64_t rows = 0;
   // num_rows 0: the server caps its rows at max_rows_per_table.

@@ -98,6 +98,13 @@ absl::Status ValidateSpec(const config::TableSpec& s, int index) {
     return absl::InvalidArgumentError(
         absl::StrCat(t, "optimizer: ", st.message()));
   }
+  if (s.precision != kernels::RowPrecision::kFp32 &&
+      s.precision != kernels::RowPrecision::kFp16 &&
+      s.precision != kernels::RowPrecision::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        t, "precision ", static_cast<int>(s.precision),
+        " is unknown; it must be fp32, fp16 or bf16"));
+  }
   const RowInit& in = s.init;
   const bool finite = std::isfinite(in.a) && std::isfinite(in.b);
   switch (in.distribution) {
@@ -280,13 +287,15 @@ class HostEmbeddingStore final : public EmbeddingStore {
           return;
         }
         t->Touch(b.slot[p], ids[p], rows[k]);
-        PrefetchRow(t->Row(rows[k]), static_cast<int>(t->stride));
+        PrefetchRow(t->Row(rows[k]), static_cast<int>(t->row_words));
         PrefetchRow(grads + p * t->spec.dim, t->spec.dim);
       }
       kernels::FusedUpdateArgs args;
       args.rows = t->arena.as<float>();
+      args.precision = t->precision;
+      args.stochastic_rounding = t->spec.stochastic_rounding;
       args.num_rows = t->capacity;
-      args.row_stride = t->stride;
+      args.row_stride = t->row_words;
       args.dim = t->spec.dim;
       args.row_indices = rows.data() + begin;
       args.num_updates = end - begin;
@@ -320,7 +329,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
         return absl::NotFoundError(absl::StrCat(
             "table '", t->spec.name, "' has no row for id ", ids[p]));
       }
-      std::memcpy(out + p * t->stride, t->Row(r), sizeof(float) * t->stride);
+      t->ExportRow(t->Row(r), out + p * t->stride);
     }
     return absl::OkStatus();
   }
@@ -332,7 +341,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
     info.name = t.spec.name;
     info.dim = t.spec.dim;
     info.rows = t.next_row.load(std::memory_order_relaxed);
-    info.row_bytes = t.stride * static_cast<int64_t>(sizeof(float));
+    info.row_bytes = t.RowBytes();  // == HostRowBytes(kind, dim, precision)
     info.index_bytes =
         static_cast<int64_t>(t.index.size()) * HostIndexBytesPerSlot() +
         HostRowIdBytes(info.rows);
@@ -408,8 +417,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
       out->rows.resize(found.size() * t->stride);
       for (size_t k = 0; k < found.size(); ++k) {
         out->ids[k] = found[k].first;
-        std::memcpy(out->rows.data() + k * t->stride, t->Row(found[k].second),
-                    sizeof(float) * t->stride);
+        t->ExportRow(t->Row(found[k].second),
+                     out->rows.data() + k * t->stride);
       }
     }
     if (!found.empty()) {
@@ -449,8 +458,6 @@ class HostEmbeddingStore final : public EmbeddingStore {
           " appears twice in one import (positions ", twice->first, " and ",
           twice->second, ")"));
     }
-    const int64_t used = t->spec.dim + kernels::FusedRowStateWidth(
-                                           t->spec.optimizer.kind, t->spec.dim);
     absl::MutexLock lock(&t->stripes[slot % kStripes]);
     IdIndex& index = t->index[slot];
     int64_t fresh = 0;
@@ -483,9 +490,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
         return created;
       });
       if (!created_now) t->Touch(slot, ids[p], r);
-      float* dst = t->Row(r);
-      std::memcpy(dst, src, sizeof(float) * used);
-      std::fill(dst + used, dst + t->stride, 0.0f);
+      t->ImportRow(src, t->Row(r));
     }
     return absl::OkStatus();
   }
@@ -582,9 +587,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
         const float* src =
             found[k].second >= 0
                 ? t->Row(found[k].second)
-                : pre.Row(-1 - found[k].second, t->stride);
-        std::memcpy(out->rows.data() + k * t->stride, src,
-                    sizeof(float) * t->stride);
+                : pre.Row(-1 - found[k].second, t->row_words);
+        t->ExportRow(src, out->rows.data() + k * t->stride);
       }
     }
     // The cursor advances past every id looked at, kept or not.
@@ -623,7 +627,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
   std::vector<int64_t> BytesPerSlot() const override {
     std::vector<int64_t> out(options_.num_slots, 0);
     for (const auto& t : tables_) {
-      const int64_t row_bytes = t->stride * static_cast<int64_t>(sizeof(float));
+      const int64_t row_bytes = t->RowBytes();
       for (int s = 0; s < kStripes; ++s) {
         absl::MutexLock lock(&t->stripes[s]);
         for (uint32_t slot = s; slot < options_.num_slots; slot += kStripes) {
@@ -690,7 +694,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
     t.slot_rows[slot] = 0;
     const int64_t end = t.next_row.load(std::memory_order_relaxed);
     const int64_t new_end = end - n;
-    const size_t row_bytes = sizeof(float) * t.stride;
+    const size_t row_bytes = static_cast<size_t>(t.RowBytes());
     int64_t* const row_ids = t.RowIds();
     uint64_t* const row_gens = t.RowGens();
     // Holes below new_end are exactly as many as live rows at or above it:
@@ -746,7 +750,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
           full.store(true, std::memory_order_relaxed);
           return;
         }
-        std::memcpy(out + p * dim, t.Row(r), sizeof(float) * dim);
+        t.ReadWeights(t.Row(r), out + p * dim);
       }
     });
     return full.load() ? t.FullError() : absl::OkStatus();
@@ -807,9 +811,14 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     t->seed = options.seed;
     t->num_slots = options.num_slots;
     t->stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+    t->precision = spec.precision;
+    t->row_words =
+        kernels::FusedRowStride(spec.optimizer.kind, spec.dim, spec.precision);
+    t->state_offset = kernels::FusedRowStateOffset(spec.dim, spec.precision);
     t->capacity =
         spec.num_rows > 0 ? spec.num_rows : options.max_rows_per_table;
-    const uint64_t row_bytes = static_cast<uint64_t>(t->stride) * sizeof(float);
+    const uint64_t row_bytes =
+        static_cast<uint64_t>(t->row_words) * sizeof(float);
     if (static_cast<uint64_t>(t->capacity) > kMaxArenaBytes / row_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table '", spec.name, "': ", t->capacity, " rows of ", row_bytes,

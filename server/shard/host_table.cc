@@ -26,6 +26,7 @@ void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
   }
   const int dim = t.spec.dim;
   const size_t row_bytes = sizeof(float) * dim;
+  const bool widen = t.Is16Bit();
   std::vector<int64_t> absent;
   {
     const StripeReaderLocks locks(t, mask);
@@ -37,7 +38,11 @@ void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
       const int64_t probe = entry - kProbeAhead;
       const int64_t copied = probe - kRowAhead;
       if (copied >= lo && copied < hi && src[copied % kRowAhead] != nullptr) {
-        std::memcpy(out + copied * dim, src[copied % kRowAhead], row_bytes);
+        if (widen) {
+          t.ReadWeights(src[copied % kRowAhead], out + copied * dim);
+        } else {
+          std::memcpy(out + copied * dim, src[copied % kRowAhead], row_bytes);
+        }
       }
       if (probe >= lo && probe < hi) {
         const int64_t r = t.Find(slots[probe], ids[probe]);
@@ -120,7 +125,31 @@ absl::Status ValidateImportedRow(const Table& t, const float* row, int64_t id,
                                    bits != 0x80000000u);
     }
   }
+  // fp16 weights: a finite float that rounds past 65504 would be stored as
+  // infinity (bf16 has fp32's range).
+  constexpr uint32_t kFp16Overflow = 0x477ff000u;  // rounds to infinity
+  const bool fp16 = t.precision == kernels::RowPrecision::kFp16;
+  if (fp16) {
+    for (int c = 0; c < dim; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, row + c, sizeof(bits));
+      bad |= static_cast<uint32_t>((bits & 0x7fffffffu) >= kFp16Overflow);
+    }
+  }
   if (bad == 0) return absl::OkStatus();
+  if (fp16) {
+    for (int c = 0; c < dim; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, row + c, sizeof(bits));
+      if ((bits & 0x7fffffffu) >= kFp16Overflow &&
+          (bits & 0x7f800000u) != 0x7f800000u) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "table '", t.spec.name, "': row of id ", id, " (position ",
+            position, ") has weight ", row[c], " at column ", c,
+            "; the table stores FP16 weights, which hold at most 65504"));
+      }
+    }
+  }
   for (int k = 0; k < num_parts; ++k) {
     const auto [first, n, what, non_negative] = parts[k];
     for (int64_t c = first; c < first + n; ++c) {

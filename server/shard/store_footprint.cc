@@ -4,6 +4,12 @@
 
 namespace recps::server {
 
+int64_t HostRowBytes(kernels::OptimizerKind kind, int dim,
+                     kernels::RowPrecision precision) {
+  return kernels::FusedRowStride(kind, dim, precision) *
+         static_cast<int64_t>(sizeof(float));
+}
+
 int64_t HostIndexBytesPerSlot() {
   return static_cast<int64_t>(sizeof(IdIndex) + sizeof(int64_t));
 }

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config/table_config.h"
+#include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
 namespace recps::config {
@@ -43,6 +45,9 @@ TEST(JobConfig, EachMistakeNamesItsField) {
          j.mutable_tables(3)->mutable_optimizer()->set_learning_rate(-1);
        }},
       {"tables[1].name", [](v1::JobConfig& j) { j.mutable_tables(1)->set_name("t0"); }},
+      {"tables[2]", [](v1::JobConfig& j) {
+         j.mutable_tables(2)->set_precision(static_cast<v1::StoragePrecision>(9));
+       }},
       {"model.bottom_mlp", [](v1::JobConfig& j) { j.mutable_model()->set_bottom_mlp(1, 8); }},
       {"model.top_mlp", [](v1::JobConfig& j) { j.mutable_model()->add_top_mlp(4); }},
       {"training.batch_size", [](v1::JobConfig& j) { j.mutable_training()->set_batch_size(0); }},
@@ -87,6 +92,49 @@ TEST(JobConfig, EachMistakeNamesItsField) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << m.field;
     EXPECT_EQ(s.message().substr(0, std::string(m.field).size()), m.field) << s;
   }
+}
+
+TEST(JobConfig, TablePrecisionReachesTheTableSpec) {
+  v1::TableConfig t;
+  t.set_name("t");
+  t.set_dim(8);
+  t.mutable_optimizer()->set_kind(v1::OptimizerConfig::ADAGRAD);
+  t.mutable_optimizer()->set_learning_rate(0.1f);
+  const std::pair<v1::StoragePrecision, kernels::RowPrecision> cases[] = {
+      {v1::STORAGE_PRECISION_UNSPECIFIED, kernels::RowPrecision::kFp32},
+      {v1::FP32, kernels::RowPrecision::kFp32},
+      {v1::FP16, kernels::RowPrecision::kFp16},
+      {v1::BF16, kernels::RowPrecision::kBf16}};
+  for (const auto& [in, want] : cases) {
+    t.set_precision(in);
+    absl::StatusOr<config::TableSpec> spec = config::TableSpecFromConfig(t);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->precision, want) << in;
+  }
+  t.set_precision(static_cast<v1::StoragePrecision>(-1));
+  absl::StatusOr<config::TableSpec> bad = config::TableSpecFromConfig(t);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("precision"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("FP16"), std::string::npos);
+  // Stochastic rounding only for 16-bit weights.
+  t.set_precision(v1::FP16);
+  t.set_stochastic_rounding(true);
+  ASSERT_TRUE(config::TableSpecFromConfig(t).ok());
+  EXPECT_TRUE(config::TableSpecFromConfig(t)->stochastic_rounding);
+  t.set_precision(v1::FP32);
+  bad = config::TableSpecFromConfig(t);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("stochastic_rounding"), std::string::npos);
+  // The text format takes the names.
+  v1::TablesConfig file;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+      "tables { name: 'e' dim: 4 precision: BF16 optimizer { kind: SGD "
+      "learning_rate: 0.1 } }",
+      &file));
+  absl::StatusOr<std::vector<config::TableSpec>> specs =
+      config::TableSpecsFromConfig(file);
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_EQ((*specs)[0].precision, kernels::RowPrecision::kBf16);
 }
 
 TEST(JobConfig, WirePrecisionChoosesTheRowEncoding) {

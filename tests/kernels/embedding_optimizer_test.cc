@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "common/half.h"
 #include "gtest/gtest.h"
 #include "kernels/embedding_optimizer.h"
 #include "tests/kernels/test_util.h"
@@ -198,6 +199,253 @@ TEST(FusedOptimizer, RowStridesAreSixteenByteAligned) {
   EXPECT_EQ(FusedRowStride(OptimizerKind::kRowWiseAdagrad, 64), 68);
   EXPECT_EQ(FusedRowStride(OptimizerKind::kAdam, 64), 196);
   EXPECT_EQ(FusedRowStride(OptimizerKind::kAdamW, 7), 24);
+}
+
+// ---- 16-bit weights (fp16 / bf16), fp32 optimizer state ----
+
+TEST(FusedOptimizer16, RowLayoutKeepsStateAndRowsSixteenByteAligned) {
+  for (RowPrecision p : {RowPrecision::kFp16, RowPrecision::kBf16}) {
+    for (OptimizerKind k :
+         {OptimizerKind::kSgd, OptimizerKind::kAdagrad,
+          OptimizerKind::kRowWiseAdagrad, OptimizerKind::kAdam}) {
+      for (int dim : {1, 7, 8, 9, 16, 64, 100, 4096}) {
+        SCOPED_TRACE(dim);
+        if (dim % 8 == 0) {
+          EXPECT_EQ(FusedRowStateOffset(dim, p) % 4, 0);
+        }
+        EXPECT_EQ(FusedRowStateOffset(dim, p), (dim + 1) / 2);
+        EXPECT_EQ(FusedRowStride(k, dim, p) % 4, 0);
+        EXPECT_GE(FusedRowStride(k, dim, p),
+                  FusedRowStateOffset(dim, p) + FusedRowStateWidth(k, dim));
+        EXPECT_LE(FusedRowStride(k, dim, p), FusedRowStride(k, dim));
+      }
+    }
+  }
+  // SGD rows halve; Adagrad dim 64: 32 words of weights + 64 of state.
+  EXPECT_EQ(FusedRowStride(OptimizerKind::kSgd, 64, RowPrecision::kFp16), 32);
+  EXPECT_EQ(FusedRowStride(OptimizerKind::kAdagrad, 64, RowPrecision::kBf16),
+            96);
+  EXPECT_EQ(FusedRowStride(OptimizerKind::kAdam, 64, RowPrecision::kFp32),
+            FusedRowStride(OptimizerKind::kAdam, 64));
+}
+
+uint16_t Narrow(RowPrecision p, float v) {
+  return p == RowPrecision::kFp16 ? FloatToHalf(v) : FloatToBf16(v);
+}
+float Widen(RowPrecision p, uint16_t h) {
+  return p == RowPrecision::kFp16 ? HalfToFloat(h) : Bf16ToFloat(h);
+}
+
+struct Case16 {
+  RowPrecision precision;
+  OptimizerKind kind;
+  float weight_decay;
+  float scale;  // of the initial weights (small: fp16 subnormals)
+};
+
+// The 16-bit update against the fp32 kernel run on the widened row and
+// rounded once per step (scalar round-to-nearest-even of common/half.h):
+// bit-identical weights and state, three steps, every ISA (the portable
+// build uses the scalar conversions, the others F16C).
+TEST(FusedOptimizer16, MatchesTheFp32UpdateRoundedOncePerStep) {
+  std::vector<Case16> cases;
+  for (RowPrecision p : {RowPrecision::kFp16, RowPrecision::kBf16}) {
+    for (OptimizerKind k :
+         {OptimizerKind::kSgd, OptimizerKind::kAdagrad,
+          OptimizerKind::kRowWiseAdagrad, OptimizerKind::kAdam,
+          OptimizerKind::kAdamW}) {
+      cases.push_back({p, k, 0.0f, 1.0f});
+      cases.push_back({p, k, 0.05f, 1e-5f});
+    }
+  }
+  for (const Case16& c : cases) {
+    for (int dim : {1, 7, 8, 16, 33, 100}) {
+      SCOPED_TRACE(::testing::Message()
+                   << RowPrecisionName(c.precision) << " "
+                   << OptimizerName(c.kind) << " wd " << c.weight_decay
+                   << " scale " << c.scale << " dim " << dim);
+      const int num_rows = 5;
+      const int64_t s16 = FusedRowStride(c.kind, dim, c.precision);
+      const int64_t off = FusedRowStateOffset(dim, c.precision);
+      const int64_t s32 = FusedRowStride(c.kind, dim);
+      const int64_t state = FusedRowStateWidth(c.kind, dim);
+      // Initial rows: 16-bit weights, state >= 0 (Adam: step count 2).
+      std::vector<float> rows16(num_rows * s16, 0.0f);
+      const std::vector<float> w0 = RandomFloats(num_rows * dim, dim, -c.scale,
+                                                 c.scale);
+      const std::vector<float> st0 =
+          RandomFloats(num_rows * state, 7 * dim, 0.0f, 0.01f);
+      for (int r = 0; r < num_rows; ++r) {
+        auto* w = reinterpret_cast<uint16_t*>(rows16.data() + r * s16);
+        for (int j = 0; j < dim; ++j) w[j] = Narrow(c.precision, w0[r * dim + j]);
+        std::copy(st0.begin() + r * state, st0.begin() + (r + 1) * state,
+                  rows16.begin() + r * s16 + off);
+        if (c.kind == OptimizerKind::kAdam || c.kind == OptimizerKind::kAdamW) {
+          const uint32_t step = 2;
+          std::memcpy(rows16.data() + r * s16 + off + 2 * dim, &step, 4);
+        }
+      }
+      const std::vector<int64_t> idx = {3, 0, 4};  // row 1 and 2 untouched
+      OptimizerParams params;
+      params.kind = c.kind;
+      params.learning_rate = 0.01f;
+      params.weight_decay = c.weight_decay;
+      // Reference: per step, widen, fp32 update (portable), round.
+      std::vector<float> want = rows16;
+      for (int step = 0; step < 3; ++step) {
+        const std::vector<float> grads =
+            RandomFloats(idx.size() * dim, 100 + step, -c.scale, c.scale);
+        std::vector<float> rows32(num_rows * s32, 0.0f);
+        for (int r = 0; r < num_rows; ++r) {
+          const auto* w = reinterpret_cast<const uint16_t*>(want.data() + r * s16);
+          for (int j = 0; j < dim; ++j) rows32[r * s32 + j] = Widen(c.precision, w[j]);
+          std::copy(want.begin() + r * s16 + off,
+                    want.begin() + r * s16 + off + state,
+                    rows32.begin() + r * s32 + dim);
+        }
+        FusedUpdateArgs a;
+        a.rows = rows32.data();
+        a.num_rows = num_rows;
+        a.row_stride = s32;
+        a.dim = dim;
+        a.row_indices = idx.data();
+        a.num_updates = static_cast<int64_t>(idx.size());
+        a.grads = grads.data();
+        a.optimizer = params;
+        ExecContext portable;
+        portable.isa = CpuIsa::kPortable;
+        ASSERT_TRUE(FusedOptimizerUpdateCpu(a, portable).ok());
+        for (int r = 0; r < num_rows; ++r) {
+          auto* w = reinterpret_cast<uint16_t*>(want.data() + r * s16);
+          for (int j = 0; j < dim; ++j) w[j] = Narrow(c.precision, rows32[r * s32 + j]);
+          std::copy(rows32.begin() + r * s32 + dim,
+                    rows32.begin() + r * s32 + dim + state,
+                    want.begin() + r * s16 + off);
+        }
+      }
+      for (const ExecContext& ctx : EveryCpuIsa()) {
+        SCOPED_TRACE(CpuIsaName(ctx.isa));
+        std::vector<float> got = rows16;
+        for (int step = 0; step < 3; ++step) {
+          const std::vector<float> grads =
+              RandomFloats(idx.size() * dim, 100 + step, -c.scale, c.scale);
+          FusedUpdateArgs a;
+          a.rows = got.data();
+          a.precision = c.precision;
+          a.num_rows = num_rows;
+          a.row_stride = s16;
+          a.dim = dim;
+          a.row_indices = idx.data();
+          a.num_updates = static_cast<int64_t>(idx.size());
+          a.grads = grads.data();
+          a.optimizer = params;
+          ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ctx).ok());
+        }
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(),
+                                 sizeof(float) * got.size()));
+        // Something moved (the test is not vacuous).
+        EXPECT_NE(0, std::memcmp(got.data(), rows16.data(),
+                                 sizeof(float) * got.size()));
+      }
+    }
+  }
+}
+
+TEST(FusedOptimizer16, AStrideTooSmallForTheStateIsRefused) {
+  const int dim = 16;
+  std::vector<float> rows(64, 0.0f);
+  std::vector<float> grads(dim, 0.1f);
+  const int64_t idx = 0;
+  FusedUpdateArgs a;
+  a.rows = rows.data();
+  a.precision = RowPrecision::kFp16;
+  a.num_rows = 1;
+  a.row_stride = 8 + dim - 1;  // 8 words of halves, one state float short
+  a.dim = dim;
+  a.row_indices = &idx;
+  a.num_updates = 1;
+  a.grads = grads.data();
+  a.optimizer.kind = OptimizerKind::kAdagrad;
+  a.optimizer.learning_rate = 0.1f;
+  const absl::Status s = FusedOptimizerUpdateCpu(a, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("fp16"), absl::string_view::npos) << s;
+  a.row_stride = 8 + dim;
+  EXPECT_TRUE(FusedOptimizerUpdateCpu(a, {}).ok());
+}
+
+// Stochastic rounding: each weight lands on one of the two 16-bit
+// neighbours of the fp32 update, the same on every ISA and every call, and
+// unbiased: updates far below half an ulp still move the mean.
+TEST(FusedOptimizer16, StochasticRoundingIsUnbiasedAndDeterministic) {
+  for (RowPrecision p : {RowPrecision::kFp16, RowPrecision::kBf16}) {
+    SCOPED_TRACE(RowPrecisionName(p));
+    const int dim = 8;
+    const int num_rows = 4096;
+    const int64_t stride = FusedRowStride(OptimizerKind::kSgd, dim, p);
+    // SGD with lr 1 and a gradient of about -0.1 ulp of the weights.
+    const float ulp = p == RowPrecision::kFp16 ? 1.0f / 1024 : 1.0f / 128;
+    // Row r starts at base(r) = 1 + (r % 64) ulp: distinct values to hash
+    // (the random bits are a hash of the value and the column).
+    std::vector<float> rows(num_rows * stride, 0.0f);
+    auto base = [&](int r) { return 1.0f + static_cast<float>(r % 64) * ulp; };
+    for (int r = 0; r < num_rows; ++r) {
+      auto* w = reinterpret_cast<uint16_t*>(rows.data() + r * stride);
+      for (int j = 0; j < dim; ++j) w[j] = Narrow(p, base(r));
+    }
+    std::vector<int64_t> idx(num_rows);
+    std::vector<float> grads(num_rows * dim);
+    for (int r = 0; r < num_rows; ++r) {
+      idx[r] = r;
+      for (int j = 0; j < dim; ++j) {
+        grads[r * dim + j] = -0.1f * ulp * (1.0f + 0.01f * static_cast<float>(r / 64));
+      }
+    }
+    FusedUpdateArgs a;
+    a.precision = p;
+    a.stochastic_rounding = true;
+    a.num_rows = num_rows;
+    a.row_stride = stride;
+    a.dim = dim;
+    a.row_indices = idx.data();
+    a.num_updates = num_rows;
+    a.grads = grads.data();
+    a.optimizer.kind = OptimizerKind::kSgd;
+    a.optimizer.learning_rate = 1.0f;
+    std::vector<float> first;
+    for (const ExecContext& ctx : EveryCpuIsa()) {
+      SCOPED_TRACE(CpuIsaName(ctx.isa));
+      std::vector<float> got = rows;
+      a.rows = got.data();
+      ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ctx).ok());
+      double sum = 0;
+      int up = 0;
+      for (int r = 0; r < num_rows; ++r) {
+        const auto* w = reinterpret_cast<const uint16_t*>(got.data() + r * stride);
+        for (int j = 0; j < dim; ++j) {
+          const float v = Widen(p, w[j]);
+          ASSERT_TRUE(v == base(r) || v == base(r) + ulp) << v;
+          up += v != base(r);
+          sum += (v - base(r)) / (1.0 + 0.01 * (r / 64));  // in units of 0.1 ulp
+        }
+      }
+      // About 10% go up: the mean update is 0.1 ulp (nearest even: 0).
+      const double mean = sum / (num_rows * dim) / ulp;
+      EXPECT_NEAR(mean, 0.1, 0.015);
+      EXPECT_GT(up, 0);
+      if (first.empty()) {
+        first = got;
+      } else {
+        EXPECT_EQ(0, std::memcmp(first.data(), got.data(), sizeof(float) * got.size()));
+      }
+    }
+    // Nearest even keeps every weight at 1.0.
+    std::vector<float> rne = rows;
+    a.rows = rne.data();
+    a.stochastic_rounding = false;
+    ASSERT_TRUE(FusedOptimizerUpdateCpu(a, {}).ok());
+    EXPECT_EQ(rne, rows);
+  }
 }
 
 }  // namespace

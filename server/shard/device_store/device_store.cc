@@ -791,6 +791,14 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateDeviceEmbeddingStore(
   absl::flat_hash_map<std::string, int> names;
   for (size_t i = 0; i < tables.size(); ++i) {
     RETURN_IF_ERROR(ValidateSpec(tables[i], static_cast<int>(i)));
+    if (tables[i].precision != kernels::RowPrecision::kFp32) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "table '", tables[i].name, "' stores ",
+          kernels::RowPrecisionName(tables[i].precision),
+          " weights, which only the host store keeps so far; run this "
+          "shard server without --device (host memory) or set the table's "
+          "precision to FP32"));
+    }
     auto [it, inserted] = names.try_emplace(tables[i].name, i);
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -26,6 +26,11 @@ TEST(CostModel, StoredRowBytesIsTheStoresFusedRow) {
       // Rows pad to 16 bytes, so narrow rows may not shrink.
       EXPECT_LE(StoredRowBytes(k, dim, v1::FP16),
                 StoredRowBytes(k, dim, v1::FP32));
+      // The store's own formula (TableInfo.row_bytes), bf16 as fp16.
+      EXPECT_EQ(StoredRowBytes(k, dim, v1::FP16),
+                server::HostRowBytes(k, dim, kernels::RowPrecision::kFp16));
+      EXPECT_EQ(StoredRowBytes(k, dim, v1::BF16),
+                StoredRowBytes(k, dim, v1::FP16));
       if (dim >= 16) {
         EXPECT_LT(StoredRowBytes(k, dim, v1::FP16),
                   StoredRowBytes(k, dim, v1::FP32));

@@ -283,17 +283,31 @@ TEST(Planner, AnImpossibleRequestNamesTheTableTheShortfallAndTheFixes) {
   EXPECT_THAT(msg, HasSubstr("FP16"));
 }
 
-TEST(Planner, Fp16StorageIsPlannedButNotApplied) {
+TEST(Planner, SixteenBitTablesArePlannedAndApplied) {
+  for (v1::StoragePrecision p : {v1::FP16, v1::BF16}) {
+    PlannerInput in;
+    in.tables.push_back(Table("t", 16, 1000));
+    in.tables.back().set_precision(p);
+    Hint(in, "t").set_precision(p);  // repeating the config is fine
+    in.topology = Servers(2, 64 * kMiB);
+    absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(TableIn(*plan, "t").precision(), p);
+    EXPECT_EQ(TableIn(*plan, "t").estimate().weight_bytes(), 1000 * 16 * 2);
+    absl::StatusOr<v1::ShardMap> map = PlanToShardMap(*plan, 1);
+    EXPECT_TRUE(map.ok()) << map.status();
+  }
+}
+
+TEST(Planner, AHintCannotChangeTheConfiguredPrecision) {
   PlannerInput in;
   in.tables.push_back(Table("t", 16, 1000));
   Hint(in, "t").set_precision(v1::FP16);
   in.topology = Servers(2, 64 * kMiB);
   absl::StatusOr<v1::ShardingPlan> plan = PlanSharding(in);
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_EQ(TableIn(*plan, "t").estimate().weight_bytes(), 1000 * 16 * 2);
-  absl::StatusOr<v1::ShardMap> map = PlanToShardMap(*plan, 1);
-  EXPECT_EQ(map.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(map.status().message(), HasSubstr("FP16"));
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(plan.status().message(), HasSubstr("precision: FP16"));
+  EXPECT_THAT(plan.status().message(), HasSubstr("table config"));
 }
 
 TEST(Planner, AColumnWisePinThatCannotSplitSaysSo) {
