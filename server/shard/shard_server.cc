@@ -415,7 +415,7 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
       }
     }
     parts.push_back(part);
-    layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width});
+    layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width, false, {}});
   }
   // updated_only (sync mode): the worker holds every row as it was before
   // step `step - 1` was applied; only the rows that step updated changed
