@@ -613,6 +613,10 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.last_loss = *loss;
     result.losses.push_back(*loss);
     more = next_more;
+    // Reported before a checkpoint cut at step+1: a worker killed once the cut
+    // is saved resumes after this step, so it must not still owe its loss.
+    result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
+    if (options_.on_step) options_.on_step(step, *loss, result);
 
     // The step boundary after step + 1 steps: every worker decides the same
     // (the flags were summed by this step's allreduce, the rest is a
@@ -645,8 +649,6 @@ absl::StatusOr<TrainResult> Trainer::Run() {
         }
       }
     }
-    result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
-    if (options_.on_step) options_.on_step(step, *loss, result);
     if (stop) {
       result.preempted = true;
       result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start));

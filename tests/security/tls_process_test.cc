@@ -482,13 +482,19 @@ TEST_F(TlsProcessTest, CoordinatorBoundsCallsPerClient) {
   auto a = v1::Coordinator::NewStub(Channel(address, Tls("worker-a")));
   grpc::ClientContext waiting;
   rpc::SetTimeout(absl::Seconds(30), &waiting);
+  // The channel's first connection (a TLS handshake) may fail on a loaded
+  // machine; without this the wait failed fast and never held the slot (CI).
+  waiting.set_wait_for_ready(true);
   v1::KvGetRequest wait;
   wait.set_key("never-set");
   wait.set_wait_ms(30000);
   v1::KvGetResponse wait_response;
   absl::Notification wait_done;
-  a->async()->KvGet(&waiting, &wait, &wait_response,
-                    [&](grpc::Status) { wait_done.Notify(); });
+  grpc::Status wait_status;
+  a->async()->KvGet(&waiting, &wait, &wait_response, [&](grpc::Status s) {
+    wait_status = std::move(s);
+    wait_done.Notify();
+  });
   auto kv_get = [&](v1::Coordinator::Stub* stub) {
     grpc::ClientContext context;
     rpc::SetTimeout(absl::Seconds(5), &context);
@@ -501,8 +507,13 @@ TEST_F(TlsProcessTest, CoordinatorBoundsCallsPerClient) {
   grpc::Status second;
   ASSERT_TRUE(Eventually([&] {
     second = kv_get(a.get());
-    return second.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    return second.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+           wait_done.HasBeenNotified();
   })) << second.error_message();
+  ASSERT_FALSE(wait_done.HasBeenNotified())
+      << "the wait ended early: " << wait_status.error_code() << " "
+      << wait_status.error_message();
+  ASSERT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
   EXPECT_TRUE(
       absl::StrContains(second.error_message(), "--max_calls_per_client"));
   // worker-b is served (NOT_FOUND: the key is absent).

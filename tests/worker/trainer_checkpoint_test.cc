@@ -125,11 +125,15 @@ bool SameFloats(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST_F(TrainerCheckpoint, CutsPeriodicallyAndAtTheEndWithoutChangingANumber) {
   std::vector<CheckpointCutInfo> cuts;
+  std::vector<int64_t> reported_before_cut;
+  int64_t last_reported = -1;
   TrainerOptions options;
   options.checkpoint = [&](const CheckpointCutInfo& info) {
     cuts.push_back(info);
+    reported_before_cut.push_back(last_reported);
     return absl::OkStatus();
   };
+  options.on_step = [&](int64_t step, float, const TrainResult&) { last_reported = step; };
   options.checkpoint_every = 3;
   auto shard = StartShard();
   ASSERT_NE(shard, nullptr);
@@ -147,6 +151,9 @@ TEST_F(TrainerCheckpoint, CutsPeriodicallyAndAtTheEndWithoutChangingANumber) {
     EXPECT_EQ(cuts[i].dense.optimizer_steps(), steps[i]);  // rank 0 sends it
   }
   EXPECT_EQ(with->checkpoint_steps, std::vector<int64_t>({3, 6, 9, 10}));
+  // Every step before a cut has reported its loss (recps-worker's --loss_log):
+  // a worker killed right after the cut resumes past those steps.
+  EXPECT_EQ(reported_before_cut, std::vector<int64_t>({2, 5, 8, 9}));
   EXPECT_EQ(with->step_seconds.size(), static_cast<size_t>(kSteps));
 
   auto fresh = StartShard();
