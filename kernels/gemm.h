@@ -30,8 +30,9 @@ struct GemmArgs {
 };
 
 // INVALID_ARGUMENT for negative sizes, too-small leading dimensions or null
-// pointers. The CPU path ignores ctx.pool (the BLAS has its own threads);
-// the CUDA path needs ctx.cublas_handle.
+// pointers. The CPU path splits large products over ctx.pool (and from the
+// first such call on runs OpenBLAS single-threaded in the process); the CUDA
+// path needs ctx.cublas_handle.
 absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx);
 absl::Status GemmCuda(const GemmArgs& args, const ExecContext& ctx);
 

@@ -1,4 +1,5 @@
-// CPU GEMM: argument checks, then OpenBLAS's cblas_sgemm (row-major).
+// CPU GEMM: argument checks, then OpenBLAS's cblas_sgemm (row-major), split
+// over the caller's pool when it has one.
 #include <cblas.h>
 
 #include <algorithm>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "kernels/gemm.h"
 
 namespace recps::kernels {
@@ -67,9 +69,24 @@ absl::Status ValidateGemm(const GemmArgs& g) {
   return absl::OkStatus();
 }
 
+void Sgemm(const GemmArgs& g, int64_t m, int64_t n, const float* a,
+           const float* b, float* c) {
+  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+              g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(g.k), g.alpha, a,
+              static_cast<blasint>(g.lda), b, static_cast<blasint>(g.ldb),
+              g.beta, c, static_cast<blasint>(g.ldc));
+}
+
+// Products below this many multiply-adds (~0.1 ms) run as one call.
+constexpr int64_t kSplitMinMacs = int64_t{1} << 20;
+// Blocks are whole multiples of this many rows or columns: the widest
+// register tile of OpenBLAS's sgemm kernels, so no block adds edge tiles.
+constexpr int64_t kSplitAlign = 16;
+
 }  // namespace
 
-absl::Status GemmCpu(const GemmArgs& args, const ExecContext& /*ctx*/) {
+absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx) {
   RETURN_IF_ERROR(ValidateGemm(args));
   const GemmArgs& g = args;
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
@@ -88,12 +105,40 @@ absl::Status GemmCpu(const GemmArgs& args, const ExecContext& /*ctx*/) {
     }
     return absl::OkStatus();
   }
-  cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-              g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),
-              static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha,
-              g.a, static_cast<blasint>(g.lda), g.b,
-              static_cast<blasint>(g.ldb), g.beta, g.c,
-              static_cast<blasint>(g.ldc));
+  const int threads = ctx.pool != nullptr ? ctx.pool->num_threads() : 1;
+  if (threads == 1 || g.m * g.n * g.k < kSplitMinMacs) {
+    Sgemm(g, g.m, g.n, g.a, g.b, g.c);
+    return absl::OkStatus();
+  }
+  // With a pool, OpenBLAS runs on one thread of its own and the product is
+  // split into blocks of C's rows (or columns, when C is wider than tall),
+  // one call per pool thread. OpenBLAS's pthreads spin on sched_yield
+  // between calls: a fifth of the CPU of a 2-core worker at S-p20 (issue
+  // 17), taken from the lookups and pushes that run beside the GEMMs.
+  static const bool single = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)single;
+  const bool by_rows = g.m >= g.n;
+  const int64_t extent = by_rows ? g.m : g.n;
+  const int64_t blocks = std::min<int64_t>(threads, std::max<int64_t>(1, extent / kSplitAlign));
+  const int64_t per_block = (extent / blocks + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  ParallelFor(ctx.pool, (extent + per_block - 1) / per_block, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t block = lo; block < hi; ++block) {
+      const int64_t begin = block * per_block;
+      const int64_t size = std::min(per_block, extent - begin);
+      if (by_rows) {
+        // Rows [begin, begin+size) of op(A) and of C.
+        const float* a = g.trans_a ? g.a + begin : g.a + begin * g.lda;
+        Sgemm(g, size, g.n, a, g.b, g.c + begin * g.ldc);
+      } else {
+        // Columns [begin, begin+size) of op(B) and of C.
+        const float* b = g.trans_b ? g.b + begin * g.ldb : g.b + begin;
+        Sgemm(g, g.m, size, g.a, b, g.c + begin);
+      }
+    }
+  });
   return absl::OkStatus();
 }
 

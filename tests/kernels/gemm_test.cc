@@ -176,17 +176,30 @@ TEST(GemmCpuTest, EmptyOutputIsANoOp) {
   EXPECT_TRUE(GemmCpu(g, ExecContext()).ok());
 }
 
-TEST(GemmCpuTest, SameResultWithAThreadPool) {
-  // The BLAS has its own threads and ignores ctx.pool; check that passing
-  // one is harmless.
-  ThreadPool pool(3);
-  ExecContext ctx;
-  ctx.pool = &pool;
-  Problem p = MakeProblem(true, true, 65, 70, 129, 1, 1.5f, 0.25f, 5);
-  const std::vector<float> want = Reference(p);
-  std::vector<float> got = p.c;
-  ASSERT_TRUE(GemmCpu(p.Args(got.data()), ctx).ok());
-  EXPECT_TRUE(AllNear(got, want, 2e-6 * 130, 1e-5));
+TEST(GemmCpuTest, SplitOverAPoolByRowsOrColumns) {
+  // Large enough to be split (>= 2^20 multiply-adds): tall products by rows
+  // of C, wide ones by columns, sizes that are not multiples of the block
+  // alignment, every transpose, padded strides whose padding must survive.
+  const Shape shapes[] = {{301, 37, 100}, {37, 301, 100}, {1000, 20, 60}, {17, 2000, 40}};
+  uint64_t seed = 100;
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    ExecContext ctx;
+    ctx.pool = &pool;
+    for (const Shape& s : shapes) {
+      ASSERT_GE(s.m * s.n * s.k, int64_t{1} << 20);
+      for (int ta = 0; ta < 2; ++ta) {
+        for (int tb = 0; tb < 2; ++tb) {
+          Problem p = MakeProblem(ta, tb, s.m, s.n, s.k, 3, -0.75f, 0.5f, seed += 3);
+          const std::vector<float> want = Reference(p);
+          std::vector<float> got = p.c;
+          ASSERT_TRUE(GemmCpu(p.Args(got.data()), ctx).ok()) << Describe(p);
+          EXPECT_TRUE(AllNear(got, want, 2e-6 * (s.k + 1), 1e-5))
+              << Describe(p) << " threads=" << threads;
+        }
+      }
+    }
+  }
 }
 
 // The first argument error for a valid problem modified by `mutate`.
