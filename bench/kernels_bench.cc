@@ -7,6 +7,9 @@
 // thread count, and a summary at the end checks the targets:
 //   forward (width 64, all threads) >= 0.4 x memcpy
 //   fused Adagrad >= 0.5 x forward (same width and threads)
+// and, as the compute anchor, a square sgemm's GFLOP/s next to the GEMMs of
+// one step of issue 17's DLRM (dense 13 -> 512-256-64, top 512-256-1): the
+// time no fp32 trainer of that model can go below on this machine.
 //
 //   recps_kernels_bench [--benchmark_filter=...] [--table_gib=N]
 #include <algorithm>
@@ -26,6 +29,7 @@
 #include "common/thread_pool.h"
 #include "kernels/embedding_bag.h"
 #include "kernels/embedding_optimizer.h"
+#include "kernels/gemm.h"
 
 namespace recps::kernels {
 namespace {
@@ -327,6 +331,82 @@ void BM_FusedUpdate(benchmark::State& state, OptimizerKind kind, int dim,
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 
+// GFLOP/s of GemmCpu, by benchmark name (for the MLP's ratio to the square
+// product).
+std::map<std::string, double>& Flops() {
+  static auto* flops = new std::map<std::string, double>;
+  return *flops;
+}
+
+std::string SquareGemmKey(int threads) { return absl::StrFormat("gemm/square1024/t%d", threads); }
+std::string MlpGemmKey(int features, int batch, int threads) {
+  return absl::StrFormat("gemm/dlrm_step/F%d/B%d/t%d", features, batch, threads);
+}
+
+struct GemmShape {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+};
+
+// Runs `shapes` through GemmCpu on `threads` and records GFLOP/s.
+void RunGemms(benchmark::State& state, const std::vector<GemmShape>& shapes, int threads,
+              const std::string& key) {
+  int64_t largest = 0;
+  double flops_per_round = 0;
+  for (const GemmShape& g : shapes) {
+    largest = std::max({largest, g.m * g.k, g.k * g.n, g.m * g.n});
+    flops_per_round += 2.0 * g.m * g.n * g.k;
+  }
+  std::vector<float> a(largest, 0.01f), b(largest, 0.02f), c(largest);
+  ExecContext ctx;
+  ctx.pool = &Pool(threads);
+  double flops = 0, seconds = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const GemmShape& g : shapes) {
+      GemmArgs args;
+      args.trans_a = g.trans_a;
+      args.trans_b = g.trans_b;
+      args.m = g.m;
+      args.n = g.n;
+      args.k = g.k;
+      args.a = a.data();
+      args.lda = g.trans_a ? g.m : g.k;
+      args.b = b.data();
+      args.ldb = g.trans_b ? g.k : g.n;
+      args.c = c.data();
+      args.ldc = g.n;
+      if (absl::Status st = GemmCpu(args, ctx); !st.ok()) {
+        state.SkipWithError(st.ToString().c_str());
+        return;
+      }
+    }
+    seconds += Seconds(start);
+    flops += flops_per_round;
+  }
+  Flops()[key] = flops / seconds;
+  state.counters["GFLOP/s"] = flops / seconds / 1e9;
+  state.counters["ms/round"] = 1e3 * seconds / state.iterations();
+}
+
+// Every GEMM of one training step of issue 17's DLRM with `features` tables
+// of dim 64 and `batch` samples: forward y = x W^T per layer; backward
+// dW = dy^T x per layer and dx = dy W for all but the first.
+std::vector<GemmShape> DlrmStepGemms(int features, int batch) {
+  const int64_t vectors = features + 1;
+  const int64_t top_in = 64 + vectors * (vectors - 1) / 2;
+  const std::vector<std::pair<int64_t, int64_t>> layers = {
+      {13, 512}, {512, 256}, {256, 64}, {top_in, 512}, {512, 256}, {256, 1}};
+  std::vector<GemmShape> shapes;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const auto [in, out] = layers[l];
+    shapes.push_back({false, true, batch, out, in});   // forward
+    shapes.push_back({true, false, out, in, batch});   // dW
+    if (l != 0) shapes.push_back({false, false, batch, in, out});  // dx
+  }
+  return shapes;
+}
+
 void RegisterAll() {
   const int all = ThreadPool::HardwareThreads();
   std::vector<int> thread_counts = {1};
@@ -359,6 +439,15 @@ void RegisterAll() {
           BM_TrainerEmbeddingStep(s, strided, features, pooling, t);
         });
       }
+    }
+    reg(SquareGemmKey(t), [t](benchmark::State& s) {
+      RunGemms(s, {{false, false, 1024, 1024, 1024}}, t, SquareGemmKey(t));
+    });
+    for (auto [features, batch] : {std::pair{8, 2048}, std::pair{8, 1024}, std::pair{26, 4096},
+                                   std::pair{26, 2048}}) {
+      reg(MlpGemmKey(features, batch, t), [=](benchmark::State& s) {
+        RunGemms(s, DlrmStepGemms(features, batch), t, MlpGemmKey(features, batch, t));
+      });
     }
     for (OptimizerKind kind :
          {OptimizerKind::kSgd, OptimizerKind::kAdagrad,
@@ -403,6 +492,24 @@ void PrintSummary() {
         std::printf("  trainer embedding step F%d pool%d t%d: copy %.2f x memcpy, "
                     "strided %.2f x memcpy (%.2fx faster)\n",
                     features, pooling, t, copy / mem, strided / mem, strided / copy);
+      }
+    }
+    if (const double square = Flops().count(SquareGemmKey(t)) ? Flops().at(SquareGemmKey(t)) : 0;
+        square > 0) {
+      std::printf("  sgemm 1024^3 t%d: %.1f GFLOP/s\n", t, square / 1e9);
+      for (auto [features, batch] : {std::pair{8, 2048}, std::pair{8, 1024},
+                                     std::pair{26, 4096}, std::pair{26, 2048}}) {
+        const auto it = Flops().find(MlpGemmKey(features, batch, t));
+        if (it == Flops().end()) continue;
+        const double step_flops = [&] {
+          double f = 0;
+          for (const GemmShape& g : DlrmStepGemms(features, batch)) f += 2.0 * g.m * g.n * g.k;
+          return f;
+        }();
+        std::printf("  DLRM step GEMMs F%d B%d t%d: %.1f GFLOP/s = %.2f x sgemm 1024^3, "
+                    "%.1f ms per step = at most %.0f samples/s\n",
+                    features, batch, t, it->second / 1e9, it->second / square,
+                    1e3 * step_flops / it->second, batch * it->second / step_flops);
       }
     }
     const double fwd = get(ForwardKey(64, 32, false, t));
