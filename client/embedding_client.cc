@@ -75,10 +75,10 @@ struct PushRpc {
   static constexpr bool kEveryServer = true;
   // Never split in one round: one part per server and round. A request
   // carries a part id (RequestHeader.push_part): a retry of a request whose
-  // outcome is unknown (UNAVAILABLE, deadline) keeps it, so the server drops
-  // it if the first attempt was accepted; ids re-routed after a stale-epoch
-  // refusal (never accepted) go out with a new id, and a server that already
-  // accepted this step's push merges them in.
+  // outcome is unknown (UNAVAILABLE, a server-side CANCELLED) keeps it, so
+  // the server drops it if the first attempt was accepted; ids re-routed
+  // after a stale-epoch refusal (never accepted) go out with a new id, and a
+  // server that already accepted this step's push merges them in.
   static constexpr bool kChunked = false;
   static constexpr bool kParts = true;
 
@@ -364,9 +364,10 @@ absl::Status EmbeddingClient::PushGradients(int64_t step,
 // Rounds: route the pending ids by the current map, send each server's ids
 // concurrently (one request per server, or for a large lookup one per chunk
 // of at most max_ids_per_lookup_request ids, all at once), and handle
-// replies as they arrive. Ids of requests that were answered UNAVAILABLE or
-// "stale map" stay pending for the next round, after a backoff or one map
-// refresh, where they are routed again; any other error ends the call.
+// replies as they arrive. Ids of requests that were answered UNAVAILABLE,
+// CANCELLED by the server, or "stale map" stay pending for the next round,
+// after a backoff and/or one map refresh (internal::RetryState::Judge
+// decides), where they are routed again; any other error ends the call.
 template <typename Rpc>
 absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
   struct Call {
@@ -397,7 +398,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
   // if need be) in the next round, also servers new in a refreshed map.
   absl::flat_hash_set<std::string> accepted;
   // Push: the part id of each server's last request whose outcome is
-  // unknown (UNAVAILABLE, deadline): its retry keeps the id.
+  // unknown (UNAVAILABLE, CANCELLED by the server): its retry keeps the id.
   absl::flat_hash_map<std::string, uint64_t> unsure_parts;
   std::vector<std::unique_ptr<Call>> calls;
   std::vector<Server> servers;
@@ -516,8 +517,9 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
       Call& c = *calls[i];
       if (failed) continue;
       const internal::CallVerdict verdict =
-          c.in_process ? retry.Judge(*c.address, c.status, c.server_epoch)
-                       : retry.Judge(*c.address, c.status, c.ctx);
+          c.in_process
+              ? retry.Judge(*c.address, c.status, c.server_epoch, deadline)
+              : retry.Judge(*c.address, c.status, c.ctx);
       switch (verdict) {
         case internal::CallVerdict::kOk: {
           if (!c.consumed.ok()) {
@@ -557,7 +559,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     if (failed) return retry.error();
     if (!again) return absl::OkStatus();
     RETURN_IF_ERROR(retry.BeforeNextRound(
-        [this](uint64_t wanted) { return RefreshMap(wanted); }));
+        map->epoch(), [this](uint64_t wanted) { return RefreshMap(wanted); }));
     batch.NextRound();
   }
 }

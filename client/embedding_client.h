@@ -52,7 +52,8 @@ struct EmbeddingClientOptions {
   // worker's push, so keep this well above a step time.
   absl::Duration rpc_timeout = absl::Seconds(60);
   // Rounds of requests per call, the first included, before a server that
-  // stays UNAVAILABLE (or keeps refusing the map) fails the call.
+  // stays UNAVAILABLE or CANCELLED (or keeps refusing the map) fails the
+  // call.
   int max_attempts = 8;
   // Wait before a retry round; doubles each round up to max_backoff (with
   // +-20% jitter so that many workers do not retry in lockstep).
@@ -143,8 +144,8 @@ class EmbeddingClient {
   // into `out` as its response arrives; every write is done when Lookup
   // returns, whatever it returns. On error, `out` may be partly written; the
   // message names the server that failed. INVALID_ARGUMENT for a bad spec
-  // (nothing sent), UNAVAILABLE / ABORTED once retries are used up,
-  // otherwise the server's own code.
+  // (nothing sent), UNAVAILABLE / CANCELLED / ABORTED once retries are used
+  // up, otherwise the server's own code.
   absl::Status Lookup(int64_t step, absl::Span<const LookupSpec> batch);
 
   // Sync mode's exact overlap (docs/training.md): every spec's `out`

@@ -84,18 +84,32 @@ CallVerdict RetryState::Judge(const std::string& address,
   return Judge(address, status,
                status.error_code() == grpc::StatusCode::ABORTED
                    ? rpc::ShardMapEpochOf(ctx)
-                   : std::nullopt);
+                   : std::nullopt,
+               absl::FromChrono(ctx.deadline()));
 }
 
 CallVerdict RetryState::Judge(const std::string& address,
                               const grpc::Status& status,
-                              std::optional<uint64_t> server_epoch) {
+                              std::optional<uint64_t> server_epoch,
+                              absl::Time deadline) {
   if (status.ok()) return CallVerdict::kOk;
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     // Starting, behind our map, or unreachable: the same request may work
     // a little later.
     Remember(address, status);
     want_backoff_ = true;
+    return CallVerdict::kRetry;
+  }
+  // The client cancels calls only after a failure, and never judges them;
+  // a CANCELLED before our deadline is the server's doing: it stopped (after
+  // a drain, or shutting down) with the call in flight. Like UNAVAILABLE,
+  // its outcome is unknown (the caller keeps a push's part id); the server
+  // is likely gone from a newer map, so look for one too.
+  if (status.error_code() == grpc::StatusCode::CANCELLED &&
+      absl::Now() < deadline) {
+    Remember(address, status);
+    want_backoff_ = true;
+    want_newer_map_ = true;
     return CallVerdict::kRetry;
   }
   if (status.error_code() == grpc::StatusCode::ABORTED) {
@@ -118,6 +132,7 @@ void RetryState::FailResponse(const std::string& address,
 }
 
 absl::Status RetryState::BeforeNextRound(
+    uint64_t routed_epoch,
     absl::FunctionRef<absl::StatusOr<uint64_t>(uint64_t)> refresh) {
   if (attempts_ >= options_.max_attempts) {
     return absl::Status(
@@ -126,6 +141,10 @@ absl::Status RetryState::BeforeNextRound(
                      " attempts)"));
   }
   ++attempts_;
+  if (want_newer_map_) {
+    want_newer_map_ = false;
+    wanted_epoch_ = std::max(wanted_epoch_.value_or(0), routed_epoch + 1);
+  }
   if (wanted_epoch_.has_value()) {
     const uint64_t wanted = *wanted_epoch_;
     wanted_epoch_.reset();

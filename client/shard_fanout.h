@@ -89,26 +89,33 @@ class RetryState {
  public:
   RetryState(const EmbeddingClientOptions& options, const char* rpc);
 
-  // Classifies a finished call to `address`. UNAVAILABLE asks for a backoff,
-  // ABORTED with an epoch for a map refresh; both are retried. Any other
-  // error is returned by error(), prefixed with the address.
+  // Classifies a finished call to `address`; the one place that decides
+  // which codes are retried. UNAVAILABLE asks for a backoff; CANCELLED that
+  // this client did not cause (its deadline had not passed: the server
+  // dropped the call, e.g. while stopping after a drain) for a backoff and a
+  // refresh to any newer map; ABORTED with an epoch for a map refresh. All
+  // three are retried. Any other error is returned by error(), prefixed
+  // with the address.
   CallVerdict Judge(const std::string& address, const grpc::Status& status,
                     const grpc::ClientContext& ctx);
   // The same, for a call whose server epoch (sent with a stale-map
-  // refusal) is known without a gRPC context: an in-process server's.
+  // refusal) and deadline are known without a gRPC context: an in-process
+  // server's.
   CallVerdict Judge(const std::string& address, const grpc::Status& status,
-                    std::optional<uint64_t> server_epoch);
+                    std::optional<uint64_t> server_epoch, absl::Time deadline);
   // The error of the last kFail verdict (or a response the caller rejected).
   absl::Status error() const { return error_; }
   // Marks the call to `address` as failed with a malformed response.
   void FailResponse(const std::string& address, const absl::Status& status);
 
   // Between rounds: counts the attempt, refreshes the map once if a server
-  // asked for it (through `refresh`, which returns the epoch routed by
-  // afterwards or an error), and sleeps when servers were unavailable or the
-  // source had no newer map yet. Returns the last failure, with the attempt
-  // count, when max_attempts rounds are used up.
+  // asked for it, or asked for one newer than `routed_epoch` (the round's)
+  // after a server-side CANCELLED (through `refresh`, which returns the
+  // epoch routed by afterwards or an error), and sleeps when servers were
+  // unavailable or the source had no newer map yet. Returns the last
+  // failure, with the attempt count, when max_attempts rounds are used up.
   absl::Status BeforeNextRound(
+      uint64_t routed_epoch,
       absl::FunctionRef<absl::StatusOr<uint64_t>(uint64_t)> refresh);
 
  private:
@@ -120,6 +127,7 @@ class RetryState {
   rpc::Backoff backoff_;
   bool want_backoff_ = false;
   std::optional<uint64_t> wanted_epoch_;  // newest epoch a server reported
+  bool want_newer_map_ = false;  // a server dropped a call: it may be leaving
   absl::Status last_retryable_;           // for the "gave up" message
   absl::Status error_;
 };

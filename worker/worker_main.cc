@@ -245,23 +245,6 @@ std::string LocalAddressToward(const std::string& host_port) {
   return local;
 }
 
-SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s, uint64_t salt) {
-  SyntheticConfig c;
-  c.seed = s.seed() ^ salt;
-  c.num_dense = s.num_dense();
-  for (const v1::SyntheticFeatureConfig& f : s.features()) {
-    SyntheticFeature sf;
-    sf.id_space = f.id_space();
-    sf.zipf_exponent = f.zipf_exponent();
-    sf.min_ids_per_bag = f.min_ids_per_bag();
-    sf.max_ids_per_bag = f.max_ids_per_bag();
-    c.features.push_back(sf);
-  }
-  c.label_noise = s.label_noise();
-  c.informative_features = s.informative_features();
-  return c;
-}
-
 // "8G", "512M", "1024" -> bytes (K, M, G, T: powers of 1024).
 absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
   int shift = 0;
@@ -705,7 +688,7 @@ int Run() {
   std::unique_ptr<BatchSource> train;
   std::function<absl::StatusOr<std::unique_ptr<BatchSource>>()> make_eval;
   if (job->data().has_synthetic()) {
-    const SyntheticConfig cfg = ToSyntheticConfig(job->data().synthetic(), 0);
+    const SyntheticConfig cfg = ToSyntheticConfig(job->data().synthetic());
     train = MakeSyntheticSource(cfg, rank, world, batch_size, job->training().steps());
     const int64_t eval_batches = job->training().eval_batches();
     make_eval = [cfg, rank, world, batch_size, eval_batches]()

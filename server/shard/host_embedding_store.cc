@@ -31,7 +31,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/numeric/bits.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/aligned_buffer.h"
 #include "common/hashing.h"
@@ -42,13 +41,13 @@
 #include "server/shard/host_table.h"
 #include "server/shard/id_index.h"
 #include "server/shard/store_footprint.h"
+#include "server/shard/store_tables.h"
 
 namespace recps::server {
 namespace {
 
 using host_store::AllStripesLock;
 using host_store::CopyExistingRows;
-using host_store::FindRepeatedId;
 using host_store::FirstError;
 using host_store::ForEachStripe;
 using host_store::kHeaderAhead;
@@ -63,99 +62,14 @@ using host_store::StripeReaderLocks;
 using host_store::Table;
 using host_store::ValidateImportedRow;
 
-constexpr int kMaxDim = 4096;
-constexpr size_t kMaxNameLength = 64;
 // mmap cannot give more than the 47-bit user address space anyway.
 constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 47;
 
-bool ValidName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxNameLength) return false;
-  for (unsigned char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-absl::Status ValidateSpec(const config::TableSpec& s, int index) {
-  if (!ValidName(s.name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", index, ": name '", s.name,
-        "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
-  }
-  const std::string t = absl::StrCat("table '", s.name, "': ");
-  if (s.dim < 1 || s.dim > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(t, "dim is ", s.dim, "; it must be in 1..", kMaxDim));
-  }
-  if (s.num_rows < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        t, "num_rows is ", s.num_rows, "; it must be >= 0 (0: dynamic)"));
-  }
-  if (absl::Status st = kernels::ValidateOptimizerParams(s.optimizer);
-      !st.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(t, "optimizer: ", st.message()));
-  }
-  if (s.precision != kernels::RowPrecision::kFp32 &&
-      s.precision != kernels::RowPrecision::kFp16 &&
-      s.precision != kernels::RowPrecision::kBf16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        t, "precision ", static_cast<int>(s.precision),
-        " is unknown; it must be fp32, fp16 or bf16"));
-  }
-  const RowInit& in = s.init;
-  const bool finite = std::isfinite(in.a) && std::isfinite(in.b);
-  switch (in.distribution) {
-    case RowInit::Distribution::kUniform:
-      if (!finite || !(in.a < in.b)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            t, "init: uniform bounds [", in.a, ", ", in.b,
-            ") must be finite with low < high"));
-      }
-      break;
-    case RowInit::Distribution::kNormal:
-      if (!finite || !(in.b > 0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            t, "init: normal mean ", in.a, " and stddev ", in.b,
-            " must be finite with stddev > 0"));
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          t, "init: unknown distribution ",
-          static_cast<int>(in.distribution)));
-  }
-  return absl::OkStatus();
-}
-
-class HostEmbeddingStore final : public EmbeddingStore {
+class HostEmbeddingStore final : public TableStoreBase<Table> {
  public:
   HostEmbeddingStore(const StoreOptions& options,
                      std::vector<std::unique_ptr<Table>> tables)
-      : options_(options), tables_(std::move(tables)) {
-    for (size_t i = 0; i < tables_.size(); ++i) {
-      by_name_.emplace(tables_[i]->spec.name, static_cast<int>(i));
-    }
-  }
-
-  int num_tables() const override { return static_cast<int>(tables_.size()); }
-
-  const config::TableSpec& spec(int table) const override {
-    static const config::TableSpec* const kNone = new config::TableSpec();
-    return Valid(table) ? tables_[table]->spec : *kNone;
-  }
-
-  absl::StatusOr<int> FindTable(absl::string_view name) const override {
-    auto it = by_name_.find(name);
-    if (it != by_name_.end()) return it->second;
-    std::vector<absl::string_view> names;
-    for (const auto& t : tables_) names.push_back(t->spec.name);
-    return absl::NotFoundError(
-        absl::StrCat("unknown table '", name, "'; this store has ",
-                     names.empty() ? "no tables" : absl::StrJoin(names, ", ")));
-  }
+      : TableStoreBase(std::move(tables)), options_(options) {}
 
   absl::Status Lookup(int table, absl::Span<const int64_t> ids,
                       float* out) override {
@@ -195,10 +109,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
     ASSIGN_OR_RETURN(const Table* t, Get(table));
     RETURN_IF_ERROR(t->CheckRange(ids));
     const int dim = t->spec.dim;
-    if (!ids.empty() && grads == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': no gradients for ", ids.size(), " ids"));
-    }
+    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, grads, "gradients"));
     // The finite test is a pass over every gradient byte: split over the
     // store's threads for large pushes (the first bad row found is the
     // lowest position, so the error does not depend on the split).
@@ -224,22 +135,9 @@ class HostEmbeddingStore final : public EmbeddingStore {
       }
     });
     if (const int64_t p = first_bad.load(); p < n) {
-      const float* g = grads + p * dim;
-      for (int j = 0; j < dim; ++j) {
-        if (!std::isfinite(g[j])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "table '", t->spec.name, "': gradient of id ", ids[p],
-              " (position ", p, ") is ", g[j], " at column ", j));
-        }
-      }
+      RETURN_IF_ERROR(CheckFiniteGradients(t->spec.name, ids, grads, dim, p));
     }
-    if (const auto twice = FindRepeatedId(ids)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': id ", ids[twice->second],
-          " appears twice in one gradient push (positions ", twice->first,
-          " and ", twice->second, ")"));
-    }
-    return absl::OkStatus();
+    return CheckNoRepeatedId(t->spec.name, ids, "one gradient push");
   }
 
   absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
@@ -325,10 +223,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
       const uint32_t slot = SlotOf(t->key, ids[p], t->num_slots);
       absl::MutexLock lock(&t->stripes[slot % kStripes]);
       const int64_t r = t->Find(slot, ids[p]);
-      if (r < 0) {
-        return absl::NotFoundError(absl::StrCat(
-            "table '", t->spec.name, "' has no row for id ", ids[p]));
-      }
+      if (r < 0) return NoRowError(t->spec.name, ids[p]);
       t->ExportRow(t->Row(r), out + p * t->stride);
     }
     return absl::OkStatus();
@@ -336,8 +231,8 @@ class HostEmbeddingStore final : public EmbeddingStore {
 
   TableInfo Info(int table) const override {
     TableInfo info;
-    if (!Valid(table)) return info;
-    const Table& t = *tables_[table];
+    if (!tables_.Valid(table)) return info;
+    const Table& t = tables_[table];
     info.name = t.spec.name;
     info.dim = t.spec.dim;
     info.rows = t.next_row.load(std::memory_order_relaxed);
@@ -363,32 +258,20 @@ class HostEmbeddingStore final : public EmbeddingStore {
   }
 
   absl::Status MarkGeneration(uint64_t mark) override {
-    absl::MutexLock lock(&snapshot_mu_);
-    if (mark == 0 || mark <= last_cut_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "generation mark ", mark, " must be above the last cut or mark ",
-          last_cut_, " (and above 0)"));
-    }
-    for (const auto& t : tables_) {
-      const AllStripesLock stripes(*t);
-      t->write_gen.store(mark + 1, std::memory_order_relaxed);
-    }
-    last_cut_ = mark;
-    return absl::OkStatus();
+    return cuts_.Mark(mark, [&] {
+      for (const auto& t : tables_) {
+        const AllStripesLock stripes(*t);
+        t->write_gen.store(mark + 1, std::memory_order_relaxed);
+      }
+    });
   }
 
   absl::Status ExportChangedSlot(int table, uint32_t slot, uint64_t since,
                                  SlotCursor* cursor, int64_t max_rows,
                                  SlotChunk* out) const override {
     ASSIGN_OR_RETURN(const Table* t, Get(table));
-    RETURN_IF_ERROR(CheckSlot(*t, slot));
-    if (cursor == nullptr || out == nullptr) {
-      return absl::InvalidArgumentError("ExportSlot: cursor or out is null");
-    }
-    if (max_rows < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ExportSlot: max_rows is ", max_rows, "; it must be >= 1"));
-    }
+    RETURN_IF_ERROR(CheckSlot(slot, t->num_slots));
+    RETURN_IF_ERROR(CheckExportArgs("ExportSlot", cursor, out, max_rows));
     out->row_stride = t->stride;
     out->ids.clear();
     out->rows.clear();
@@ -407,12 +290,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
           found.emplace_back(id, row);
         }
       });
-      if (static_cast<int64_t>(found.size()) > max_rows) {
-        done = false;
-        std::nth_element(found.begin(), found.begin() + max_rows, found.end());
-        found.resize(max_rows);
-      }
-      std::sort(found.begin(), found.end());
+      done = KeepSmallestIds(found, max_rows);
       out->ids.resize(found.size());
       out->rows.resize(found.size() * t->stride);
       for (size_t k = 0; k < found.size(); ++k) {
@@ -421,11 +299,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
                      out->rows.data() + k * t->stride);
       }
     }
-    if (!found.empty()) {
-      cursor->started = true;
-      cursor->last_id = found.back().first;
-    }
-    cursor->done = done;
+    AdvanceCursor(found, done, cursor);
     return absl::OkStatus();
   }
 
@@ -433,12 +307,9 @@ class HostEmbeddingStore final : public EmbeddingStore {
                           absl::Span<const int64_t> ids,
                           const float* rows) override {
     ASSIGN_OR_RETURN(Table * t, Get(table));
-    RETURN_IF_ERROR(CheckSlot(*t, slot));
+    RETURN_IF_ERROR(CheckSlot(slot, t->num_slots));
     if (ids.empty()) return absl::OkStatus();
-    if (rows == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': no rows for ", ids.size(), " ids"));
-    }
+    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, rows, "rows"));
     // Everything is checked before the lock: a refused import changes
     // nothing.
     RETURN_IF_ERROR(t->CheckRange(ids));
@@ -452,12 +323,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
       RETURN_IF_ERROR(
           ValidateImportedRow(*t, rows + p * t->stride, ids[p], p));
     }
-    if (const auto twice = FindRepeatedId(ids)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': id ", ids[twice->second],
-          " appears twice in one import (positions ", twice->first, " and ",
-          twice->second, ")"));
-    }
+    RETURN_IF_ERROR(CheckNoRepeatedId(t->spec.name, ids, "one import"));
     absl::MutexLock lock(&t->stripes[slot % kStripes]);
     IdIndex& index = t->index[slot];
     int64_t fresh = 0;
@@ -496,7 +362,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
   }
 
   absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override {
-    if (slot >= options_.num_slots) return BadSlot(slot);
+    RETURN_IF_ERROR(CheckSlot(slot, options_.num_slots));
     if (table == kAllTables) {
       int64_t dropped = 0;
       for (const auto& t : tables_) dropped += DropSlotOf(*t, slot);
@@ -507,41 +373,24 @@ class HostEmbeddingStore final : public EmbeddingStore {
   }
 
   absl::Status BeginSnapshot(uint64_t cut) override {
-    absl::MutexLock lock(&snapshot_mu_);
-    if (open_cut_ != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a snapshot (cut ", open_cut_, ") is open; end it before cut ", cut));
-    }
-    if (cut == 0 || cut <= last_cut_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "snapshot cut ", cut, " must be above the last cut ", last_cut_,
-          " (and above 0)"));
-    }
-    for (const auto& t : tables_) {
-      // Every stripe: no row of the table changes while the generation
-      // moves, so each row is either before the cut or after it.
-      const AllStripesLock stripes(*t);
-      t->snapshot_cut.store(cut, std::memory_order_relaxed);
-      t->write_gen.store(cut + 1, std::memory_order_relaxed);
-    }
-    open_cut_ = cut;
-    last_cut_ = cut;
-    return absl::OkStatus();
+    return cuts_.Begin(cut, [&] {
+      for (const auto& t : tables_) {
+        // Every stripe: no row of the table changes while the generation
+        // moves, so each row is either before the cut or after it.
+        const AllStripesLock stripes(*t);
+        t->snapshot_cut.store(cut, std::memory_order_relaxed);
+        t->write_gen.store(cut + 1, std::memory_order_relaxed);
+      }
+    });
   }
 
   absl::Status ExportSnapshotSlot(int table, uint32_t slot, uint64_t since,
                                   SlotCursor* cursor, int64_t max_rows,
                                   SlotChunk* out) const override {
     ASSIGN_OR_RETURN(const Table* t, Get(table));
-    RETURN_IF_ERROR(CheckSlot(*t, slot));
-    if (cursor == nullptr || out == nullptr) {
-      return absl::InvalidArgumentError(
-          "ExportSnapshotSlot: cursor or out is null");
-    }
-    if (max_rows < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "ExportSnapshotSlot: max_rows is ", max_rows, "; it must be >= 1"));
-    }
+    RETURN_IF_ERROR(CheckSlot(slot, t->num_slots));
+    RETURN_IF_ERROR(
+        CheckExportArgs("ExportSnapshotSlot", cursor, out, max_rows));
     out->row_stride = t->stride;
     out->ids.clear();
     out->rows.clear();
@@ -574,12 +423,7 @@ class HostEmbeddingStore final : public EmbeddingStore {
           found.emplace_back(id, -1 - it->second);
         }
       });
-      if (static_cast<int64_t>(found.size()) > max_rows) {
-        done = false;
-        std::nth_element(found.begin(), found.begin() + max_rows, found.end());
-        found.resize(max_rows);
-      }
-      std::sort(found.begin(), found.end());
+      done = KeepSmallestIds(found, max_rows);
       out->ids.resize(found.size());
       out->rows.resize(found.size() * t->stride);
       for (size_t k = 0; k < found.size(); ++k) {
@@ -591,29 +435,23 @@ class HostEmbeddingStore final : public EmbeddingStore {
         t->ExportRow(src, out->rows.data() + k * t->stride);
       }
     }
-    // The cursor advances past every id looked at, kept or not.
-    if (!found.empty()) {
-      cursor->started = true;
-      cursor->last_id = found.back().first;
-    }
-    cursor->done = done;
+    AdvanceCursor(found, done, cursor);
     return absl::OkStatus();
   }
 
   void EndSnapshot() override {
-    absl::MutexLock lock(&snapshot_mu_);
-    if (open_cut_ == 0) return;
-    for (const auto& t : tables_) {
-      std::array<Table::PreImages, kStripes> dropped;
-      {
-        const AllStripesLock stripes(*t);
-        t->snapshot_cut.store(0, std::memory_order_relaxed);
-        dropped.swap(t->pre_images);
-        t->pre_image_bytes.store(0, std::memory_order_relaxed);
+    cuts_.End([&] {
+      for (const auto& t : tables_) {
+        std::array<Table::PreImages, kStripes> dropped;
+        {
+          const AllStripesLock stripes(*t);
+          t->snapshot_cut.store(0, std::memory_order_relaxed);
+          dropped.swap(t->pre_images);
+          t->pre_image_bytes.store(0, std::memory_order_relaxed);
+        }
+        // `dropped` frees its memory here, with no table lock held.
       }
-      // `dropped` frees its memory here, with no lock held.
-    }
-    open_cut_ = 0;
+    });
   }
 
   int64_t SnapshotBytes() const override {
@@ -652,27 +490,6 @@ class HostEmbeddingStore final : public EmbeddingStore {
   }
 
  private:
-  bool Valid(int table) const {
-    return table >= 0 && table < static_cast<int>(tables_.size());
-  }
-
-  absl::StatusOr<Table*> Get(int table) const {
-    if (!Valid(table)) {
-      return absl::NotFoundError(absl::StrCat(
-          "no table with index ", table, " (the store has ", tables_.size(),
-          " tables)"));
-    }
-    return tables_[table].get();
-  }
-
-  absl::Status BadSlot(uint32_t slot) const {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slot ", slot, " is outside [0, ", options_.num_slots,
-        ") (StoreOptions.num_slots)"));
-  }
-  absl::Status CheckSlot(const Table& t, uint32_t slot) const {
-    return slot < t.num_slots ? absl::OkStatus() : BadSlot(slot);
-  }
 
   // Removes the rows of `slot` from t and compacts t's arena: the live rows
   // at its end move into the freed places, so rows stay packed in
@@ -773,36 +590,15 @@ class HostEmbeddingStore final : public EmbeddingStore {
   }
 
   const StoreOptions options_;
-  const std::vector<std::unique_ptr<Table>> tables_;
-  absl::flat_hash_map<std::string, int> by_name_;
-  // Serialises BeginSnapshot and EndSnapshot.
-  absl::Mutex snapshot_mu_;
-  uint64_t open_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
-  uint64_t last_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options) {
-  if (options.num_slots == 0) {
-    return absl::InvalidArgumentError("store: num_slots must be > 0");
-  }
-  if (options.max_rows_per_table < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "store: max_rows_per_table is ", options.max_rows_per_table,
-        "; it must be >= 1"));
-  }
-  absl::flat_hash_map<std::string, int> names;
-  for (size_t i = 0; i < tables.size(); ++i) {
-    RETURN_IF_ERROR(ValidateSpec(tables[i], static_cast<int>(i)));
-    auto [it, inserted] = names.try_emplace(tables[i].name, i);
-    if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table name '", tables[i].name, "' is used by tables ", it->second,
-          " and ", i));
-    }
-  }
+  RETURN_IF_ERROR(ValidateStoreTables(
+      tables, options,
+      [](const config::TableSpec&) { return absl::OkStatus(); }));
   std::vector<std::unique_ptr<Table>> built;
   built.reserve(tables.size());
   for (config::TableSpec& spec : tables) {
@@ -815,8 +611,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     t->row_words =
         kernels::FusedRowStride(spec.optimizer.kind, spec.dim, spec.precision);
     t->state_offset = kernels::FusedRowStateOffset(spec.dim, spec.precision);
-    t->capacity =
-        spec.num_rows > 0 ? spec.num_rows : options.max_rows_per_table;
+    t->capacity = TableCapacity(spec, options);
     const uint64_t row_bytes =
         static_cast<uint64_t>(t->row_words) * sizeof(float);
     if (static_cast<uint64_t>(t->capacity) > kMaxArenaBytes / row_bytes) {

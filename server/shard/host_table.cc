@@ -62,26 +62,6 @@ void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
   if (!absent.empty()) missing.Add(absent);
 }
 
-// The first repeated id of `ids`, as the positions of its first two
-// occurrences. Open addressing over positions (ids compared in place):
-// ~3x faster than a hash map of ids for a push's tens of thousands.
-std::optional<std::pair<size_t, size_t>> FindRepeatedId(
-    absl::Span<const int64_t> ids) {
-  size_t size = 16;
-  while (size < 2 * ids.size()) size *= 2;
-  std::vector<size_t> table(size, 0);  // position + 1; 0: empty
-  const size_t mask = size - 1;
-  for (size_t p = 0; p < ids.size(); ++p) {
-    size_t i = Mix64(static_cast<uint64_t>(ids[p])) & mask;
-    for (; table[i] != 0; i = (i + 1) & mask) {
-      const size_t q = table[i] - 1;
-      if (ids[q] == ids[p]) return std::make_pair(q, p);
-    }
-    table[i] = p + 1;
-  }
-  return std::nullopt;
-}
-
 // OK when `row` (a whole fused row of table t) may be stored: weights and
 // optimizer state finite, second moments >= 0. Adam's step count (uint32
 // bits) takes any value; padding is not read.

@@ -424,12 +424,6 @@ void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
                       int64_t lo, int64_t hi, uint32_t* slots, float* out,
                       MissingRows& missing);
 
-// The first repeated id of `ids`, as the positions of its first two
-// occurrences. Open addressing over positions (ids compared in place):
-// ~3x faster than a hash map of ids for a push's tens of thousands.
-std::optional<std::pair<size_t, size_t>> FindRepeatedId(
-    absl::Span<const int64_t> ids);
-
 // OK when `row` (a whole fused fp32 row of table t) may be stored: weights
 // and optimizer state finite (fp16 weights: within +-65504 once rounded),
 // second moments >= 0. Adam's step count (uint32

@@ -326,6 +326,81 @@ TEST_F(EmbeddingClientTest, PersistentUnavailableGivesUpAfterMaxAttempts) {
   EXPECT_EQ(servers_[1]->received().size(), 3u);
 }
 
+// A server that stops (after a drain, or shutting down) with a call in
+// flight cancels it: CANCELLED that the client did not cause. The client
+// looks for a newer map, backs off and retries, here on the slots' new
+// owner. (A real recps-shard answers UNAVAILABLE from its own code while
+// stopping; gRPC's CANCELLED comes from a race with its shutdown that a
+// process test cannot order, so the fake answers it.)
+TEST_F(EmbeddingClientTest, ServerCancelledLookupIsRetriedOnTheNewOwner) {
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  // Server 0 is leaving: epoch 2 gives its slots to server 1.
+  const ShardMap next = Rebalanced();
+  servers_[1]->SetMap(next);
+  servers_[2]->SetMap(next);
+  servers_[0]->FailAlways(
+      grpc::Status(grpc::StatusCode::CANCELLED, "server is stopping"));
+  const std::vector<int64_t> ids = OwnedBy(0, "user", 30);
+  std::vector<float> out(ids.size() * 8);
+  const absl::Status status = client->Lookup(1, {{{kUser, ids, out.data()}}});
+  ASSERT_TRUE(status.ok()) << status;
+  ExpectRows("user", ids, out);
+  EXPECT_EQ(client->shard_map_epoch(), 2u);
+  EXPECT_EQ(fetches_, 2);  // Create, then one refresh after the CANCELLED
+  const auto r0 = servers_[0]->received();
+  ASSERT_EQ(r0.size(), 1u);
+  EXPECT_EQ(r0[0].answer, grpc::StatusCode::CANCELLED);
+  const auto r1 = servers_[1]->received();
+  ASSERT_EQ(r1.size(), 1u);
+  EXPECT_EQ(r1[0].header.shard_map_epoch(), 2u);
+  EXPECT_THAT(r1[0].ids.at("user"), UnorderedElementsAreArray(ids));
+  EXPECT_TRUE(servers_[2]->received().empty());
+}
+
+// The outcome of a cancelled push is unknown, as after UNAVAILABLE: its
+// retry keeps the part id, so a server that accepted it drops the repeat.
+TEST_F(EmbeddingClientTest, ServerCancelledPushIsResentWithTheSamePart) {
+  auto client = NewClient(Options());
+  ASSERT_NE(client, nullptr);
+  servers_[1]->Inject(
+      {grpc::Status(grpc::StatusCode::CANCELLED, "server is stopping")});
+  const std::vector<int64_t> ids = Iota(100);
+  std::vector<float> g(ids.size() * 8);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>(i);
+  const absl::Status status =
+      client->PushGradients(2, {{{kUser, ids, g.data()}}});
+  ASSERT_TRUE(status.ok()) << status;
+  const auto r1 = servers_[1]->received();
+  ASSERT_EQ(r1.size(), 2u);
+  EXPECT_EQ(r1[0].answer, grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(r1[1].answer, grpc::StatusCode::OK);
+  EXPECT_NE(r1[0].header.push_part(), 0u);
+  EXPECT_EQ(r1[1].header.push_part(), r1[0].header.push_part());
+  EXPECT_EQ(r1[1].ids, r1[0].ids);
+  // Servers 0 and 2 accepted in round one and are not pushed again.
+  EXPECT_EQ(servers_[0]->received().size(), 1u);
+  EXPECT_EQ(servers_[2]->received().size(), 1u);
+  EXPECT_EQ(fetches_, 2);  // looked for a newer map; there was none
+}
+
+TEST_F(EmbeddingClientTest, PersistentServerCancelledGivesUpAfterMaxAttempts) {
+  EmbeddingClientOptions o = Options();
+  o.max_attempts = 3;
+  auto client = NewClient(o);
+  ASSERT_NE(client, nullptr);
+  servers_[1]->FailAlways(
+      grpc::Status(grpc::StatusCode::CANCELLED, "server is stopping"));
+  const std::vector<int64_t> ids = Iota(60);
+  std::vector<float> out(ids.size() * 8);
+  const absl::Status status = client->Lookup(0, {{{kUser, ids, out.data()}}});
+  EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  EXPECT_THAT(status.message(), HasSubstr(addresses_[1]));
+  EXPECT_THAT(status.message(), HasSubstr("server is stopping"));
+  EXPECT_THAT(status.message(), HasSubstr("3 attempts"));
+  EXPECT_EQ(servers_[1]->received().size(), 3u);
+}
+
 TEST_F(EmbeddingClientTest, OtherErrorsSurfaceWithServerMessage) {
   auto client = NewClient(Options());
   ASSERT_NE(client, nullptr);

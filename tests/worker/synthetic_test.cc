@@ -193,5 +193,39 @@ TEST(SyntheticSource, UninformativeFeaturesCarryNoSignal) {
   for (double z : logits) EXPECT_EQ(z, logits[0]);  // the bias alone
 }
 
+// The job's data.synthetic, field by field, as recps-worker reads it.
+TEST(SyntheticSource, ToSyntheticConfigCopiesEveryField) {
+  v1::SyntheticDataConfig s;
+  s.set_seed(42);
+  s.set_num_dense(7);
+  s.set_label_noise(0.25);
+  s.set_informative_features(1);
+  v1::SyntheticFeatureConfig* f = s.add_features();
+  f->set_id_space(500);
+  f->set_zipf_exponent(0.9);
+  f->set_min_ids_per_bag(0);
+  f->set_max_ids_per_bag(4);
+  f = s.add_features();
+  f->set_id_space(3);
+  f->set_zipf_exponent(0);
+  f->set_min_ids_per_bag(2);
+  f->set_max_ids_per_bag(2);
+  const SyntheticConfig c = ToSyntheticConfig(s);
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_EQ(c.num_dense, 7);
+  EXPECT_EQ(c.label_noise, 0.25);
+  EXPECT_EQ(c.informative_features, 1);
+  EXPECT_EQ(c.first_sample, 0);
+  ASSERT_EQ(c.features.size(), 2u);
+  EXPECT_EQ(c.features[0].id_space, 500);
+  EXPECT_EQ(c.features[0].zipf_exponent, 0.9);
+  EXPECT_EQ(c.features[0].min_ids_per_bag, 0);
+  EXPECT_EQ(c.features[0].max_ids_per_bag, 4);
+  EXPECT_EQ(c.features[1].id_space, 3);
+  EXPECT_EQ(c.features[1].zipf_exponent, 0);
+  EXPECT_EQ(c.features[1].min_ids_per_bag, 2);
+  EXPECT_EQ(c.features[1].max_ids_per_bag, 2);
+}
+
 }  // namespace
 }  // namespace recps::worker

@@ -63,15 +63,9 @@ v1::JobConfig Job() {
   return job;
 }
 
+// What recps-worker reads for this job.
 SyntheticConfig Data(const v1::JobConfig& job) {
-  SyntheticConfig c;
-  c.seed = job.data().synthetic().seed();
-  c.num_dense = job.data().synthetic().num_dense();
-  for (const auto& f : job.data().synthetic().features()) {
-    c.features.push_back({f.id_space(), f.zipf_exponent(), f.min_ids_per_bag(),
-                          f.max_ids_per_bag()});
-  }
-  return c;
+  return ToSyntheticConfig(job.data().synthetic());
 }
 
 class TrainerCheckpoint : public ::testing::Test {

@@ -62,6 +62,9 @@ v1::JobConfig Job() {
   v1::SyntheticDataConfig* s = job.mutable_data()->mutable_synthetic();
   s->set_seed(5);
   s->set_num_dense(6);
+  // The data these tests were tuned on: noisy labels from every feature.
+  s->set_label_noise(0.1);
+  s->set_informative_features(2);
   for (int64_t space : {500, 3000}) {
     v1::SyntheticFeatureConfig* f = s->add_features();
     f->set_id_space(space);
@@ -72,15 +75,9 @@ v1::JobConfig Job() {
   return job;
 }
 
+// What recps-worker reads for this job.
 SyntheticConfig Data(const v1::JobConfig& job) {
-  SyntheticConfig c;
-  c.seed = job.data().synthetic().seed();
-  c.num_dense = job.data().synthetic().num_dense();
-  for (const auto& f : job.data().synthetic().features()) {
-    c.features.push_back({f.id_space(), f.zipf_exponent(), f.min_ids_per_bag(),
-                          f.max_ids_per_bag()});
-  }
-  return c;
+  return ToSyntheticConfig(job.data().synthetic());
 }
 
 class TrainerDevice : public ::testing::Test {

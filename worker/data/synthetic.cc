@@ -307,6 +307,23 @@ SyntheticConfig CriteoLikeSyntheticConfig(uint64_t seed, int64_t max_id_space) {
   return config;
 }
 
+SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s) {
+  SyntheticConfig c;
+  c.seed = s.seed();
+  c.num_dense = s.num_dense();
+  for (const v1::SyntheticFeatureConfig& f : s.features()) {
+    SyntheticFeature sf;
+    sf.id_space = f.id_space();
+    sf.zipf_exponent = f.zipf_exponent();
+    sf.min_ids_per_bag = f.min_ids_per_bag();
+    sf.max_ids_per_bag = f.max_ids_per_bag();
+    c.features.push_back(sf);
+  }
+  c.label_noise = s.label_noise();
+  c.informative_features = s.informative_features();
+  return c;
+}
+
 std::unique_ptr<BatchSource> MakeSyntheticSource(const SyntheticConfig& config,
                                                  int rank, int world_size,
                                                  int64_t batch_size,

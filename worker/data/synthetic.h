@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "recps/v1/job.pb.h"
 #include "worker/data/batch.h"
 
 namespace recps::worker {
@@ -46,6 +47,10 @@ struct SyntheticConfig {
 // through 10 .. 1e6 (capped at max_id_space), one id per bag.
 SyntheticConfig CriteoLikeSyntheticConfig(uint64_t seed,
                                           int64_t max_id_space = 1000000);
+
+// The data set a job's data.synthetic describes (every field as given;
+// first_sample 0).
+SyntheticConfig ToSyntheticConfig(const v1::SyntheticDataConfig& s);
 
 // Batches of `batch_size` samples for `rank` of `world_size` readers. Sample
 // number s = batch_index * world_size * batch_size + rank * batch_size + i is

@@ -20,7 +20,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "common/hashing.h"
 #include "common/human_bytes.h"
@@ -29,6 +28,7 @@
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/id_index.h"
 #include "server/shard/store_footprint.h"
+#include "server/shard/store_tables.h"
 
 namespace recps::server {
 namespace {
@@ -36,81 +36,6 @@ namespace {
 using device_store::DeviceBackend;
 using device_store::DeviceTable;
 using device_store::TableLayout;
-
-constexpr int kMaxDim = 4096;
-constexpr size_t kMaxNameLength = 64;
-
-// The host store's spec checks (host_embedding_store.cc), same messages.
-bool ValidName(const std::string& name) {
-  if (name.empty() || name.size() > kMaxNameLength) return false;
-  for (unsigned char c : name) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-absl::Status ValidateSpec(const config::TableSpec& s, int index) {
-  if (!ValidName(s.name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "table ", index, ": name '", s.name,
-        "' must be 1 to 64 characters of [A-Za-z0-9_.-]"));
-  }
-  const std::string t = absl::StrCat("table '", s.name, "': ");
-  if (s.dim < 1 || s.dim > kMaxDim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(t, "dim is ", s.dim, "; it must be in 1..", kMaxDim));
-  }
-  if (s.num_rows < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        t, "num_rows is ", s.num_rows, "; it must be >= 0 (0: dynamic)"));
-  }
-  if (absl::Status st = kernels::ValidateOptimizerParams(s.optimizer);
-      !st.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(t, "optimizer: ", st.message()));
-  }
-  const RowInit& in = s.init;
-  const bool finite = std::isfinite(in.a) && std::isfinite(in.b);
-  switch (in.distribution) {
-    case RowInit::Distribution::kUniform:
-      if (!finite || !(in.a < in.b)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            t, "init: uniform bounds [", in.a, ", ", in.b,
-            ") must be finite with low < high"));
-      }
-      break;
-    case RowInit::Distribution::kNormal:
-      if (!finite || !(in.b > 0)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            t, "init: normal mean ", in.a, " and stddev ", in.b,
-            " must be finite with stddev > 0"));
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          t, "init: unknown distribution ",
-          static_cast<int>(in.distribution)));
-  }
-  return absl::OkStatus();
-}
-
-int64_t CapacityOf(const config::TableSpec& spec, const StoreOptions& options) {
-  return spec.num_rows > 0 ? spec.num_rows : options.max_rows_per_table;
-}
-
-// The first repeated id, as the positions of its first two occurrences.
-std::optional<std::pair<size_t, size_t>> FindRepeated(
-    absl::Span<const int64_t> ids) {
-  absl::flat_hash_map<int64_t, size_t> seen;
-  seen.reserve(ids.size());
-  for (size_t p = 0; p < ids.size(); ++p) {
-    const auto [it, inserted] = seen.try_emplace(ids[p], p);
-    if (!inserted) return std::make_pair(it->second, p);
-  }
-  return std::nullopt;
-}
 
 struct Table {
   config::TableSpec spec;
@@ -282,35 +207,23 @@ absl::Status ValidateImportedRow(const config::TableSpec& spec,
   return absl::OkStatus();
 }
 
-class DeviceEmbeddingStore final : public EmbeddingStore {
+// The backend, in a base listed before the tables' so that it is destroyed
+// after them: their device memory comes from it.
+struct BackendHolder {
+  explicit BackendHolder(std::unique_ptr<DeviceBackend> b)
+      : backend(std::move(b)) {}
+  const std::unique_ptr<DeviceBackend> backend;
+};
+
+class DeviceEmbeddingStore final : private BackendHolder,
+                                   public TableStoreBase<Table> {
  public:
   DeviceEmbeddingStore(const StoreOptions& options,
                        std::unique_ptr<DeviceBackend> backend,
                        std::vector<std::unique_ptr<Table>> tables)
-      : options_(options),
-        backend_(std::move(backend)),
-        tables_(std::move(tables)) {
-    for (size_t i = 0; i < tables_.size(); ++i) {
-      by_name_.emplace(tables_[i]->spec.name, static_cast<int>(i));
-    }
-  }
-
-  int num_tables() const override { return static_cast<int>(tables_.size()); }
-
-  const config::TableSpec& spec(int table) const override {
-    static const config::TableSpec* const kNone = new config::TableSpec();
-    return Valid(table) ? tables_[table]->spec : *kNone;
-  }
-
-  absl::StatusOr<int> FindTable(absl::string_view name) const override {
-    auto it = by_name_.find(name);
-    if (it != by_name_.end()) return it->second;
-    std::vector<absl::string_view> names;
-    for (const auto& t : tables_) names.push_back(t->spec.name);
-    return absl::NotFoundError(
-        absl::StrCat("unknown table '", name, "'; this store has ",
-                     names.empty() ? "no tables" : absl::StrJoin(names, ", ")));
-  }
+      : BackendHolder(std::move(backend)),
+        TableStoreBase(std::move(tables)),
+        options_(options) {}
 
   absl::Status Lookup(int table, absl::Span<const int64_t> ids,
                       float* out) override {
@@ -353,27 +266,9 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
     ASSIGN_OR_RETURN(const Table* t, Get(table));
     RETURN_IF_ERROR(t->CheckRange(ids));
     const int dim = t->spec.dim;
-    if (!ids.empty() && grads == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': no gradients for ", ids.size(), " ids"));
-    }
-    for (size_t p = 0; p < ids.size(); ++p) {
-      const float* g = grads + p * dim;
-      for (int j = 0; j < dim; ++j) {
-        if (!std::isfinite(g[j])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "table '", t->spec.name, "': gradient of id ", ids[p],
-              " (position ", p, ") is ", g[j], " at column ", j));
-        }
-      }
-    }
-    if (const auto twice = FindRepeated(ids)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': id ", ids[twice->second],
-          " appears twice in one gradient push (positions ", twice->first,
-          " and ", twice->second, ")"));
-    }
-    return absl::OkStatus();
+    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, grads, "gradients"));
+    RETURN_IF_ERROR(CheckFiniteGradients(t->spec.name, ids, grads, dim));
+    return CheckNoRepeatedId(t->spec.name, ids, "one gradient push");
   }
 
   absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
@@ -405,18 +300,15 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
     absl::ReaderMutexLock lock(&t->mu);
     RETURN_IF_ERROR(t->dev->ProbeGather(ids, rows.data(), nullptr));
     for (size_t p = 0; p < ids.size(); ++p) {
-      if (rows[p] < 0) {
-        return absl::NotFoundError(absl::StrCat(
-            "table '", t->spec.name, "' has no row for id ", ids[p]));
-      }
+      if (rows[p] < 0) return NoRowError(t->spec.name, ids[p]);
     }
     return t->dev->ReadRows(rows, out);
   }
 
   TableInfo Info(int table) const override {
     TableInfo info;
-    if (!Valid(table)) return info;
-    const Table& t = *tables_[table];
+    if (!tables_.Valid(table)) return info;
+    const Table& t = tables_[table];
     info.name = t.spec.name;
     info.dim = t.spec.dim;
     info.rows = t.rows.load(std::memory_order_relaxed);
@@ -476,12 +368,9 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
                           absl::Span<const int64_t> ids,
                           const float* rows) override {
     ASSIGN_OR_RETURN(Table * t, Get(table));
-    RETURN_IF_ERROR(CheckSlot(slot));
+    RETURN_IF_ERROR(CheckSlot(slot, options_.num_slots));
     if (ids.empty()) return absl::OkStatus();
-    if (rows == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': no rows for ", ids.size(), " ids"));
-    }
+    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, rows, "rows"));
     RETURN_IF_ERROR(t->CheckRange(ids));
     for (size_t p = 0; p < ids.size(); ++p) {
       const uint32_t s = t->Slot(ids[p]);
@@ -493,12 +382,7 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
       RETURN_IF_ERROR(
           ValidateImportedRow(t->spec, rows + p * t->stride, ids[p], p));
     }
-    if (const auto twice = FindRepeated(ids)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", t->spec.name, "': id ", ids[twice->second],
-          " appears twice in one import (positions ", twice->first, " and ",
-          twice->second, ")"));
-    }
+    RETURN_IF_ERROR(CheckNoRepeatedId(t->spec.name, ids, "one import"));
     const int64_t used = t->spec.dim + kernels::FusedRowStateWidth(
                                            t->spec.optimizer.kind, t->spec.dim);
     const size_t n = ids.size();
@@ -540,7 +424,7 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
   }
 
   absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override {
-    RETURN_IF_ERROR(CheckSlot(slot));
+    RETURN_IF_ERROR(CheckSlot(slot, options_.num_slots));
     if (table == kAllTables) {
       int64_t dropped = 0;
       for (const auto& t : tables_) {
@@ -554,43 +438,31 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
   }
 
   absl::Status BeginSnapshot(uint64_t cut) override {
-    absl::MutexLock lock(&snapshot_mu_);
-    if (open_cut_ != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "a snapshot (cut ", open_cut_, ") is open; end it before cut ", cut));
-    }
-    if (cut == 0 || cut <= last_cut_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "snapshot cut ", cut, " must be above the last cut ", last_cut_,
-          " (and above 0)"));
-    }
-    for (const auto& t : tables_) {
-      absl::MutexLock table_lock(&t->mu);
-      t->snapshot_cut = cut;
-      t->write_gen = cut + 1;
-    }
-    open_cut_ = cut;
-    last_cut_ = cut;
-    return absl::OkStatus();
+    return cuts_.Begin(cut, [&] {
+      for (const auto& t : tables_) {
+        absl::MutexLock table_lock(&t->mu);
+        t->snapshot_cut = cut;
+        t->write_gen = cut + 1;
+      }
+    });
   }
 
   void EndSnapshot() override {
-    absl::MutexLock lock(&snapshot_mu_);
-    if (open_cut_ == 0) return;
-    for (const auto& t : tables_) {
-      absl::flat_hash_map<int64_t, int64_t> at;
-      std::vector<float> rows;
-      std::vector<uint64_t> gens;
-      {
-        absl::MutexLock table_lock(&t->mu);
-        t->snapshot_cut = 0;
-        at.swap(t->pre_at);
-        rows.swap(t->pre_rows);
-        gens.swap(t->pre_gens);
+    cuts_.End([&] {
+      for (const auto& t : tables_) {
+        absl::flat_hash_map<int64_t, int64_t> at;
+        std::vector<float> rows;
+        std::vector<uint64_t> gens;
+        {
+          absl::MutexLock table_lock(&t->mu);
+          t->snapshot_cut = 0;
+          at.swap(t->pre_at);
+          rows.swap(t->pre_rows);
+          gens.swap(t->pre_gens);
+        }
+        // Freed here, with no table lock held.
       }
-      // Freed here, with no lock held.
-    }
-    open_cut_ = 0;
+    });
   }
 
   int64_t SnapshotBytes() const override {
@@ -604,55 +476,23 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
   }
 
   absl::Status MarkGeneration(uint64_t mark) override {
-    absl::MutexLock lock(&snapshot_mu_);
-    if (mark == 0 || mark <= last_cut_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "generation mark ", mark, " must be above the last cut or mark ",
-          last_cut_, " (and above 0)"));
-    }
-    for (const auto& t : tables_) {
-      absl::MutexLock table_lock(&t->mu);
-      t->write_gen = mark + 1;
-    }
-    last_cut_ = mark;
-    return absl::OkStatus();
+    return cuts_.Mark(mark, [&] {
+      for (const auto& t : tables_) {
+        absl::MutexLock table_lock(&t->mu);
+        t->write_gen = mark + 1;
+      }
+    });
   }
 
  private:
-  bool Valid(int table) const {
-    return table >= 0 && table < static_cast<int>(tables_.size());
-  }
-
-  absl::StatusOr<Table*> Get(int table) const {
-    if (!Valid(table)) {
-      return absl::NotFoundError(absl::StrCat(
-          "no table with index ", table, " (the store has ", tables_.size(),
-          " tables)"));
-    }
-    return tables_[table].get();
-  }
-
-  absl::Status CheckSlot(uint32_t slot) const {
-    if (slot < options_.num_slots) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slot ", slot, " is outside [0, ", options_.num_slots,
-        ") (StoreOptions.num_slots)"));
-  }
 
   // ExportSlot, ExportChangedSlot (snapshot false) and ExportSnapshotSlot.
   absl::Status Export(int table, uint32_t slot, bool snapshot, uint64_t since,
                       SlotCursor* cursor, int64_t max_rows, SlotChunk* out,
                       const char* what) const {
     ASSIGN_OR_RETURN(const Table* t, Get(table));
-    RETURN_IF_ERROR(CheckSlot(slot));
-    if (cursor == nullptr || out == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": cursor or out is null"));
-    }
-    if (max_rows < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ": max_rows is ", max_rows, "; it must be >= 1"));
-    }
+    RETURN_IF_ERROR(CheckSlot(slot, options_.num_slots));
+    RETURN_IF_ERROR(CheckExportArgs(what, cursor, out, max_rows));
     out->row_stride = t->stride;
     out->ids.clear();
     out->rows.clear();
@@ -683,12 +523,7 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
           found.emplace_back(id, -1 - it->second);
         }
       }
-      if (static_cast<int64_t>(found.size()) > max_rows) {
-        done = false;
-        std::nth_element(found.begin(), found.begin() + max_rows, found.end());
-        found.resize(max_rows);
-      }
-      std::sort(found.begin(), found.end());
+      done = KeepSmallestIds(found, max_rows);
       out->ids.resize(found.size());
       out->rows.resize(found.size() * t->stride);
       std::vector<int64_t> live;
@@ -715,11 +550,7 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
         }
       }
     }
-    if (!found.empty()) {
-      cursor->started = true;
-      cursor->last_id = found.back().first;
-    }
-    cursor->done = done;
+    AdvanceCursor(found, done, cursor);
     return absl::OkStatus();
   }
 
@@ -764,12 +595,6 @@ class DeviceEmbeddingStore final : public EmbeddingStore {
   }
 
   const StoreOptions options_;
-  const std::unique_ptr<DeviceBackend> backend_;
-  const std::vector<std::unique_ptr<Table>> tables_;
-  absl::flat_hash_map<std::string, int> by_name_;
-  absl::Mutex snapshot_mu_;
-  uint64_t open_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
-  uint64_t last_cut_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
 };
 
 }  // namespace
@@ -780,32 +605,18 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateDeviceEmbeddingStore(
   if (backend == nullptr) {
     return absl::InvalidArgumentError("device store: no backend");
   }
-  if (options.num_slots == 0) {
-    return absl::InvalidArgumentError("store: num_slots must be > 0");
-  }
-  if (options.max_rows_per_table < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "store: max_rows_per_table is ", options.max_rows_per_table,
-        "; it must be >= 1"));
-  }
-  absl::flat_hash_map<std::string, int> names;
-  for (size_t i = 0; i < tables.size(); ++i) {
-    RETURN_IF_ERROR(ValidateSpec(tables[i], static_cast<int>(i)));
-    if (tables[i].precision != kernels::RowPrecision::kFp32) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "table '", tables[i].name, "' stores ",
-          kernels::RowPrecisionName(tables[i].precision),
-          " weights, which only the host store keeps so far; run this "
-          "shard server without --device (host memory) or set the table's "
-          "precision to FP32"));
-    }
-    auto [it, inserted] = names.try_emplace(tables[i].name, i);
-    if (!inserted) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table name '", tables[i].name, "' is used by tables ", it->second,
-          " and ", i));
-    }
-  }
+  RETURN_IF_ERROR(ValidateStoreTables(
+      tables, options, [](const config::TableSpec& spec) {
+        if (spec.precision == kernels::RowPrecision::kFp32) {
+          return absl::OkStatus();
+        }
+        return absl::FailedPreconditionError(absl::StrCat(
+            "table '", spec.name, "' stores ",
+            kernels::RowPrecisionName(spec.precision),
+            " weights, which only the host store keeps so far; run this "
+            "shard server without --device (host memory) or set the "
+            "table's precision to FP32"));
+      }));
   std::vector<std::unique_ptr<Table>> built;
   for (config::TableSpec& spec : tables) {
     auto t = std::make_unique<Table>();
@@ -813,7 +624,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateDeviceEmbeddingStore(
     t->seed = options.seed;
     t->num_slots = options.num_slots;
     t->stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
-    t->capacity = CapacityOf(spec, options);
+    t->capacity = TableCapacity(spec, options);
     t->index_capacity = IdIndex::CapacityForRows(t->capacity);
     TableLayout layout;
     layout.capacity = t->capacity;
@@ -853,7 +664,7 @@ DeviceFootprint ComputeDeviceFootprint(
   for (const config::TableSpec& spec : tables) {
     DeviceFootprint::Table t;
     t.name = spec.name;
-    t.rows = CapacityOf(spec, options);
+    t.rows = TableCapacity(spec, options);
     t.row_bytes = kernels::FusedRowStride(spec.optimizer.kind, spec.dim) *
                   static_cast<int64_t>(sizeof(float));
     t.index_bytes = HostIndexBytesForRows(t.rows);
