@@ -1,4 +1,5 @@
-// CPU bias + ReLU for a fully connected layer, and its backward.
+// CPU bias + ReLU for a fully connected layer, and its backward; the row
+// loops are built per ISA (dense_math_simd.cc).
 //
 // The backward's bias gradient is a column sum over the batch. Rows are cut
 // into blocks whose size depends only on (batch, n), never on the pool, and
@@ -12,6 +13,7 @@
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "kernels/dense_layer.h"
+#include "kernels/dense_math_internal.h"
 
 namespace recps::kernels {
 namespace {
@@ -42,27 +44,6 @@ int64_t BackwardBlockRows(int64_t batch, int64_t n) {
   return std::max<int64_t>(1, std::max(by_size, by_count));
 }
 
-// Masks rows [lo, hi) of dy in place (when relu) and writes their column
-// sums to `sum` (n floats), rows added in increasing order.
-void BackwardBlock(const BiasActivationBackwardArgs& a, int64_t lo, int64_t hi,
-                   float* __restrict sum) {
-  const int64_t n = a.n;
-  std::fill(sum, sum + n, 0.0f);
-  for (int64_t i = lo; i < hi; ++i) {
-    float* __restrict dy = a.dy + i * n;
-    if (a.relu) {
-      const float* __restrict y = a.y + i * n;
-      for (int64_t j = 0; j < n; ++j) {
-        const float d = y[j] > 0.0f ? dy[j] : 0.0f;
-        dy[j] = d;
-        sum[j] += d;
-      }
-    } else {
-      for (int64_t j = 0; j < n; ++j) sum[j] += dy[j];
-    }
-  }
-}
-
 }  // namespace
 
 absl::Status BiasActivationForwardCpu(const BiasActivationForwardArgs& args,
@@ -80,22 +61,8 @@ absl::Status BiasActivationForwardCpu(const BiasActivationForwardArgs& args,
   }
   const int64_t n = a.n;
   const int64_t grain = std::max<int64_t>(1, kForwardChunkElements / n);
-  ParallelFor(ctx.pool, a.batch, grain, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) {
-      float* __restrict y = a.y + i * n;
-      const float* __restrict bias = a.bias;
-      if (a.relu) {
-        // `v < 0 ? 0 : v` keeps NaN (as PyTorch's relu does) and maps to
-        // a vector max.
-        for (int64_t j = 0; j < n; ++j) {
-          const float v = y[j] + bias[j];
-          y[j] = v < 0.0f ? 0.0f : v;
-        }
-      } else {
-        for (int64_t j = 0; j < n; ++j) y[j] += bias[j];
-      }
-    }
-  });
+  auto range = RECPS_ISA_SELECT(ctx.isa, BiasActivationForwardRange);
+  ParallelFor(ctx.pool, a.batch, grain, [&](int64_t lo, int64_t hi) { range(a, lo, hi); });
   return absl::OkStatus();
 }
 
@@ -128,11 +95,11 @@ absl::Status BiasActivationBackwardCpu(const BiasActivationBackwardArgs& args,
   const int64_t num_blocks = CeilDiv(a.batch, block_rows);
   // Block 0 sums straight into grad_bias; the others into scratch.
   std::vector<float> partials((num_blocks - 1) * n);
+  auto block = RECPS_ISA_SELECT(ctx.isa, BiasActivationBackwardBlock);
   ParallelFor(ctx.pool, num_blocks, 1, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
       float* sum = b == 0 ? a.grad_bias : partials.data() + (b - 1) * n;
-      BackwardBlock(a, b * block_rows, std::min(a.batch, (b + 1) * block_rows),
-                    sum);
+      block(a, b * block_rows, std::min(a.batch, (b + 1) * block_rows), sum);
     }
   });
   if (num_blocks > 1) {

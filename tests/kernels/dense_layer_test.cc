@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cpu_features.h"
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -193,6 +194,32 @@ TEST(BiasActivationCpuTest, ThreadPoolGivesIdenticalBits) {
       EXPECT_EQ(g1.dx, g3.dx) << "batch=" << s.batch << " n=" << s.n;
       EXPECT_EQ(g1.grad_bias, g3.grad_bias)
           << "batch=" << s.batch << " n=" << s.n;
+    }
+  }
+}
+
+TEST(BiasActivationCpuTest, EveryIsaGivesIdenticalBits) {
+  const Shape shapes[] = {{3000, 33}, {200, 1000}, {2048, 512}, {7, 1}};
+  uint64_t seed = 700;
+  for (const Shape& s : shapes) {
+    for (bool relu : {false, true}) {
+      const std::vector<float> x = RandomFloats(s.batch * s.n, ++seed);
+      const std::vector<float> bias = RandomFloats(s.n, ++seed);
+      const std::vector<float> dy = RandomFloats(x.size(), ++seed);
+      ExecContext portable;
+      portable.isa = CpuIsa::kPortable;
+      const std::vector<float> y0 = Forward(x, bias, s.batch, s.n, relu, portable);
+      const Grads g0 = Backward(y0, dy, s.batch, s.n, relu, portable);
+      for (CpuIsa isa : SupportedCpuIsas()) {
+        ExecContext ctx;
+        ctx.isa = isa;
+        SCOPED_TRACE(std::string(CpuIsaName(isa)) + " batch=" + std::to_string(s.batch) +
+                     " n=" + std::to_string(s.n) + " relu=" + std::to_string(relu));
+        EXPECT_EQ(Forward(x, bias, s.batch, s.n, relu, ctx), y0);
+        const Grads g = Backward(y0, dy, s.batch, s.n, relu, ctx);
+        EXPECT_EQ(g.dx, g0.dx);
+        EXPECT_EQ(g.grad_bias, g0.grad_bias);
+      }
     }
   }
 }

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/cpu_features.h"
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -159,6 +162,35 @@ TEST(DotInteractionCpuTest, ForwardMatchesReference) {
     EXPECT_TRUE(AllNear(Forward(in, s, ExecContext()), ReferenceForward(in, s),
                         1e-6 * s.dim, 1e-5))
         << Describe(s);
+  }
+}
+
+TEST(DotInteractionCpuTest, EveryIsaGivesIdenticalBits) {
+  // The loops are built per ISA without FMA contraction: same bits on every
+  // vector width, including the M-p1 shape (26 tables, dim 64).
+  Shape shapes[std::size(kShapes) + 1];
+  std::copy(std::begin(kShapes), std::end(kShapes), shapes);
+  shapes[std::size(kShapes)] = {64, 26, 64};
+  uint64_t seed = 500;
+  for (const Shape& s : shapes) {
+    const Inputs in = MakeInputs(s, seed += 3);
+    const std::vector<float> go = RandomFloats(
+        s.batch * DotInteractionOutputWidth(s.num_sparse, s.dim), seed + 2);
+    ExecContext portable;
+    portable.isa = CpuIsa::kPortable;
+    const std::vector<float> want_out = Forward(in, s, portable);
+    const Inputs want = Backward(in, s, go, portable);
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      ExecContext ctx;
+      ctx.isa = isa;
+      SCOPED_TRACE(std::string(CpuIsaName(isa)) + " " + Describe(s));
+      const std::vector<float> out = Forward(in, s, ctx);
+      const Inputs got = Backward(in, s, go, ctx);
+      ASSERT_EQ(out.size(), want_out.size());
+      EXPECT_EQ(0, std::memcmp(out.data(), want_out.data(), 4 * out.size()));
+      EXPECT_EQ(0, std::memcmp(got.dense.data(), want.dense.data(), 4 * got.dense.size()));
+      EXPECT_EQ(0, std::memcmp(got.sparse.data(), want.sparse.data(), 4 * got.sparse.size()));
+    }
   }
 }
 
