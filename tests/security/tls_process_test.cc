@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -482,8 +483,7 @@ TEST_F(TlsProcessTest, CoordinatorBoundsCallsPerClient) {
   auto a = v1::Coordinator::NewStub(Channel(address, Tls("worker-a")));
   grpc::ClientContext waiting;
   rpc::SetTimeout(absl::Seconds(30), &waiting);
-  // The channel's first connection (a TLS handshake) may fail on a loaded
-  // machine; without this the wait failed fast and never held the slot (CI).
+  // Not failed by a first connection attempt that does not complete.
   waiting.set_wait_for_ready(true);
   v1::KvGetRequest wait;
   wait.set_key("never-set");
@@ -495,6 +495,12 @@ TEST_F(TlsProcessTest, CoordinatorBoundsCallsPerClient) {
     wait_status = std::move(s);
     wait_done.Notify();
   });
+  // The callback writes the locals above: no return (a failed ASSERT
+  // included) before it ran.
+  auto end_wait = absl::MakeCleanup([&] {
+    waiting.TryCancel();
+    wait_done.WaitForNotification();
+  });
   auto kv_get = [&](v1::Coordinator::Stub* stub) {
     grpc::ClientContext context;
     rpc::SetTimeout(absl::Seconds(5), &context);
@@ -503,24 +509,24 @@ TEST_F(TlsProcessTest, CoordinatorBoundsCallsPerClient) {
     v1::KvGetResponse response;
     return stub->KvGet(&context, request, &response);
   };
-  // Once the wait holds worker-a's one slot, its next call is refused.
-  grpc::Status second;
+  // Once the coordinator holds the wait parked (its gauge says so), the
+  // wait has worker-a's one slot and worker-a's next call is refused. A call
+  // sent before that could take the slot first and get the wait refused (CI).
   ASSERT_TRUE(Eventually([&] {
-    second = kv_get(a.get());
-    return second.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-           wait_done.HasBeenNotified();
-  })) << second.error_message();
+    return wait_done.HasBeenNotified() ||
+           testing::MetricValue(testing::ScrapeMetrics((*coordinator)->metrics_port()),
+                                "recps_coordinator_kv_pending_waits") == 1;
+  }));
   ASSERT_FALSE(wait_done.HasBeenNotified())
       << "the wait ended early: " << wait_status.error_code() << " "
       << wait_status.error_message();
+  const grpc::Status second = kv_get(a.get());
   ASSERT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
   EXPECT_TRUE(
       absl::StrContains(second.error_message(), "--max_calls_per_client"));
   // worker-b is served (NOT_FOUND: the key is absent).
   auto b = v1::Coordinator::NewStub(Channel(address, Tls("worker-b")));
   EXPECT_EQ(kv_get(b.get()).error_code(), grpc::StatusCode::NOT_FOUND);
-  waiting.TryCancel();
-  wait_done.WaitForNotification();
 }
 
 // A client that keeps sending bad requests is refused for a while; others
