@@ -112,9 +112,10 @@ absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx) {
   }
   // With a pool, OpenBLAS runs on one thread of its own and the product is
   // split into blocks of C's rows (or columns, when C is wider than tall),
-  // one call per pool thread. OpenBLAS's pthreads spin on sched_yield
-  // between calls: a fifth of the CPU of a 2-core worker at S-p20 (issue
-  // 17), taken from the lookups and pushes that run beside the GEMMs.
+  // one call per pool thread. OpenBLAS's own pthreads spin on sched_yield
+  // between calls, taking the CPU from the lookups and pushes that run
+  // beside the GEMMs: the split cut a 2-core worker's CPU time by 28% at
+  // issue 17's S-p20 (docs/performance.md).
   static const bool single = [] {
     openblas_set_num_threads(1);
     return true;
