@@ -4,12 +4,15 @@
 # benchmarks, prints a summary and writes the results as JSON under
 # RESULTS_DIR. Exits non-zero when a step fails, or when a GPU test skips on
 # a machine that has a GPU. Without a GPU it builds, says so and exits 0.
-# Fits in about 8 minutes on 16 cores (most of it the first build).
+# Fits in about 8 minutes on 16 cores (most of it the first build); with a
+# build made elsewhere (PREBUILT) in about 4.
 #
 #   scripts/device-check.sh [RESULTS_DIR]     (default: device-check-results)
 #   BUILD_DIR (default build-gpu) and JOBS (default nproc) override.
+#   PREBUILT=path/bundle.tar.gz runs a build packed by device-bundle.sh
+#   instead of building (for GPU machines without the Debian -dev packages).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 # ---- What runs: the one place to add GPU tests and benchmarks. ----
 # ctest -R regex of the GPU test names (gtest suites/cases).
@@ -31,10 +34,19 @@ GPU_TEST_TARGETS=(
   recps-coordinator
   recps
 )
-# End to end: `recps local` on this job, a GPU worker and a GPU shard, then
-# the same on the CPU (samples/s and held-out AUC side by side).
-E2E_JOB=examples/small.textproto
-E2E_STEPS=2000
+# End to end: `recps local`, one worker and one shard, "name|job|steps|the
+# launcher's device flags -- the worker's": GPU worker and GPU shard (host
+# pooling, then pooling on the GPU), then the same job on the CPU (samples/s
+# and held-out AUC side by side). E2E_STEP_SCALE scales every run's steps.
+E2E_RUNS=(
+  "small-gpu|examples/small.textproto|2000|--shard_device=cuda:0 -- --device=cuda:0"
+  "small-gpu-pool|examples/small.textproto|2000|--shard_device=cuda:0 -- --device=cuda:0 --pool_on_device"
+  "small-cpu|examples/small.textproto|2000|--shard_device=cpu -- --device=cpu"
+  "m_p1-gpu|bench/configs/m_p1.textproto|300|--shard_device=cuda:0 -- --device=cuda:0"
+  "m_p1-gpu-pool|bench/configs/m_p1.textproto|300|--shard_device=cuda:0 -- --device=cuda:0 --pool_on_device"
+  "m_p1-cpu|bench/configs/m_p1.textproto|300|--shard_device=cpu -- --device=cpu"
+)
+E2E_STEP_SCALE=${E2E_STEP_SCALE:-1}
 # Benchmarks: "target|arguments" (RESULTS is replaced by the results folder).
 GPU_BENCHES=(
   "recps_device_store_bench|--json=RESULTS/device_store_bench.json"
@@ -80,19 +92,55 @@ fi
 bench_targets=()
 for b in "${GPU_BENCHES[@]}"; do bench_targets+=("${b%%|*}"); done
 mapfile -t bench_targets < <(printf "%s\n" "${bench_targets[@]}" | sort -u)
-if ! cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DRECPS_REQUIRE_CUDA=ON \
-     "${launcher[@]}" > "$RESULTS/configure.log" 2>&1; then
-  tail -30 "$RESULTS/configure.log"
-  step configure FAIL "see $RESULTS/configure.log"
-  finish
+if [[ -n ${PREBUILT:-} ]]; then
+  # A build made elsewhere (scripts/device-bundle.sh): unpack it at the path
+  # it was built at, which ctest's files and the tests name, with that
+  # path's source root linked to this checkout.
+  unpack=$(mktemp -d)
+  tar -xzf "$PREBUILT" -C "$unpack"
+  BUILD_DIR=$(cat "$unpack/.bundle-build-dir")
+  src_root=$(dirname "$BUILD_DIR")
+  if [[ ! -e $src_root ]]; then
+    mkdir -p "$(dirname "$src_root")" && ln -s "$PWD" "$src_root"
+  fi
+  if [[ $(cd "$src_root" && pwd -P) != $(pwd -P) ]]; then
+    step prebuilt FAIL "$src_root exists and is not this checkout"
+    finish
+  fi
+  rm -rf "$BUILD_DIR" && mv "$unpack" "$BUILD_DIR"
+  export LD_LIBRARY_PATH="$BUILD_DIR/.bundle-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # NCCL and cuBLAS come from this machine: the toolkit's, else a Python
+  # package's (PyTorch images ship them there).
+  for lib in libnccl.so.2 libcublas.so.13 libcudart.so.13; do
+    if ! ldconfig -p | grep -q "$lib" && [[ ! -e /usr/local/cuda/lib64/$lib ]]; then
+      found=$(find / -xdev -name "$lib" -path '*nvidia*' 2>/dev/null | head -1)
+      [[ -n $found ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+    fi
+  done
+  export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/usr/local/cuda/lib64"
+  missing=$(find "$BUILD_DIR" -type f -perm -u+x -not -path '*/.bundle-lib/*' -print0 |
+              xargs -0 ldd 2>/dev/null | grep 'not found' | sort -u)
+  if [[ -n $missing ]]; then
+    echo "$missing"
+    step prebuilt FAIL "libraries not found (above)"
+    finish
+  fi
+  step prebuilt ok "$(cat "$BUILD_DIR/.bundle-commit" 2>/dev/null | cut -c1-12) at $BUILD_DIR"
+else
+  if ! cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DRECPS_REQUIRE_CUDA=ON \
+       "${launcher[@]}" > "$RESULTS/configure.log" 2>&1; then
+    tail -30 "$RESULTS/configure.log"
+    step configure FAIL "see $RESULTS/configure.log"
+    finish
+  fi
+  if ! cmake --build "$BUILD_DIR" -j "$JOBS" --target "${GPU_TEST_TARGETS[@]}" \
+       "${bench_targets[@]}" > "$RESULTS/build.log" 2>&1; then
+    grep -E "error|Error" "$RESULTS/build.log" | head -30
+    step build FAIL "see $RESULTS/build.log"
+    finish
+  fi
+  step build ok "$(( $(date +%s) - start )) s"
 fi
-if ! cmake --build "$BUILD_DIR" -j "$JOBS" --target "${GPU_TEST_TARGETS[@]}" \
-     "${bench_targets[@]}" > "$RESULTS/build.log" 2>&1; then
-  grep -E "error|Error" "$RESULTS/build.log" | head -30
-  step build FAIL "see $RESULTS/build.log"
-  finish
-fi
-step build ok "$(( $(date +%s) - start )) s"
 
 gpu_present=0
 if ls /dev/nvidia[0-9]* >/dev/null 2>&1 || nvidia-smi -L >/dev/null 2>&1; then
@@ -108,7 +156,7 @@ nvidia-smi -L 2>/dev/null | head -4
 # GPU tests: every one must pass, none may skip (a GPU is present).
 t0=$(date +%s)
 ctest --test-dir "$BUILD_DIR" -R "$GPU_TEST_REGEX" -E "_NOT_BUILT|$NO_GPU_TEST_REGEX" -V \
-  --timeout 300 > "$RESULTS/gpu-tests.log" 2>&1
+  -j "${GPU_TEST_JOBS:-4}" --timeout 120 > "$RESULTS/gpu-tests.log" 2>&1
 rc=$?
 skipped=$(grep -c '\[  SKIPPED \]' "$RESULTS/gpu-tests.log")
 total_line=$(grep -E 'tests passed' "$RESULTS/gpu-tests.log" | tail -1)
@@ -133,7 +181,7 @@ for b in "${GPU_BENCHES[@]}"; do
   # shellcheck disable=SC2086
   log="$RESULTS/bench-$n-$target.log"
   echo "== $target $args"
-  if timeout 180 "$bin" $args > "$log" 2>&1; then
+  if timeout 120 "$bin" $args > "$log" 2>&1; then
     tail -12 "$log"
     step "$n. $target" ok "$(( $(date +%s) - t0 )) s"
   else
@@ -141,24 +189,23 @@ for b in "${GPU_BENCHES[@]}"; do
     step "$n. $target" FAIL "see $(basename "$log")"
   fi
 done
-# recps local: GPU worker + GPU shard against CPU worker + CPU shard.
-for mode in gpu cpu; do
-  if [[ $mode == gpu ]]; then
-    flags=(--shard_device=cuda:0 -- --device=cuda:0)
-  else
-    flags=(--shard_device=cpu -- --device=cpu)
-  fi
-  log="$RESULTS/local-$mode.log"
+for run in "${E2E_RUNS[@]}"; do
+  IFS='|' read -r name job steps flag_words <<< "$run"
+  steps=$(awk -v s="$steps" -v k="$E2E_STEP_SCALE" 'BEGIN{print int(s*k)}')
+  read -r -a flags <<< "$flag_words"
+  log="$RESULTS/local-$name.log"
   t0=$(date +%s)
-  echo "== recps local ($mode worker and shard, $E2E_STEPS steps of $E2E_JOB)"
-  if timeout 240 "$BUILD_DIR/bin/recps" local --insecure --workers=1 --shards=1 \
-       --job="$E2E_JOB" --steps="$E2E_STEPS" "${flags[@]}" > "$log" 2>&1; then
+  echo "== recps local $name: $steps steps of $job ($flag_words)"
+  if timeout 150 "$BUILD_DIR/bin/recps" local --insecure --workers=1 --shards=1 \
+       --job="$job" --steps="$steps" "${flags[@]}" > "$log" 2>&1; then
     rate=$(grep -o 'done: [0-9]* steps, [0-9]* samples/s' "$log" | tail -1 | awk '{print $4}')
     auc=$(grep -o 'held-out AUC [0-9.]*' "$log" | tail -1 | awk '{print $3}')
-    step "local-$mode" ok "${rate:-?} samples/s, AUC ${auc:-?}, $(( $(date +%s) - t0 )) s"
+    split=$(grep -o 'per step: .*' "$log" | tail -1 | cut -c11-)
+    echo "$split"
+    step "local-$name" ok "${rate:-?} samples/s, AUC ${auc:-?}, $(( $(date +%s) - t0 )) s"
   else
     tail -20 "$log"
-    step "local-$mode" FAIL "see $(basename "$log")"
+    step "local-$name" FAIL "see $(basename "$log")"
   fi
 done
 step total ok "$(( $(date +%s) - start )) s"
