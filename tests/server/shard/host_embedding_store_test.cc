@@ -103,6 +103,35 @@ TEST(HostEmbeddingStore, SgdUpdateIsExact) {
   EXPECT_EQ(store->Info(0).update_ids, 2);
 }
 
+// A push large enough for the store's threads and for many update blocks
+// per stripe (ApplyGradients updates the probed rows in blocks while it
+// probes): every row is updated exactly once, with its own gradient.
+TEST(HostEmbeddingStore, LargeParallelSgdPushUpdatesEveryRowOnce) {
+  ThreadPool pool(3);
+  StoreOptions options;
+  options.pool = &pool;
+  auto store = MakeStore({Spec("t", 4, 0, OptimizerKind::kSgd, 0.25f)}, options);
+  // 64 stripes x ~300 ids: several blocks per stripe, and partial ones.
+  const int64_t n = 19999;
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = (i * 7919) % 100003 - 50000;
+  std::vector<float> g(n * 4);
+  for (int64_t i = 0; i < n * 4; ++i) g[i] = static_cast<float>(i % 13) - 6.0f;
+  ASSERT_TRUE(store->ValidateGradients(0, ids, g.data()).ok());
+  ASSERT_TRUE(store->ApplyGradients(0, ids, g.data()).ok());
+  std::vector<float> out(n * 4);
+  ASSERT_TRUE(store->Lookup(0, ids, out.data()).ok());
+  int64_t wrong = 0;
+  for (int64_t p = 0; p < n; ++p) {
+    const auto w = Initial(store->spec(0), 0, ids[p]);
+    for (int j = 0; j < 4; ++j) {
+      wrong += out[p * 4 + j] != w[j] - 0.25f * g[p * 4 + j];
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(store->Info(0).update_ids, n);
+}
+
 TEST(HostEmbeddingStore, AdagradStateIsStoredInTheRow) {
   auto store = MakeStore({Spec("t", 4, 0, OptimizerKind::kAdagrad, 0.1f)});
   const config::TableSpec& s = store->spec(0);
