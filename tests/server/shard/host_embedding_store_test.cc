@@ -132,6 +132,32 @@ TEST(HostEmbeddingStore, LargeParallelSgdPushUpdatesEveryRowOnce) {
   EXPECT_EQ(store->Info(0).update_ids, n);
 }
 
+// A fixed table holding a row for every id has no free row, and still takes
+// pushes of every id (pushes skip the create-first pass on fixed tables:
+// they cannot fill).
+TEST(HostEmbeddingStore, FullyPopulatedFixedTableTakesPushes) {
+  auto store = MakeStore({Spec("fixed", 2, 5000, OptimizerKind::kSgd, 0.5f)});
+  std::vector<int64_t> ids(5000);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::vector<float> out(ids.size() * 2);
+  ASSERT_TRUE(store->Lookup(0, ids, out.data()).ok());
+  ASSERT_EQ(store->Info(0).rows, 5000);
+  std::reverse(ids.begin(), ids.end());
+  const std::vector<float> g(ids.size() * 2, 1.0f);
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(store->ApplyGradients(0, ids, g.data()).ok());
+  }
+  ASSERT_TRUE(store->Lookup(0, ids, out.data()).ok());
+  for (size_t p = 0; p < ids.size(); p += 997) {
+    EXPECT_EQ(out[p * 2], Initial(store->spec(0), 0, ids[p])[0] - 0.5f - 0.5f);
+  }
+  EXPECT_EQ(store->Info(0).rows, 5000);
+  // An id outside the table is still refused before anything changes.
+  const std::vector<int64_t> outside = {3, 5000};
+  EXPECT_EQ(store->ApplyGradients(0, outside, g.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(HostEmbeddingStore, AdagradStateIsStoredInTheRow) {
   auto store = MakeStore({Spec("t", 4, 0, OptimizerKind::kAdagrad, 0.1f)});
   const config::TableSpec& s = store->spec(0);
