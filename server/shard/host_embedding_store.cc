@@ -58,14 +58,14 @@ using host_store::MissingRows;
 using host_store::PrefetchRow;
 using host_store::ReleaseBytes;
 using host_store::StripeBuckets;
+using host_store::StripeReaderLocks;
+using host_store::Table;
+using host_store::ValidateImportedRow;
 
 // ApplyGradients updates probed rows in blocks of kUpdateBlock, the newest
 // kUpdateLag probed rows held back so that their prefetches have landed.
 constexpr int64_t kUpdateBlock = 64;
 constexpr int64_t kUpdateLag = 16;
-using host_store::StripeReaderLocks;
-using host_store::Table;
-using host_store::ValidateImportedRow;
 
 // mmap cannot give more than the 47-bit user address space anyway.
 constexpr uint64_t kMaxArenaBytes = uint64_t{1} << 47;
