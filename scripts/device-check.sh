@@ -107,6 +107,12 @@ if [[ -n ${PREBUILT:-} ]]; then
     step prebuilt FAIL "$src_root exists and is not this checkout"
     finish
   fi
+  # Replace only an earlier unpacked bundle, never a real build tree (the
+  # machine that made the bundle has one at this very path).
+  if [[ -e $BUILD_DIR && ! -e $BUILD_DIR/.bundle-build-dir ]]; then
+    step prebuilt FAIL "$BUILD_DIR is a build tree, not a bundle: run PREBUILT on the GPU machine"
+    finish
+  fi
   rm -rf "$BUILD_DIR" && mv "$unpack" "$BUILD_DIR"
   export LD_LIBRARY_PATH="$BUILD_DIR/.bundle-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   # NCCL and cuBLAS come from this machine: the toolkit's, else a Python
