@@ -105,22 +105,29 @@ absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx) {
     }
     return absl::OkStatus();
   }
-  const int threads = ctx.pool != nullptr ? ctx.pool->num_threads() : 1;
-  if (threads == 1 || g.m * g.n * g.k < kSplitMinMacs) {
-    Sgemm(g, g.m, g.n, g.a, g.b, g.c);
-    return absl::OkStatus();
-  }
-  // With a pool, OpenBLAS runs on one thread of its own and the product is
-  // split into blocks of C's rows (or columns, when C is wider than tall),
-  // one call per pool thread. OpenBLAS's own pthreads spin on sched_yield
-  // between calls, taking the CPU from the lookups and pushes that run
-  // beside the GEMMs: the split cut a 2-core worker's CPU time by 28% at
-  // issue 17's S-p20 (docs/performance.md).
+  // OpenBLAS always runs on one thread of its own, from the first call on:
+  // its results can depend on how it splits a product among its threads
+  // (on AMD Zen 2, one thread and two give different bits), so a call
+  // without a pool must not change bits with OpenBLAS's default thread
+  // count or with whether a pooled call came first.
   static const bool single = [] {
     openblas_set_num_threads(1);
     return true;
   }();
   (void)single;
+  const int threads = ctx.pool != nullptr ? ctx.pool->num_threads() : 1;
+  if (threads == 1 || g.m * g.n * g.k < kSplitMinMacs) {
+    Sgemm(g, g.m, g.n, g.a, g.b, g.c);
+    return absl::OkStatus();
+  }
+  // With a pool the product is split into blocks of C's rows (or columns,
+  // when C is wider than tall), one call per pool thread. OpenBLAS's own
+  // pthreads spin on sched_yield between calls, taking the CPU from the
+  // lookups and pushes that run beside the GEMMs: the split cut a 2-core
+  // worker's CPU time by 28% at issue 17's S-p20 (docs/performance.md).
+  // The blocks follow the pool's thread count, and OpenBLAS's bits can
+  // depend on them (Zen 2 again): a product's bits are fixed for a given
+  // pool size, not across sizes (docs/kernels.md, Determinism).
   const bool by_rows = g.m >= g.n;
   const int64_t extent = by_rows ? g.m : g.n;
   const int64_t blocks = std::min<int64_t>(threads, std::max<int64_t>(1, extent / kSplitAlign));

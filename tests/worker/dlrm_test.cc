@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/thread_pool.h"
@@ -279,9 +280,12 @@ TEST(DlrmModelTest, CallErrors) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// The kernels are deterministic: a pool and each vector path give the same
-// bits as the calling thread alone.
-TEST(DlrmModelTest, IdenticalWithAndWithoutThreadPool) {
+// The kernels are deterministic: each vector path gives the same bits as
+// the portable one, and a pool of one thread the same as none. A larger pool
+// splits each GEMM into one OpenBLAS call per thread, and OpenBLAS's bits can
+// depend on the split (they do on AMD Zen 2: the CI failure that changed
+// this test), so the pool of four is compared with itself (docs/kernels.md).
+TEST(DlrmModelTest, IdenticalOnEveryIsaForAGivenPoolSize) {
   DlrmConfig c;
   c.num_dense = 13;
   c.num_sparse = 26;
@@ -290,16 +294,25 @@ TEST(DlrmModelTest, IdenticalWithAndWithoutThreadPool) {
   c.top_mlp = {64, 32, 1};
   const Batch b = RandomBatch(c, 300, 800);
   auto reference_model = MakeModel(c);
-  const StepResult want = RunStep(*reference_model, b, ExecContext{});
-  ThreadPool pool(4);
-  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-    for (const ExecContext& ctx : EveryCpuIsa(p)) {
-      auto model = MakeModel(c);
-      const StepResult got = RunStep(*model, b, ctx);
-      EXPECT_EQ(got.loss, want.loss);
-      EXPECT_EQ(got.logits, want.logits);
-      EXPECT_EQ(got.grad_pooled, want.grad_pooled);
-      EXPECT_EQ(got.grads, want.grads);
+  const StepResult no_pool = RunStep(*reference_model, b, ExecContext{});
+  ThreadPool one(1), four(4);
+  std::optional<StepResult> four_threads;
+  // No pool again after the pool of four: the first pooled GEMM must not
+  // change the bits of later calls without a pool (it set OpenBLAS to one
+  // thread only then, which changed them).
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &four, &one,
+                        static_cast<ThreadPool*>(nullptr)}) {
+    for (int round = 0; round < 2; ++round) {
+      for (const ExecContext& ctx : EveryCpuIsa(p)) {
+        auto model = MakeModel(c);
+        const StepResult got = RunStep(*model, b, ctx);
+        if (p == &four && !four_threads.has_value()) four_threads = got;
+        const StepResult& want = p == &four ? *four_threads : no_pool;
+        EXPECT_EQ(got.loss, want.loss);
+        EXPECT_EQ(got.logits, want.logits);
+        EXPECT_EQ(got.grad_pooled, want.grad_pooled);
+        EXPECT_EQ(got.grads, want.grads);
+      }
     }
   }
 }
