@@ -643,15 +643,18 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
       }
     });
   };
+  // Each unroll once; the store's (kGatherUnroll) is the gather figure.
   constexpr int U = kGatherUnroll;
-  r.gather_ms = gather(GatherKernel<U>, U, rows, dim);
-  r.store_unroll = U;
+  constexpr int kUnrolls[4] = {1, 2, 4, 8};
+  static_assert(U == 1 || U == 2 || U == 4 || U == 8, "kGatherUnroll is timed below");
   const double unroll_ms[4] = {
       gather(GatherKernel<1>, 1, rows, dim), gather(GatherKernel<2>, 2, rows, dim),
       gather(GatherKernel<4>, 4, rows, dim), gather(GatherKernel<8>, 8, rows, dim)};
   for (int u = 0; u < 4; ++u) {
     r.gather_gbps_by_unroll[u] = 2.0 * out_bytes / (unroll_ms[u] * 1e6);
+    if (kUnrolls[u] == U) r.gather_ms = unroll_ms[u];
   }
+  r.store_unroll = U;
   r.sorted_gather_gbps =
       2.0 * out_bytes / (gather(GatherKernel<U>, U, sorted_rows, dim) * 1e6);
   r.full_row_gather_gbps = 2.0 * full_out_bytes /
