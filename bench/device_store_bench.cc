@@ -3,8 +3,10 @@
 // Anchor (CUDA only): the store backend's row-gather kernel over batches of
 // 64k random rows of a 1M x 64 table (16 disjoint batches per run, so the
 // bytes touched outgrow L2), and the fused Adagrad update of those rows, vs
-// a device-to-device cudaMemcpy of the gathered bytes, in the same run
-// (goals: gather >= 0.7 of memcpy, update >= 0.35). Then the
+// a device-to-device cudaMemcpy of the gathered bytes, in the same run,
+// one launch (one memcpy call) per batch as the store runs them (goals:
+// gather >= 0.7 of memcpy, update >= 0.35); and all batches in one launch,
+// which shows what a batch's launch costs both. Then the
 // store itself (a fixed table of --rows rows of width 64, Adagrad): lookups
 // and pushes of 4k, 16k and 64k distinct random ids through the
 // EmbeddingStore interface (host ids in, host rows out: the copies to and
@@ -105,35 +107,34 @@ int Main(int argc, char** argv) {
                 bw->l2_bytes / 1048576.0,
                 bw->working_set_bytes < 4 * bw->l2_bytes
                     ? "; NOT larger than the cache: raise --rows" : "");
-    std::printf("  gather of 64k rows %.1f GB/s, D2D memcpy %.1f GB/s, "
-                "ratio %.2f (goal >= 0.70); fused Adagrad update %.1f GB/s, "
-                "%.2f of memcpy (goal >= 0.35)\n",
+    // The goals compare like with like: per 64k-row batch, one gather
+    // launch (one update) against one memcpy call of the same bytes.
+    std::printf("  per batch: gather %.1f GB/s, D2D memcpy %.1f GB/s, ratio "
+                "%.2f (goal >= 0.70); fused Adagrad update %.1f GB/s, %.2f of "
+                "memcpy (goal >= 0.35)\n",
                 bw->gather_gbps, bw->memcpy_gbps,
                 bw->gather_gbps / bw->memcpy_gbps, bw->update_gbps,
                 bw->update_gbps / bw->memcpy_gbps);
-    std::printf("  gather by loads in flight per thread: 1: %.0f GB/s, 2: %.0f, "
-                "4: %.0f, 8: %.0f (the store uses %d)\n",
-                bw->gather_gbps_by_unroll[0], bw->gather_gbps_by_unroll[1],
-                bw->gather_gbps_by_unroll[2], bw->gather_gbps_by_unroll[3],
-                bw->store_unroll);
-    std::printf("  gather of the same rows in ascending order %.0f GB/s (%.2f of "
-                "memcpy); of whole %d-float rows %.0f GB/s (%.2f)\n",
-                bw->sorted_gather_gbps, bw->sorted_gather_gbps / bw->memcpy_gbps,
-                static_cast<int>(kernels::FusedRowStride(
-                    kernels::OptimizerKind::kAdagrad, kDim)),
-                bw->full_row_gather_gbps, bw->full_row_gather_gbps / bw->memcpy_gbps);
+    std::printf("  all %lld batches in one launch: gather %.1f GB/s, D2D memcpy "
+                "in one call %.1f GB/s, ratio %.2f; a batch's launch costs the "
+                "gather %.2f and the memcpy %.2f of its one-launch rate\n",
+                static_cast<long long>(bw->sets), bw->one_launch_gather_gbps,
+                bw->one_call_memcpy_gbps,
+                bw->one_launch_gather_gbps / bw->one_call_memcpy_gbps,
+                1 - bw->gather_gbps / bw->one_launch_gather_gbps,
+                1 - bw->memcpy_gbps / bw->one_call_memcpy_gbps);
     json.push_back(absl::StrCat(
         "\"gather_gbps\": ", bw->gather_gbps, ", \"memcpy_gbps\": ",
         bw->memcpy_gbps, ", \"gather_vs_memcpy\": ",
         bw->gather_gbps / bw->memcpy_gbps, ", \"update_gbps\": ",
         bw->update_gbps, ", \"update_vs_memcpy\": ",
-        bw->update_gbps / bw->memcpy_gbps, ", \"anchor_working_set_bytes\": ",
-        bw->working_set_bytes, ", \"l2_bytes\": ", bw->l2_bytes,
-        ", \"gather_gbps_by_unroll\": {\"1\": ", bw->gather_gbps_by_unroll[0],
-        ", \"2\": ", bw->gather_gbps_by_unroll[1], ", \"4\": ",
-        bw->gather_gbps_by_unroll[2], ", \"8\": ", bw->gather_gbps_by_unroll[3], "}",
-        ", \"sorted_gather_gbps\": ", bw->sorted_gather_gbps,
-        ", \"full_row_gather_gbps\": ", bw->full_row_gather_gbps));
+        bw->update_gbps / bw->memcpy_gbps,
+        ", \"one_launch_gather_gbps\": ", bw->one_launch_gather_gbps,
+        ", \"one_call_memcpy_gbps\": ", bw->one_call_memcpy_gbps,
+        ", \"one_launch_gather_vs_memcpy\": ",
+        bw->one_launch_gather_gbps / bw->one_call_memcpy_gbps,
+        ", \"anchor_working_set_bytes\": ", bw->working_set_bytes,
+        ", \"l2_bytes\": ", bw->l2_bytes));
 #endif
   } else if (backend != "cpu-twin") {
     std::fprintf(stderr, "--backend must be cuda or cpu-twin\n");

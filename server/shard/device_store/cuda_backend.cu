@@ -101,13 +101,20 @@ __global__ void InsertKernel(Entry* index, uint64_t mask,
 // out[i] = the first `width4` float4s of row rows[i] (zeros for -1).
 // Each thread keeps kUnroll loads in flight (all row numbers first, then
 // all rows, then the stores); the launch gives each thread kUnroll items
-// (GatherBlocks). On an H200, 64k random rows of 64 floats: 1: 2433 GB/s,
-// 2: 2555, 4: 2345, 8: 2258 (device_store_bench), so 2.
+// (GatherBlocks). kWidth4 > 0 is width4 known at compile time (the common
+// dims 16, 32, 64, 128): the item -> row split is then a shift, not a
+// 64-bit division, which is worth 4% of a 64k-row gather on an H200.
+// Measured there (device_store_bench, 64k random rows of 64 floats): 1 and
+// 2 loads in flight within 1%, 4 and 8 slower; the kernel over all 1M
+// rows in one launch runs at 0.95 of a one-call cudaMemcpy, so what a
+// 64k-row batch loses is the launch's ramp and tail, which a memcpy of
+// the same bytes loses too.
 constexpr int kGatherUnroll = 2;
-template <int kUnroll>
+template <int kUnroll, int kWidth4>
 __global__ void GatherKernel(const float4* __restrict__ arena, int64_t stride4,
                              const int64_t* __restrict__ rows, int64_t n,
-                             int64_t width4, float4* __restrict__ out) {
+                             int64_t runtime_width4, float4* __restrict__ out) {
+  const int64_t width4 = kWidth4 > 0 ? kWidth4 : runtime_width4;
   const int64_t total = n * width4;
   const int64_t step = int64_t{gridDim.x} * blockDim.x;
   int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
@@ -138,6 +145,29 @@ __global__ void GatherKernel(const float4* __restrict__ arena, int64_t stride4,
 
 unsigned GatherBlocks(int64_t items, int unroll) {
   return Blocks(CeilDiv(items, int64_t{unroll}));
+}
+
+// The store's gather (GatherKernel) of n rows, `width4` float4s each, on
+// `stream`; the common widths get their compile-time instance.
+void LaunchGatherKernel(cudaStream_t stream, const float4* arena,
+                        int64_t stride4, const int64_t* rows, int64_t n,
+                        int64_t width4, float4* out) {
+  const unsigned blocks = GatherBlocks(n * width4, kGatherUnroll);
+  switch (width4) {
+#define RECPS_GATHER_WIDTH(W)                                            \
+  case W:                                                                \
+    GatherKernel<kGatherUnroll, W><<<blocks, kBlockThreads, 0, stream>>>( \
+        arena, stride4, rows, n, width4, out);                           \
+    return;
+    RECPS_GATHER_WIDTH(4)
+    RECPS_GATHER_WIDTH(8)
+    RECPS_GATHER_WIDTH(16)
+    RECPS_GATHER_WIDTH(32)
+#undef RECPS_GATHER_WIDTH
+    default:
+      GatherKernel<kGatherUnroll, 0><<<blocks, kBlockThreads, 0, stream>>>(
+          arena, stride4, rows, n, width4, out);
+  }
 }
 
 // The same for a width that is not a multiple of 4 floats.
@@ -454,10 +484,9 @@ class CudaTable final : public DeviceTable {
   absl::Status LaunchGather(cudaStream_t stream, const int64_t* d_rows,
                             int64_t m, int64_t width, float* d_out) const {
     if (width % 4 == 0) {
-      GatherKernel<kGatherUnroll>
-          <<<GatherBlocks(m * width / 4, kGatherUnroll), kBlockThreads, 0, stream>>>(
-          reinterpret_cast<const float4*>(arena_), layout_.stride / 4, d_rows,
-          m, width / 4, reinterpret_cast<float4*>(d_out));
+      LaunchGatherKernel(stream, reinterpret_cast<const float4*>(arena_),
+                         layout_.stride / 4, d_rows, m, width / 4,
+                         reinterpret_cast<float4*>(d_out));
       RETURN_IF_LAUNCH_ERROR("GatherKernel");
     } else {
       GatherScalarKernel<<<Blocks(m * width), kBlockThreads, 0, stream>>>(
@@ -574,7 +603,6 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
   float* out = nullptr;
   float* copy = nullptr;
   int64_t* rows = nullptr;
-  int64_t* sorted_rows = nullptr;
   const size_t batch_bytes = static_cast<size_t>(batch) * dim * sizeof(float);
   const size_t out_bytes = batch_bytes * sets;
   r.working_set_bytes = 2 * out_bytes;
@@ -583,16 +611,13 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
     cudaFree(out);
     cudaFree(copy);
     cudaFree(rows);
-    cudaFree(sorted_rows);
   });
   const size_t arena_bytes = static_cast<size_t>(num_rows) * stride * sizeof(float);
   RETURN_IF_CUDA_ERROR(cudaMalloc(&arena, arena_bytes), "cudaMalloc");
   RETURN_IF_CUDA_ERROR(cudaMemset(arena, 0, arena_bytes), "cudaMemset");
-  // `out` holds whole rows for the full-row gather; the rest uses the front.
-  const size_t full_out_bytes = out_bytes / dim * stride;
-  RETURN_IF_CUDA_ERROR(cudaMalloc(&out, full_out_bytes), "cudaMalloc");
+  RETURN_IF_CUDA_ERROR(cudaMalloc(&out, out_bytes), "cudaMalloc");
   RETURN_IF_CUDA_ERROR(cudaMalloc(&copy, out_bytes), "cudaMalloc");
-  RETURN_IF_CUDA_ERROR(cudaMemset(out, 0, full_out_bytes), "cudaMemset");
+  RETURN_IF_CUDA_ERROR(cudaMemset(out, 0, out_bytes), "cudaMemset");
   RETURN_IF_CUDA_ERROR(cudaMalloc(&rows, sets * batch * sizeof(int64_t)),
                        "cudaMalloc");
   // Distinct random rows (the update requires them distinct within a batch):
@@ -606,16 +631,6 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
     std::swap(perm[i], perm[j]);
   }
   RETURN_IF_CUDA_ERROR(cudaMemcpy(rows, perm.data(), sets * batch * sizeof(int64_t),
-                                  cudaMemcpyHostToDevice),
-                       "cudaMemcpy");
-  // The same rows in ascending order: what is left of the gather's cost
-  // without random access.
-  perm.resize(sets * batch);
-  std::sort(perm.begin(), perm.end());
-  RETURN_IF_CUDA_ERROR(cudaMalloc(&sorted_rows, sets * batch * sizeof(int64_t)),
-                       "cudaMalloc");
-  RETURN_IF_CUDA_ERROR(cudaMemcpy(sorted_rows, perm.data(),
-                                  sets * batch * sizeof(int64_t),
                                   cudaMemcpyHostToDevice),
                        "cudaMemcpy");
   cudaEvent_t a, b;
@@ -632,34 +647,29 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
     cudaEventElapsedTime(&ms, a, b);
     return ms / iters;
   };
-  // The store's kernel, then each unroll for the record.
-  auto gather = [&](auto kernel, int unroll, const int64_t* which,
-                    int64_t width) {
-    return time([&] {
-      for (int64_t k = 0; k < sets; ++k) {
-        kernel<<<GatherBlocks(batch * width / 4, unroll), kBlockThreads>>>(
-            reinterpret_cast<const float4*>(arena), stride / 4, which + k * batch,
-            batch, width / 4, reinterpret_cast<float4*>(out + k * batch * width));
-      }
-    });
-  };
-  // Each unroll once; the store's (kGatherUnroll) is the gather figure.
-  constexpr int U = kGatherUnroll;
-  constexpr int kUnrolls[4] = {1, 2, 4, 8};
-  static_assert(U == 1 || U == 2 || U == 4 || U == 8, "kGatherUnroll is timed below");
-  const double unroll_ms[4] = {
-      gather(GatherKernel<1>, 1, rows, dim), gather(GatherKernel<2>, 2, rows, dim),
-      gather(GatherKernel<4>, 4, rows, dim), gather(GatherKernel<8>, 8, rows, dim)};
-  for (int u = 0; u < 4; ++u) {
-    r.gather_gbps_by_unroll[u] = 2.0 * out_bytes / (unroll_ms[u] * 1e6);
-    if (kUnrolls[u] == U) r.gather_ms = unroll_ms[u];
-  }
-  r.store_unroll = U;
-  r.sorted_gather_gbps =
-      2.0 * out_bytes / (gather(GatherKernel<U>, U, sorted_rows, dim) * 1e6);
-  r.full_row_gather_gbps = 2.0 * full_out_bytes /
-                           (gather(GatherKernel<U>, U, rows, stride) * 1e6);
+  const auto* arena4 = reinterpret_cast<const float4*>(arena);
+  auto* out4 = reinterpret_cast<float4*>(out);
+  // Per batch, as the store runs it: one launch (one call) per batch.
+  r.gather_ms = time([&] {
+    for (int64_t k = 0; k < sets; ++k) {
+      LaunchGatherKernel(nullptr, arena4, stride / 4, rows + k * batch, batch,
+                         dim / 4, out4 + k * batch * (dim / 4));
+    }
+  });
   r.memcpy_ms = time([&] {
+    for (int64_t k = 0; k < sets; ++k) {
+      cudaMemcpyAsync(reinterpret_cast<char*>(copy) + k * batch_bytes,
+                      reinterpret_cast<const char*>(out) + k * batch_bytes,
+                      batch_bytes, cudaMemcpyDeviceToDevice);
+    }
+  });
+  // The same bytes in one launch (one call): the kernel's and the copy's
+  // bandwidth without the per-launch ramp and tail.
+  r.one_launch_gather_ms = time([&] {
+    LaunchGatherKernel(nullptr, arena4, stride / 4, rows, sets * batch, dim / 4,
+                       out4);
+  });
+  r.one_call_memcpy_ms = time([&] {
     cudaMemcpyAsync(copy, out, out_bytes, cudaMemcpyDeviceToDevice);
   });
   kernels::FusedUpdateArgs args;
@@ -686,9 +696,12 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
   // Bytes moved per run: the gather reads and writes out_bytes; the copy
   // reads and writes out_bytes; the Adagrad update reads and writes weights
   // and sums and reads the gradient (5 x out_bytes).
-  r.gather_gbps = 2.0 * out_bytes / (r.gather_ms * 1e6);
-  r.memcpy_gbps = 2.0 * out_bytes / (r.memcpy_ms * 1e6);
-  r.update_gbps = 5.0 * out_bytes / (r.update_ms * 1e6);
+  auto gbps = [&](double bytes, double ms) { return bytes / (ms * 1e6); };
+  r.gather_gbps = gbps(2.0 * out_bytes, r.gather_ms);
+  r.memcpy_gbps = gbps(2.0 * out_bytes, r.memcpy_ms);
+  r.update_gbps = gbps(5.0 * out_bytes, r.update_ms);
+  r.one_launch_gather_gbps = gbps(2.0 * out_bytes, r.one_launch_gather_ms);
+  r.one_call_memcpy_gbps = gbps(2.0 * out_bytes, r.one_call_memcpy_ms);
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   RETURN_IF_ERROR(update_status);

@@ -101,23 +101,22 @@ int64_t CudaBackendScratchBytes(int lanes, int64_t lane_bytes);
 // rows, against a device-to-device cudaMemcpy of the gathered bytes, each
 // timed with events over `iters` runs. A run rotates over `sets` disjoint
 // batches (up to 64, as many as the table holds) so that the bytes it
-// touches outgrow L2 and all three figures are HBM's. GB/s count bytes
-// read + written.
+// touches outgrow L2 and all figures are HBM's. GB/s count bytes read +
+// written.
 // REQUIRES: dim % 4 == 0, batch <= num_rows.
 struct GatherBandwidth {
+  // Per batch, as the store runs them: one gather launch, one update, one
+  // memcpy call per batch. The goals compare these.
   double gather_ms = 0, memcpy_ms = 0, update_ms = 0;
   double gather_gbps = 0, memcpy_gbps = 0, update_gbps = 0;
+  // All sets' rows in one gather launch, and one memcpy call of all the
+  // bytes: the bandwidth without each launch's ramp and tail, which a
+  // 64k-row batch (a few microseconds of work) pays in full.
+  double one_launch_gather_ms = 0, one_call_memcpy_ms = 0;
+  double one_launch_gather_gbps = 0, one_call_memcpy_gbps = 0;
   int64_t sets = 0;               // batches per run
   int64_t working_set_bytes = 0;  // the memcpy's source + destination
   int64_t l2_bytes = 0;           // the GPU's L2, for comparison
-  // The gather with 1, 2, 4 and 8 loads in flight per thread; the store
-  // runs `store_unroll` (gather_gbps).
-  double gather_gbps_by_unroll[4] = {};
-  int store_unroll = 0;
-  // Where the gather's time goes: the same rows in ascending order (no
-  // random access), and whole rows (weights and optimizer state, twice the
-  // bytes per random access).
-  double sorted_gather_gbps = 0, full_row_gather_gbps = 0;
 };
 absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
                                                        int64_t num_rows,

@@ -441,6 +441,46 @@ TEST(DeviceStoreCuda, ConcurrentLookupsOnSeparateLanesMatchTheTwin) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// The gather has a compile-time instance for rows of 4, 8, 16 and 32
+// float4s and a generic one for the rest: lookups (weights) and snapshots
+// (whole rows) of each match the twin after a push.
+TEST(DeviceStoreCuda, EveryGatherWidthMatchesTheTwin) {
+  RECPS_REQUIRE_GPU_OR_SKIP();
+  for (int dim : {16, 32, 64, 128, 24}) {
+    SCOPED_TRACE(::testing::Message() << "dim " << dim);
+    std::vector<config::TableSpec> specs = {
+        TestTableSpec("t", dim, 0, OptimizerKind::kAdagrad, 0.05f)};
+    auto twin = CreateCpuTwinEmbeddingStore(specs, Options());
+    auto cuda = MakeDevice(Backend::kCuda, specs, Options());
+    ASSERT_TRUE(twin.ok() && cuda.ok()) << cuda.status();
+    std::vector<int64_t> ids(3000);
+    for (size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<int64_t>(k * 7919 % 100003);
+    std::vector<float> grads(ids.size() * dim);
+    for (size_t k = 0; k < grads.size(); ++k) grads[k] = 0.01f * static_cast<float>(k % 13);
+    for (auto* store : {&*twin, &*cuda}) {
+      ASSERT_TRUE((*store)->ApplyGradients(0, ids, grads.data()).ok());
+    }
+    std::vector<float> a(ids.size() * dim), b(ids.size() * dim, -1.0f);
+    ASSERT_TRUE((*twin)->Lookup(0, ids, a.data()).ok());
+    ASSERT_TRUE((*cuda)->Lookup(0, ids, b.data()).ok());
+    for (size_t k = 0; k < a.size(); ++k) {
+      ASSERT_NEAR(a[k], b[k], 1e-6 * std::max(1.0f, std::fabs(a[k]))) << k;
+    }
+    for (uint32_t slot : {0u, 3u}) {
+      SlotCursor ca, cb;
+      SlotChunk x, y;
+      ASSERT_TRUE((*twin)->ExportSlot(0, slot, &ca, 1 << 20, &x).ok());
+      ASSERT_TRUE((*cuda)->ExportSlot(0, slot, &cb, 1 << 20, &y).ok());
+      ASSERT_EQ(x.ids, y.ids);
+      ASSERT_EQ(x.rows.size(), y.rows.size());
+      for (size_t k = 0; k < x.rows.size(); ++k) {
+        ASSERT_NEAR(x.rows[k], y.rows[k], 1e-6 * std::max(1.0f, std::fabs(x.rows[k])))
+            << "slot " << slot << " float " << k;
+      }
+    }
+  }
+}
+
 #if defined(RECPS_HAVE_CUDA)
 // Lanes of 64 KiB: every call is cut into many chunks (a 64k-id lookup of
 // width 16 is ~80 chunks), and one lane serialises concurrent callers.
