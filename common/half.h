@@ -4,14 +4,12 @@
 #ifndef RECPS_COMMON_HALF_H_
 #define RECPS_COMMON_HALF_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define RECPS_HOST_DEVICE __host__ __device__
-#else
-#define RECPS_HOST_DEVICE
-#endif
+#include "common/hashing.h"
+#include "common/host_device.h"
 
 namespace recps {
 
@@ -77,6 +75,36 @@ RECPS_HOST_DEVICE inline uint16_t FloatToBf16(float f) {
   }
   const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+// Stochastic rounding of v to fp16 (kFp16) or bf16: to one of its two
+// 16-bit neighbours with probability proportional to closeness, so
+// E[result] = v and updates below half an ulp survive in expectation. The
+// random bits are a hash of v's bits and the column: deterministic (replays,
+// resumes, every ISA and the GPU give the same bits) without any state.
+// Non-finite values, exact values and values whose other neighbour would
+// overflow round to nearest even. `static`: the kernels' per-ISA
+// translation units each keep their own copy (an inline function's one
+// shared copy could be the one built for a wider ISA).
+template <bool kFp16>
+RECPS_HOST_DEVICE static inline uint16_t RoundStochastic(float v, int column) {
+  const auto finite = [](float f) {
+    return (FloatBits(f) & 0x7f800000u) != 0x7f800000u;
+  };
+  const uint16_t h = kFp16 ? FloatToHalf(v) : FloatToBf16(v);
+  const float hv = kFp16 ? HalfToFloat(h) : Bf16ToFloat(h);
+  if (hv == v || !finite(hv) || !finite(v)) return h;
+  // The neighbour on v's other side: one step of magnitude up or down
+  // (h's magnitude is not 0 when stepping down: |v| < |hv| then).
+  const uint16_t other =
+      fabsf(v) > fabsf(hv) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+  const float ov = kFp16 ? HalfToFloat(other) : Bf16ToFloat(other);
+  if (!finite(ov)) return h;
+  const float p = fabsf(v - hv) / fabsf(ov - hv);
+  const uint64_t r =
+      Mix64((uint64_t{FloatBits(v)} << 32) | static_cast<uint32_t>(column));
+  const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
+  return u < p ? other : h;
 }
 
 }  // namespace recps

@@ -4,12 +4,14 @@
 #define RECPS_COMMON_HASHING_H_
 
 #include <cstdint>
+
 #include "absl/strings/string_view.h"
+#include "common/host_device.h"
 
 namespace recps {
 
 // SplitMix64's finaliser: a bijective 64-bit mix with good avalanche.
-inline uint64_t Mix64(uint64_t x) {
+RECPS_HOST_DEVICE inline uint64_t Mix64(uint64_t x) {
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 27;

@@ -23,7 +23,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "common/half.h"  // RECPS_HOST_DEVICE
+#include "common/host_device.h"
 
 namespace recps::kernels {
 

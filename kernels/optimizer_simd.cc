@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "common/hashing.h"
+#include "common/half.h"
 #include "kernels/optimizer_internal.h"
 #include "kernels/row_math_simd.h"
 
@@ -98,30 +98,7 @@ void NarrowBf16(const float* __restrict w, int n, uint16_t* __restrict out) {
   }
 }
 
-// Stochastic rounding: v goes to one of its two 16-bit neighbours with
-// probability proportional to closeness, so E[result] = v and updates below
-// half an ulp survive in expectation. The random bits are a hash of v's bits
-// and the column: deterministic (replays, resumes and every ISA give the same
-// bits) without any state. Non-finite values, exact values and values whose
-// other neighbour would overflow round to nearest even.
-template <bool kFp16>
-uint16_t RoundStochastic(float v, int column) {
-  const uint16_t h = kFp16 ? FloatToHalf(v) : FloatToBf16(v);
-  const float hv = kFp16 ? HalfToFloat(h) : Bf16ToFloat(h);
-  if (hv == v || !std::isfinite(hv) || !std::isfinite(v)) return h;
-  // The neighbour on v's other side: one step of magnitude up or down
-  // (h's magnitude is not 0 when stepping down: |v| < |hv| then).
-  const uint16_t other = std::fabs(v) > std::fabs(hv) ? h + 1 : h - 1;
-  const float ov = kFp16 ? HalfToFloat(other) : Bf16ToFloat(other);
-  if (!std::isfinite(ov)) return h;
-  const float p = std::fabs(v - hv) / std::fabs(ov - hv);
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof(bits));
-  const uint64_t r = Mix64((uint64_t{bits} << 32) | static_cast<uint32_t>(column));
-  const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);
-  return u < p ? other : h;
-}
-
+// Stochastic rounding: common/half.h RoundStochastic.
 void NarrowStochastic(bool fp16, const float* w, int n, uint16_t* out) {
   if (fp16) {
     for (int j = 0; j < n; ++j) out[j] = RoundStochastic<true>(w[j], j);

@@ -36,16 +36,23 @@ GPU_TEST_TARGETS=(
 )
 # End to end: `recps local`, one worker and one shard, "name|job|steps|the
 # launcher's device flags -- the worker's": GPU worker and GPU shard (host
-# pooling, then pooling on the GPU), then the same job on the CPU (samples/s
-# and held-out AUC side by side). E2E_STEP_SCALE scales every run's steps.
+# pooling, then pooling on the GPU), the same with every table stored as
+# BF16 with stochastic rounding (the job's *_bf16 copy, written into the
+# results folder), then the job on the CPU (samples/s and held-out AUC side
+# by side). E2E_STEP_SCALE scales every run's steps; RESULTS is replaced by
+# the results folder.
 E2E_RUNS=(
   "small-gpu|examples/small.textproto|2000|--shard_device=cuda:0 -- --device=cuda:0"
   "small-gpu-pool|examples/small.textproto|2000|--shard_device=cuda:0 -- --device=cuda:0 --pool_on_device"
+  "small-gpu-bf16|RESULTS/small_bf16.textproto|2000|--shard_device=cuda:0 -- --device=cuda:0"
   "small-cpu|examples/small.textproto|2000|--shard_device=cpu -- --device=cpu"
   "m_p1-gpu|bench/configs/m_p1.textproto|300|--shard_device=cuda:0 -- --device=cuda:0"
   "m_p1-gpu-pool|bench/configs/m_p1.textproto|300|--shard_device=cuda:0 -- --device=cuda:0 --pool_on_device"
+  "m_p1-gpu-bf16|RESULTS/m_p1_bf16.textproto|300|--shard_device=cuda:0 -- --device=cuda:0"
   "m_p1-cpu|bench/configs/m_p1.textproto|300|--shard_device=cpu -- --device=cpu"
 )
+# The jobs whose BF16 copies E2E_RUNS uses.
+BF16_JOBS=(examples/small.textproto bench/configs/m_p1.textproto)
 E2E_STEP_SCALE=${E2E_STEP_SCALE:-1}
 # Benchmarks: "target|arguments" (RESULTS is replaced by the results folder).
 GPU_BENCHES=(
@@ -195,8 +202,14 @@ for b in "${GPU_BENCHES[@]}"; do
     step "$n. $target" FAIL "see $(basename "$log")"
   fi
 done
+for job in "${BF16_JOBS[@]}"; do
+  # Fields of a text proto may come in any order: the precision goes first.
+  sed 's/tables {/tables { precision: BF16 stochastic_rounding: true/' "$job" \
+    > "$RESULTS/$(basename "$job" .textproto)_bf16.textproto"
+done
 for run in "${E2E_RUNS[@]}"; do
   IFS='|' read -r name job steps flag_words <<< "$run"
+  job=${job//RESULTS/$RESULTS}
   steps=$(awk -v s="$steps" -v k="$E2E_STEP_SCALE" 'BEGIN{print int(s*k)}')
   read -r -a flags <<< "$flag_words"
   log="$RESULTS/local-$name.log"

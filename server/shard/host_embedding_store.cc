@@ -60,7 +60,6 @@ using host_store::ReleaseBytes;
 using host_store::StripeBuckets;
 using host_store::StripeReaderLocks;
 using host_store::Table;
-using host_store::ValidateImportedRow;
 
 // ApplyGradients updates probed rows in blocks of kUpdateBlock, the newest
 // kUpdateLag probed rows held back so that their prefetches have landed.
@@ -344,7 +343,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
             ") belongs to slot ", s, ", not to slot ", slot));
       }
       RETURN_IF_ERROR(
-          ValidateImportedRow(*t, rows + p * t->stride, ids[p], p));
+          ValidateImportedRow(t->spec, rows + p * t->stride, ids[p], p));
     }
     RETURN_IF_ERROR(CheckNoRepeatedId(t->spec.name, ids, "one import"));
     absl::MutexLock lock(&t->stripes[slot % kStripes]);
@@ -619,9 +618,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
 
 absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     std::vector<config::TableSpec> tables, const StoreOptions& options) {
-  RETURN_IF_ERROR(ValidateStoreTables(
-      tables, options,
-      [](const config::TableSpec&) { return absl::OkStatus(); }));
+  RETURN_IF_ERROR(ValidateStoreTables(tables, options));
   std::vector<std::unique_ptr<Table>> built;
   built.reserve(tables.size());
   for (config::TableSpec& spec : tables) {
@@ -629,11 +626,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
     t->key = StableNameKey(spec.name);
     t->seed = options.seed;
     t->num_slots = options.num_slots;
-    t->stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
-    t->precision = spec.precision;
-    t->row_words =
-        kernels::FusedRowStride(spec.optimizer.kind, spec.dim, spec.precision);
-    t->state_offset = kernels::FusedRowStateOffset(spec.dim, spec.precision);
+    static_cast<StoredRowFormat&>(*t) = StoredRowFormat::For(spec);
     t->capacity = TableCapacity(spec, options);
     const uint64_t row_bytes =
         static_cast<uint64_t>(t->row_words) * sizeof(float);

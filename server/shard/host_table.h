@@ -31,6 +31,7 @@
 #include "common/wire/wire_format.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/id_index.h"
+#include "server/shard/stored_row.h"
 
 namespace recps::server::host_store {
 
@@ -49,20 +50,13 @@ constexpr int64_t kProbeAhead = 16;
 constexpr int64_t kHeaderAhead = 8;
 constexpr int64_t kRowAhead = 16;
 
-struct Table {
+// The row format (stride, row_words, state_offset, precision and the row
+// conversions) comes from StoredRowFormat, shared with the device store.
+struct Table : StoredRowFormat {
   config::TableSpec spec;
   uint64_t key = 0;   // StableNameKey(spec.name)
   uint64_t seed = 0;  // StoreOptions::seed
   uint32_t num_slots = 0;
-  // Floats per fused fp32 row as rows leave and enter the store (SlotChunk,
-  // ReadRows, ImportRows): kernels::FusedRowStride(kind, dim).
-  int64_t stride = 0;
-  // How rows are kept in the arena (kernels/embedding_optimizer.h): 4-byte
-  // words per stored row and where its fp32 optimizer state starts. For
-  // fp32 tables row_words == stride and state_offset == dim.
-  kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
-  int64_t row_words = 0;
-  int64_t state_offset = 0;
   int64_t capacity = 0;  // rows the arena can hold
   AlignedBuffer arena;
   // The id of each row (capacity int64s, committed as rows appear): written
@@ -111,75 +105,9 @@ struct Table {
 
   // Row r as stored (row_words 4-byte words; see precision).
   float* Row(int64_t r) const { return arena.as<float>() + r * row_words; }
-  int64_t RowBytes() const {
-    return row_words * static_cast<int64_t>(sizeof(float));
-  }
-  bool Is16Bit() const { return precision != kernels::RowPrecision::kFp32; }
-  v1::RowEncoding Encoding16() const {
-    return precision == kernels::RowPrecision::kFp16
-               ? v1::ROW_ENCODING_FLOAT16
-               : v1::ROW_ENCODING_BFLOAT16;
-  }
-
-  // The dim weights of stored row `row` as floats (exact for every
-  // precision: widening loses nothing).
-  void ReadWeights(const float* row, float* out) const {
-    if (!Is16Bit()) {
-      std::memcpy(out, row, sizeof(float) * spec.dim);
-    } else {
-      WidenRows(reinterpret_cast<const char*>(row), spec.dim, Encoding16(),
-                out);
-    }
-  }
-  // Stored row -> fp32 fused row of `stride` floats (zero padding).
-  void ExportRow(const float* row, float* out) const {
-    if (!Is16Bit()) {
-      std::memcpy(out, row, sizeof(float) * stride);
-      return;
-    }
-    const int dim = spec.dim;
-    const int64_t state = kernels::FusedRowStateWidth(spec.optimizer.kind, dim);
-    ReadWeights(row, out);
-    std::memcpy(out + dim, row + state_offset, sizeof(float) * state);
-    std::fill(out + dim + state, out + stride, 0.0f);
-  }
-  // fp32 fused row (validated) -> stored row: 16-bit weights round to
-  // nearest even; the state and padding are copied or zeroed.
-  void ImportRow(const float* src, float* dst) const {
-    const int dim = spec.dim;
-    const int64_t state = kernels::FusedRowStateWidth(spec.optimizer.kind, dim);
-    if (!Is16Bit()) {
-      std::memcpy(dst, src, sizeof(float) * (dim + state));
-      std::fill(dst + dim + state, dst + stride, 0.0f);
-      return;
-    }
-    ImportRowWeights(src, dst);
-    std::memcpy(dst + state_offset, src + dim, sizeof(float) * state);
-    std::fill(dst + state_offset + state, dst + row_words, 0.0f);
-  }
-  // A new row's initial value: the weights of spec.init (rounded for 16-bit
-  // rows) and zero optimizer state.
+  // A new row's initial value (StoredRowFormat::InitStoredRow).
   void InitStoredRow(int64_t id, float* row) const {
-    if (!Is16Bit()) {
-      InitRow(spec.init, seed, key, id, spec.dim, row);
-      kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
-      return;
-    }
-    // One buffer per thread, grown to the widest table (<= 4096 floats).
-    thread_local std::vector<float> weights;
-    if (weights.size() < static_cast<size_t>(spec.dim)) {
-      weights.resize(spec.dim);
-    }
-    InitRow(spec.init, seed, key, id, spec.dim, weights.data());
-    ImportRowWeights(weights.data(), row);
-    std::memset(row + state_offset, 0,
-                sizeof(float) * (row_words - state_offset));
-  }
-  void ImportRowWeights(const float* weights, float* row) const {
-    char* out = reinterpret_cast<char*>(row);
-    EncodeRows(weights, spec.dim, Encoding16(), out);
-    std::memset(out + 2 * int64_t{spec.dim}, 0,
-                state_offset * 4 - 2 * int64_t{spec.dim});
+    StoredRowFormat::InitStoredRow(spec.init, seed, key, id, row);
   }
   int64_t* RowIds() const { return row_ids.as<int64_t>(); }
   uint64_t* RowGens() const { return row_gens.as<uint64_t>(); }
@@ -423,13 +351,6 @@ class MissingRows {
 void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
                       int64_t lo, int64_t hi, uint32_t* slots, float* out,
                       MissingRows& missing);
-
-// OK when `row` (a whole fused fp32 row of table t) may be stored: weights
-// and optimizer state finite (fp16 weights: within +-65504 once rounded),
-// second moments >= 0. Adam's step count (uint32
-// bits) takes any value; padding is not read.
-absl::Status ValidateImportedRow(const Table& t, const float* row, int64_t id,
-                                 size_t position);
 
 // Gives back the memory of bytes [from, to) of `buffer` that no longer
 // holds anything: whole pages to the system (they read as zeros when

@@ -79,9 +79,8 @@ absl::Status ValidateTableSpec(const config::TableSpec& s, int index) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateStoreTables(
-    const std::vector<config::TableSpec>& tables, const StoreOptions& options,
-    absl::FunctionRef<absl::Status(const config::TableSpec&)> table_check) {
+absl::Status ValidateStoreTables(const std::vector<config::TableSpec>& tables,
+                                 const StoreOptions& options) {
   if (options.num_slots == 0) {
     return absl::InvalidArgumentError("store: num_slots must be > 0");
   }
@@ -93,7 +92,6 @@ absl::Status ValidateStoreTables(
   absl::flat_hash_map<std::string, int> names;
   for (size_t i = 0; i < tables.size(); ++i) {
     RETURN_IF_ERROR(ValidateTableSpec(tables[i], static_cast<int>(i)));
-    RETURN_IF_ERROR(table_check(tables[i]));
     auto [it, inserted] = names.try_emplace(tables[i].name, i);
     if (!inserted) {
       return absl::InvalidArgumentError(absl::StrCat(

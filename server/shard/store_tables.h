@@ -35,11 +35,9 @@ namespace recps::server {
 absl::Status ValidateTableSpec(const config::TableSpec& spec, int index);
 
 // The checks of a store's creation: `options` (num_slots, max_rows_per_table),
-// then per table ValidateTableSpec, `table_check` (what only this store
-// refuses) and a unique name.
-absl::Status ValidateStoreTables(
-    const std::vector<config::TableSpec>& tables, const StoreOptions& options,
-    absl::FunctionRef<absl::Status(const config::TableSpec&)> table_check);
+// then per table ValidateTableSpec and a unique name.
+absl::Status ValidateStoreTables(const std::vector<config::TableSpec>& tables,
+                                 const StoreOptions& options);
 
 // Rows a table may hold: num_rows, or max_rows_per_table for a dynamic one.
 inline int64_t TableCapacity(const config::TableSpec& spec,

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -457,6 +458,90 @@ TEST(CudaParityTest, FusedOptimizerUpdateTwoSteps) {
           EXPECT_EQ(FloatBits(got[r * stride + 3 * dim]),
                     FloatBits(rows[r * stride + 3 * dim]))
               << "row " << r;
+        }
+      }
+    }
+  }
+}
+
+// 16-bit rows (fp16, bf16; nearest-even and stochastic rounding): the CUDA
+// update widens, applies the fp32 rules and rounds with the CPU's functions.
+// SGD's rows are bit-identical; the others' weights within one 16-bit step
+// (a last-bit difference in fp32 can round the other way), state within kTol.
+TEST(CudaParityTest, FusedOptimizerUpdate16BitRowsTwoSteps) {
+  RECPS_REQUIRE_GPU_OR_SKIP();
+  CudaContext cuda;
+  constexpr int64_t kRows = 30;
+  for (RowPrecision precision : {RowPrecision::kFp16, RowPrecision::kBf16}) {
+    for (bool stochastic : {false, true}) {
+      for (OptimizerKind kind : kAllKinds) {
+        for (int dim : {7, 16, 33, 64}) {
+          SCOPED_TRACE(absl::StrCat(RowPrecisionName(precision),
+                                    stochastic ? " stochastic " : " nearest ",
+                                    OptimizerName(kind), " dim=", dim));
+          const int64_t stride = FusedRowStride(kind, dim, precision);
+          const int64_t state_at = FusedRowStateOffset(dim, precision);
+          const bool fp16 = precision == RowPrecision::kFp16;
+          std::vector<float> rows(kRows * stride, 0.0f);
+          const std::vector<float> init = RandomFloats(kRows * dim, dim);
+          for (int64_t r = 0; r < kRows; ++r) {
+            auto* w = reinterpret_cast<uint16_t*>(rows.data() + r * stride);
+            for (int c = 0; c < dim; ++c) {
+              const float v = init[r * dim + c];
+              w[c] = fp16 ? FloatToHalf(v) : FloatToBf16(v);
+            }
+          }
+          DeviceBuffer<float> d_rows(rows);
+          std::vector<int64_t> perm(kRows);
+          std::iota(perm.begin(), perm.end(), 0);
+          std::shuffle(perm.begin(), perm.end(), std::mt19937_64(dim));
+          for (int step = 0; step < 2; ++step) {
+            const std::vector<int64_t> ids(perm.begin() + 6 * step,
+                                           perm.begin() + 6 * step + 12);
+            const std::vector<float> grads =
+                RandomFloats(ids.size() * dim, 100 + step);
+            FusedUpdateArgs a;
+            a.rows = rows.data();
+            a.precision = precision;
+            a.stochastic_rounding = stochastic;
+            a.num_rows = kRows;
+            a.row_stride = stride;
+            a.dim = dim;
+            a.row_indices = ids.data();
+            a.num_updates = ids.size();
+            a.grads = grads.data();
+            a.optimizer = TestParams(kind);
+            ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ExecContext()).ok());
+            DeviceBuffer<int64_t> d_ids(ids);
+            DeviceBuffer<float> d_grads(grads);
+            a.rows = d_rows.get();
+            a.row_indices = d_ids.get();
+            a.grads = d_grads.get();
+            ASSERT_TRUE(FusedOptimizerUpdateCuda(a, cuda.ctx()).ok());
+          }
+          const std::vector<float> got = d_rows.Download();
+          const double step = fp16 ? 1.0 / 1024 : 1.0 / 128;
+          for (int64_t r = 0; r < kRows; ++r) {
+            const auto* a = reinterpret_cast<const uint16_t*>(got.data() + r * stride);
+            const auto* b = reinterpret_cast<const uint16_t*>(rows.data() + r * stride);
+            for (int c = 0; c < dim; ++c) {
+              const float x = fp16 ? HalfToFloat(a[c]) : Bf16ToFloat(a[c]);
+              const float y = fp16 ? HalfToFloat(b[c]) : Bf16ToFloat(b[c]);
+              if (kind == OptimizerKind::kSgd) {
+                ASSERT_EQ(a[c], b[c]) << "row " << r << " column " << c;
+              } else {
+                ASSERT_NEAR(x, y, step * std::max(1.0f, std::fabs(y)))
+                    << "row " << r << " column " << c;
+              }
+            }
+            const std::vector<float> got_state(
+                got.begin() + r * stride + state_at,
+                got.begin() + r * stride + state_at + FusedRowStateWidth(kind, dim));
+            const std::vector<float> want_state(
+                rows.begin() + r * stride + state_at,
+                rows.begin() + r * stride + state_at + FusedRowStateWidth(kind, dim));
+            EXPECT_TRUE(AllNear(got_state, want_state, kTol, kTol)) << "row " << r;
+          }
         }
       }
     }

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/aligned_buffer.h"
+#include "common/half.h"
 #include "common/hashing.h"
 #include "kernels/dispatch.h"
 #include "kernels/embedding_optimizer.h"
@@ -39,8 +40,14 @@ class CpuTwinTable final : public DeviceTable {
       const int64_t r = Find(ids[p]);
       rows[p] = r;
       if (out == nullptr) continue;
-      if (r >= 0) {
+      if (r >= 0 && layout_.precision == kernels::RowPrecision::kFp32) {
         std::memcpy(out + p * dim, Row(r), sizeof(float) * dim);
+      } else if (r >= 0) {
+        const auto* w = reinterpret_cast<const uint16_t*>(Row(r));
+        const bool fp16 = layout_.precision == kernels::RowPrecision::kFp16;
+        for (int c = 0; c < dim; ++c) {
+          out[p * dim + c] = fp16 ? HalfToFloat(w[c]) : Bf16ToFloat(w[c]);
+        }
       } else {
         std::memset(out + p * dim, 0, sizeof(float) * dim);
       }
@@ -109,6 +116,8 @@ class CpuTwinTable final : public DeviceTable {
     if (rows.empty()) return absl::OkStatus();
     kernels::FusedUpdateArgs args;
     args.rows = arena_.as<float>();
+    args.precision = layout_.precision;
+    args.stochastic_rounding = layout_.stochastic_rounding;
     args.num_rows = layout_.capacity;
     args.row_stride = layout_.stride;
     args.dim = layout_.dim;

@@ -18,6 +18,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/half.h"
+#include "common/hashing.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_util.cuh"
 #include "kernels/dispatch.h"
@@ -46,16 +48,6 @@ unsigned Blocks(int64_t items) {
       std::max<int64_t>(1, std::min(CeilDiv(items, kBlockThreads), kMaxGridBlocks)));
 }
 
-// common/hashing.h Mix64, on the device.
-__device__ __forceinline__ uint64_t DevMix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 __global__ void ProbeKernel(const Entry* __restrict__ index, uint64_t mask,
                             const int64_t* __restrict__ ids, int64_t n,
                             int64_t* __restrict__ rows) {
@@ -63,7 +55,7 @@ __global__ void ProbeKernel(const Entry* __restrict__ index, uint64_t mask,
        i += int64_t{gridDim.x} * blockDim.x) {
     const long long id = ids[i];
     int64_t row = -1;
-    for (uint64_t h = DevMix64(static_cast<uint64_t>(id)) & mask;;
+    for (uint64_t h = Mix64(static_cast<uint64_t>(id)) & mask;;
          h = (h + 1) & mask) {
       const Entry e = index[h];
       if (e.row_plus_one == 0) break;
@@ -88,7 +80,7 @@ __global__ void InsertKernel(Entry* index, uint64_t mask,
     const long long id = ids[i];
     const unsigned long long row_plus_one =
         static_cast<unsigned long long>(rows != nullptr ? rows[i] : row_base + i) + 1;
-    for (uint64_t h = DevMix64(static_cast<uint64_t>(id)) & mask;;
+    for (uint64_t h = Mix64(static_cast<uint64_t>(id)) & mask;;
          h = (h + 1) & mask) {
       if (atomicCAS(&index[h].row_plus_one, 0ull, row_plus_one) == 0ull) {
         index[h].id = id;
@@ -182,6 +174,34 @@ __global__ void GatherScalarKernel(const float* __restrict__ arena,
     const int64_t j = k - i * width;
     const int64_t r = rows[i];
     out[k] = r < 0 ? 0.f : arena[r * stride + j];
+  }
+}
+
+// out[i] = the dim 16-bit weights of row rows[i] widened to floats (zeros
+// for -1); two weights (one 4-byte word) per thread when dim is even.
+template <bool kFp16, bool kPairs>
+__global__ void GatherWidenKernel(const uint32_t* __restrict__ arena,
+                                  int64_t stride, const int64_t* __restrict__ rows,
+                                  int64_t n, int dim, float* __restrict__ out) {
+  const auto widen = [](uint32_t h) {
+    return kFp16 ? HalfToFloat(static_cast<uint16_t>(h))
+                 : Bf16ToFloat(static_cast<uint16_t>(h));
+  };
+  const int64_t per_row = kPairs ? dim / 2 : dim;
+  const int64_t total = n * per_row;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < total;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = k / per_row;
+    const int64_t j = k - i * per_row;
+    const int64_t r = __ldg(rows + i);
+    if constexpr (kPairs) {
+      const uint32_t word = r < 0 ? 0u : __ldg(arena + r * stride + j);
+      reinterpret_cast<float2*>(out + i * dim)[j] =
+          make_float2(widen(word & 0xffffu), widen(word >> 16));
+    } else {
+      const auto* halves = reinterpret_cast<const uint16_t*>(arena + r * stride);
+      out[k] = r < 0 ? 0.f : widen(halves[j]);
+    }
   }
 }
 
@@ -329,8 +349,8 @@ class CudaTable final : public DeviceTable {
       RETURN_IF_LAUNCH_ERROR("ProbeKernel");
       int64_t back = AlignUp(8 * m);
       if (width > 0) {
-        RETURN_IF_ERROR(LaunchGather(lane->stream, d_rows, m, width,
-                                     reinterpret_cast<float*>(lane->dev + out_at)));
+        RETURN_IF_ERROR(LaunchWeightsGather(
+            lane->stream, d_rows, m, reinterpret_cast<float*>(lane->dev + out_at)));
         back += 4 * m * width;
       }
       RETURN_IF_CUDA_ERROR(
@@ -463,6 +483,8 @@ class CudaTable final : public DeviceTable {
           "cudaMemcpyAsync of gradients");
       kernels::FusedUpdateArgs args;
       args.rows = arena_;
+      args.precision = layout_.precision;
+      args.stochastic_rounding = layout_.stochastic_rounding;
       args.num_rows = layout_.capacity;
       args.row_stride = layout_.stride;
       args.dim = dim;
@@ -481,6 +503,34 @@ class CudaTable final : public DeviceTable {
   }
 
  private:
+  // The dim weights of each row as floats (ProbeGather's out).
+  absl::Status LaunchWeightsGather(cudaStream_t stream, const int64_t* d_rows,
+                                   int64_t m, float* d_out) const {
+    if (layout_.precision == kernels::RowPrecision::kFp32) {
+      return LaunchGather(stream, d_rows, m, layout_.dim, d_out);
+    }
+    const bool fp16 = layout_.precision == kernels::RowPrecision::kFp16;
+    const bool pairs = layout_.dim % 2 == 0;
+    const auto* arena = reinterpret_cast<const uint32_t*>(arena_);
+    const unsigned blocks = Blocks(m * (pairs ? layout_.dim / 2 : layout_.dim));
+    if (fp16 && pairs) {
+      GatherWidenKernel<true, true><<<blocks, kBlockThreads, 0, stream>>>(
+          arena, layout_.stride, d_rows, m, layout_.dim, d_out);
+    } else if (fp16) {
+      GatherWidenKernel<true, false><<<blocks, kBlockThreads, 0, stream>>>(
+          arena, layout_.stride, d_rows, m, layout_.dim, d_out);
+    } else if (pairs) {
+      GatherWidenKernel<false, true><<<blocks, kBlockThreads, 0, stream>>>(
+          arena, layout_.stride, d_rows, m, layout_.dim, d_out);
+    } else {
+      GatherWidenKernel<false, false><<<blocks, kBlockThreads, 0, stream>>>(
+          arena, layout_.stride, d_rows, m, layout_.dim, d_out);
+    }
+    RETURN_IF_LAUNCH_ERROR("GatherWidenKernel");
+    return absl::OkStatus();
+  }
+
+  // The first `width` words of each row, as they are.
   absl::Status LaunchGather(cudaStream_t stream, const int64_t* d_rows,
                             int64_t m, int64_t width, float* d_out) const {
     if (width % 4 == 0) {

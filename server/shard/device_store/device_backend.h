@@ -5,9 +5,9 @@
 // memory), so that every path of the store is tested on machines without a
 // GPU and the CUDA one is checked against it where a GPU is present.
 //
-// A table is one arena of `capacity` fused rows (kernels/
-// embedding_optimizer.h: weights, optimizer state, padding; `stride` floats
-// each) and one id -> row hash index: open addressing with linear probing
+// A table is one arena of `capacity` stored rows (kernels/
+// embedding_optimizer.h: weights in the table's precision, fp32 optimizer
+// state, padding; `stride` 4-byte words each) and one id -> row hash index: open addressing with linear probing
 // over {id, row + 1} entries (0: empty), home Mix64(id) & mask, at most 7/10
 // full (index_capacity = IdIndex::CapacityForRows(capacity)), never rehashed.
 //
@@ -24,15 +24,20 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/embedding_optimizer.h"
 #include "kernels/optimizer.h"
 
 namespace recps::server::device_store {
 
 struct TableLayout {
   int64_t capacity = 0;        // rows the arena holds
-  int64_t stride = 0;          // floats per fused row
+  int64_t stride = 0;          // 4-byte words per stored row
   int dim = 0;                 // weights per row
   int64_t index_capacity = 0;  // index entries (a power of two)
+  // How the weights are stored; the update rounds 16-bit weights to
+  // nearest even or (stochastic_rounding) stochastically.
+  kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
+  bool stochastic_rounding = false;
 };
 
 class DeviceTable {
@@ -40,8 +45,8 @@ class DeviceTable {
   virtual ~DeviceTable() = default;
 
   // rows[p] = the row of ids[p], or -1 when it has none; when out is not
-  // null, also the first `dim` floats of each found row to out + p * dim
-  // (rows without a row: zeros).
+  // null, also the `dim` weights of each found row as floats (16-bit ones
+  // widened) to out + p * dim (ids without a row: zeros).
   virtual absl::Status ProbeGather(absl::Span<const int64_t> ids,
                                    int64_t* rows, float* out) const = 0;
   // Adds ids[p] -> rows[p]. REQUIRES: ids distinct and absent from the
@@ -53,10 +58,10 @@ class DeviceTable {
   // entries, so that a huge reserved index is never touched whole).
   virtual absl::Status RebuildIndex(absl::Span<const int64_t> old_ids,
                                     absl::Span<const int64_t> new_ids) = 0;
-  // Whole fused rows (stride floats each) of `rows` to out, in order.
+  // Whole stored rows (stride words each) of `rows` to out, in order.
   virtual absl::Status ReadRows(absl::Span<const int64_t> rows,
                                 float* out) const = 0;
-  // Overwrites whole fused rows from data (rows.size() x stride floats).
+  // Overwrites whole stored rows from data (rows.size() x stride words).
   virtual absl::Status WriteRows(absl::Span<const int64_t> rows,
                                  const float* data) = 0;
   // Row to[k] = row from[k]. REQUIRES: no row is both a source and a

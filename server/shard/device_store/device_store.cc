@@ -29,6 +29,7 @@
 #include "server/shard/id_index.h"
 #include "server/shard/store_footprint.h"
 #include "server/shard/store_tables.h"
+#include "server/shard/stored_row.h"
 
 namespace recps::server {
 namespace {
@@ -37,12 +38,14 @@ using device_store::DeviceBackend;
 using device_store::DeviceTable;
 using device_store::TableLayout;
 
-struct Table {
+// The row format (fp32 stride, stored row_words, precision and the row
+// conversions) comes from StoredRowFormat, shared with the host store: the
+// backend keeps stored rows, rows leave and enter the store as fp32 ones.
+struct Table : StoredRowFormat {
   config::TableSpec spec;
   uint64_t key = 0;
   uint64_t seed = 0;
   uint32_t num_slots = 0;
-  int64_t stride = 0;
   int64_t capacity = 0;
   int64_t index_capacity = 0;
   std::unique_ptr<DeviceTable> dev;
@@ -62,7 +65,7 @@ struct Table {
   uint64_t snapshot_cut ABSL_GUARDED_BY(mu) = 0;
   // Rows as they were at the cut, copied aside before their first change.
   absl::flat_hash_map<int64_t, int64_t> pre_at ABSL_GUARDED_BY(mu);  // id -> k
-  std::vector<float> pre_rows ABSL_GUARDED_BY(mu);     // k x stride
+  std::vector<float> pre_rows ABSL_GUARDED_BY(mu);     // k x row_words
   std::vector<uint64_t> pre_gens ABSL_GUARDED_BY(mu);  // gen at the cut
   std::atomic<int64_t> rows{0};  // written under mu (writer)
 
@@ -112,8 +115,8 @@ struct Table {
       }
       if (!save.empty()) {
         const size_t first = pre_gens.size();
-        pre_rows.resize((first + save.size()) * stride);
-        RETURN_IF_ERROR(dev->ReadRows(save, pre_rows.data() + first * stride));
+        pre_rows.resize((first + save.size()) * row_words);
+        RETURN_IF_ERROR(dev->ReadRows(save, pre_rows.data() + first * row_words));
         for (size_t k = 0; k < save.size(); ++k) {
           pre_at.emplace(row_ids[save[k]], static_cast<int64_t>(first + k));
           pre_gens.push_back(row_gens[save[k]]);
@@ -147,12 +150,10 @@ struct Table {
     if (static_cast<int64_t>(fresh_ids.size()) > capacity - next) {
       return FullError();
     }
-    std::vector<float> init(fresh_ids.size() * stride, 0.0f);
+    std::vector<float> init(fresh_ids.size() * row_words);
     std::vector<int64_t> new_rows(fresh_ids.size());
     for (size_t k = 0; k < fresh_ids.size(); ++k) {
-      float* row = init.data() + k * stride;
-      InitRow(spec.init, seed, key, fresh_ids[k], spec.dim, row);
-      kernels::InitFusedRowState(spec.optimizer.kind, spec.dim, row);
+      InitStoredRow(spec.init, seed, key, fresh_ids[k], init.data() + k * row_words);
       new_rows[k] = next + static_cast<int64_t>(k);
       made[fresh_ids[k]] = new_rows[k];
     }
@@ -165,47 +166,6 @@ struct Table {
     return absl::OkStatus();
   }
 };
-
-// OK when `row` (a whole fused row of `spec`) may be stored: the host
-// store's import check (host_table.cc ValidateImportedRow), same messages.
-absl::Status ValidateImportedRow(const config::TableSpec& spec,
-                                 const float* row, int64_t id,
-                                 size_t position) {
-  const int dim = spec.dim;
-  using Part = std::tuple<int64_t, int64_t, const char*, bool>;
-  Part parts[3];
-  int num_parts = 0;
-  parts[num_parts++] = Part{0, dim, "weight", false};
-  switch (spec.optimizer.kind) {
-    case kernels::OptimizerKind::kSgd:
-      break;
-    case kernels::OptimizerKind::kAdagrad:
-      parts[num_parts++] = Part{dim, dim, "Adagrad sum of squares", true};
-      break;
-    case kernels::OptimizerKind::kRowWiseAdagrad:
-      parts[num_parts++] =
-          Part{dim, 1, "row-wise Adagrad sum of mean squares", true};
-      break;
-    case kernels::OptimizerKind::kAdam:
-    case kernels::OptimizerKind::kAdamW:
-      parts[num_parts++] = Part{dim, dim, "Adam first moment m", false};
-      parts[num_parts++] = Part{2 * dim, dim, "Adam second moment v", true};
-      break;
-  }
-  for (int k = 0; k < num_parts; ++k) {
-    const auto [first, n, what, non_negative] = parts[k];
-    for (int64_t c = first; c < first + n; ++c) {
-      const float v = row[c];
-      if (std::isfinite(v) && (!non_negative || v >= 0)) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "table '", spec.name, "': row of id ", id, " (position ", position,
-          ") has ", what, " ", v, " at column ", c,
-          non_negative ? "; it must be finite and >= 0"
-                       : "; it must be finite"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // The backend, in a base listed before the tables' so that it is destroyed
 // after them: their device memory comes from it.
@@ -247,14 +207,13 @@ class DeviceEmbeddingStore final : private BackendHolder,
       std::vector<int64_t> sub_ids(missing.size());
       for (size_t k = 0; k < missing.size(); ++k) sub_ids[k] = ids[missing[k]];
       std::vector<int64_t> sub_rows(missing.size());
-      std::vector<float> full(missing.size() * t->stride);
+      std::vector<float> stored(missing.size() * t->row_words);
       absl::MutexLock lock(&t->mu);
       RETURN_IF_ERROR(t->EnsureRows(sub_ids, sub_rows.data()));
-      RETURN_IF_ERROR(t->dev->ReadRows(sub_rows, full.data()));
-      const int dim = t->spec.dim;
+      RETURN_IF_ERROR(t->dev->ReadRows(sub_rows, stored.data()));
       for (size_t k = 0; k < missing.size(); ++k) {
-        std::memcpy(out + missing[k] * dim, full.data() + k * t->stride,
-                    sizeof(float) * dim);
+        t->ReadWeights(stored.data() + k * t->row_words,
+                       out + missing[k] * t->dim);
       }
     }
     t->lookup_ids.fetch_add(n, std::memory_order_relaxed);
@@ -302,7 +261,13 @@ class DeviceEmbeddingStore final : private BackendHolder,
     for (size_t p = 0; p < ids.size(); ++p) {
       if (rows[p] < 0) return NoRowError(t->spec.name, ids[p]);
     }
-    return t->dev->ReadRows(rows, out);
+    if (!t->Is16Bit()) return t->dev->ReadRows(rows, out);
+    std::vector<float> stored(ids.size() * t->row_words);
+    RETURN_IF_ERROR(t->dev->ReadRows(rows, stored.data()));
+    for (size_t p = 0; p < ids.size(); ++p) {
+      t->ExportRow(stored.data() + p * t->row_words, out + p * t->stride);
+    }
+    return absl::OkStatus();
   }
 
   TableInfo Info(int table) const override {
@@ -312,7 +277,7 @@ class DeviceEmbeddingStore final : private BackendHolder,
     info.name = t.spec.name;
     info.dim = t.spec.dim;
     info.rows = t.rows.load(std::memory_order_relaxed);
-    info.row_bytes = t.stride * static_cast<int64_t>(sizeof(float));
+    info.row_bytes = t.RowBytes();
     // The device index is allocated whole; the host keeps each row's id.
     info.index_bytes = IdIndex::AllocBytes(t.index_capacity) +
                        HostRowIdBytes(info.rows);
@@ -335,7 +300,7 @@ class DeviceEmbeddingStore final : private BackendHolder,
   std::vector<int64_t> BytesPerSlot() const override {
     std::vector<int64_t> out(options_.num_slots, 0);
     for (const auto& t : tables_) {
-      const int64_t row_bytes = t->stride * static_cast<int64_t>(sizeof(float));
+      const int64_t row_bytes = t->RowBytes();
       absl::ReaderMutexLock lock(&t->mu);
       for (uint32_t s = 0; s < options_.num_slots; ++s) {
         out[s] += static_cast<int64_t>(t->slot_rows[s].size()) * row_bytes;
@@ -383,14 +348,11 @@ class DeviceEmbeddingStore final : private BackendHolder,
           ValidateImportedRow(t->spec, rows + p * t->stride, ids[p], p));
     }
     RETURN_IF_ERROR(CheckNoRepeatedId(t->spec.name, ids, "one import"));
-    const int64_t used = t->spec.dim + kernels::FusedRowStateWidth(
-                                           t->spec.optimizer.kind, t->spec.dim);
     const size_t n = ids.size();
-    // Padding is stored as 0, whatever the sender had there.
-    std::vector<float> data(rows, rows + n * t->stride);
+    // Stored rows; padding is stored as 0, whatever the sender had there.
+    std::vector<float> data(n * t->row_words);
     for (size_t p = 0; p < n; ++p) {
-      std::fill(data.begin() + p * t->stride + used,
-                data.begin() + (p + 1) * t->stride, 0.0f);
+      t->ImportRow(rows + p * t->stride, data.data() + p * t->row_words);
     }
     std::vector<int64_t> at(n);
     absl::MutexLock lock(&t->mu);
@@ -469,8 +431,7 @@ class DeviceEmbeddingStore final : private BackendHolder,
     int64_t bytes = 0;
     for (const auto& t : tables_) {
       absl::ReaderMutexLock lock(&t->mu);
-      bytes += static_cast<int64_t>(t->pre_gens.size()) * t->stride *
-               static_cast<int64_t>(sizeof(float));
+      bytes += static_cast<int64_t>(t->pre_gens.size()) * t->RowBytes();
     }
     return bytes;
   }
@@ -534,19 +495,19 @@ class DeviceEmbeddingStore final : private BackendHolder,
           live.push_back(found[k].second);
           live_at.push_back(k);
         } else {
-          std::memcpy(out->rows.data() + k * t->stride,
-                      t->pre_rows.data() + (-1 - found[k].second) * t->stride,
-                      sizeof(float) * t->stride);
+          t->ExportRow(
+              t->pre_rows.data() + (-1 - found[k].second) * t->row_words,
+              out->rows.data() + k * t->stride);
         }
       }
-      if (live.size() == found.size()) {
+      if (live.size() == found.size() && !t->Is16Bit()) {
         RETURN_IF_ERROR(t->dev->ReadRows(live, out->rows.data()));
       } else if (!live.empty()) {
-        std::vector<float> buf(live.size() * t->stride);
+        std::vector<float> buf(live.size() * t->row_words);
         RETURN_IF_ERROR(t->dev->ReadRows(live, buf.data()));
         for (size_t j = 0; j < live.size(); ++j) {
-          std::memcpy(out->rows.data() + live_at[j] * t->stride,
-                      buf.data() + j * t->stride, sizeof(float) * t->stride);
+          t->ExportRow(buf.data() + j * t->row_words,
+                       out->rows.data() + live_at[j] * t->stride);
         }
       }
     }
@@ -605,32 +566,23 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateDeviceEmbeddingStore(
   if (backend == nullptr) {
     return absl::InvalidArgumentError("device store: no backend");
   }
-  RETURN_IF_ERROR(ValidateStoreTables(
-      tables, options, [](const config::TableSpec& spec) {
-        if (spec.precision == kernels::RowPrecision::kFp32) {
-          return absl::OkStatus();
-        }
-        return absl::FailedPreconditionError(absl::StrCat(
-            "table '", spec.name, "' stores ",
-            kernels::RowPrecisionName(spec.precision),
-            " weights, which only the host store keeps so far; run this "
-            "shard server without --device (host memory) or set the "
-            "table's precision to FP32"));
-      }));
+  RETURN_IF_ERROR(ValidateStoreTables(tables, options));
   std::vector<std::unique_ptr<Table>> built;
   for (config::TableSpec& spec : tables) {
     auto t = std::make_unique<Table>();
     t->key = StableNameKey(spec.name);
     t->seed = options.seed;
     t->num_slots = options.num_slots;
-    t->stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+    static_cast<StoredRowFormat&>(*t) = StoredRowFormat::For(spec);
     t->capacity = TableCapacity(spec, options);
     t->index_capacity = IdIndex::CapacityForRows(t->capacity);
     TableLayout layout;
     layout.capacity = t->capacity;
-    layout.stride = t->stride;
+    layout.stride = t->row_words;
     layout.dim = spec.dim;
     layout.index_capacity = t->index_capacity;
+    layout.precision = spec.precision;
+    layout.stochastic_rounding = spec.stochastic_rounding;
     auto dev = backend->CreateTable(layout);
     if (!dev.ok()) {
       return absl::Status(dev.status().code(),
@@ -665,8 +617,7 @@ DeviceFootprint ComputeDeviceFootprint(
     DeviceFootprint::Table t;
     t.name = spec.name;
     t.rows = TableCapacity(spec, options);
-    t.row_bytes = kernels::FusedRowStride(spec.optimizer.kind, spec.dim) *
-                  static_cast<int64_t>(sizeof(float));
+    t.row_bytes = StoredRowFormat::For(spec).RowBytes();
     t.index_bytes = HostIndexBytesForRows(t.rows);
     f.total_bytes += t.rows * t.row_bytes + t.index_bytes;
     f.tables.push_back(std::move(t));

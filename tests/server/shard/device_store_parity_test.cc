@@ -34,6 +34,7 @@ namespace recps::server {
 namespace {
 
 using kernels::OptimizerKind;
+using kernels::RowPrecision;
 using ::testing::HasSubstr;
 using testing::TestTableSpec;
 
@@ -53,12 +54,16 @@ StoreOptions Options(int64_t max_rows = 1 << 12) {
   return o;
 }
 
-std::vector<config::TableSpec> Specs(OptimizerKind kind) {
+std::vector<config::TableSpec> Specs(
+    OptimizerKind kind, RowPrecision precision = RowPrecision::kFp32) {
   // dim 13: a row whose weights are not a multiple of 4 floats (padding,
-  // and the GPU's scalar gather path); dim 16: the vector path.
+  // and the GPU's scalar gather path); dim 16: the vector path. 16-bit
+  // tables: the dynamic one rounds stochastically.
   auto fixed = TestTableSpec("fixed", 13, kFixedRows, kind, 0.05f);
   auto dynamic = TestTableSpec("dynamic", 16, 0, kind, 0.05f);
+  dynamic.stochastic_rounding = precision != RowPrecision::kFp32;
   for (auto* s : {&fixed, &dynamic}) {
+    s->precision = precision;
     s->optimizer.beta1 = 0.9f;
     s->optimizer.beta2 = 0.99f;
     s->optimizer.eps = 1e-6f;
@@ -81,24 +86,36 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> MakeDevice(
 }
 
 class DeviceStoreParity
-    : public ::testing::TestWithParam<std::tuple<Backend, OptimizerKind>> {
+    : public ::testing::TestWithParam<
+          std::tuple<Backend, OptimizerKind, RowPrecision>> {
  protected:
   void SetUp() override {
     if (backend() == Backend::kCuda) RECPS_REQUIRE_GPU_OR_SKIP();
-    auto host = CreateHostEmbeddingStore(Specs(kind()), Options());
+    auto host = CreateHostEmbeddingStore(Specs(kind(), precision()), Options());
     ASSERT_TRUE(host.ok()) << host.status();
     host_ = *std::move(host);
-    auto dev = MakeDevice(backend(), Specs(kind()), Options());
+    auto dev = MakeDevice(backend(), Specs(kind(), precision()), Options());
     ASSERT_TRUE(dev.ok()) << dev.status();
     dev_ = *std::move(dev);
   }
   Backend backend() const { return std::get<0>(GetParam()); }
   OptimizerKind kind() const { return std::get<1>(GetParam()); }
-  // Exact for the twin and for SGD on CUDA; 1e-6 otherwise.
+  RowPrecision precision() const { return std::get<2>(GetParam()); }
+  // Exact for the twin and for SGD on CUDA; otherwise 1e-6, or for 16-bit
+  // weights one 16-bit step (an fp32 result one bit apart can round the
+  // other way).
   double tolerance() const {
-    return backend() == Backend::kCpuTwin || kind() == OptimizerKind::kSgd
-               ? 0.0
-               : 1e-6;
+    if (backend() == Backend::kCpuTwin || kind() == OptimizerKind::kSgd) {
+      return 0.0;
+    }
+    switch (precision()) {
+      case RowPrecision::kFp16:
+        return 1.0 / 1024;
+      case RowPrecision::kBf16:
+        return 1.0 / 128;
+      default:
+        return 1e-6;
+    }
   }
 
   void ExpectSameFloats(const std::vector<float>& a,
@@ -306,6 +323,12 @@ TEST_P(DeviceStoreParity, ErrorsHaveTheHostStoresCodes) {
   same(host_->ImportRows(1, 2, {id}, row.data()),
        dev_->ImportRows(1, 2, {id}, row.data()));
   row[0] = 0;
+  if (precision() == RowPrecision::kFp16) {
+    row[0] = 70000.0f;  // finite, but past fp16's 65504
+    same(host_->ImportRows(1, 2, {id}, row.data()),
+         dev_->ImportRows(1, 2, {id}, row.data()));
+    row[0] = 0;
+  }
   if (kind() != OptimizerKind::kSgd) {
     row[16] = -1.0f;  // Adagrad's sum, or Adam's m (allowed: then v below)
     if (kind() == OptimizerKind::kAdam || kind() == OptimizerKind::kAdamW) {
@@ -319,7 +342,8 @@ TEST_P(DeviceStoreParity, ErrorsHaveTheHostStoresCodes) {
 }
 
 TEST_P(DeviceStoreParity, FullDynamicTableIsResourceExhaustedAndCreatesNothing) {
-  auto dev = MakeDevice(backend(), Specs(kind()), Options(/*max_rows=*/4));
+  auto dev = MakeDevice(backend(), Specs(kind(), precision()),
+                        Options(/*max_rows=*/4));
   ASSERT_TRUE(dev.ok()) << dev.status();
   auto host = CreateHostEmbeddingStore(Specs(kind()), Options(4));
   ASSERT_TRUE(host.ok());
@@ -340,13 +364,15 @@ TEST_P(DeviceStoreParity, FullDynamicTableIsResourceExhaustedAndCreatesNothing) 
   EXPECT_EQ((*dev)->Info(1).rows, 3);
 }
 
-std::string Name(
-    const ::testing::TestParamInfo<std::tuple<Backend, OptimizerKind>>& info) {
+std::string Name(const ::testing::TestParamInfo<
+                 std::tuple<Backend, OptimizerKind, RowPrecision>>& info) {
   static const char* const kKinds[] = {"Sgd", "Adagrad", "RowWiseAdagrad",
                                        "Adam", "AdamW"};
+  const RowPrecision p = std::get<2>(info.param);
   return absl::StrCat(
       std::get<0>(info.param) == Backend::kCpuTwin ? "CpuTwin" : "Cuda",
-      kKinds[static_cast<int>(std::get<1>(info.param))]);
+      kKinds[static_cast<int>(std::get<1>(info.param))],
+      p == RowPrecision::kFp32 ? "" : (p == RowPrecision::kFp16 ? "Fp16" : "Bf16"));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -356,7 +382,21 @@ INSTANTIATE_TEST_SUITE_P(
                                          OptimizerKind::kAdagrad,
                                          OptimizerKind::kRowWiseAdagrad,
                                          OptimizerKind::kAdam,
-                                         OptimizerKind::kAdamW)),
+                                         OptimizerKind::kAdamW),
+                       ::testing::Values(RowPrecision::kFp32)),
+    Name);
+
+// 16-bit weights (fp32 state): the rows are stored, rounded, widened,
+// exported and imported as the host store does them.
+INSTANTIATE_TEST_SUITE_P(
+    Sixteen, DeviceStoreParity,
+    ::testing::Combine(::testing::Values(Backend::kCpuTwin, Backend::kCuda),
+                       ::testing::Values(OptimizerKind::kSgd,
+                                         OptimizerKind::kAdagrad,
+                                         OptimizerKind::kRowWiseAdagrad,
+                                         OptimizerKind::kAdam),
+                       ::testing::Values(RowPrecision::kFp16,
+                                         RowPrecision::kBf16)),
     Name);
 
 // ---- Selection, memory check, device errors (CPU everywhere) ----

@@ -1,6 +1,8 @@
 // The host store with fp16 / bf16 weights (fp32 optimizer state): lookups
 // widen, pushes round once per update, rows leave and enter as fp32 fused
 // rows (exact on the way out, rounded on the way in), row bytes shrink.
+// recps_device_store_contract_test runs these on the device store's CPU
+// twin as well.
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -12,7 +14,6 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/device_store/device_store.h"
 #include "server/shard/embedding_store.h"
 #include "server/shard/store_footprint.h"
 #include "tests/testing/table_specs.h"
@@ -334,16 +335,6 @@ TEST(HostStore16, StochasticRoundingKeepsTinyUpdates) {
     }
     EXPECT_EQ(moved[0], 0);
     EXPECT_GT(moved[1], 0);
-  }
-}
-
-TEST(HostStore16, TheDeviceStoreRefusesSixteenBitTables) {
-  for (RowPrecision p : kSixteen) {
-    auto store = CreateCpuTwinEmbeddingStore(
-        {Spec("e", 8, RowPrecision::kFp32), Spec("half", 8, p)}, {});
-    EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(store.status().message(), HasSubstr("'half'"));
-    EXPECT_THAT(store.status().message(), HasSubstr("host store"));
   }
 }
 
