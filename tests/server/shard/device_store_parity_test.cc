@@ -434,6 +434,21 @@ TEST(DeviceStoreFactory, FootprintIsRowsTimesPaddedRowPlusIndex) {
             4096 + 500 * 160 + 1024 * 16 + 1000 * 208 + 2048 * 16);
 }
 
+// 16-bit tables are budgeted with the 16-bit row, as the store keeps it.
+TEST(DeviceStoreFactory, FootprintOfSixteenBitTablesUsesTheirRow) {
+  const DeviceFootprint f = ComputeDeviceFootprint(
+      Specs(OptimizerKind::kAdam, RowPrecision::kBf16), Options(1000), 0);
+  ASSERT_EQ(f.tables.size(), 2u);
+  // Adam, dim 13: 7 words of weights + 27 of state = 34 -> 36; dim 16:
+  // 8 + 33 = 41 -> 44.
+  EXPECT_EQ(f.tables[0].row_bytes, 36 * 4);
+  EXPECT_EQ(f.tables[1].row_bytes, 44 * 4);
+  auto twin = CreateCpuTwinEmbeddingStore(
+      Specs(OptimizerKind::kAdam, RowPrecision::kBf16), Options(1000));
+  ASSERT_TRUE(twin.ok()) << twin.status();
+  EXPECT_EQ((*twin)->Info(1).row_bytes, f.tables[1].row_bytes);
+}
+
 TEST(DeviceStoreFactory, AStoreThatDoesNotFitNamesTheNeedAndTheFix) {
   const DeviceFootprint f =
       ComputeDeviceFootprint(Specs(OptimizerKind::kSgd), Options(1 << 20), 0);
