@@ -2,7 +2,8 @@
 # The whole test suite: installs dependencies, builds (with CUDA where nvcc
 # is present), runs every test with ctest, then builds a CPU-only tree
 # (-DRECPS_CUDA=OFF) with clang, whose -Werror=thread-safety checks every
-# lock annotation, and runs the tests there too. GPU tests skip without a GPU.
+# lock annotation, and runs the tests there too (but for the deploy and the
+# two long end-to-end suites). GPU tests skip without a GPU.
 # Last, the fuzz targets run RECPS_FUZZ_SECONDS (default 20) each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +14,14 @@ ctest --test-dir "${BUILD_DIR:-build}" --output-on-failure -j "$(nproc)"
 echo "== CPU-only tree, clang with -Werror=thread-safety (-DRECPS_CUDA=OFF)"
 CC=clang CXX=clang++ BUILD_DIR=build-clang-cpu scripts/build.sh -DRECPS_CUDA=OFF \
   -DRECPS_REQUIRE_CUDA=OFF -DRECPS_BUILD_BENCHMARKS=OFF
-# The deploy tests check files and binaries' flags, not the compiler: once.
-ctest --test-dir build-clang-cpu --output-on-failure -j "$(nproc)" -LE deploy
+# Once, in the first tree only: the deploy tests (they check files and the
+# binaries' flags, not the compiler) and the two long end-to-end suites,
+# checkpoint_e2e and rebalance_e2e (process orchestration through the same
+# sources; the slowest of the suite, rebalance_e2e alone about 7 minutes
+# on a slow 2-core machine). The other
+# end-to-end tests still run here, on the CPU-only binaries.
+ctest --test-dir build-clang-cpu --output-on-failure -j "$(nproc)" \
+  -LE 'deploy|checkpoint_e2e|rebalance_e2e'
 
 # Every parser of untrusted bytes under libFuzzer with ASan + UBSan, a short
 # fixed time each on the committed seed corpus (docs/fuzzing.md); a crash
