@@ -37,14 +37,16 @@ forbid common/config 'common/(wire|rpc)/|server/|client/|worker/|grpcpp/' \
 forbid common/rpc 'common/config/|kernels/|server/|client/|worker/' \
   "the RPC layer includes only the base and wire libraries and gRPC"
 # recps-worker --embedded_shard runs a whole shard server in the worker
-# (docs/architecture.md, "Embedded shard servers"): its main() alone may
-# include server/shard/shard_process.h (checked precisely below); the
-# worker's libraries stay server-free.
+# (docs/architecture.md, "Embedded shard servers"): the binary's own files
+# (worker_main.cc, embedded_shard.h/.cc) alone may include
+# server/shard/shard_process.h (checked precisely below); the worker's
+# libraries stay server-free.
+worker_main_files='worker/worker_main.cc worker/embedded_shard.h worker/embedded_shard.cc'
 worker_files=$(find worker -type f \( -name '*.h' -o -name '*.cc' -o -name '*.cu' -o -name '*.cuh' \) \
-  | grep -v '^worker/worker_main\.cc$')
+  | grep -vE '^worker/(worker_main\.cc|embedded_shard\.(h|cc))$')
 forbid "$worker_files" 'server/|client/launcher/|client/admin/' \
   "the worker includes no server internals, launcher or admin CLI"
-forbid worker/worker_main.cc 'client/launcher/|client/admin/' \
+forbid "$worker_main_files" 'client/launcher/|client/admin/' \
   "the worker includes no launcher or admin CLI"
 forbid server/shard 'server/coordinator/|server/planner/|worker/|client/launcher/|client/admin/' \
   "the shard server includes no coordinator, planner, worker, launcher or admin code"
@@ -71,7 +73,8 @@ forbid client/launcher 'server/|client/admin/' \
 # grep -E has no look-ahead: the planner rule above would refuse
 # store_footprint.h too; check it precisely here instead.
 planner_hits=$(grep -rnE '^#include "server/shard/' server/planner | grep -v 'server/shard/store_footprint.h' || true)
-worker_main_hits=$(grep -nE '^#include "server/' worker/worker_main.cc | grep -v 'server/shard/shard_process.h' || true)
+# shellcheck disable=SC2086
+worker_main_hits=$(grep -nE '^#include "server/' $worker_main_files | grep -v 'server/shard/shard_process.h' || true)
 if [[ -n $worker_main_hits ]]; then
   echo "layering: recps-worker's main includes server code other than server/shard/shard_process.h:"
   echo "$worker_main_hits" | sed 's/^/  /'

@@ -45,10 +45,7 @@
 #include "common/port_file.h"
 #include "common/status_macros.h"
 #include "common/rpc/retry.h"
-#include "prometheus/counter.h"
 #include "prometheus/exposer.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "kernels/device_memory.h"
 #include "kernels/exec_context.h"
@@ -64,7 +61,9 @@
 #include "common/flags_usage.h"
 #include "worker/model/dense_state.h"
 #include "common/rpc/tls_flags.h"
+#include "worker/embedded_shard.h"
 #include "worker/trainer.h"
+#include "worker/worker_metrics.h"
 // The one server header of the worker: --embedded_shard runs a whole shard
 // server in this process (scripts/check-layering.sh allows exactly this).
 #include "server/shard/shard_process.h"
@@ -144,28 +143,6 @@ ABSL_FLAG(bool, embedded_shard, false,
           "gRPC. Without --coordinator (and --world_size=1) it serves every "
           "slot alone. Its rows live in this process: if the worker dies, "
           "they are lost (restart from a checkpoint)");
-ABSL_FLAG(std::string, embedded_shard_listen, "127.0.0.1:0",
-          "with --embedded_shard: its gRPC address, host:port (port 0: the "
-          "OS picks)");
-ABSL_FLAG(std::string, embedded_shard_advertise, "",
-          "with --embedded_shard: its address in shard maps (default: the "
-          "listen host with the bound port)");
-ABSL_FLAG(std::string, embedded_shard_metrics_listen, "",
-          "with --embedded_shard: its Prometheus /metrics address, host:port "
-          "(empty: none)");
-ABSL_FLAG(std::string, embedded_shard_port_file, "",
-          "with --embedded_shard: write '<grpc port> <metrics port>' of the "
-          "embedded shard server here once it serves");
-ABSL_FLAG(std::string, embedded_shard_tls_cert, "",
-          "with --embedded_shard and mutual TLS: the embedded shard server's "
-          "certificate (role shard; CA from --tls_ca), for its gRPC server "
-          "and its calls to other shard servers (slot moves need the shard "
-          "role). Default: the worker's own --tls_cert");
-ABSL_FLAG(std::string, embedded_shard_tls_key, "",
-          "with --embedded_shard_tls_cert: its private key");
-ABSL_FLAG(uint32_t, embedded_shard_num_slots, 4096,
-          "with --embedded_shard: slots of the cluster (as recps-shard "
-          "--num_slots)");
 ABSL_FLAG(bool, sync_prefetch, true,
           "sync mode: read step t+1's rows during step t and re-read only the "
           "rows step t updated (exact; false: look up after each push)");
@@ -329,193 +306,6 @@ std::string ResultJson(const TrainResult& r) {
       step_seconds, checkpoints, r.preempted ? "true" : "false");
 }
 
-// The worker's Prometheus metrics: one metric per quantity, its unit in
-// the name; the per-phase step times as one histogram with a `phase` label.
-class WorkerMetrics {
- public:
-  explicit WorkerMetrics(prometheus::Registry& registry)
-      : steps_(prometheus::BuildCounter()
-                   .Name("recps_worker_steps_total")
-                   .Help("Training steps this worker completed")
-                   .Register(registry)
-                   .Add({})),
-        samples_(prometheus::BuildCounter()
-                     .Name("recps_worker_samples_total")
-                     .Help("Training samples this worker processed")
-                     .Register(registry)
-                     .Add({})),
-        samples_per_second_(prometheus::BuildGauge()
-                                .Name("recps_worker_samples_per_second")
-                                .Help("Training samples per second of this worker, "
-                                      "averaged since training started")
-                                .Register(registry)
-                                .Add({})),
-        loss_(prometheus::BuildGauge()
-                  .Name("recps_worker_loss")
-                  .Help("Mean training loss (binary cross-entropy) of the last step's batch")
-                  .Register(registry)
-                  .Add({})),
-        evaluations_(prometheus::BuildCounter()
-                         .Name("recps_worker_evaluations_total")
-                         .Help("Held-out evaluations this worker ran")
-                         .Register(registry)
-                         .Add({})),
-        eval_auc_(prometheus::BuildGauge()
-                      .Name("recps_worker_eval_auc")
-                      .Help("Held-out AUC (ratio, 0.5 = chance) of the last evaluation")
-                      .Register(registry)
-                      .Add({})),
-        eval_log_loss_(prometheus::BuildGauge()
-                           .Name("recps_worker_eval_log_loss")
-                           .Help("Held-out log loss of the last evaluation")
-                           .Register(registry)
-                           .Add({})),
-        eval_ne_(prometheus::BuildGauge()
-                     .Name("recps_worker_eval_normalized_entropy")
-                     .Help("Held-out normalised entropy (ratio; below 1 beats the base "
-                           "rate) of the last evaluation")
-                     .Register(registry)
-                     .Add({})),
-        step_seconds_(prometheus::BuildHistogram()
-                          .Name("recps_worker_step_seconds")
-                          .Help("Seconds one training step spent per phase (lookup_wait: "
-                                "waiting for an overlapped lookup)")
-                          .Register(registry)) {
-    for (size_t i = 0; i < kPhases.size(); ++i) {
-      phases_[i] = &step_seconds_.Add({{"phase", kPhases[i].name}}, Buckets());
-    }
-  }
-
-  // One step: the phase times are `now - before` (both summed over steps).
-  void ObserveStep(const StepTimes& now, const StepTimes& before, int64_t samples,
-                   float loss, double samples_per_second) {
-    steps_.Increment();
-    samples_.Increment(static_cast<double>(samples));
-    loss_.Set(loss);
-    samples_per_second_.Set(samples_per_second);
-    for (size_t i = 0; i < kPhases.size(); ++i) {
-      phases_[i]->Observe(std::max(0.0, now.*kPhases[i].field - before.*kPhases[i].field));
-    }
-  }
-
-  void ObserveEval(const EvalMetrics& m) {
-    evaluations_.Increment();
-    eval_auc_.Set(m.auc);
-    eval_log_loss_.Set(m.log_loss);
-    eval_ne_.Set(m.ne);
-  }
-
- private:
-  struct Phase {
-    const char* name;
-    double StepTimes::*field;
-  };
-  static constexpr std::array<Phase, 9> kPhases = {{
-      {"data", &StepTimes::data},
-      {"lookup", &StepTimes::lookup},
-      {"forward", &StepTimes::forward},
-      {"backward", &StepTimes::backward},
-      {"push", &StepTimes::push},
-      {"allreduce", &StepTimes::allreduce},
-      {"optimizer", &StepTimes::optimizer},
-      {"lookup_wait", &StepTimes::lookup_wait},
-      {"prefetch", &StepTimes::prefetch},
-  }};
-  // 10 us to 10 s, three buckets a decade.
-  static prometheus::Histogram::BucketBoundaries Buckets() {
-    prometheus::Histogram::BucketBoundaries b;
-    for (double decade = 1e-5; decade < 10; decade *= 10) {
-      b.push_back(decade);
-      b.push_back(2 * decade);
-      b.push_back(5 * decade);
-    }
-    b.push_back(10);
-    return b;
-  }
-
-  prometheus::Counter& steps_;
-  prometheus::Counter& samples_;
-  prometheus::Gauge& samples_per_second_;
-  prometheus::Gauge& loss_;
-  prometheus::Counter& evaluations_;
-  prometheus::Gauge& eval_auc_;
-  prometheus::Gauge& eval_log_loss_;
-  prometheus::Gauge& eval_ne_;
-  prometheus::Family<prometheus::Histogram>& step_seconds_;
-  std::array<prometheus::Histogram*, kPhases.size()> phases_{};
-};
-
-// --embedded_shard: the job's tables served from this process, registered
-// with the coordinator like a recps-shard (or alone, without one). Returns
-// once it serves a shard map that lists it.
-absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
-    const v1::JobConfig& job, int world, const std::string& coordinator) {
-  server::ShardProcessOptions o;
-  *o.tables.mutable_tables() = job.tables();
-  o.seed = job.training().seed();
-  const v1::ConsistencyConfig& c = job.training().consistency();
-  o.consistency.mode = c.mode() == v1::ConsistencyConfig::BOUNDED ? server::ConsistencyMode::kBounded
-                       : c.mode() == v1::ConsistencyConfig::ASYNC ? server::ConsistencyMode::kAsync
-                                                                  : server::ConsistencyMode::kSync;
-  o.consistency.staleness = c.staleness() > 0 ? c.staleness() : 1;
-  o.consistency.world_size = world;
-  o.num_slots = absl::GetFlag(FLAGS_embedded_shard_num_slots);
-  o.listen = absl::GetFlag(FLAGS_embedded_shard_listen);
-  o.advertise = absl::GetFlag(FLAGS_embedded_shard_advertise);
-  o.metrics_listen = absl::GetFlag(FLAGS_embedded_shard_metrics_listen);
-  o.coordinator = coordinator;
-  o.standalone = coordinator.empty();
-  const std::string cert = absl::GetFlag(FLAGS_embedded_shard_tls_cert);
-  const std::string key = absl::GetFlag(FLAGS_embedded_shard_tls_key);
-  if (cert.empty() != key.empty()) {
-    return absl::InvalidArgumentError(
-        "--embedded_shard_tls_cert and --embedded_shard_tls_key go together");
-  }
-  if (!cert.empty()) {
-    const rpc::TlsFlagValues tls = rpc::GetTlsFlags();
-    if (tls.insecure || tls.ca.empty()) {
-      return absl::InvalidArgumentError(
-          "--embedded_shard_tls_cert needs mutual TLS (--tls_ca, --tls_cert, --tls_key)");
-    }
-    o.security = rpc::TransportSecurity::Tls(tls.ca, cert, key, tls.reload_interval);
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<server::ShardProcess> shard,
-                   server::ShardProcess::Create(std::move(o)));
-  RETURN_IF_ERROR(shard->Serve());
-  if (const std::string path = absl::GetFlag(FLAGS_embedded_shard_port_file); !path.empty()) {
-    RETURN_IF_ERROR(WritePortFile(path, shard->grpc_port(), shard->metrics_port()));
-  }
-  // The coordinator sends the map once every shard server registered.
-  const absl::Duration wait = absl::GetFlag(FLAGS_resume_timeout);
-  const absl::Time deadline = absl::Now() + wait;
-  while (!shard->serving()) {
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the embedded shard server ", shard->address(), " received no shard map from "
-          "coordinator ", coordinator, " within --resume_timeout=", absl::FormatDuration(wait),
-          " (are all of the job's shard servers started?)"));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  LogInfo("embedded shard server ", shard->address(), " serves; this worker reaches it "
-          "in process");
-  return shard;
-}
-
-// Other workers may still read this worker's rows (their last evaluation)
-// until they are done too: wait for every peer, then stop serving (leave
-// the coordinator, finish calls in flight).
-void StopEmbeddedShard(Collectives* collectives, server::ShardProcess* shard) {
-  if (shard == nullptr) return;
-  if (collectives != nullptr) {
-    if (absl::Status s = collectives->Barrier(); !s.ok()) {
-      LogWarning("waiting for the other workers before stopping the embedded shard "
-                 "server: ", s.ToString());
-    }
-  }
-  shard->Stop(absl::Seconds(10));
-}
-
 int Run() {
   const std::string config_path = absl::GetFlag(FLAGS_config);
   const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
@@ -608,7 +398,8 @@ int Run() {
       return 2;
     }
     absl::StatusOr<std::unique_ptr<server::ShardProcess>> started =
-        StartEmbeddedShard(*job, world, coordinator_address);
+        StartEmbeddedShard(*job, world, coordinator_address,
+                           absl::GetFlag(FLAGS_resume_timeout));
     if (!started.ok()) {
       LogError("--embedded_shard: ", started.status().message());
       return absl::IsInvalidArgument(started.status()) ? 2 : 1;
