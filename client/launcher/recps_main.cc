@@ -51,6 +51,7 @@
 #include "absl/time/clock.h"
 #include "client/launcher/launch_topology.h"
 #include "client/launcher/process.h"
+#include "client/launcher/supervise.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/rpc/tls_flags.h"
@@ -149,31 +150,6 @@ std::string DefaultJob() {
   return "examples/small.textproto";
 }
 
-std::string Tail(const std::string& path, int lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  const size_t from = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
-  return absl::StrJoin(all.begin() + from, all.end(), "\n");
-}
-
-// Waits for a child's port file; fails if the child exits first.
-absl::StatusOr<int> WaitForPort(ChildProcess& child, const std::string& port_file,
-                                const std::string& log) {
-  const absl::Time deadline = absl::Now() + absl::GetFlag(FLAGS_start_timeout);
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) return port;
-    if (child.Poll().ok()) {
-      return absl::InternalError(absl::StrCat(child.name(), " exited during start-up:\n",
-                                              Tail(log, 20)));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return absl::DeadlineExceededError(absl::StrCat(child.name(), " did not start; see ", log));
-}
-
 // Waits until `server` has a shard map (the coordinator pushes it once every
 // shard has registered).
 absl::Status WaitForShardMap(const std::string& server) {
@@ -192,128 +168,6 @@ absl::Status WaitForShardMap(const std::string& server) {
   }
   return absl::DeadlineExceededError(absl::StrCat(
       "shard server ", server, " received no shard map from the coordinator"));
-}
-
-// A server process of `recps local`, and how to start it again.
-struct LocalServer {
-  ChildProcess process;
-  // For people: "shard server 1 (127.0.0.1:40123)".
-  std::string description;
-  // Short, for the restart line: "shard-1", "coordinator".
-  std::string short_name;
-  // Starts a replacement (same address and state); null: not restarted.
-  std::function<absl::StatusOr<ChildProcess>()> restart;
-  int restarts_left = 0;
-};
-
-// Writes "<name> <pid>" per running child to `path` (atomically), so that
-// tests and people find the processes of a `recps local` run.
-void WritePidFile(const std::string& path, const std::vector<LocalServer>& servers,
-                  const std::vector<ChildProcess>& workers,
-                  const std::vector<std::string>& worker_names) {
-  std::string text;
-  for (const LocalServer& s : servers) {
-    if (s.process.running()) absl::StrAppend(&text, s.description, " ", s.process.pid(), "\n");
-  }
-  for (size_t i = 0; i < workers.size(); ++i) {
-    if (workers[i].running()) absl::StrAppend(&text, worker_names[i], " ", workers[i].pid(), "\n");
-  }
-  const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << text;
-  std::filesystem::rename(tmp, path);
-}
-
-// Waits until every worker exited, one failed, a server exited for good,
-// or a SIGINT/SIGTERM arrived (blocked in main, taken here). A server with
-// restarts left is started again in place (the log says so); any other
-// server exit stops the run, naming the server. On a failure the other
-// workers get SIGTERM; a signal is forwarded to the workers as it is.
-// Workers still running after a grace period are killed. Returns 0, 1 (a
-// worker or server failed: the log names which), or 128 + the signal.
-// `on_change` runs after a server was restarted (to rewrite the pid file).
-// `failure` (when not null) gets what failed first, e.g. "shard-1 died
-// (signal 9)" or "worker 0 failed (exit code 1)". After a failure the
-// workers get `failure_signal` (SIGKILL when the job restarts from a
-// checkpoint: their state is lost either way); after a SIGINT/SIGTERM they
-// get that signal and `stop_grace` to exit (a final checkpoint).
-int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>& names,
-              std::vector<LocalServer>* servers, const std::string& what,
-              const std::function<void()>& on_change = nullptr,
-              std::string* failure = nullptr, int failure_signal = SIGTERM,
-              absl::Duration stop_grace = absl::Seconds(10)) {
-  auto note = [failure](std::string text) {
-    if (failure != nullptr && failure->empty()) *failure = std::move(text);
-  };
-  auto how_code = [](int code) {
-    return code > 128 ? absl::StrCat("signal ", code - 128) : absl::StrCat("exit code ", code);
-  };
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  int exit_code = 0;
-  int stop_signal = SIGTERM;
-  size_t remaining = workers.size();
-  while (remaining > 0 && exit_code == 0) {
-    timespec tick{0, 100 * 1000 * 1000};
-    if (const int sig = sigtimedwait(&stop, nullptr, &tick); sig > 0) {
-      LogWarning("interrupted (", strsignal(sig), "): stopping ", what);
-      stop_signal = sig;
-      exit_code = 128 + sig;
-      break;
-    }
-    for (size_t i = 0; i < workers.size(); ++i) {
-      if (!workers[i].running()) continue;
-      absl::StatusOr<int> code = workers[i].Poll();
-      if (!code.ok()) continue;
-      --remaining;
-      if (*code != 0 && exit_code == 0) {
-        LogError(names[i], " failed with exit code ", *code, "; stopping ", what);
-        note(absl::StrCat(names[i], *code > 128 ? " died (" : " failed (", how_code(*code), ")"));
-        exit_code = 1;
-      }
-    }
-    if (servers == nullptr) continue;
-    for (LocalServer& s : *servers) {
-      if (!s.process.running() || exit_code != 0) continue;
-      const pid_t pid = s.process.pid();
-      absl::StatusOr<int> code = s.process.Poll();
-      if (!code.ok()) continue;
-      const std::string how = *code > 128 ? absl::StrCat("was killed by signal ", *code - 128)
-                                          : absl::StrCat("exited with code ", *code);
-      if (s.restart == nullptr || s.restarts_left <= 0) {
-        LogError(s.description, " (pid ", pid, ") ", how,
-                 s.restart != nullptr ? " and has no restarts left" : "", "; stopping ", what);
-        note(absl::StrCat(s.short_name.empty() ? s.description : s.short_name,
-                          *code > 128 ? " died (" : " exited (", how_code(*code), ")"));
-        exit_code = 1;
-        continue;
-      }
-      --s.restarts_left;
-      LogWarning(s.description, " (pid ", pid, ") ", how, "; restarting it on the same "
-                 "address with the same state (", s.restarts_left, " restart(s) left)");
-      absl::StatusOr<ChildProcess> again = s.restart();
-      if (!again.ok()) {
-        LogError("restarting the ", s.description, " failed: ", again.status().message(),
-                 "; stopping ", what);
-        note(absl::StrCat("restarting ", s.short_name, " failed"));
-        exit_code = 1;
-        continue;
-      }
-      s.process = *std::move(again);
-      LogInfo(s.description, " restarted (pid ", s.process.pid(), ")");
-      if (on_change) on_change();
-    }
-  }
-  const bool signalled = exit_code > 128;
-  for (ChildProcess& w : workers) w.Signal(signalled ? stop_signal : failure_signal);
-  const absl::Time deadline =
-      absl::Now() + (signalled ? stop_grace : absl::Seconds(10));
-  for (ChildProcess& w : workers) {
-    if (w.running()) (void)w.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
-    if (w.running()) (void)w.Stop(absl::Seconds(1));
-  }
-  return exit_code;
 }
 
 // ": held-out AUC 0.7803, log loss 0.4721 after step 600 (rank 0)" from a
@@ -573,7 +427,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     for (std::string& a : tls->Args("coordinator")) args.push_back(std::move(a));
     absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(coordinator_bin, args, coord_log);
     if (!c.ok()) return c.status();
-    absl::StatusOr<int> port = WaitForPort(*c, coord_ports, coord_log);
+    absl::StatusOr<int> port = WaitForPort(*c, coord_ports, coord_log,
+                                               absl::GetFlag(FLAGS_start_timeout));
     if (!port.ok()) return port.status();
     return std::make_pair(*std::move(c), *port);
   };
@@ -609,7 +464,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     if (!shard.ok()) return fail(shard.status());
     servers.push_back(LocalServer{*std::move(shard), absl::StrCat("shard server ", i),
                                   absl::StrCat("shard-", i), nullptr, 0});
-    absl::StatusOr<int> port = WaitForPort(servers.back().process, ports, log);
+    absl::StatusOr<int> port = WaitForPort(servers.back().process, ports, log,
+                                               absl::GetFlag(FLAGS_start_timeout));
     if (!port.ok()) return fail(port.status());
     shard_addresses.push_back(absl::StrCat("127.0.0.1:", *port));
     // Its rows live in its memory only: restarting it alone would lose them,
