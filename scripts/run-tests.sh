@@ -17,8 +17,8 @@ CC=clang CXX=clang++ BUILD_DIR=build-clang-cpu scripts/build.sh -DRECPS_CUDA=OFF
 # Once, in the first tree only: the deploy tests (they check files and the
 # binaries' flags, not the compiler) and the two long end-to-end suites,
 # checkpoint_e2e and rebalance_e2e (process orchestration through the same
-# sources; the slowest of the suite, rebalance_e2e alone about 7 minutes
-# on a slow 2-core machine). The other
+# sources; the slowest of the suite: their tests' times in the first tree's
+# log sum to 329 s and 39 s on a 2-vCPU AMD EPYC, 2026-12-04). The other
 # end-to-end tests still run here, on the CPU-only binaries.
 ctest --test-dir build-clang-cpu --output-on-failure -j "$(nproc)" \
   -LE 'deploy|checkpoint_e2e|rebalance_e2e'

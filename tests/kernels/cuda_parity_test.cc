@@ -407,6 +407,37 @@ OptimizerParams TestParams(OptimizerKind kind) {
   return p;
 }
 
+// Two steps of 12 distinct rows each of `rows` (6 rows are in both), on
+// the CPU into `rows` and on the GPU into `d_rows`; `a` gives the row layout
+// and optimizer. The second step picks its gradient rows through
+// grad_indices (reversed).
+void UpdateTwoStepsOnBoth(FusedUpdateArgs a, std::vector<float>& rows,
+                          DeviceBuffer<float>& d_rows, const ExecContext& cuda) {
+  std::vector<int64_t> perm(a.num_rows);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(a.dim));
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<int64_t> ids(perm.begin() + 6 * step,
+                                   perm.begin() + 6 * step + 12);
+    const std::vector<float> grads = RandomFloats(ids.size() * a.dim, 100 + step);
+    std::vector<int64_t> grad_ids(ids.size());
+    std::iota(grad_ids.rbegin(), grad_ids.rend(), 0);
+    a.rows = rows.data();
+    a.row_indices = ids.data();
+    a.num_updates = ids.size();
+    a.grads = grads.data();
+    a.grad_indices = step == 1 ? grad_ids.data() : nullptr;
+    ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ExecContext()).ok());
+    DeviceBuffer<int64_t> d_ids(ids), d_grad_ids(grad_ids);
+    DeviceBuffer<float> d_grads(grads);
+    a.rows = d_rows.get();
+    a.row_indices = d_ids.get();
+    a.grads = d_grads.get();
+    a.grad_indices = step == 1 ? d_grad_ids.get() : nullptr;
+    ASSERT_TRUE(FusedOptimizerUpdateCuda(a, cuda).ok());
+  }
+}
+
 TEST(CudaParityTest, FusedOptimizerUpdateTwoSteps) {
   RECPS_REQUIRE_GPU_OR_SKIP();
   CudaContext cuda;
@@ -420,37 +451,12 @@ TEST(CudaParityTest, FusedOptimizerUpdateTwoSteps) {
         InitFusedRowState(kind, dim, rows.data() + r * stride);
       }
       DeviceBuffer<float> d_rows(rows);
-      std::vector<int64_t> perm(kRows);
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), std::mt19937_64(dim));
-      // Two steps of 12 distinct rows each; 6 rows are in both. The second
-      // step picks its gradient rows through grad_indices (reversed).
-      for (int step = 0; step < 2; ++step) {
-        const std::vector<int64_t> ids(perm.begin() + 6 * step,
-                                       perm.begin() + 6 * step + 12);
-        const std::vector<float> grads =
-            RandomFloats(ids.size() * dim, 100 + step);
-        std::vector<int64_t> grad_ids(ids.size());
-        std::iota(grad_ids.rbegin(), grad_ids.rend(), 0);
-        FusedUpdateArgs a;
-        a.rows = rows.data();
-        a.num_rows = kRows;
-        a.row_stride = stride;
-        a.dim = dim;
-        a.row_indices = ids.data();
-        a.num_updates = ids.size();
-        a.grads = grads.data();
-        a.grad_indices = step == 1 ? grad_ids.data() : nullptr;
-        a.optimizer = TestParams(kind);
-        ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ExecContext()).ok());
-        DeviceBuffer<int64_t> d_ids(ids), d_grad_ids(grad_ids);
-        DeviceBuffer<float> d_grads(grads);
-        a.rows = d_rows.get();
-        a.row_indices = d_ids.get();
-        a.grads = d_grads.get();
-        a.grad_indices = step == 1 ? d_grad_ids.get() : nullptr;
-        ASSERT_TRUE(FusedOptimizerUpdateCuda(a, cuda.ctx()).ok());
-      }
+      FusedUpdateArgs a;
+      a.num_rows = kRows;
+      a.row_stride = stride;
+      a.dim = dim;
+      a.optimizer = TestParams(kind);
+      ASSERT_NO_FATAL_FAILURE(UpdateTwoStepsOnBoth(a, rows, d_rows, cuda.ctx()));
       const std::vector<float> got = d_rows.Download();
       EXPECT_TRUE(AllNear(got, rows, kTol, kTol));
       if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
@@ -492,43 +498,24 @@ TEST(CudaParityTest, FusedOptimizerUpdate16BitRowsTwoSteps) {
             }
           }
           DeviceBuffer<float> d_rows(rows);
-          std::vector<int64_t> perm(kRows);
-          std::iota(perm.begin(), perm.end(), 0);
-          std::shuffle(perm.begin(), perm.end(), std::mt19937_64(dim));
-          for (int step = 0; step < 2; ++step) {
-            const std::vector<int64_t> ids(perm.begin() + 6 * step,
-                                           perm.begin() + 6 * step + 12);
-            const std::vector<float> grads =
-                RandomFloats(ids.size() * dim, 100 + step);
-            FusedUpdateArgs a;
-            a.rows = rows.data();
-            a.precision = precision;
-            a.stochastic_rounding = stochastic;
-            a.num_rows = kRows;
-            a.row_stride = stride;
-            a.dim = dim;
-            a.row_indices = ids.data();
-            a.num_updates = ids.size();
-            a.grads = grads.data();
-            a.optimizer = TestParams(kind);
-            ASSERT_TRUE(FusedOptimizerUpdateCpu(a, ExecContext()).ok());
-            DeviceBuffer<int64_t> d_ids(ids);
-            DeviceBuffer<float> d_grads(grads);
-            a.rows = d_rows.get();
-            a.row_indices = d_ids.get();
-            a.grads = d_grads.get();
-            ASSERT_TRUE(FusedOptimizerUpdateCuda(a, cuda.ctx()).ok());
-          }
+          FusedUpdateArgs a;
+          a.precision = precision;
+          a.stochastic_rounding = stochastic;
+          a.num_rows = kRows;
+          a.row_stride = stride;
+          a.dim = dim;
+          a.optimizer = TestParams(kind);
+          ASSERT_NO_FATAL_FAILURE(UpdateTwoStepsOnBoth(a, rows, d_rows, cuda.ctx()));
           const std::vector<float> got = d_rows.Download();
           const double step = fp16 ? 1.0 / 1024 : 1.0 / 128;
           for (int64_t r = 0; r < kRows; ++r) {
-            const auto* a = reinterpret_cast<const uint16_t*>(got.data() + r * stride);
-            const auto* b = reinterpret_cast<const uint16_t*>(rows.data() + r * stride);
+            const auto* gw = reinterpret_cast<const uint16_t*>(got.data() + r * stride);
+            const auto* ww = reinterpret_cast<const uint16_t*>(rows.data() + r * stride);
             for (int c = 0; c < dim; ++c) {
-              const float x = fp16 ? HalfToFloat(a[c]) : Bf16ToFloat(a[c]);
-              const float y = fp16 ? HalfToFloat(b[c]) : Bf16ToFloat(b[c]);
+              const float x = fp16 ? HalfToFloat(gw[c]) : Bf16ToFloat(gw[c]);
+              const float y = fp16 ? HalfToFloat(ww[c]) : Bf16ToFloat(ww[c]);
               if (kind == OptimizerKind::kSgd) {
-                ASSERT_EQ(a[c], b[c]) << "row " << r << " column " << c;
+                ASSERT_EQ(gw[c], ww[c]) << "row " << r << " column " << c;
               } else {
                 ASSERT_NEAR(x, y, step * std::max(1.0f, std::fabs(y)))
                     << "row " << r << " column " << c;

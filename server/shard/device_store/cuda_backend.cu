@@ -199,8 +199,8 @@ __global__ void GatherWidenKernel(const uint32_t* __restrict__ arena,
       reinterpret_cast<float2*>(out + i * dim)[j] =
           make_float2(widen(word & 0xffffu), widen(word >> 16));
     } else {
-      const auto* halves = reinterpret_cast<const uint16_t*>(arena + r * stride);
-      out[k] = r < 0 ? 0.f : widen(halves[j]);
+      out[k] = r < 0 ? 0.f
+                     : widen(reinterpret_cast<const uint16_t*>(arena + r * stride)[j]);
     }
   }
 }
