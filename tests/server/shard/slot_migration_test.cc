@@ -1,7 +1,7 @@
 // Slot moves between real recps-shard processes (127.0.0.1, OS-picked
 // ports): MigrateIn on the target, HandOver on the source, AbortMove,
-// ListMoves, while clients train through the embedding client library; and
-// push parts (RequestHeader.push_part) through raw requests.
+// ListMoves, while clients train through the embedding client library.
+// Push parts are in push_parts_test.cc.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/server/shard/migration_cluster.h"
 #include "tests/server/shard/shard_stats.h"
 #include "tests/testing/local_shard.h"
 
@@ -37,206 +38,19 @@ using testing::In;
 using testing::LocalShard;
 using testing::StatsOf;
 using testing::TempDir;
-
-constexpr int kDim = 8;
-constexpr uint32_t kSlots = 64;
-
-constexpr char kTables[] = R"(
-tables {
-  name: "user"
-  dim: 8
-  optimizer { kind: ADAGRAD learning_rate: 0.1 }
-}
-tables {
-  name: "item"
-  dim: 8
-  num_rows: 1000
-  optimizer { kind: ADAM learning_rate: 0.05 }
-}
-)";
-
-std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
-  return v1::ShardAdmin::NewStub(
-      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
-}
-
-grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& request,
-                       v1::MigrateInResponse* response = nullptr) {
-  v1::MigrateInResponse ignored;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(60)));
-  return Admin(target)->MigrateIn(&ctx, request, response ? response : &ignored);
-}
-
-grpc::Status HandOver(const std::string& source, const v1::HandOverRequest& request,
-                      v1::HandOverResponse* response = nullptr) {
-  v1::HandOverResponse ignored;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(60)));
-  return Admin(source)->HandOver(&ctx, request, response ? response : &ignored);
-}
-
-grpc::Status AbortMove(const std::string& target, const std::string& id,
-                       v1::AbortMoveResponse* response = nullptr) {
-  v1::AbortMoveResponse ignored;
-  v1::AbortMoveRequest request;
-  request.set_move_id(id);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(30)));
-  return Admin(target)->AbortMove(&ctx, request, response ? response : &ignored);
-}
-
-std::vector<v1::MoveState> ListMoves(const std::string& address) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(10)));
-  v1::ListMovesResponse response;
-  const grpc::Status s = Admin(address)->ListMoves(&ctx, v1::ListMovesRequest(), &response);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return {response.moves().begin(), response.moves().end()};
-}
-
-uint64_t EpochOf(const std::string& address) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(10)));
-  v1::ShardMap map;
-  EXPECT_TRUE(Admin(address)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok());
-  return map.epoch();
-}
-
-int64_t TotalRows(const std::string& address) {
-  absl::StatusOr<v1::StatsResponse> stats = StatsOf(address);
-  EXPECT_TRUE(stats.ok()) << stats.status();
-  return stats.ok() ? stats->total_rows() : -1;
-}
-
-int64_t UpdateIds(const std::string& address) {
-  absl::StatusOr<v1::StatsResponse> stats = StatsOf(address);
-  EXPECT_TRUE(stats.ok()) << stats.status();
-  int64_t n = 0;
-  if (stats.ok()) {
-    for (const auto& t : stats->tables()) n += t.update_ids();
-  }
-  return n;
-}
-
-// `map` with `slots` given to server index `to`, at `epoch`.
-v1::ShardMap Moved(const v1::ShardMap& map, const std::vector<uint32_t>& slots,
-                   uint32_t to, uint64_t epoch) {
-  v1::ShardMap next = map;
-  next.set_epoch(epoch);
-  for (uint32_t s : slots) next.set_slot_owner(static_cast<int>(s), to);
-  return next;
-}
-
-// Slots of `map` owned by server index `owner`: every `every`-th of them.
-std::vector<uint32_t> SlotsOf(const v1::ShardMap& map, uint32_t owner, int every) {
-  std::vector<uint32_t> out;
-  int k = 0;
-  for (int s = 0; s < map.slot_owner_size(); ++s) {
-    if (map.slot_owner(s) == owner && k++ % every == 0) out.push_back(s);
-  }
-  return out;
-}
-
-class Cluster {
- public:
-  Cluster(int num_servers, int world_size, const std::string& consistency,
-          std::vector<std::string> extra = {}) {
-    args_ = {"--tables=" + dir_.WriteFile("tables.textproto", kTables),
-             absl::StrCat("--world_size=", world_size),
-             "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
-             "--seed=7", "--step_timeout=20s", "--threads=2"};
-    args_.insert(args_.end(), extra.begin(), extra.end());
-    std::vector<std::string> addresses;
-    for (int i = 0; i < num_servers; ++i) {
-      auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
-      EXPECT_TRUE(shard.ok()) << shard.status();
-      if (!shard.ok()) return;
-      addresses.push_back((*shard)->address());
-      shards_.push_back(*std::move(shard));
-    }
-    map_ = ShardMap::Uniform(1, kSlots, addresses).ToProto();
-    for (const auto& s : shards_) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(absl::Seconds(10)));
-      v1::SetShardMapRequest req;
-      *req.mutable_shard_map() = map_;
-      req.set_self(s->address());
-      v1::SetShardMapResponse resp;
-      const grpc::Status st = Admin(s->address())->SetShardMap(&ctx, req, &resp);
-      EXPECT_TRUE(st.ok()) << st.error_message();
-    }
-  }
-
-  std::unique_ptr<EmbeddingClient> NewClient(int rank) {
-    std::vector<std::string> addresses;
-    for (const auto& s : shards_) addresses.push_back(s->address());
-    client::EmbeddingClientOptions options;
-    options.worker_rank = rank;
-    options.rpc_timeout = absl::Seconds(30);
-    options.max_attempts = 50;
-    auto c = EmbeddingClient::Create({{"user", kDim}, {"item", kDim}},
-                                     client::MakeServerShardMapSource(addresses),
-                                     options);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : nullptr;
-  }
-
-  // Starts one more server with the same flags; it is in no map yet.
-  // Returns its index.
-  int AddServer() {
-    auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    if (!shard.ok()) return -1;
-    shards_.push_back(*std::move(shard));
-    return static_cast<int>(shards_.size()) - 1;
-  }
-  // SetShardMap(`map`) on server index `i`.
-  void Install(int i, const v1::ShardMap& map) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(10)));
-    v1::SetShardMapRequest req;
-    *req.mutable_shard_map() = map;
-    req.set_self(address(i));
-    v1::SetShardMapResponse resp;
-    const grpc::Status st = Admin(address(i))->SetShardMap(&ctx, req, &resp);
-    EXPECT_TRUE(st.ok()) << address(i) << ": " << st.error_message();
-  }
-
-  const std::string& address(int i) const { return shards_[i]->address(); }
-  LocalShard& shard(int i) { return *shards_[i]; }
-  const v1::ShardMap& map() const { return map_; }
-
-  // MigrateIn on `to` of `slots` from `from`, then HandOver on `from` with
-  // the map moving them: the whole move, as the coordinator drives it.
-  // Returns the new map.
-  v1::ShardMap Move(const std::string& id, const v1::ShardMap& map, int from,
-                    int to, const std::vector<uint32_t>& slots) {
-    v1::MigrateInRequest in;
-    in.set_move_id(id);
-    in.set_source(address(from));
-    for (uint32_t s : slots) in.add_slots(s);
-    in.set_epoch(map.epoch());
-    grpc::Status st = MigrateIn(address(to), in);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    v1::ShardMap next = Moved(map, slots, to, map.epoch() + 1);
-    v1::HandOverRequest over;
-    over.set_move_id(id);
-    over.set_target(address(to));
-    *over.mutable_new_map() = next;
-    over.set_self(address(from));
-    v1::HandOverResponse response;
-    st = HandOver(address(from), over, &response);
-    EXPECT_TRUE(st.ok()) << st.error_message();
-    return next;
-  }
-
- private:
-  TempDir dir_;
-  std::vector<std::string> args_;
-  std::vector<std::unique_ptr<LocalShard>> shards_;
-  v1::ShardMap map_;
-};
+using testing::AbortMove;
+using testing::Admin;
+using testing::Cluster;
+using testing::EpochOf;
+using testing::HandOver;
+using testing::kDim;
+using testing::kSlots;
+using testing::ListMoves;
+using testing::MigrateIn;
+using testing::Moved;
+using testing::SlotsOf;
+using testing::TotalRows;
+using testing::UpdateIds;
 
 std::vector<int64_t> UserIds(int step, int rank) {
   std::vector<int64_t> ids;
@@ -850,106 +664,6 @@ TEST(SlotMigration, CheckpointsHoldOnlyTheUnitsOwnedAtTheCut) {
   EXPECT_EQ(CheckpointRows(cluster.address(1), 4, dir.path() + "/b/shard-1.sst"),
             TotalRows(cluster.address(1)));
   EXPECT_EQ(CheckpointRows(cluster.address(0), 4, dir.path() + "/b/shard-0.sst"), 0);
-}
-
-// ---- Push parts, through raw requests ----
-
-grpc::Status Push(const std::string& address, int rank, int64_t step, uint64_t part,
-                  const std::vector<int64_t>& ids, float value) {
-  v1::PushGradientsRequest request;
-  request.mutable_header()->set_shard_map_epoch(1);
-  request.mutable_header()->set_step(step);
-  request.mutable_header()->set_worker_rank(rank);
-  request.mutable_header()->set_push_part(part);
-  v1::TableGradients* t = request.add_tables();
-  t->set_table("user");
-  EncodeIds(ids, t->mutable_ids());
-  std::vector<float> grads(ids.size() * kDim);
-  for (size_t i = 0; i < grads.size(); ++i) grads[i] = value + 0.001f * i;
-  t->set_grads(std::string(reinterpret_cast<const char*>(grads.data()),
-                           grads.size() * sizeof(float)));
-  auto stub = v1::EmbeddingShard::NewStub(
-      rpc::MakeChannel(address, rpc::ChannelKind::kData));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(10)));
-  v1::PushGradientsResponse response;
-  return stub->PushGradients(&ctx, request, &response);
-}
-
-std::string LookupBytes(const std::string& address, int64_t step,
-                        const std::vector<int64_t>& ids) {
-  auto stub = v1::EmbeddingShard::NewStub(
-      rpc::MakeChannel(address, rpc::ChannelKind::kData));
-  v1::LookupRequest request;
-  request.mutable_header()->set_shard_map_epoch(1);
-  request.mutable_header()->set_step(step);
-  v1::TableIds* t = request.add_tables();
-  t->set_table("user");
-  EncodeIds(ids, t->mutable_ids());
-  v1::LookupResponse response;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(absl::Seconds(10)));
-  const grpc::Status s = stub->Lookup(&ctx, request, &response);
-  EXPECT_TRUE(s.ok()) << s.error_message();
-  return response.tables_size() > 0 ? response.tables(0).rows() : "";
-}
-
-TEST(PushParts, RetryIsDroppedAndASecondPartIsMergedBitExactly) {
-  // Two single-server clusters of world size 2: one gets rank 0's push in
-  // two parts (and a retry of the first), the other in one.
-  Cluster split(1, 2, "sync");
-  Cluster whole(1, 2, "sync");
-  const std::vector<int64_t> a = {1, 2, 3}, b = {4, 5}, ab = {1, 2, 3, 4, 5};
-  ASSERT_TRUE(Push(split.address(0), 0, 0, 11, a, 0.5f).ok());
-  ASSERT_TRUE(Push(split.address(0), 0, 0, 11, a, 0.5f).ok());  // retry
-  ASSERT_TRUE(Push(split.address(0), 0, 0, 12, b, 0.25f).ok());  // second part
-  // An id in two parts of one rank is refused.
-  EXPECT_EQ(Push(split.address(0), 0, 0, 13, {3}, 1.0f).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
-  ASSERT_TRUE(Push(split.address(0), 1, 0, 21, ab, -0.5f).ok());
-  // The same gradients as one part each.
-  std::vector<float> merged;
-  {
-    // rank 0's rows: a with value 0.5, b with 0.25 (offsets restart per part).
-    v1::PushGradientsRequest request;
-    request.mutable_header()->set_shard_map_epoch(1);
-    request.mutable_header()->set_worker_rank(0);
-    request.mutable_header()->set_push_part(31);
-    v1::TableGradients* t = request.add_tables();
-    t->set_table("user");
-    EncodeIds(ab, t->mutable_ids());
-    std::vector<float> grads;
-    for (size_t i = 0; i < a.size() * kDim; ++i) grads.push_back(0.5f + 0.001f * i);
-    for (size_t i = 0; i < b.size() * kDim; ++i) grads.push_back(0.25f + 0.001f * i);
-    t->set_grads(std::string(reinterpret_cast<const char*>(grads.data()),
-                             grads.size() * sizeof(float)));
-    auto stub = v1::EmbeddingShard::NewStub(
-        rpc::MakeChannel(whole.address(0), rpc::ChannelKind::kData));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(10)));
-    v1::PushGradientsResponse response;
-    ASSERT_TRUE(stub->PushGradients(&ctx, request, &response).ok());
-  }
-  ASSERT_TRUE(Push(whole.address(0), 1, 0, 41, ab, -0.5f).ok());
-  const std::string x = LookupBytes(split.address(0), 1, ab);
-  const std::string y = LookupBytes(whole.address(0), 1, ab);
-  ASSERT_FALSE(x.empty());
-  EXPECT_EQ(x, y);
-  EXPECT_EQ(UpdateIds(split.address(0)), 5);
-  // A retry of an accepted part after its step was applied is still OK
-  // (dropped); a new part of an applied step is refused.
-  EXPECT_TRUE(Push(split.address(0), 0, 0, 12, b, 0.25f).ok());
-  EXPECT_EQ(Push(split.address(0), 0, 0, 14, {9}, 0.25f).error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_EQ(UpdateIds(split.address(0)), 5);
-}
-
-TEST(PushParts, AsyncRetryOfAPartIsAppliedOnce) {
-  Cluster cluster(1, 1, "async");
-  ASSERT_TRUE(Push(cluster.address(0), 0, 0, 5, {1, 2}, 0.5f).ok());
-  ASSERT_TRUE(Push(cluster.address(0), 0, 0, 5, {1, 2}, 0.5f).ok());
-  ASSERT_TRUE(Push(cluster.address(0), 0, 0, 6, {3}, 0.5f).ok());
-  EXPECT_EQ(UpdateIds(cluster.address(0)), 3);
 }
 
 }  // namespace
