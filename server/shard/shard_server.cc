@@ -155,7 +155,7 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
           }
         }
         for (TableGradients& tg : push) {
-          RETURN_IF_ERROR(store_->ApplyGradients(tg.table, tg.ids, tg.grads.data()));
+          RETURN_IF_ERROR(store_->ApplyGradients(tg.table, tg.ids, tg.data()));
           if (metrics_ != nullptr) metrics_->AddUpdatedIds(tg.ids.size());
         }
         return absl::OkStatus();

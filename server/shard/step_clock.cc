@@ -129,7 +129,46 @@ bool IsEmpty(const GradientPush& push) {
   return true;
 }
 
+bool IsBorrowed(const GradientPush& push) {
+  for (const TableGradients& tg : push) {
+    if (tg.borrowed != nullptr) return true;
+  }
+  return false;
+}
+
+void Own(GradientPush& push) {
+  for (TableGradients& tg : push) tg.Own();
+}
+
 }  // namespace
+
+void TableGradients::Own() {
+  if (borrowed == nullptr) return;
+  grads.assign(borrowed, borrowed + ids.size() * static_cast<size_t>(dim));
+  borrowed = nullptr;
+}
+
+bool StepClock::WouldApplyAtOnce(int rank, int64_t step) const {
+  if (applying_ || step != applied_step_ + 1) return false;
+  const auto it = pending_.find(step);
+  if (it == pending_.end()) return options_.world_size == 1;
+  return !it->second.by_rank[rank].has_value() &&
+         it->second.arrived + 1 == options_.world_size;
+}
+
+std::optional<StepClock::TakenStep> StepClock::TakeCompleteStep() {
+  if (applying_) return std::nullopt;  // that thread will continue
+  auto it = pending_.find(applied_step_ + 1);
+  if (it == pending_.end() || it->second.arrived < options_.world_size) {
+    return std::nullopt;
+  }
+  applying_ = true;
+  TakenStep taken{it->first, {}};
+  taken.pushes.reserve(options_.world_size);
+  for (auto& p : it->second.by_rank) taken.pushes.push_back(std::move(*p));
+  pending_.erase(it);
+  return taken;
+}
 
 absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
                              uint64_t part) {
@@ -145,6 +184,16 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
     absl::MutexLock lock(&mu_);
     any_push_ = true;
   }
+  // A borrowed push that will not complete the next step here is copied
+  // now, outside the lock (the first ranks of a step with W > 1).
+  if (options_.mode != ConsistencyMode::kAsync && IsBorrowed(push)) {
+    bool at_once;
+    {
+      absl::MutexLock lock(&mu_);
+      at_once = WouldApplyAtOnce(rank, step);
+    }
+    if (!at_once) Own(push);
+  }
   if (options_.mode == ConsistencyMode::kAsync) {
     if (part != 0) {
       absl::MutexLock lock(&mu_);
@@ -156,6 +205,7 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
     if (step > applied_step_) applied_step_ = step;
     return s;
   }
+  std::optional<TakenStep> taken;
   {
     absl::MutexLock lock(&mu_);
     if (!apply_error_.ok()) return apply_error_;
@@ -188,36 +238,37 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
       // merged, so the step's sum stays one gradient per rank and id.
       GradientPush& have = *pending.by_rank[rank];
       RETURN_IF_ERROR(CheckDisjoint(have, push));
+      Own(push);  // kept past this call (rare: a re-routed part)
       for (TableGradients& tg : push) have.push_back(std::move(tg));
       RememberPart(rank, step, part);
       return absl::OkStatus();
     }
-    pending.by_rank[rank] = std::move(push);
+    std::optional<GradientPush>& stored = pending.by_rank[rank];
+    stored = std::move(push);
     ++pending.arrived;
     if (part != 0) RememberPart(rank, step, part);
+    // Taken in this critical section: a step holding borrowed rows is
+    // applied by this thread, before the request they point into can go.
+    const bool borrowed = IsBorrowed(*stored);
+    taken = TakeCompleteStep();  // erases `stored`'s entry if it takes step
+    if (borrowed && (!taken.has_value() || taken->step != step)) {
+      Own(*stored);  // the clock moved since WouldApplyAtOnce: rare
+    }
   }
-  return DrainCompleteSteps();
+  return DrainCompleteSteps(std::move(taken));
 }
 
-absl::Status StepClock::DrainCompleteSteps() {
+absl::Status StepClock::DrainCompleteSteps(std::optional<TakenStep> taken) {
   for (;;) {
-    std::vector<GradientPush> pushes;
-    int64_t step;
-    {
+    if (!taken.has_value()) {
       absl::MutexLock lock(&mu_);
-      if (applying_) return absl::OkStatus();  // that thread will continue
-      auto it = pending_.find(applied_step_ + 1);
-      if (it == pending_.end() || it->second.arrived < options_.world_size) {
-        return absl::OkStatus();
-      }
-      applying_ = true;
-      step = it->first;
-      pushes.reserve(options_.world_size);
-      for (auto& p : it->second.by_rank) pushes.push_back(std::move(*p));
-      pending_.erase(it);
+      taken = TakeCompleteStep();
+      if (!taken.has_value()) return absl::OkStatus();
     }
-    GradientPush summed = SumInRankOrder(pushes);
+    const int64_t step = taken->step;
+    GradientPush summed = SumInRankOrder(taken->pushes);
     absl::Status status = apply_(summed);
+    taken.reset();
     std::vector<Waiter> ready;
     {
       absl::MutexLock lock(&mu_);
@@ -457,15 +508,18 @@ GradientPush SumInRankOrder(std::vector<GradientPush>& pushes) {
         out.push_back(TableGradients{tg.table, tg.dim, {}, {}});
       }
       TableGradients& sum = out[it->second];
+      sum.Own();  // a borrowed first push taken whole: later rows add to it
       auto& pos = id_pos[it->second];
       pos.reserve(pos.size() + tg.ids.size());
       const int dim = tg.dim;
       // Grown geometrically, at most once per push.
-      if (const size_t need = sum.grads.size() + tg.grads.size(); sum.grads.capacity() < need) {
+      const size_t values = tg.ids.size() * static_cast<size_t>(dim);
+      if (const size_t need = sum.grads.size() + values; sum.grads.capacity() < need) {
         sum.grads.reserve(std::max(need, 2 * sum.grads.capacity()));
       }
+      const float* const grads = tg.data();
       for (size_t i = 0; i < tg.ids.size(); ++i) {
-        const float* g = tg.grads.data() + i * dim;
+        const float* g = grads + i * dim;
         auto [pit, fresh] = pos.try_emplace(tg.ids[i], sum.ids.size());
         if (fresh) {
           sum.ids.push_back(tg.ids[i]);

@@ -58,7 +58,16 @@ struct TableGradients {
   int table = 0;
   int dim = 0;
   std::vector<int64_t> ids;
-  std::vector<float> grads;  // ids.size() x dim
+  // ids.size() x dim gradient values: owned here, or, when `borrowed` is
+  // set, read in place from the request that carried them (no copy of the
+  // largest buffer of a push). A borrowed push is valid only while that
+  // request is: the step clock applies it before Push returns, or Own()s it.
+  std::vector<float> grads;
+  const float* borrowed = nullptr;
+
+  const float* data() const { return borrowed != nullptr ? borrowed : grads.data(); }
+  // Copies borrowed values into `grads`.
+  void Own();
 };
 using GradientPush = std::vector<TableGradients>;
 
@@ -75,7 +84,8 @@ class StepClock {
   const ConsistencyOptions& options() const { return options_; }
 
   // Records worker `rank`'s push for `step`, and applies every step that is
-  // now complete (on the calling thread). `part` is the push's identity
+  // now complete (on the calling thread). A push with borrowed rows is
+  // either applied before Push returns or copied (Own) to be kept. `part` is the push's identity
   // (RequestHeader.push_part):
   //  - A part already accepted for (rank, step) is a retry: dropped, OK
   //    (remembered for the last kRememberedParts parts of each rank, so also
@@ -175,8 +185,22 @@ class StepClock {
   Waiter TakeWaiter(size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool LookupReady(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies complete steps in order while no other thread is applying.
-  absl::Status DrainCompleteSteps() ABSL_LOCKS_EXCLUDED(mu_);
+  // A complete step taken out of pending_ to be applied.
+  struct TakenStep {
+    int64_t step;
+    std::vector<GradientPush> pushes;
+  };
+  // Takes step applied_step_ + 1 when every rank's push arrived and no
+  // other thread applies (setting applying_); nullopt otherwise.
+  std::optional<TakenStep> TakeCompleteStep() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a push of (rank, step) arriving now would complete the next
+  // step to apply with no other thread applying: it may stay borrowed.
+  bool WouldApplyAtOnce(int rank, int64_t step) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies `taken` (if any), then complete steps in order while no other
+  // thread is applying.
+  absl::Status DrainCompleteSteps(std::optional<TakenStep> taken = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Describes what step `step` still waits for (the missing ranks).
   std::string Missing(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();

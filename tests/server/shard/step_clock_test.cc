@@ -1,6 +1,7 @@
 #include "server/shard/step_clock.h"
 
 #include <atomic>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -317,6 +318,103 @@ TEST(StepClock, CancelledLookupIsDroppedLongBeforeTheStepTimeout) {
   clock.AwaitLookup(1, late.Fn(), 10, [] { return true; });
   ASSERT_TRUE(late.done.HasBeenNotified());
   EXPECT_EQ(late.status.code(), absl::StatusCode::kCancelled);
+}
+
+// ---- Borrowed rows (TableGradients::borrowed: fp32 pushes read in place) ----
+
+// A push whose rows point into `values` (the request that carried them).
+GradientPush BorrowedPush(int table, std::vector<int64_t> ids,
+                          const std::vector<float>& values) {
+  TableGradients tg{table, 1, std::move(ids), {}};
+  tg.borrowed = values.data();
+  return {std::move(tg)};
+}
+
+// Records the values each applied step saw, and whether they were read in
+// place from `watched`.
+struct AppliedValues {
+  std::vector<std::vector<float>> values;
+  std::vector<bool> in_place;
+  const float* watched = nullptr;
+  StepClock::ApplyFn Fn() {
+    return [this](GradientPush& p) {
+      values.emplace_back();
+      for (const TableGradients& tg : p) {
+        values.back().insert(values.back().end(), tg.data(),
+                             tg.data() + tg.ids.size() * tg.dim);
+      }
+      in_place.push_back(p.size() == 1 && p[0].data() == watched);
+      return absl::OkStatus();
+    };
+  }
+};
+
+TEST(StepClock, BorrowedPushThatCompletesTheStepIsAppliedInPlace) {
+  AppliedValues applied;
+  StepClock clock(Sync(1), applied.Fn());
+  std::vector<float> request = {1.5f, 2.5f};
+  applied.watched = request.data();
+  ASSERT_TRUE(clock.Push(0, 0, BorrowedPush(0, {3, 4}, request)).ok());
+  ASSERT_EQ(applied.values.size(), 1u);
+  EXPECT_EQ(applied.values[0], (std::vector<float>{1.5f, 2.5f}));
+  EXPECT_TRUE(applied.in_place[0]);  // no copy of the request's rows
+}
+
+TEST(StepClock, BorrowedPushKeptForTheOtherRanksIsCopied) {
+  AppliedValues applied;
+  StepClock clock(Sync(2), applied.Fn());
+  std::vector<float> first = {1, 2};
+  ASSERT_TRUE(clock.Push(0, 0, BorrowedPush(0, {3, 4}, first)).ok());
+  // The first request is gone once its push returned.
+  first.assign({-100, -100});
+  std::vector<float> second = {10, 20};
+  ASSERT_TRUE(clock.Push(1, 0, BorrowedPush(0, {3, 4}, second)).ok());
+  ASSERT_EQ(applied.values.size(), 1u);
+  EXPECT_EQ(applied.values[0], (std::vector<float>{11, 22}));
+  EXPECT_EQ(second, (std::vector<float>{10, 20}));  // summed into a copy
+}
+
+TEST(StepClock, BorrowedPushOfAStepAnotherThreadWillApplyIsCopied) {
+  // Bounded: step 1 may arrive while step 0 is applied on another thread,
+  // which then applies step 1 too, after step 1's push returned.
+  absl::Notification applying0, release0;
+  std::vector<std::vector<float>> seen;
+  ConsistencyOptions o = Sync(1);
+  o.mode = ConsistencyMode::kBounded;
+  o.staleness = 1;
+  StepClock clock(o, [&](GradientPush& p) {
+    seen.emplace_back(p[0].data(), p[0].data() + p[0].ids.size());
+    if (seen.size() == 1) {
+      applying0.Notify();
+      release0.WaitForNotification();
+    }
+    return absl::OkStatus();
+  });
+  std::vector<float> step0 = {1};
+  std::thread first([&] { ASSERT_TRUE(clock.Push(0, 0, BorrowedPush(0, {7}, step0)).ok()); });
+  applying0.WaitForNotification();
+  {
+    std::vector<float> step1 = {2};
+    ASSERT_TRUE(clock.Push(0, 1, BorrowedPush(0, {7}, step1)).ok());
+    step1.assign({-100});
+  }
+  release0.Notify();
+  first.join();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1], (std::vector<float>{2}));
+}
+
+TEST(SumInRankOrder, BorrowedFirstPushIsNotWrittenTo) {
+  std::vector<float> first = {1, 2};
+  std::vector<GradientPush> pushes(2);
+  pushes[0] = BorrowedPush(0, {4, 5}, first);
+  pushes[1] = {TableGradients{0, 1, {5, 6}, {10, 20}}};
+  GradientPush sum = SumInRankOrder(pushes);
+  ASSERT_EQ(sum.size(), 1u);
+  EXPECT_EQ(sum[0].ids, (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_EQ(std::vector<float>(sum[0].data(), sum[0].data() + 3),
+            (std::vector<float>{1, 12, 20}));
+  EXPECT_EQ(first, (std::vector<float>{1, 2}));
 }
 
 }  // namespace
