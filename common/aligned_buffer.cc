@@ -10,7 +10,7 @@
 
 namespace recps {
 namespace {
-constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugePage = AlignedBuffer::kHugePage;
 }  // namespace
 
 AlignedBuffer::~AlignedBuffer() {

@@ -22,6 +22,10 @@ class AlignedBuffer {
         map_base_(std::exchange(other.map_base_, nullptr)) {}
   AlignedBuffer& operator=(AlignedBuffer&& other) noexcept;
 
+  // The alignment, and the granule in which memory is mapped: a buffer of
+  // any size occupies a whole number of these.
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
   // RESOURCE_EXHAUSTED when the memory cannot be mapped.
   static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes);
 

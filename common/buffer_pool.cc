@@ -27,6 +27,11 @@ std::shared_ptr<BufferPool> BufferPool::Create(size_t max_free_bytes) {
 }
 
 absl::StatusOr<PooledBuffer> BufferPool::Take(size_t bytes) {
+  // Whole huge pages, which the buffer maps anyway: requests of nearly the
+  // same size (a lookup's response varies by a few bytes from step to step)
+  // then reuse one buffer instead of each mapping and faulting in a new one.
+  bytes = (bytes + AlignedBuffer::kHugePage - 1) / AlignedBuffer::kHugePage *
+          AlignedBuffer::kHugePage;
   {
     absl::MutexLock lock(&mu_);
     auto it = std::lower_bound(

@@ -45,9 +45,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   // Keeps at most `max_free_bytes` of buffers nobody uses.
   static std::shared_ptr<BufferPool> Create(size_t max_free_bytes);
 
-  // The smallest free buffer of at least `bytes` bytes, or a new one
-  // (RESOURCE_EXHAUSTED when it cannot be mapped). Its contents are
-  // whatever its last user left. Thread-safe.
+  // The smallest free buffer of at least `bytes` bytes, or a new one of
+  // `bytes` rounded up to whole huge pages (RESOURCE_EXHAUSTED when it
+  // cannot be mapped). Its contents are whatever its last user left.
+  // Thread-safe.
   absl::StatusOr<PooledBuffer> Take(size_t bytes);
 
   size_t free_bytes() const;
