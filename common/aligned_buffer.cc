@@ -9,9 +9,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace recps {
-namespace {
-constexpr size_t kHugePage = AlignedBuffer::kHugePage;
-}  // namespace
 
 AlignedBuffer::~AlignedBuffer() {
   if (map_base_ != nullptr) munmap(map_base_, mapped_);
