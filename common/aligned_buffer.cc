@@ -28,7 +28,7 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
 absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
   AlignedBuffer buf;
   if (bytes == 0) return buf;
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t rounded = MappedSize(bytes);
   const size_t mapped = rounded + kHugePage;  // slack to align the start
   void* base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

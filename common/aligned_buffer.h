@@ -25,6 +25,10 @@ class AlignedBuffer {
   // The alignment, and the granule in which memory is mapped: a buffer of
   // any size occupies a whole number of these.
   static constexpr size_t kHugePage = size_t{2} << 20;
+  // `bytes` rounded up to whole huge pages: what a buffer of `bytes` maps.
+  static constexpr size_t MappedSize(size_t bytes) {
+    return (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  }
 
   // RESOURCE_EXHAUSTED when the memory cannot be mapped.
   static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes);

@@ -30,8 +30,7 @@ absl::StatusOr<PooledBuffer> BufferPool::Take(size_t bytes) {
   // Whole huge pages, which the buffer maps anyway: requests of nearly the
   // same size (a lookup's response varies by a few bytes from step to step)
   // then reuse one buffer instead of each mapping and faulting in a new one.
-  bytes = (bytes + AlignedBuffer::kHugePage - 1) / AlignedBuffer::kHugePage *
-          AlignedBuffer::kHugePage;
+  bytes = AlignedBuffer::MappedSize(bytes);
   {
     absl::MutexLock lock(&mu_);
     auto it = std::lower_bound(

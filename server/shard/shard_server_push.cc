@@ -62,7 +62,6 @@ void DecodeGradients(const std::string& bytes, v1::RowEncoding encoding, size_t 
   if (BytesPerElement(encoding) == 4) {
     if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
       tg->borrowed = reinterpret_cast<const float*>(src);
-      out->clear();
     } else {
       out->resize(n);
       if (n > 0) std::memcpy(out->data(), src, n * sizeof(float));

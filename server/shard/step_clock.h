@@ -85,8 +85,8 @@ class StepClock {
 
   // Records worker `rank`'s push for `step`, and applies every step that is
   // now complete (on the calling thread). A push with borrowed rows is
-  // either applied before Push returns or copied (Own) to be kept. `part` is the push's identity
-  // (RequestHeader.push_part):
+  // either applied before Push returns or copied (Own) to be kept. `part`
+  // is the push's identity (RequestHeader.push_part):
   //  - A part already accepted for (rank, step) is a retry: dropped, OK
   //    (remembered for the last kRememberedParts parts of each rank, so also
   //    after its step was applied).

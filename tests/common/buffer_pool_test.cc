@@ -55,7 +55,7 @@ TEST(BufferPoolTest, KeepsAtMostItsLimitDroppingSmallBuffersFirst) {
 
 // A lookup's response differs by a few bytes from one step to the next
 // (ids per table, names); each step mapped and faulted in a fresh buffer
-// (8% of an in-process S-p20 worker's CPU) because the free ones were a few
+// (5.8% of an in-process S-p20 worker's CPU) because the free ones were a few
 // bytes too small.
 TEST(BufferPoolTest, NearlyEqualSizesReuseOneBuffer) {
   auto pool = BufferPool::Create(size_t{64} << 20);
