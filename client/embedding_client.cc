@@ -25,6 +25,14 @@ using internal::RoutedBatch;
 // Most ids one call may carry: Dedup's inverse indices are int32.
 constexpr size_t kMaxIdsPerCall = size_t{1} << 30;
 
+// An in-process call's rows that the server reads or writes in place
+// (InProcessShard::LookupInto, PushGradientsFrom).
+struct InProcessRows {
+  bool lookup = false;  // the lookup's rows go to `rows`, one per table
+  std::vector<float*> rows;
+  std::vector<const float*> grads;  // per table of the push; null: in bytes
+};
+
 // The two RPCs as the round loop sees them. A "part" is positions
 // [begin, end) of one server's ids of the round (RoutedBatch).
 struct LookupRpc {
@@ -49,14 +57,28 @@ struct LookupRpc {
   }
   static void StartInProcess(InProcessShard& shard, absl::Time deadline,
                              const Request* request, Response* response,
+                             InProcessRows* direct, uint64_t* incarnation,
                              InProcessShard::Done done) {
-    shard.Lookup(request, response, deadline, std::move(done));
+    if (direct->lookup) {
+      shard.LookupInto(request, direct->rows, incarnation, deadline, std::move(done));
+    } else {
+      shard.Lookup(request, response, deadline, std::move(done));
+    }
   }
   static void Build(RoutedBatch& batch, int server, int32_t begin,
                     int32_t end, v1::RowEncoding encoding, Request* request) {
     request->set_row_encoding(encoding);
     batch.BuildLookup(server, begin, end, request);
   }
+  static void BuildInProcess(RoutedBatch& batch, int server, int32_t begin,
+                             int32_t end, v1::RowEncoding encoding,
+                             Request* request, InProcessRows* direct) {
+    Build(batch, server, begin, end, encoding, request);
+    direct->lookup = encoding == v1::ROW_ENCODING_FLOAT32 &&
+                     batch.DirectLookupRows(server, begin, end, &direct->rows);
+  }
+  // Rows written in place leave no response to consume.
+  static bool ConsumedInPlace(const InProcessRows& direct) { return direct.lookup; }
   static absl::Status Consume(const RoutedBatch& batch, int server,
                               int32_t begin, int32_t end,
                               v1::RowEncoding encoding, Response* response,
@@ -92,13 +114,25 @@ struct PushRpc {
   // Accepted pushes return at once; no deadline to pass.
   static void StartInProcess(InProcessShard& shard, absl::Time,
                              const Request* request, Response* response,
+                             InProcessRows* direct, uint64_t*,
                              InProcessShard::Done done) {
-    shard.PushGradients(request, response, std::move(done));
+    if (std::any_of(direct->grads.begin(), direct->grads.end(),
+                    [](const float* g) { return g != nullptr; })) {
+      shard.PushGradientsFrom(request, direct->grads, response, std::move(done));
+    } else {
+      shard.PushGradients(request, response, std::move(done));
+    }
   }
   static void Build(RoutedBatch& batch, int server, int32_t, int32_t,
                     v1::RowEncoding encoding, Request* request) {
     batch.BuildPush(server, encoding, request);
   }
+  static void BuildInProcess(RoutedBatch& batch, int server, int32_t,
+                             int32_t, v1::RowEncoding encoding,
+                             Request* request, InProcessRows* direct) {
+    batch.BuildPush(server, encoding, request, &direct->grads);
+  }
+  static bool ConsumedInPlace(const InProcessRows&) { return false; }
   static absl::Status Consume(const RoutedBatch&, int, int32_t, int32_t,
                               v1::RowEncoding, Response* response,
                               uint64_t* incarnation) {
@@ -377,6 +411,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     const std::string* address = nullptr;
     // Handed to options_.in_process_shard instead of sent over gRPC.
     bool in_process = false;
+    InProcessRows direct;  // in process: rows read or written in place
     std::optional<uint64_t> server_epoch;  // of an in-process refusal
     grpc::ClientContext ctx;
     typename Rpc::Request request;
@@ -457,8 +492,13 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
           if (call->part == 0) call->part = next_push_part_.fetch_add(1);
           header->set_push_part(call->part);
         }
-        Rpc::Build(batch, sv.index, call->begin, call->end, options_.encoding,
-                   &call->request);
+        if (call->in_process) {
+          Rpc::BuildInProcess(batch, sv.index, call->begin, call->end,
+                              options_.encoding, &call->request, &call->direct);
+        } else {
+          Rpc::Build(batch, sv.index, call->begin, call->end, options_.encoding,
+                     &call->request);
+        }
         calls.push_back(std::move(call));
       }
     }
@@ -495,13 +535,16 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
       // the epoch of a stale-map refusal, which gRPC sends as a trailer.
       Rpc::StartInProcess(
           *options_.in_process_shard, deadline, &c.request, &c.response,
+          &c.direct, &c.incarnation,
           [this, &c, &batch,
            queued = done.Callback(static_cast<int>(i), &c.status)](
               absl::Status status) {
             if (status.ok()) {
-              c.consumed = Rpc::Consume(batch, c.server, c.begin, c.end,
-                                        options_.encoding, &c.response,
-                                        &c.incarnation);
+              c.consumed = Rpc::ConsumedInPlace(c.direct)
+                               ? absl::OkStatus()
+                               : Rpc::Consume(batch, c.server, c.begin, c.end,
+                                              options_.encoding, &c.response,
+                                              &c.incarnation);
             } else if (auto epoch =
                            status.GetPayload(kShardMapEpochKey)) {
               c.server_epoch = rpc::ParseShardMapEpoch(std::string(*epoch));

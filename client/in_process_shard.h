@@ -8,11 +8,13 @@
 #ifndef RECPS_CLIENT_IN_PROCESS_SHARD_H_
 #define RECPS_CLIENT_IN_PROCESS_SHARD_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "recps/v1/shard.pb.h"
 
@@ -41,6 +43,25 @@ class InProcessShard {
   virtual void PushGradients(const v1::PushGradientsRequest* request,
                              v1::PushGradientsResponse* response,
                              Done done) = 0;
+
+  // The caller's memory in place of the message's row bytes, for fp32 rows:
+  // the rows a worker reads and the gradients it pushes are then copied
+  // once (by the store), not into a message and out of it again.
+  //
+  // As Lookup for a request without updated_only whose rows are fp32:
+  // the rows of request table i land in rows[i] (its ids x dim floats,
+  // contiguous, in request order) and no response is built; `incarnation`
+  // receives the server's (LookupResponse.incarnation) before done(OK).
+  virtual void LookupInto(const v1::LookupRequest* request,
+                          absl::Span<float* const> rows, uint64_t* incarnation,
+                          absl::Time deadline, Done done) = 0;
+  // As PushGradients, where grads[i], if not null, holds the fp32
+  // gradients of request table i (its ids x dim values, contiguous) and
+  // that table's `grads` bytes are empty. They are read until done runs.
+  virtual void PushGradientsFrom(const v1::PushGradientsRequest* request,
+                                 absl::Span<const float* const> grads,
+                                 v1::PushGradientsResponse* response,
+                                 Done done) = 0;
 };
 
 }  // namespace recps::client

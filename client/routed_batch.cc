@@ -243,8 +243,49 @@ void RoutedBatch::BuildLookup(int server, int32_t begin, int32_t end,
   });
 }
 
+namespace {
+
+// The start of rows[routed[first .. first + n)] when they follow each other
+// in memory, rows of `dim` floats; null otherwise.
+template <typename Row, typename RowOf>
+Row ContiguousRows(const TablePlan& plan, int32_t first, int32_t n, RowOf row_of) {
+  if (plan.column_offset != 0 || plan.width != plan.dim || n == 0) return nullptr;
+  const Row base = row_of(plan.routed[first]);
+  if (base == nullptr) return nullptr;
+  for (int32_t k = 1; k < n; ++k) {
+    if (row_of(plan.routed[first + k]) != base + static_cast<size_t>(k) * plan.dim) {
+      return nullptr;
+    }
+  }
+  return base;
+}
+
+}  // namespace
+
+bool RoutedBatch::DirectLookupRows(int server, int32_t begin, int32_t end,
+                                   std::vector<float*>* rows) const {
+  rows->clear();
+  bool direct = !updated_only;
+  ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
+    if (!direct) return;
+    const TablePlan& plan = plans[p];
+    const TablePlan& data = plans[plan.data];
+    float* base = ContiguousRows<float*>(plan, first, n, [&](int32_t u) -> float* {
+      // One destination per id: a repeated id's row goes to several.
+      return data.dst_begin[u + 1] - data.dst_begin[u] == 1 ? data.dst[data.dst_begin[u]]
+                                                            : nullptr;
+    });
+    if (base == nullptr) direct = false;
+    rows->push_back(base);
+  });
+  if (!direct) rows->clear();
+  return direct;
+}
+
 void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
-                            v1::PushGradientsRequest* request) {
+                            v1::PushGradientsRequest* request,
+                            std::vector<const float*>* direct) {
+  if (direct != nullptr) direct->clear();
   for (int p = 0; p < num_plans; ++p) {
     const TablePlan& plan = plans[p];
     const int32_t n = plan.count(server);
@@ -256,6 +297,15 @@ void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
     EncodeIds(absl::MakeConstSpan(plan.routed_ids.data() + begin, n),
               table->mutable_ids());
     const std::vector<const float*>& grad_row = plans[plan.data].grad_row;
+    if (direct != nullptr) {
+      const float* rows =
+          encoding == v1::ROW_ENCODING_FLOAT32
+              ? ContiguousRows<const float*>(plan, begin, n,
+                                             [&](int32_t u) { return grad_row[u]; })
+              : nullptr;
+      direct->push_back(rows);
+      if (rows != nullptr) continue;  // read in place by the server
+    }
     const size_t values = static_cast<size_t>(n) * plan.dim;
     std::string* grads = table->mutable_grads();
     const size_t row_bytes = sizeof(float) * plan.dim;

@@ -96,9 +96,19 @@ struct RoutedBatch {
   // Adds the tables of a part to a request whose header is already set.
   void BuildLookup(int server, int32_t begin, int32_t end,
                    v1::LookupRequest* request) const;
-  // Adds all of `server`'s tables (pushes are never split).
+  // Adds all of `server`'s tables (pushes are never split). With `direct`
+  // (an in-process server, InProcessShard::PushGradientsFrom), an fp32
+  // table whose gradient rows lie contiguous in the caller's buffer gets
+  // no grads bytes: direct receives, per table added, those rows or null.
   void BuildPush(int server, v1::RowEncoding encoding,
-                 v1::PushGradientsRequest* request);
+                 v1::PushGradientsRequest* request,
+                 std::vector<const float*>* direct = nullptr);
+  // An in-process lookup part (InProcessShard::LookupInto): when the rows
+  // of every table of the part go to one contiguous run of the caller's
+  // buffer each (a worker's distinct ids into one buffer per table), sets
+  // `rows` to those runs in request order and returns true.
+  bool DirectLookupRows(int server, int32_t begin, int32_t end,
+                        std::vector<float*>* rows) const;
   // Writes the rows of a part's ids from `response` (a serialized
   // LookupResponse, parsed here so that rows go from gRPC's buffers straight
   // to the caller's) to the caller's buffers. INTERNAL when the response is

@@ -17,6 +17,17 @@ void Record(ShardMetrics* metrics, const char* rpc, const absl::Status& s,
                          absl::ToDoubleSeconds(absl::Now() - start));
 }
 
+// A lookup parked for its step is dropped (CANCELLED) once its deadline
+// passes, as a gRPC lookup whose client gave up: the caller sees what a
+// gRPC client would.
+absl::Status AsGrpcWouldSee(absl::Status s, absl::Time deadline) {
+  if (absl::IsCancelled(s) && absl::Now() >= deadline) {
+    return absl::DeadlineExceededError(
+        "the in-process lookup's deadline passed while it waited for its step");
+  }
+  return s;
+}
+
 }  // namespace
 
 void ShardServerEndpoint::Lookup(const v1::LookupRequest* request,
@@ -31,14 +42,8 @@ void ShardServerEndpoint::Lookup(const v1::LookupRequest* request,
       request, out,
       [this, response, deadline, start, built = std::move(built),
        done = std::move(done)](absl::Status s) mutable {
-        if (s.ok()) {
-          *response = LookupResponseToByteBuffer(*built);
-        } else if (absl::IsCancelled(s) && absl::Now() >= deadline) {
-          // Dropped by the deadline below: what a gRPC client would see.
-          s = absl::DeadlineExceededError(
-              "the in-process lookup's deadline passed while it waited for "
-              "its step");
-        }
+        if (s.ok()) *response = LookupResponseToByteBuffer(*built);
+        s = AsGrpcWouldSee(std::move(s), deadline);
         Record(metrics_, "Lookup", s, start);
         std::move(done)(std::move(s));
       },
@@ -47,16 +52,40 @@ void ShardServerEndpoint::Lookup(const v1::LookupRequest* request,
       [deadline] { return absl::Now() >= deadline; });
 }
 
+void ShardServerEndpoint::LookupInto(const v1::LookupRequest* request,
+                                     absl::Span<float* const> rows,
+                                     uint64_t* incarnation, absl::Time deadline,
+                                     Done done) {
+  const absl::Time start = absl::Now();
+  server_->LookupInto(
+      request, rows,
+      [this, incarnation, deadline, start, done = std::move(done)](absl::Status s) mutable {
+        if (s.ok()) *incarnation = server_->incarnation();
+        s = AsGrpcWouldSee(std::move(s), deadline);
+        Record(metrics_, "Lookup", s, start);
+        std::move(done)(std::move(s));
+      },
+      [deadline] { return absl::Now() >= deadline; });
+}
+
 void ShardServerEndpoint::PushGradients(const v1::PushGradientsRequest* request,
                                         v1::PushGradientsResponse* response,
                                         Done done) {
+  PushGradientsFrom(request, {}, response, std::move(done));
+}
+
+void ShardServerEndpoint::PushGradientsFrom(const v1::PushGradientsRequest* request,
+                                            absl::Span<const float* const> grads,
+                                            v1::PushGradientsResponse* response,
+                                            Done done) {
   const absl::Time start = absl::Now();
   server_->PushGradients(
       request, response,
       [this, start, done = std::move(done)](absl::Status s) mutable {
         Record(metrics_, "PushGradients", s, start);
         std::move(done)(std::move(s));
-      });
+      },
+      grads);
 }
 
 }  // namespace recps::server

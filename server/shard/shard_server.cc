@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <atomic>
 #include <cstring>
@@ -145,10 +146,7 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
           // The ids this step updates, for updated_only lookups of the
           // next step (8 bytes per id; the set is built only when asked).
           absl::MutexLock lock(&updates_mu_);
-          for (auto& [table, updates] : last_step_updates_) {
-            updates.ids.clear();
-            updates.set_built = false;
-          }
+          for (auto& [table, updates] : last_step_updates_) updates.Clear();
           for (const TableGradients& tg : push) {
             StepUpdates& u = last_step_updates_[tg.table];
             u.ids.insert(u.ids.end(), tg.ids.begin(), tg.ids.end());
@@ -236,6 +234,32 @@ absl::Status ShardServer::CheckOwned(const MapView& view, const config::TableSpe
 void ShardServer::Lookup(const v1::LookupRequest* request,
                          SerializedLookupResponse* response, Done done,
                          std::function<bool()> cancelled) {
+  StartLookup(request, LookupOutput{response, {}}, std::move(done), std::move(cancelled));
+}
+
+void ShardServer::LookupInto(const v1::LookupRequest* request,
+                             absl::Span<float* const> rows, Done done,
+                             std::function<bool()> cancelled) {
+  absl::Status s;
+  if (request->updated_only()) {
+    s = absl::InvalidArgumentError("an updated_only lookup cannot write rows in place");
+  } else if (BytesPerElement(request->row_encoding()) != sizeof(float)) {
+    s = absl::InvalidArgumentError("rows written in place are fp32");
+  } else if (rows.size() != static_cast<size_t>(request->tables_size()) ||
+             std::find(rows.begin(), rows.end(), nullptr) != rows.end()) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "lookup of ", request->tables_size(), " tables with ", rows.size(),
+        " destinations (none may be null)"));
+  }
+  if (!s.ok()) {
+    std::move(done)(s);
+    return;
+  }
+  StartLookup(request, LookupOutput{nullptr, rows}, std::move(done), std::move(cancelled));
+}
+
+void ShardServer::StartLookup(const v1::LookupRequest* request, LookupOutput out,
+                              Done done, std::function<bool()> cancelled) {
   lookup_requests_.fetch_add(1, std::memory_order_relaxed);
   // Runs on the caller's thread (the gRPC callback thread): a lookup that
   // may run is pure CPU work, and the hop to a work thread cost 8-33% of the
@@ -259,20 +283,19 @@ void ShardServer::Lookup(const v1::LookupRequest* request,
   if (active_holds_.load() > 0 &&
       ParkIfHeld(request->header(), &request->tables(), nullptr,
                  [&]() -> absl::AnyInvocable<void() &&> {
-                   return [this, request, response, done = std::move(done),
+                   return [this, request, out, done = std::move(done),
                            cancelled = std::move(cancelled)]() mutable {
-                     LookupAfterHold(request, response, std::move(done),
+                     LookupAfterHold(request, out, std::move(done),
                                      std::move(cancelled));
                    };
                  })) {
     return;
   }
-  LookupAfterHold(request, response, std::move(done), std::move(cancelled));
+  LookupAfterHold(request, out, std::move(done), std::move(cancelled));
 }
 
-void ShardServer::LookupAfterHold(const v1::LookupRequest* request,
-                                  SerializedLookupResponse* response, Done done,
-                                  std::function<bool()> cancelled) {
+void ShardServer::LookupAfterHold(const v1::LookupRequest* request, LookupOutput out,
+                                  Done done, std::function<bool()> cancelled) {
   // What a parked lookup holds, counted from the bytes (nothing decoded).
   int64_t ids = 0;
   for (const v1::TableIds& t : request->tables()) {
@@ -285,7 +308,7 @@ void ShardServer::LookupAfterHold(const v1::LookupRequest* request,
   const std::thread::id caller = std::this_thread::get_id();
   clock_->AwaitLookup(
       request->header().step(),
-      [this, request, response, wait_start, awaiting, caller,
+      [this, request, out, wait_start, awaiting, caller,
        done = std::move(done)](absl::Status ready) mutable {
         if (!ready.ok()) {
           std::move(done)(ready);
@@ -295,12 +318,12 @@ void ShardServer::LookupAfterHold(const v1::LookupRequest* request,
           metrics_->RecordSyncWait(absl::ToDoubleSeconds(absl::Now() - wait_start));
         }
         if (awaiting->load() && std::this_thread::get_id() == caller) {
-          std::move(done)(RunLookup(*request, response));
+          std::move(done)(RunLookup(*request, out));
           return;
         }
         // Released by a push: off the thread that applies the step.
-        work_->Schedule([this, request, response, done = std::move(done)]() mutable {
-          std::move(done)(RunLookup(*request, response));
+        work_->Schedule([this, request, out, done = std::move(done)]() mutable {
+          std::move(done)(RunLookup(*request, out));
         });
       },
       ids, std::move(cancelled));
@@ -308,7 +331,7 @@ void ShardServer::LookupAfterHold(const v1::LookupRequest* request,
 }
 
 absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
-                                    SerializedLookupResponse* response) {
+                                    LookupOutput out) {
   const MapView view = CurrentMap();  // the map may have moved while waiting
   RETURN_IF_ERROR(CheckHeader(request.header(), view));
   // Check everything before touching the store: a refused request creates
@@ -381,13 +404,19 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
           positions[i].size() * sizeof(int32_t));
     }
   }
-  RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_));
+  SerializedLookupResponse* const response = out.response;
+  if (response != nullptr) {
+    RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_));
+  }
   std::vector<float> converted;
   int64_t bytes = 0;
   for (size_t i = 0; i < parts.size(); ++i) {
     const Part& part = parts[i];
     const size_t n = part.ids.size() * store_->spec(part.table).dim;
-    if (width == sizeof(float)) {
+    if (response == nullptr) {
+      // LookupInto: straight into the in-process caller's rows.
+      RETURN_IF_ERROR(store_->Lookup(part.table, part.ids, out.rows[i]));
+    } else if (width == sizeof(float)) {
       // Rows land straight in the response buffer (64-byte aligned).
       RETURN_IF_ERROR(store_->Lookup(
           part.table, part.ids, reinterpret_cast<float*>(response->rows(i))));
@@ -402,18 +431,51 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
   return absl::OkStatus();
 }
 
+void ShardServer::StepUpdates::Clear() {
+  if (set_built && uses_bits) {
+    for (const int64_t id : ids) {
+      if (id >= 0 && static_cast<uint64_t>(id >> 6) < bits.size()) {
+        bits[id >> 6] &= ~(uint64_t{1} << (id & 63));
+      }
+    }
+  }
+  ids.clear();
+  set_built = false;
+}
+
 void ShardServer::UpdatedPositions(int table, absl::Span<const int64_t> ids,
                                    std::vector<int32_t>* positions) {
   positions->clear();
+  const int64_t num_rows = store_->spec(table).num_rows;
   absl::MutexLock lock(&updates_mu_);
   const auto it = last_step_updates_.find(table);
   if (it == last_step_updates_.end() || it->second.ids.empty()) return;
   StepUpdates& u = it->second;
+  // Ids of a fixed table are in [0, num_rows): pushes and lookups with
+  // others were refused before they got here.
+  const bool bitmap = num_rows > 0 && num_rows <= kMaxUpdateBitmapRows;
   if (!u.set_built) {
-    u.set.clear();
-    u.set.reserve(u.ids.size());
-    u.set.insert(u.ids.begin(), u.ids.end());
+    u.uses_bits = bitmap;
+    if (bitmap) {
+      u.bits.resize((num_rows + 63) / 64);  // zero: Clear unsets what it set
+      for (const int64_t id : u.ids) {
+        if (id >= 0 && id < num_rows) u.bits[id >> 6] |= uint64_t{1} << (id & 63);
+      }
+    } else {
+      u.set.clear();
+      u.set.reserve(u.ids.size());
+      u.set.insert(u.ids.begin(), u.ids.end());
+    }
     u.set_built = true;
+  }
+  if (u.uses_bits) {
+    for (size_t p = 0; p < ids.size(); ++p) {
+      const int64_t id = ids[p];
+      if (id >= 0 && id < num_rows && (u.bits[id >> 6] >> (id & 63) & 1) != 0) {
+        positions->push_back(static_cast<int32_t>(p));
+      }
+    }
+    return;
   }
   for (size_t p = 0; p < ids.size(); ++p) {
     if (u.set.contains(ids[p])) positions->push_back(static_cast<int32_t>(p));

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/buffer_pool.h"
 #include "common/wire/shard_map.h"
 #include "common/wire/wire_format.h"  // kShardMapEpochKey
@@ -107,10 +108,20 @@ class ShardServer {
   void Lookup(const v1::LookupRequest* request,
               SerializedLookupResponse* response, Done done,
               std::function<bool()> cancelled = nullptr);
+  // As Lookup, for an in-process caller (client::InProcessShard::LookupInto)
+  // of fp32 rows without updated_only: request table i's rows are written
+  // to rows[i] (ids x dim floats), no response is built.
+  void LookupInto(const v1::LookupRequest* request,
+                  absl::Span<float* const> rows, Done done,
+                  std::function<bool()> cancelled = nullptr);
   // Checks the push completely, then hands it to the step clock; done(OK)
-  // means it was accepted (applied at once in async mode).
+  // means it was accepted (applied at once in async mode). `grads`, if not
+  // empty (an in-process caller, client::InProcessShard::PushGradientsFrom),
+  // has one entry per request table: the table's fp32 gradients, read in
+  // place until done runs, or null for those in the request's bytes.
   void PushGradients(const v1::PushGradientsRequest* request,
-                     v1::PushGradientsResponse* response, Done done);
+                     v1::PushGradientsResponse* response, Done done,
+                     absl::Span<const float* const> grads = {});
 
   absl::Status Stats(const v1::StatsRequest& request,
                      v1::StatsResponse* response) const;
@@ -215,11 +226,20 @@ class ShardServer {
                            const MapView& view) const;
   absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,
                           absl::Span<const int64_t> ids) const;
-  absl::Status RunLookup(const v1::LookupRequest& request,
-                         SerializedLookupResponse* response);
+  // Where a lookup's rows go: the serialized response, or (LookupInto)
+  // the caller's rows, one run per request table.
+  struct LookupOutput {
+    SerializedLookupResponse* response = nullptr;
+    absl::Span<float* const> rows;
+  };
+  void StartLookup(const v1::LookupRequest* request, LookupOutput out,
+                   Done done, std::function<bool()> cancelled);
+  absl::Status RunLookup(const v1::LookupRequest& request, LookupOutput out);
   // `owns_nothing`: the map the request was checked against gives this
   // server nothing (its pushes then take no part in step accounting).
+  // `direct`: as PushGradients' `grads`.
   absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request,
+                                          absl::Span<const float* const> direct,
                                           bool* owns_nothing);
   // FAILED_PRECONDITION when installing `next` (`next_proto` in proto form)
   // would take a slot holding rows away from `self`. REQUIRES: install_mu_.
@@ -279,15 +299,16 @@ class ShardServer {
       const google::protobuf::RepeatedPtrField<v1::TableIds>* lookup,
       const GradientPush* push,
       absl::FunctionRef<absl::AnyInvocable<void() &&>()> make_resume);
-  void LookupAfterHold(const v1::LookupRequest* request,
-                       SerializedLookupResponse* response, Done done,
-                       std::function<bool()> cancelled);
+  void LookupAfterHold(const v1::LookupRequest* request, LookupOutput out,
+                       Done done, std::function<bool()> cancelled);
   void RunPush(const v1::PushGradientsRequest* request,
+               absl::Span<const float* const> direct,
                v1::PushGradientsResponse* response, Done done);
   // The push's status, or nullopt when a hand-over holds it (it took
   // `done` and runs RunPush again when the hold ends).
   std::optional<absl::Status> HoldOrApply(
       const v1::PushGradientsRequest* request,
+      absl::Span<const float* const> direct,
       v1::PushGradientsResponse* response, GradientPush push, Done& done);
   void ReleaseHold(const std::shared_ptr<Hold>& hold);
   // Records the step of a lookup or push before it checks the holds.
@@ -367,12 +388,20 @@ class ShardServer {
   // Sync mode's exact overlap (LookupRequest.updated_only): the ids each
   // table's rows were updated with by the newest applied step, recorded by
   // the apply, and a membership set built from them by the first lookup
-  // that needs it.
+  // that needs it: for a fixed-size table of up to kMaxUpdateBitmapRows
+  // rows a bitmap over its ids (12.5 KB for 100k rows: setting and testing
+  // a bit stays in L1, where inserting 262k ids into a hash set cost more
+  // than the lookup of the updated rows), a hash set otherwise.
   struct StepUpdates {
     std::vector<int64_t> ids;
     absl::flat_hash_set<int64_t> set;
+    std::vector<uint64_t> bits;  // bit `id` set for each of `ids` when built
     bool set_built = false;
+    bool uses_bits = false;
+    // Forgets the step's ids (and clears their bits).
+    void Clear();
   };
+  static constexpr int64_t kMaxUpdateBitmapRows = int64_t{1} << 28;
   // Positions of `ids` that the newest applied step updated in `table`.
   void UpdatedPositions(int table, absl::Span<const int64_t> ids,
                         std::vector<int32_t>* positions);

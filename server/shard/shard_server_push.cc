@@ -87,9 +87,15 @@ bool IsEmptyPush(const GradientPush& push) {
 }  // namespace
 
 absl::StatusOr<GradientPush> ShardServer::DecodePush(
-    const v1::PushGradientsRequest& request, bool* owns_nothing) {
+    const v1::PushGradientsRequest& request, absl::Span<const float* const> direct,
+    bool* owns_nothing) {
   const MapView view = CurrentMap();
   RETURN_IF_ERROR(CheckHeader(request.header(), view));
+  if (!direct.empty() && direct.size() != static_cast<size_t>(request.tables_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push of ", request.tables_size(), " tables with ", direct.size(),
+        " in-place gradient entries"));
+  }
   *owns_nothing = !view->map.OwnsAnything(view->self);
   GradientPush push;
   absl::flat_hash_set<int> seen_tables;
@@ -120,7 +126,14 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
           "): unknown gradient encoding ", static_cast<int>(t.encoding())));
     }
     const size_t values = ids.size() * static_cast<size_t>(spec.dim);
-    if (t.grads().size() != values * width) {
+    const float* const in_place = direct.empty() ? nullptr : direct[push.size()];
+    if (in_place != nullptr &&
+        (!t.grads().empty() || BytesPerElement(t.encoding()) != sizeof(float))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tables[", push.size(), "] (table ", spec.name, "): gradients both in "
+          "place and in the request, or in place and not fp32"));
+    }
+    if (in_place == nullptr && t.grads().size() != values * width) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tables[", push.size(), "].grads (table ", spec.name, "): expected ",
           values, " values (", ids.size(), " ids x dim ", spec.dim, ") of ",
@@ -131,7 +144,11 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
     tg.table = table;
     tg.dim = spec.dim;
     tg.ids.assign(ids.begin(), ids.end());
-    DecodeGradients(t.grads(), t.encoding(), values, &tg);
+    if (in_place != nullptr) {
+      tg.borrowed = in_place;  // the in-process caller's rows (PushGradientsFrom)
+    } else {
+      DecodeGradients(t.grads(), t.encoding(), values, &tg);
+    }
     RETURN_IF_ERROR(store_->ValidateGradients(table, tg.ids, tg.data()));
     push.push_back(std::move(tg));
   }
@@ -139,21 +156,23 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
 }
 
 void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
-                                v1::PushGradientsResponse* response, Done done) {
+                                v1::PushGradientsResponse* response, Done done,
+                                absl::Span<const float* const> grads) {
   push_requests_.fetch_add(1, std::memory_order_relaxed);
   // On a work thread: in sync mode the push that completes a step applies
   // the whole step (every worker's gradients summed), tens of milliseconds
   // for large steps, too long to hold a gRPC thread. (Running pushes inline
   // as lookups do saved no CPU.)
-  work_->Schedule([this, request, response, done = std::move(done)]() mutable {
-    RunPush(request, response, std::move(done));
+  work_->Schedule([this, request, grads, response, done = std::move(done)]() mutable {
+    RunPush(request, grads, response, std::move(done));
   });
 }
 
 void ShardServer::RunPush(const v1::PushGradientsRequest* request,
+                          absl::Span<const float* const> direct,
                           v1::PushGradientsResponse* response, Done done) {
   bool owns_nothing = false;
-  absl::StatusOr<GradientPush> push = DecodePush(*request, &owns_nothing);
+  absl::StatusOr<GradientPush> push = DecodePush(*request, direct, &owns_nothing);
   absl::Status s = push.status();
   // A server that owns nothing (started while the job trains and not given
   // a share yet, or drained) takes part in no step: an empty push routed by
@@ -171,9 +190,9 @@ void ShardServer::RunPush(const v1::PushGradientsRequest* request,
     std::optional<absl::Status> applied;
     if (options_.consistency.mode == ConsistencyMode::kAsync) {
       absl::ReaderMutexLock gate(&push_gate_);
-      applied = HoldOrApply(request, response, *std::move(push), done);
+      applied = HoldOrApply(request, direct, response, *std::move(push), done);
     } else {
-      applied = HoldOrApply(request, response, *std::move(push), done);
+      applied = HoldOrApply(request, direct, response, *std::move(push), done);
     }
     if (!applied.has_value()) return;  // held: runs again when released
     s = *applied;
@@ -184,7 +203,7 @@ void ShardServer::RunPush(const v1::PushGradientsRequest* request,
 }
 
 std::optional<absl::Status> ShardServer::HoldOrApply(
-    const v1::PushGradientsRequest* request,
+    const v1::PushGradientsRequest* request, absl::Span<const float* const> direct,
     v1::PushGradientsResponse* response, GradientPush push, Done& done) {
   const v1::RequestHeader& header = request->header();
   // Sync, bounded: a hand-over to a server that owns nothing yet holds every
@@ -194,8 +213,8 @@ std::optional<absl::Status> ShardServer::HoldOrApply(
   }
   if (active_holds_.load() > 0 &&
       ParkIfHeld(header, nullptr, &push, [&]() -> absl::AnyInvocable<void() &&> {
-        return [this, request, response, done = std::move(done)]() mutable {
-          RunPush(request, response, std::move(done));
+        return [this, request, direct, response, done = std::move(done)]() mutable {
+          RunPush(request, direct, response, std::move(done));
         };
       })) {
     return std::nullopt;

@@ -67,6 +67,7 @@ class RecordingShard final : public client::InProcessShard {
   const std::string& address() const override { return inner_->address(); }
   void Lookup(const v1::LookupRequest* request, grpc::ByteBuffer* response,
               absl::Time deadline, Done done) override {
+    ++lookups_in_bytes;
     inner_->Lookup(request, response, deadline,
                    [this, done = std::move(done)](absl::Status s) mutable {
                      Note(s);
@@ -75,6 +76,7 @@ class RecordingShard final : public client::InProcessShard {
   }
   void PushGradients(const v1::PushGradientsRequest* request,
                      v1::PushGradientsResponse* response, Done done) override {
+    push_tables_in_bytes += request->tables_size();
     const bool lose = lose_next_push_answer.exchange(false);
     inner_->PushGradients(request, response,
                           [this, lose, done = std::move(done)](absl::Status s) mutable {
@@ -83,11 +85,39 @@ class RecordingShard final : public client::InProcessShard {
                             std::move(done)(std::move(s));
                           });
   }
+  void LookupInto(const v1::LookupRequest* request, absl::Span<float* const> rows,
+                  uint64_t* incarnation, absl::Time deadline, Done done) override {
+    ++lookups_in_place;
+    inner_->LookupInto(request, rows, incarnation, deadline,
+                       [this, done = std::move(done)](absl::Status s) mutable {
+                         Note(s);
+                         std::move(done)(std::move(s));
+                       });
+  }
+  void PushGradientsFrom(const v1::PushGradientsRequest* request,
+                         absl::Span<const float* const> grads,
+                         v1::PushGradientsResponse* response, Done done) override {
+    for (int i = 0; i < request->tables_size(); ++i) {
+      (grads[i] != nullptr ? push_tables_in_place : push_tables_in_bytes) += 1;
+    }
+    const bool lose = lose_next_push_answer.exchange(false);
+    inner_->PushGradientsFrom(request, grads, response,
+                              [this, lose, done = std::move(done)](absl::Status s) mutable {
+                                Note(s);
+                                if (lose && s.ok()) s = absl::UnavailableError("answer lost");
+                                std::move(done)(std::move(s));
+                              });
+  }
   std::vector<absl::StatusCode> codes() {
     absl::MutexLock lock(&mu_);
     return codes_;
   }
   std::atomic<bool> lose_next_push_answer{false};
+  // Which way rows went: in place (the caller's memory) or in messages.
+  std::atomic<int> lookups_in_place{0};
+  std::atomic<int> lookups_in_bytes{0};
+  std::atomic<int> push_tables_in_place{0};
+  std::atomic<int> push_tables_in_bytes{0};
 
  private:
   void Note(const absl::Status& s) {
@@ -189,6 +219,15 @@ TEST(InProcessShardTest, SameRowsAndUpdatesAsGrpcWithRefusalAndRetry) {
                            remote_read.size() * sizeof(float)));
   EXPECT_EQ(remote->shard_map_epoch(), 2u);
   EXPECT_EQ(local->shard_map_epoch(), 2u);
+
+  // Both ways of handing rows over ran: lookup chunks of distinct ids in
+  // place, those with table a's repeated id (its row goes to two places)
+  // in bytes; the pushes' rows (the caller's, or table a's summed ones)
+  // follow each other, so every table went in place.
+  EXPECT_GT(recording.lookups_in_place.load(), 0);
+  EXPECT_GT(recording.lookups_in_bytes.load(), 0);
+  EXPECT_GT(recording.push_tables_in_place.load(), 0);
+  EXPECT_EQ(recording.push_tables_in_bytes.load(), 0);
 
   // The in-process server saw the refusal and the duplicate push.
   const std::vector<absl::StatusCode> codes = recording.codes();

@@ -183,6 +183,119 @@ TEST(ShardServer, HalfAndBf16GradientsApplyTheirDecodedValues) {
   }
 }
 
+// An in-process caller's rows (LookupInto, PushGradients with `grads`):
+// the same rows and the same update as through messages, and the requests
+// that cannot go in place are refused, touching nothing.
+TEST(ShardServer, RowsInPlaceMatchTheMessagePathAndBadOnesAreRefused) {
+  auto via_bytes = MakeServer(), in_place = MakeServer();
+  // Table fixed's gradients in place, dynamic's in the request's bytes.
+  const std::vector<float> g = {1, 2, 3, 4, -1, -2, -3, -4};
+  const std::vector<float> dg = {0.5f, 1, 2};
+  v1::PushGradientsRequest push = Push("fixed", {7, 9}, g);
+  *push.add_tables() = Push("dynamic", {-3}, dg).tables(0);
+  ASSERT_TRUE(PushSync(*via_bytes, push).ok());
+  push.mutable_tables(0)->clear_grads();
+  const float* grads[] = {g.data(), nullptr};
+  auto push_in_place = [&](const v1::PushGradientsRequest& req,
+                           absl::Span<const float* const> rows) {
+    absl::Notification done;
+    absl::Status status;
+    v1::PushGradientsResponse resp;
+    in_place->PushGradients(&req, &resp, [&](absl::Status s) {
+      status = s;
+      done.Notify();
+    }, rows);
+    done.WaitForNotification();
+    return status;
+  };
+  const absl::Status pushed = push_in_place(push, grads);
+  ASSERT_TRUE(pushed.ok()) << pushed;
+
+  auto lookup_into = [&](const v1::LookupRequest& req, absl::Span<float* const> rows) {
+    absl::Notification done;
+    absl::Status status;
+    in_place->LookupInto(&req, rows, [&](absl::Status s) {
+      status = s;
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
+  };
+  v1::LookupResponse expected;
+  ASSERT_TRUE(LookupSync(*via_bytes, Lookup("fixed", {9, 7, 8}, 1), &expected).ok());
+  std::vector<float> rows(3 * 4, -7.f);
+  float* out[] = {rows.data()};
+  ASSERT_TRUE(lookup_into(Lookup("fixed", {9, 7, 8}, 1), out).ok());
+  EXPECT_EQ(rows, RowsOf(expected));
+  ASSERT_TRUE(LookupSync(*via_bytes, Lookup("dynamic", {-3}, 1), &expected).ok());
+  std::vector<float> dynamic_row(3);
+  float* dynamic_out[] = {dynamic_row.data()};
+  ASSERT_TRUE(lookup_into(Lookup("dynamic", {-3}, 1), dynamic_out).ok());
+  EXPECT_EQ(dynamic_row, RowsOf(expected));
+
+  // Refused: updated_only, 16-bit rows, a null or missing destination,
+  // gradients both in place and in bytes, a count that is not the tables'.
+  v1::LookupRequest req = Lookup("fixed", {9}, 1);
+  req.set_updated_only(true);
+  EXPECT_EQ(lookup_into(req, out).code(), absl::StatusCode::kInvalidArgument);
+  req = Lookup("fixed", {9}, 1);
+  req.set_row_encoding(v1::ROW_ENCODING_FLOAT16);
+  EXPECT_EQ(lookup_into(req, out).code(), absl::StatusCode::kInvalidArgument);
+  float* null_row[] = {nullptr};
+  EXPECT_EQ(lookup_into(Lookup("fixed", {9}, 1), null_row).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(lookup_into(Lookup("fixed", {9}, 1), {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  const float* one[] = {g.data()};
+  EXPECT_EQ(push_in_place(Push("fixed", {7, 9}, g, 1), one).code(),
+            absl::StatusCode::kInvalidArgument);
+  push.mutable_header()->set_step(1);
+  EXPECT_EQ(push_in_place(push, one).code(), absl::StatusCode::kInvalidArgument);
+  // Nothing above changed a row: both servers still agree.
+  for (const auto& [table, ids] : {std::pair<std::string, std::vector<int64_t>>{"fixed", {7, 9}},
+                                   {"dynamic", {-3}}}) {
+    v1::LookupResponse a, b;
+    ASSERT_TRUE(LookupSync(*via_bytes, Lookup(table, ids, 1), &a).ok());
+    ASSERT_TRUE(LookupSync(*in_place, Lookup(table, ids, 1), &b).ok());
+    EXPECT_EQ(RowsOf(a), RowsOf(b)) << table;
+  }
+}
+
+// Sync mode's correction lookup (updated_only) answers exactly the rows the
+// newest applied step updated, step after step: for the fixed table through
+// a bitmap over its ids (whose bits of the step before must be cleared),
+// for the dynamic one through a hash set.
+TEST(ShardServer, UpdatedOnlyLookupAnswersTheNewestStepsRowsStepAfterStep) {
+  auto positions = [](const v1::TableRows& t) {
+    EXPECT_TRUE(t.updated_only());
+    std::vector<int32_t> p(t.positions().size() / 4);
+    std::memcpy(p.data(), t.positions().data(), t.positions().size());
+    return p;
+  };
+  for (const std::string table : {"fixed", "dynamic"}) {
+    SCOPED_TRACE(table);
+    auto server = MakeServer();
+    const int dim = table == "fixed" ? 4 : 3;
+    const std::vector<float> g(2 * dim, 0.25f);
+    ASSERT_TRUE(PushSync(*server, Push(table, {1, 2}, g, 0)).ok());
+    v1::LookupRequest req = Lookup(table, {1, 3, 2}, 1);
+    req.set_updated_only(true);
+    v1::LookupResponse resp;
+    ASSERT_TRUE(LookupSync(*server, req, &resp).ok());
+    EXPECT_EQ(positions(resp.tables(0)), (std::vector<int32_t>{0, 2}));
+    EXPECT_EQ(resp.tables(0).rows().size(), 2u * dim * 4);
+
+    ASSERT_TRUE(PushSync(*server, Push(table, {3}, std::vector<float>(dim, 1), 1)).ok());
+    req = Lookup(table, {1, 2, 3, 4}, 2);
+    req.set_updated_only(true);
+    ASSERT_TRUE(LookupSync(*server, req, &resp).ok());
+    EXPECT_EQ(positions(resp.tables(0)), (std::vector<int32_t>{2}));  // 1, 2 are old
+    v1::LookupResponse full;
+    ASSERT_TRUE(LookupSync(*server, Lookup(table, {3}, 2), &full).ok());
+    EXPECT_EQ(resp.tables(0).rows(), full.tables(0).rows());
+  }
+}
+
 // Each bad request: its status code, a phrase of its message, and no row
 // may change (checked by looking up every touched row before and after).
 struct BadCase {
