@@ -12,7 +12,8 @@
 #     W > 1 or S > 1 runs through `recps local` (coordinator, Gloo allreduce).
 #   BIN_DIR=/path/to/bin   binaries to run (default build/bin), e.g. an old
 #     build to interleave before/after runs.
-#   SYNC_PREFETCH=0|1      passes --sync_prefetch to the workers (if set).
+#   SYNC_PREFETCH=0|1      passes --sync_prefetch to the workers (if set; default
+#     auto: off with an embedded shard and under recps local, on otherwise).
 #   IN_PROCESS=1           each worker embeds its shard server and reaches it
 #     without gRPC (W1: recps-worker --embedded_shard alone; W > 1: recps
 #     local --in_process, S = W). Default 0: separate recps-shard processes.
@@ -64,7 +65,7 @@ for config in "${CONFIGS[@]}"; do
   elif [[ ${IN_PROCESS:-0} == 1 ]]; then
     "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --in_process \
       --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
-      --result_dir="$work/out" "${local_tls[@]}" >/dev/null 2>&1
+      --result_dir="$work/out" "${local_tls[@]}" -- "${extra[@]}" >/dev/null 2>&1
   elif [[ $WORKERS == 1 && $SHARDS == 1 ]]; then
     rm -f "$work/ports"
     "$BIN_DIR/recps-shard" --job="$config" --standalone --world_size=1 \
@@ -76,11 +77,9 @@ for config in "${CONFIGS[@]}"; do
       "${worker_tls[@]}" 2>/dev/null
     kill -TERM %1; wait %1 || true
   else
-    # `recps local` has no pass-through for worker flags; SYNC_PREFETCH
-    # applies to W1 S1 runs only.
     "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --shards="$SHARDS" \
       --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
-      --result_dir="$work/out" "${local_tls[@]}" >/dev/null 2>&1
+      --result_dir="$work/out" "${local_tls[@]}" -- "${extra[@]}" >/dev/null 2>&1
   fi
   /usr/bin/python3 - "$work/out" "$job" "$config" "$anchor" <<'PY'
 import glob, json, re, sys

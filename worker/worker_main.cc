@@ -144,9 +144,12 @@ ABSL_FLAG(bool, embedded_shard, false,
           "gRPC. Without --coordinator (and --world_size=1) it serves every "
           "slot alone. Its rows live in this process: if the worker dies, "
           "they are lost (restart from a checkpoint)");
-ABSL_FLAG(bool, sync_prefetch, true,
+ABSL_FLAG(std::string, sync_prefetch, "auto",
           "sync mode: read step t+1's rows during step t and re-read only the "
-          "rows step t updated (exact; false: look up after each push)");
+          "rows step t updated (exact either way). true, false (look up after "
+          "each push) or auto: false with --embedded_shard, whose lookups are "
+          "CPU work on this worker's own cores (the overlap would only compete "
+          "with the step for them), true otherwise");
 
 namespace recps::worker {
 namespace {
@@ -350,6 +353,12 @@ int Run() {
   }
   if (absl::Status s = CheckMemory(*job); !s.ok()) {
     LogError(s.message());
+    return 2;
+  }
+  bool sync_prefetch = !absl::GetFlag(FLAGS_embedded_shard);  // auto
+  if (const std::string prefetch = absl::GetFlag(FLAGS_sync_prefetch);
+      prefetch != "auto" && !absl::SimpleAtob(prefetch, &sync_prefetch)) {
+    LogError("--sync_prefetch=", prefetch, ": expected true, false or auto");
     return 2;
   }
   std::vector<std::string> shards =
@@ -611,7 +620,7 @@ int Run() {
       return absl::OkStatus();
     };
   }
-  options.sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
+  options.sync_prefetch = sync_prefetch;
   // The stream and cuBLAS handle of a CUDA worker (nothing for the CPU).
   absl::StatusOr<std::unique_ptr<kernels::ExecResources>> exec =
       kernels::ExecResources::Create(*device, cuda_device, &pool);
@@ -707,7 +716,9 @@ int Run() {
           total_steps, " steps of ", batch_size, " samples, rank ", rank, " of ", world,
           ", shard map from ",
           coordinator != nullptr ? "coordinator " + coordinator_address
-                                 : absl::StrCat(shards.size(), " shard server(s)"));
+                                 : absl::StrCat(shards.size(), " shard server(s)"),
+          "; sync prefetch ", sync_prefetch ? "on" : "off", " (--sync_prefetch=",
+          absl::GetFlag(FLAGS_sync_prefetch), ")");
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   if (!result.ok()) {
     LogError("training failed: ", result.status().ToString());

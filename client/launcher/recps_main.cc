@@ -74,6 +74,11 @@ ABSL_FLAG(bool, in_process, false,
           "dies takes its rows with it: the run stops (or restarts from the "
           "last checkpoint with --max_restarts)");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
+ABSL_FLAG(std::string, sync_prefetch, "auto",
+          "local: the workers' --sync_prefetch. auto: false, since every "
+          "shard server of a local run shares this machine's cores with the "
+          "workers, and the overlapped read only competes with the step for "
+          "them");
 ABSL_FLAG(std::string, shard_device, "cpu",
           "local: where the shard servers keep their rows (recps-shard "
           "--device): cpu, or cuda:N for the GPU store (docs/gpu.md); the "
@@ -276,6 +281,14 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   int num_shards = absl::GetFlag(FLAGS_shards);
   if (num_shards < 0 || num_workers < 1) {
     LogError("--shards must be >= 0 (0: the default) and --workers >= 1");
+    return 2;
+  }
+  std::string sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
+  bool prefetch = false;
+  if (sync_prefetch == "auto") {
+    sync_prefetch = "false";
+  } else if (!absl::SimpleAtob(sync_prefetch, &prefetch)) {
+    LogError("--sync_prefetch=", sync_prefetch, ": expected true, false or auto");
     return 2;
   }
   const std::string shard_device = absl::GetFlag(FLAGS_shard_device);
@@ -489,6 +502,7 @@ int RunLocal(const std::vector<std::string>& worker_args) {
         "--coordinator=" + coord_address,
         absl::StrCat("--rank=", r), absl::StrCat("--world_size=", num_workers),
         absl::StrCat("--threads=", threads),
+        "--sync_prefetch=" + sync_prefetch,
         r == 0 ? "--progress_every=2s" : "--progress_every=1000h",
         absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
     if (in_process) {

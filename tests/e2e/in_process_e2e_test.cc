@@ -87,6 +87,8 @@ TEST_P(InProcessE2e, SameAsSeparateShardServersBitIdentical) {
   const std::string log = ReadAll(embedded.log);
   EXPECT_THAT(log, HasSubstr("one inside each worker, --in_process"));
   EXPECT_THAT(log, HasSubstr("this worker reaches it in process"));
+  // recps local's workers share the machine's cores with every shard server.
+  EXPECT_THAT(log, HasSubstr("sync prefetch off (--sync_prefetch=false)"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, InProcessE2e, ::testing::Values(1, 2),
@@ -204,6 +206,8 @@ TEST(InProcessE2eFlags, WorkerAloneWithItsShardServer) {
   EXPECT_EQ(*code, 0) << ReadAll(log);
   EXPECT_THAT(ReadAll(log), HasSubstr("this worker reaches it in process"));
   EXPECT_THAT(ReadAll(log), HasSubstr("done: 20 steps"));
+  // Its lookups are CPU work on its own cores: no overlapped read by default.
+  EXPECT_THAT(ReadAll(log), HasSubstr("sync prefetch off (--sync_prefetch=auto)"));
 
   const std::string refused_log = run.dir->path() + "/refused.log";
   absl::StatusOr<client::ChildProcess> refused = client::ChildProcess::Spawn(
@@ -216,6 +220,17 @@ TEST(InProcessE2eFlags, WorkerAloneWithItsShardServer) {
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 2);
   EXPECT_THAT(ReadAll(refused_log), HasSubstr("it needs --world_size=1 and no --shards"));
+
+  const std::string bad_log = run.dir->path() + "/bad.log";
+  absl::StatusOr<client::ChildProcess> bad = client::ChildProcess::Spawn(
+      RECPS_WORKER_BINARY,
+      {"--config=" + run.job, "--embedded_shard", "--insecure", "--sync_prefetch=maybe"},
+      bad_log);
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  code = bad->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 2);
+  EXPECT_THAT(ReadAll(bad_log), HasSubstr("--sync_prefetch=maybe: expected true, false or auto"));
 }
 
 // --in_process needs one shard server per worker.
