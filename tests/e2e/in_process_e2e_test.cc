@@ -191,7 +191,8 @@ TEST(InProcessE2eStatus, RecpsctlStatusListsTheEmbeddedServers) {
 
 // recps-worker --embedded_shard without a coordinator: one worker serving
 // every slot alone, trained to the end; with --world_size=2 it is refused
-// (its peers could not find the shard server).
+// (its peers could not find the shard server), as is an unknown
+// --sync_prefetch value.
 TEST(InProcessE2eFlags, WorkerAloneWithItsShardServer) {
   LocalRun run;
   const std::string log = run.dir->path() + "/worker.log";
@@ -209,28 +210,24 @@ TEST(InProcessE2eFlags, WorkerAloneWithItsShardServer) {
   // Its lookups are CPU work on its own cores: no overlapped read by default.
   EXPECT_THAT(ReadAll(log), HasSubstr("sync prefetch off (--sync_prefetch=auto)"));
 
-  const std::string refused_log = run.dir->path() + "/refused.log";
-  absl::StatusOr<client::ChildProcess> refused = client::ChildProcess::Spawn(
-      RECPS_WORKER_BINARY,
-      {"--config=" + run.job, "--embedded_shard", "--insecure", "--world_size=2",
-       "--rank=0", "--rendezvous_dir=" + run.dir->path()},
-      refused_log);
-  ASSERT_TRUE(refused.ok()) << refused.status();
-  code = refused->Wait(absl::Seconds(60));
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 2);
-  EXPECT_THAT(ReadAll(refused_log), HasSubstr("it needs --world_size=1 and no --shards"));
-
-  const std::string bad_log = run.dir->path() + "/bad.log";
-  absl::StatusOr<client::ChildProcess> bad = client::ChildProcess::Spawn(
-      RECPS_WORKER_BINARY,
-      {"--config=" + run.job, "--embedded_shard", "--insecure", "--sync_prefetch=maybe"},
-      bad_log);
-  ASSERT_TRUE(bad.ok()) << bad.status();
-  code = bad->Wait(absl::Seconds(60));
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 2);
-  EXPECT_THAT(ReadAll(bad_log), HasSubstr("--sync_prefetch=maybe: expected true, false or auto"));
+  // Refused at start with exit code 2 and the reason.
+  auto expect_refused = [&](const std::string& name, std::vector<std::string> args,
+                            const std::string& reason) {
+    const std::string refused_log = run.dir->path() + "/" + name + ".log";
+    args.insert(args.begin(), {"--config=" + run.job, "--embedded_shard", "--insecure"});
+    absl::StatusOr<client::ChildProcess> refused =
+        client::ChildProcess::Spawn(RECPS_WORKER_BINARY, args, refused_log);
+    ASSERT_TRUE(refused.ok()) << refused.status();
+    absl::StatusOr<int> exit_code = refused->Wait(absl::Seconds(60));
+    ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+    EXPECT_EQ(*exit_code, 2) << name;
+    EXPECT_THAT(ReadAll(refused_log), HasSubstr(reason)) << name;
+  };
+  expect_refused("world_size",
+                 {"--world_size=2", "--rank=0", "--rendezvous_dir=" + run.dir->path()},
+                 "it needs --world_size=1 and no --shards");
+  expect_refused("sync_prefetch", {"--sync_prefetch=maybe"},
+                 "--sync_prefetch=maybe: expected true, false or auto");
 }
 
 // --in_process needs one shard server per worker.
