@@ -13,7 +13,7 @@
 #   BIN_DIR=/path/to/bin   binaries to run (default build/bin), e.g. an old
 #     build to interleave before/after runs.
 #   SYNC_PREFETCH=0|1      passes --sync_prefetch to the workers (if set; default
-#     auto: off with an embedded shard and under recps local, on otherwise).
+#     auto: off with an embedded shard, on otherwise).
 #   IN_PROCESS=1           each worker embeds its shard server and reaches it
 #     without gRPC (W1: recps-worker --embedded_shard alone; W > 1: recps
 #     local --in_process, S = W). Default 0: separate recps-shard processes.

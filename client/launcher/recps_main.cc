@@ -75,10 +75,8 @@ ABSL_FLAG(bool, in_process, false,
           "last checkpoint with --max_restarts)");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
 ABSL_FLAG(std::string, sync_prefetch, "auto",
-          "local: the workers' --sync_prefetch. auto: false, since every "
-          "shard server of a local run shares this machine's cores with the "
-          "workers, and the overlapped read only competes with the step for "
-          "them");
+          "local: the workers' --sync_prefetch (auto: the worker's own "
+          "default, off with --in_process)");
 ABSL_FLAG(std::string, shard_device, "cpu",
           "local: where the shard servers keep their rows (recps-shard "
           "--device): cpu, or cuda:N for the GPU store (docs/gpu.md); the "
@@ -283,11 +281,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     LogError("--shards must be >= 0 (0: the default) and --workers >= 1");
     return 2;
   }
-  std::string sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
+  const std::string sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
   bool prefetch = false;
-  if (sync_prefetch == "auto") {
-    sync_prefetch = "false";
-  } else if (!absl::SimpleAtob(sync_prefetch, &prefetch)) {
+  if (sync_prefetch != "auto" && !absl::SimpleAtob(sync_prefetch, &prefetch)) {
     LogError("--sync_prefetch=", sync_prefetch, ": expected true, false or auto");
     return 2;
   }

@@ -87,8 +87,8 @@ TEST_P(InProcessE2e, SameAsSeparateShardServersBitIdentical) {
   const std::string log = ReadAll(embedded.log);
   EXPECT_THAT(log, HasSubstr("one inside each worker, --in_process"));
   EXPECT_THAT(log, HasSubstr("this worker reaches it in process"));
-  // recps local's workers share the machine's cores with every shard server.
-  EXPECT_THAT(log, HasSubstr("sync prefetch off (--sync_prefetch=false)"));
+  // Embedded shards: the lookups are CPU work on the worker's own cores.
+  EXPECT_THAT(log, HasSubstr("sync prefetch off (--sync_prefetch=auto)"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, InProcessE2e, ::testing::Values(1, 2),
