@@ -1,6 +1,7 @@
 #include "common/rpc/channels.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -18,6 +19,18 @@
 
 namespace recps::rpc {
 namespace {
+
+// gRPC 1.51 drives a client's connection attempt that no call is polling
+// (an RPC queued while the channel reconnects) only from its "backup
+// poller", every 5 s by default: after one refused connect every later try
+// took 5 s, so a client reached a restarted coordinator or shard server
+// 5-10 s late (and a TLS handshake, a few round trips, up to 20 s). 100 ms
+// costs an idle wake-up per process. Set before main, so before grpc_init
+// reads it; an operator's own setting wins.
+const bool backup_poll_set = [] {
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
+  return true;
+}();
 
 ABSL_CONST_INIT absl::Mutex process_mu(absl::kConstInit);
 TransportSecurity& ProcessSecurityLocked()

@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/embedding_client.h"
+#include "client/launcher/process.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
@@ -388,6 +389,37 @@ TEST_F(RecpsctlTest, UnreachableCoordinatorFailsFastWithExitCode1) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_THAT(r.err, HasSubstr("cannot ask the coordinator 127.0.0.1:1"));
   EXPECT_TRUE(r.out.empty());
+}
+
+// A coordinator that is down when recpsctl first dials it and back a moment
+// later (kill -9, restarted in place as `recps local` does) is reached as
+// soon as it serves. gRPC 1.51 advances a connection attempt that no call
+// polls only from its backup poller, every 5 s by default: each try after
+// the first refusal stalled that long, and a test that polled `recpsctl
+// moves` during a coordinator restart saw nothing for 5-10 s.
+TEST(RecpsctlRestartTest, ACoordinatorBackFromACrashIsReachedAtOnce) {
+  TempDir dir;
+  const std::vector<std::string> args = {"--state_dir=" + dir.path() + "/state",
+                                         "--num_shards=2", "--num_slots=256"};
+  auto coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const std::string address = (*coordinator)->address();
+  (*coordinator)->Kill();
+  absl::StatusOr<client::ChildProcess> ctl = client::ChildProcess::Spawn(
+      RECPSCTL_BINARY, {"moves", "--coordinator=" + address, "--insecure", "--timeout=60s"},
+      dir.path() + "/recpsctl.log");
+  ASSERT_TRUE(ctl.ok()) << ctl.status();
+  absl::SleepFor(absl::Milliseconds(300));  // its first tries are refused
+  std::vector<std::string> again = args;
+  again.push_back("--listen=" + address);
+  coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, again);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+  const absl::Time serving = absl::Now();
+  absl::StatusOr<int> code = ctl->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << Slurp(dir.path() + "/recpsctl.log");
+  // Its retries are at most 1 s apart; before the fix this was 4-5 s.
+  EXPECT_LT(absl::Now() - serving, absl::Seconds(2.5));
 }
 
 TEST_F(RecpsctlTest, AServerThatDoesNotAnswerMakesTheClusterUnhealthy) {

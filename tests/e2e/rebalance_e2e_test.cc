@@ -463,11 +463,9 @@ TEST_F(RebalanceKillE2e, KilledTargetRestartsFromTheCheckpoint) {
 TEST_F(RebalanceKillE2e, KilledCoordinatorResolvesTheMoveOnRestart) {
   ASSERT_NE(reference_, nullptr);
   RebalanceRun run;
-  // Plaintext: under mutual TLS a client that starts connecting while the
-  // coordinator is down stalls up to 20 s once it is back (docs/security.md,
-  // "known issue"), and the job may end before the test's recpsctl calls
-  // get through.
-  run.insecure = true;
+  // Under mutual TLS, as `recps local` runs by default: the test's recpsctl
+  // calls start while the coordinator is down and must get through once it
+  // is back, before the job ends (RecpsctlRestartTest).
   std::optional<client::ChildProcess> job;
   v1::MoveRecord copying;
   StartSlowDrain(run, {}, &job, &copying);
