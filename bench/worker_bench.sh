@@ -18,6 +18,8 @@
 #     without gRPC (W1: recps-worker --embedded_shard alone; W > 1: recps
 #     local --in_process, S = W). Default 0: separate recps-shard processes.
 #   TLS=1                  the same over mutual TLS (default plaintext).
+#   WORKER_FLAGS="..."     more recps-worker flags (e.g. --threads=2; after
+#     `recps local`'s own, so they win).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN_DIR=${BIN_DIR:-${BUILD_DIR:-build}/bin}
@@ -31,6 +33,8 @@ work=$(mktemp -d)
 trap 'kill -TERM $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 extra=()
 [[ -n ${SYNC_PREFETCH:-} ]] && extra+=("--sync_prefetch=$SYNC_PREFETCH")
+# shellcheck disable=SC2206  # word splitting wanted: several flags
+[[ -n ${WORKER_FLAGS:-} ]] && extra+=(${WORKER_FLAGS})
 shard_tls=(--insecure)
 worker_tls=(--insecure)
 local_tls=(--insecure)

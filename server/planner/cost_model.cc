@@ -50,9 +50,16 @@ Load& Load::operator+=(const Load& o) {
   return *this;
 }
 
-double FixedTableBytes(uint32_t num_slots) {
+double FixedTableBytes(const TableModel& table, uint32_t num_slots) {
   return static_cast<double>(num_slots) *
-         static_cast<double>(server::HostIndexBytesPerSlot());
+             static_cast<double>(server::HostIndexBytesPerSlot()) +
+         table.dense_index_bytes;
+}
+
+double FixedBytesPerServer(const Model& m) {
+  double bytes = 0;
+  for (const TableModel& t : m.tables) bytes += FixedTableBytes(t, m.num_slots);
+  return bytes;
 }
 
 namespace {

@@ -51,9 +51,12 @@ Load UnitLoad(const TableModel& table, int column_begin, int column_end,
 // The same for a server owning every slot (table-wise, a column group).
 Load WholeUnitLoad(const TableModel& table, int column_begin, int column_end);
 
-// Index bytes every server spends on a table whatever the placement: the
-// store keeps a map object and a row counter per slot for each table.
-double FixedTableBytes(uint32_t num_slots);
+// Index bytes every server spends on `table` whatever the placement: the
+// store keeps a map object and a row counter per slot for each table, and
+// an id -> row map for small fixed ones.
+double FixedTableBytes(const TableModel& table, uint32_t num_slots);
+// The sum over the model's tables: what each server spends before any row.
+double FixedBytesPerServer(const Model& m);
 
 struct StepTime {
   double network_seconds = 0;

@@ -78,7 +78,7 @@ absl::Status NothingFits(const Model& m, const Proposal& failed) {
   for (const TableModel& other : m.tables) {
     need += WholeUnitLoad(other, 0, other.dim).bytes_stored();
   }
-  need += FixedTableBytes(m.num_slots) * m.tables.size() * m.servers.size();
+  need += FixedBytesPerServer(m) * m.servers.size();
   for (const ServerModel& s : m.servers) {
     have += static_cast<double>(s.usable_bytes);
     largest = std::max(largest, static_cast<double>(s.usable_bytes));
@@ -123,7 +123,7 @@ v1::ShardingPlan ToPlan(const Model& m, const Proposal& best) {
   plan.mutable_slot_owner()->Add(global.begin(), global.end());
   std::vector<Load> loads(m.servers.size());
   for (Load& l : loads)
-    l.index_bytes = FixedTableBytes(m.num_slots) * m.tables.size();
+    l.index_bytes = FixedBytesPerServer(m);
   int64_t total_rows = 0;
   for (const Placement& p : best.placements) {
     const TableModel& tm = m.tables[p.table];

@@ -69,7 +69,7 @@ Placement ColumnWise(const Model& m, int t, int groups,
     group.load = WholeUnitLoad(tm, group.column_begin, group.column_end);
     // A group is its own table on that server: its fixed index bytes too.
     Load fixed;
-    fixed.index_bytes = FixedTableBytes(m.num_slots);
+    fixed.index_bytes = FixedTableBytes(tm, m.num_slots);
     Load with_fixed = group.load;
     with_fixed += fixed;
     AddPart(p, group.server, with_fixed);
@@ -99,8 +99,7 @@ Partition::Partition(const Model& model)
       steps_(model.servers.size()),
       memory_use_(model.servers.size()) {
   for (size_t s = 0; s < loads_.size(); ++s) {
-    loads_[s].index_bytes =
-        FixedTableBytes(model.num_slots) * model.tables.size();
+    loads_[s].index_bytes = FixedBytesPerServer(model);
     Refresh(static_cast<int>(s));
   }
 }

@@ -202,6 +202,7 @@ absl::StatusOr<Model> BuildModel(const PlannerInput& input) {
       return BadHint(*h, "expected_distinct_ids must be >= 0");
     }
     const int64_t fixed_rows = tm.rows;
+    tm.dense_index_bytes = static_cast<double>(server::HostDenseIndexBytes(fixed_rows));
     if (h->expected_distinct_ids() > 0) {
       tm.rows = fixed_rows > 0
                     ? std::min(fixed_rows, h->expected_distinct_ids())

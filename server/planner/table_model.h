@@ -46,6 +46,9 @@ struct TableModel {
   double index_bytes_per_slot = 0;
   // Index bytes of the whole table (all slots).
   double index_bytes = 0;
+  // A fixed table's id -> row map, which every server keeps whatever share
+  // it holds (server::HostDenseIndexBytes; 0: none).
+  double dense_index_bytes = 0;
   v1::ShardingType pinned_type = v1::SHARDING_TYPE_UNSPECIFIED;
   // Servers the table may use (indices; all unless pinned).
   std::vector<int> allowed_servers;

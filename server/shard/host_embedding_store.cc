@@ -261,7 +261,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     info.row_bytes = t.RowBytes();  // == HostRowBytes(kind, dim, precision)
     info.index_bytes =
         static_cast<int64_t>(t.index.size()) * HostIndexBytesPerSlot() +
-        HostRowIdBytes(info.rows);
+        HostRowIdBytes(info.rows) + HostDenseIndexBytes(t.spec.num_rows);
     for (int s = 0; s < kStripes; ++s) {
       absl::MutexLock lock(&t.stripes[s]);
       for (size_t slot = s; slot < t.index.size(); slot += kStripes) {
@@ -377,6 +377,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
         created_now = true;
         return created;
       });
+      if (created_now) t->SetDenseRow(ids[p], r);
       if (!created_now) t->Touch(slot, ids[p], r);
       t->ImportRow(src, t->Row(r));
     }
@@ -527,7 +528,10 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     const int64_t n = index.size();
     std::vector<int64_t> holes;
     holes.reserve(n);
-    index.ForEach([&](int64_t, int64_t row) { holes.push_back(row); });
+    index.ForEach([&](int64_t id, int64_t row) {
+      holes.push_back(row);
+      t.SetDenseRow(id, -1);  // no row
+    });
     std::sort(holes.begin(), holes.end());
     index = IdIndex();  // frees its array
     t.slot_rows[slot] = 0;
@@ -552,6 +556,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
       row_gens[to] = row_gens[tail];
       const bool moved =
           t.index[SlotOf(t.key, id, t.num_slots)].SetRow(id, to);
+      t.SetDenseRow(id, to);
       if (!moved) {
         // The row -> id array and the index disagree: a bug, and rows
         // would be lost silently if it went on.
@@ -659,6 +664,16 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
           t->capacity, " rows: ", row_gens.status().message()));
     }
     t->row_gens = *std::move(row_gens);
+    if (const int64_t dense = HostDenseIndexBytes(spec.num_rows); dense > 0) {
+      // Zero-filled pages on first touch: no id has a row yet.
+      auto dense_rows = AlignedBuffer::Allocate(static_cast<size_t>(dense));
+      if (!dense_rows.ok()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "table '", spec.name, "': reserving the id -> row map of ",
+            spec.num_rows, " ids: ", dense_rows.status().message()));
+      }
+      t->dense_rows = *std::move(dense_rows);
+    }
     t->index.resize(options.num_slots);
     t->slot_rows.assign(options.num_slots, 0);
     t->spec = std::move(spec);

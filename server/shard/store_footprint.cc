@@ -22,6 +22,12 @@ int64_t HostRowIdBytes(int64_t rows) {
   return rows <= 0 ? 0 : rows * static_cast<int64_t>(sizeof(int64_t));
 }
 
+int64_t HostDenseIndexBytes(int64_t num_rows) {
+  return num_rows > 0 && num_rows <= kHostDenseIndexMaxRows
+             ? num_rows * static_cast<int64_t>(sizeof(uint32_t))
+             : 0;
+}
+
 int64_t HostIndexBytesForRows(int64_t rows) {
   return HostIndexAllocBytes(IdIndex::CapacityForRows(rows));
 }

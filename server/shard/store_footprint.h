@@ -28,6 +28,16 @@ int64_t HostIndexAllocBytes(int64_t capacity);
 // DropSlot compact the arena); part of TableInfo.index_bytes.
 int64_t HostRowIdBytes(int64_t rows);
 
+// Fixed tables (num_rows > 0) of at most this many rows also keep a flat
+// id -> row map (server/shard/host_table.h, Table::dense_rows) on every
+// server: 4 bytes per id of the table, whatever share of it the server
+// holds (its pages are touched as rows appear, and ids spread over all of
+// them). Larger tables rely on the slot indexes alone.
+inline constexpr int64_t kHostDenseIndexMaxRows = int64_t{1} << 24;
+// Bytes of that map for a table of `num_rows` (0: none); part of
+// TableInfo.index_bytes and of the planner's fixed bytes per table.
+int64_t HostDenseIndexBytes(int64_t num_rows);
+
 }  // namespace recps::server
 
 #endif  // RECPS_SERVER_SHARD_STORE_FOOTPRINT_H_

@@ -13,6 +13,7 @@
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/shard/store_footprint.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "server/planner/cost_model.h"
 #include "server/planner/planner.h"
@@ -218,9 +219,17 @@ TEST(PlannerCluster, BytesStoredEstimateIsWithinTenPercentOfTheServersStats) {
     EXPECT_EQ(ts->rows(), kIds);
     const double reported =
         static_cast<double>(ts->bytes() + ts->index_bytes());
-    // The table's estimate plus the per-slot bookkeeping every table has.
+    // The table's estimate plus the per-slot bookkeeping every table has
+    // (and a fixed table's id -> row map).
+    planner::TableModel model;
+    for (const v1::TableConfig& tc : cluster.tables.tables()) {
+      if (tc.name() == tp.table()) {
+        model.dense_index_bytes =
+            static_cast<double>(server::HostDenseIndexBytes(tc.num_rows()));
+      }
+    }
     const double estimated = static_cast<double>(tp.estimate().bytes_stored()) +
-                             planner::FixedTableBytes(kSlots);
+                             planner::FixedTableBytes(model, kSlots);
     EXPECT_NEAR(estimated, reported, 0.10 * reported)
         << tp.table() << ": rows+state " << ts->bytes() << " index "
         << ts->index_bytes() << "; estimate "

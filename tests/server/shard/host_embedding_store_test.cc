@@ -86,6 +86,32 @@ TEST(HostEmbeddingStore, FixedTableRefusesOutOfRangeAndCreatesNothing) {
   EXPECT_EQ(store->Info(0).rows, 3);
 }
 
+// A fixed table finds its rows through a flat id -> row map (beside the
+// slot indexes): reading ids outside the table answers "no row" rather than
+// reading past the map, and the index memory it reports counts the map.
+TEST(HostEmbeddingStore, FixedTableReadsOutsideItsIdsFindNoRow) {
+  auto store = MakeStore({Spec("item", 4, /*num_rows=*/10), Spec("user", 4)});
+  std::vector<float> out(4 * kernels::FusedRowStride(OptimizerKind::kSgd, 4));
+  const std::vector<int64_t> some = {0, 9};
+  ASSERT_TRUE(store->Lookup(0, some, out.data()).ok());
+  ASSERT_TRUE(store->ReadRows(0, some, out.data()).ok());
+  for (int64_t bad : {int64_t{-1}, int64_t{10}, int64_t{1} << 40}) {
+    const std::vector<int64_t> ids = {bad};
+    EXPECT_EQ(store->ReadRows(0, ids, out.data()).code(), absl::StatusCode::kNotFound)
+        << bad;
+  }
+  const std::vector<int64_t> never = {3};
+  EXPECT_EQ(store->ReadRows(0, never, out.data()).code(), absl::StatusCode::kNotFound);
+#if !defined(RECPS_DEVICE_STORE_CONTRACT)  // the device store has no such map
+  auto empty = MakeStore({Spec("item", 4, /*num_rows=*/10), Spec("user", 4)});
+  EXPECT_EQ(empty->Info(0).index_bytes - empty->Info(1).index_bytes,
+            HostDenseIndexBytes(10));
+#endif
+  EXPECT_EQ(HostDenseIndexBytes(10), 40);
+  EXPECT_EQ(HostDenseIndexBytes(0), 0);  // dynamic: none
+  EXPECT_EQ(HostDenseIndexBytes(kHostDenseIndexMaxRows + 1), 0);
+}
+
 TEST(HostEmbeddingStore, SgdUpdateIsExact) {
   auto store = MakeStore({Spec("t", 3, 0, OptimizerKind::kSgd, 0.25f)});
   const std::vector<int64_t> ids = {11, -4};
