@@ -335,20 +335,18 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   }
   Charge(start, &times->backward);
 
-  start = absl::Now();
-  std::vector<client::PushSpec> pushes;
-  for (size_t t = 0; t < tables_.size(); ++t) {
-    const TableState& ts = tables_[t];
-    if (ts.dedup.unique.empty()) continue;
-    pushes.push_back({static_cast<int>(t), ts.dedup.unique, ts.grad_rows.data(),
-                      /*distinct=*/true});
-  }
-  RETURN_IF_ERROR(client_->PushGradients(step, pushes));
-  Charge(start, &times->push);
-
+  // The dense allreduce and the push depend on neither each other nor
+  // anything the other changes. On the host the allreduce runs on a helper
+  // thread while the push goes out and waits for the other ranks' pushes,
+  // so the two collectives' waits overlap (W2 S-p20: the allreduce phase
+  // was 13 of 137 ms). `allreduce` then times only what is left to wait
+  // for after the push. With NCCL it stays after the push, on this thread
+  // (its device and stream are this thread's).
   start = absl::Now();
   float checkpoint_flag = 0, stop_flag = 0;
   ReadLocalFlags(&checkpoint_flag, &stop_flag);
+  absl::Span<float> reduce;
+  size_t num_grads = 0;
   if (options_.allreduce) {
     // The checkpoint decision rides on the dense allreduce (two floats after
     // the gradients), so every worker agrees on the cut with no extra round
@@ -357,16 +355,46 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     // model's device (NCCL reduces GPU memory in place).
     const kernels::ExecContext& ctx = options_.ctx;
     const absl::Span<float> grads = model_->gradients();
-    const size_t n = grads.size();
+    num_grads = grads.size();
     float flags[2] = {checkpoint_flag, stop_flag};
-    float* reduce = reduce_buf_.data();
-    RETURN_IF_ERROR(kernels::CopyOnDevice(reduce, grads.data(), n, ctx));
-    RETURN_IF_ERROR(kernels::CopyToDevice(reduce + n, flags, 2, ctx));
+    reduce = absl::MakeSpan(reduce_buf_.data(), num_grads + 2);
+    RETURN_IF_ERROR(kernels::CopyOnDevice(reduce.data(), grads.data(), num_grads, ctx));
+    RETURN_IF_ERROR(kernels::CopyToDevice(reduce.data() + num_grads, flags, 2, ctx));
     // The collective runs on its own stream: the copies must be complete.
     RETURN_IF_ERROR(kernels::Synchronize(ctx));
-    RETURN_IF_ERROR(options_.allreduce(absl::MakeSpan(reduce, n + 2)));
-    RETURN_IF_ERROR(kernels::CopyOnDevice(grads.data(), reduce, n, ctx));
-    RETURN_IF_ERROR(kernels::CopyToHost(flags, reduce + n, 2, ctx));
+  }
+  absl::Status reduced = absl::OkStatus();
+  std::thread overlapped;
+  if (options_.allreduce && options_.ctx.device == kernels::Device::kCpu) {
+    overlapped = std::thread([&] { reduced = options_.allreduce(reduce); });
+  }
+  Charge(start, &times->allreduce);
+
+  start = absl::Now();
+  std::vector<client::PushSpec> pushes;
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    const TableState& ts = tables_[t];
+    if (ts.dedup.unique.empty()) continue;
+    pushes.push_back({static_cast<int>(t), ts.dedup.unique, ts.grad_rows.data(),
+                      /*distinct=*/true});
+  }
+  const absl::Status pushed = client_->PushGradients(step, pushes);
+  Charge(start, &times->push);
+
+  start = absl::Now();
+  if (overlapped.joinable()) {
+    overlapped.join();  // before any return: it writes `reduced` and `reduce`
+  } else if (options_.allreduce && pushed.ok()) {
+    reduced = options_.allreduce(reduce);
+  }
+  RETURN_IF_ERROR(pushed);
+  RETURN_IF_ERROR(reduced);
+  if (options_.allreduce) {
+    const kernels::ExecContext& ctx = options_.ctx;
+    float flags[2];
+    RETURN_IF_ERROR(kernels::CopyOnDevice(model_->gradients().data(), reduce.data(),
+                                          num_grads, ctx));
+    RETURN_IF_ERROR(kernels::CopyToHost(flags, reduce.data() + num_grads, 2, ctx));
     RETURN_IF_ERROR(kernels::Synchronize(ctx));
     checkpoint_flag = flags[0];
     stop_flag = flags[1];
