@@ -136,15 +136,17 @@ bool IsBorrowed(const GradientPush& push) {
   return false;
 }
 
-void Own(GradientPush& push) {
-  for (TableGradients& tg : push) tg.Own();
+void Own(GradientPush& push, int room_for = 1) {
+  for (TableGradients& tg : push) tg.Own(room_for);
 }
 
 }  // namespace
 
-void TableGradients::Own() {
+void TableGradients::Own(int room_for) {
   if (borrowed == nullptr) return;
-  grads.assign(borrowed, borrowed + ids.size() * static_cast<size_t>(dim));
+  const size_t values = ids.size() * static_cast<size_t>(dim);
+  grads.reserve(values * static_cast<size_t>(std::max(1, room_for)));
+  grads.assign(borrowed, borrowed + values);
   borrowed = nullptr;
 }
 
@@ -192,7 +194,9 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
       absl::MutexLock lock(&mu_);
       at_once = WouldApplyAtOnce(rank, step);
     }
-    if (!at_once) Own(push);
+    // Its rows are summed with the other ranks' (up to world_size times as
+    // many rows; virtual until written).
+    if (!at_once) Own(push, options_.world_size);
   }
   if (options_.mode == ConsistencyMode::kAsync) {
     if (part != 0) {

@@ -66,8 +66,10 @@ struct TableGradients {
   const float* borrowed = nullptr;
 
   const float* data() const { return borrowed != nullptr ? borrowed : grads.data(); }
-  // Copies borrowed values into `grads`.
-  void Own();
+  // Copies borrowed values into `grads`, with room for `room_for` times as
+  // many (a sync step's first push: the later ranks' new rows are appended
+  // to it by SumInRankOrder without moving it all again).
+  void Own(int room_for = 1);
 };
 using GradientPush = std::vector<TableGradients>;
 
