@@ -2,6 +2,8 @@
 // (embedded_shard.h), and its flags.
 #include "worker/embedded_shard.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -32,6 +34,9 @@ ABSL_FLAG(std::string, embedded_shard_tls_cert, "",
           "role). Default: the worker's own --tls_cert");
 ABSL_FLAG(std::string, embedded_shard_tls_key, "",
           "with --embedded_shard_tls_cert: its private key");
+ABSL_FLAG(double, embedded_shard_prefault_fixed_tables, -1,
+          "with --embedded_shard: as recps-shard --prefault_fixed_tables "
+          "(negative, the default -1: 1 / --world_size, each worker's shard's share)");
 ABSL_FLAG(uint32_t, embedded_shard_num_slots, 4096,
           "with --embedded_shard: slots of the cluster (as recps-shard "
           "--num_slots)");
@@ -59,6 +64,13 @@ absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
   o.metrics_listen = absl::GetFlag(FLAGS_embedded_shard_metrics_listen);
   o.coordinator = coordinator;
   o.standalone = coordinator.empty();
+  const double prefault = absl::GetFlag(FLAGS_embedded_shard_prefault_fixed_tables);
+  if (prefault > 1 || std::isnan(prefault)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--embedded_shard_prefault_fixed_tables=", prefault,
+        " is out of range: it must be in [-1, 1] (negative: 1 / --world_size)"));
+  }
+  o.prefault_fixed_share = prefault >= 0 ? prefault : 1.0 / std::max(1, world);
   const std::string cert = absl::GetFlag(FLAGS_embedded_shard_tls_cert);
   const std::string key = absl::GetFlag(FLAGS_embedded_shard_tls_key);
   if (cert.empty() != key.empty()) {

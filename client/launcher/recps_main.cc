@@ -467,7 +467,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     std::vector<std::string> args = {
         "--job=" + job_copy, absl::StrCat("--world_size=", num_workers),
         "--coordinator=" + coord_address, "--listen=127.0.0.1:0", "--port_file=" + ports,
-        "--device=" + shard_device};
+        "--device=" + shard_device,
+        // The coordinator spreads the slots evenly over the servers.
+        absl::StrCat("--prefault_fixed_tables=", 1.0 / num_shards)};
     for (std::string& a : tls->Args("shard")) args.push_back(std::move(a));
     absl::StatusOr<ChildProcess> shard = ChildProcess::Spawn(shard_bin, args, log);
     if (!shard.ok()) return fail(shard.status());

@@ -80,4 +80,28 @@ void ReleaseBytes(const AlignedBuffer& buffer, int64_t from, int64_t to) {
   }
 }
 
+bool CommitBytes(const AlignedBuffer& buffer, int64_t bytes, ThreadPool* pool) {
+#ifndef MADV_POPULATE_WRITE
+  constexpr int MADV_POPULATE_WRITE = 23;  // Linux 5.14; older headers lack it
+#endif
+  static const int64_t kPage = sysconf(_SC_PAGESIZE);
+  bytes = std::min<int64_t>(bytes, static_cast<int64_t>(buffer.size()));
+  if (bytes <= 0) return true;
+  // 32 MiB pieces (whole huge pages) so that the cores share the faults.
+  constexpr int64_t kPiece = int64_t{32} << 20;
+  const int64_t pieces = (bytes + kPiece - 1) / kPiece;
+  std::atomic<bool> ok{true};
+  ParallelFor(pool, pieces, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t k = lo; k < hi && ok.load(std::memory_order_relaxed); ++k) {
+      const int64_t from = k * kPiece;
+      const int64_t to = std::min(bytes, from + kPiece);
+      const int64_t len = (to - from + kPage - 1) / kPage * kPage;
+      if (madvise(buffer.as<char>() + from, len, MADV_POPULATE_WRITE) != 0) {
+        ok.store(false, std::memory_order_relaxed);
+      }
+    }
+  });
+  return ok.load();
+}
+
 }  // namespace recps::server::host_store

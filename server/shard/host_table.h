@@ -395,6 +395,10 @@ void CopyExistingRows(const Table& t, absl::Span<const int64_t> ids,
 // touched again), the part of the first page before them zeroed, so a row
 // created there later starts from zeroed padding as in a fresh arena.
 void ReleaseBytes(const AlignedBuffer& buffer, int64_t from, int64_t to);
+// The opposite: commits the memory of bytes [0, bytes) of `buffer` without
+// changing what they hold (MADV_POPULATE_WRITE), split over `pool`. False
+// when the kernel cannot (before Linux 5.14): rows then fault as they appear.
+bool CommitBytes(const AlignedBuffer& buffer, int64_t bytes, ThreadPool* pool);
 
 }  // namespace recps::server::host_store
 

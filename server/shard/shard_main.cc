@@ -103,6 +103,11 @@ ABSL_FLAG(std::string, health_listen, "",
           "if set, a plaintext port (host:port) serving only grpc.health.v1, "
           "SERVING once the shard map is installed: for probes that cannot "
           "present a client certificate (the kubelet's gRPC probe)");
+ABSL_FLAG(double, prefault_fixed_tables, -1,
+          "commit at start the memory of this share (0..1] of every fixed "
+          "table's rows, the share this server expects to hold (a first touch "
+          "inside a training step costs more); 0: none, memory is committed as "
+          "rows appear; negative (default -1): 1 with --standalone, else 0");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -189,6 +194,7 @@ absl::Status ValidateFlags() {
               absl::Milliseconds(1), kMaxStepTimeout),
       InRange("num_slots", absl::GetFlag(FLAGS_num_slots), uint32_t{1},
               kMaxNumSlots),
+      InRange("prefault_fixed_tables", absl::GetFlag(FLAGS_prefault_fixed_tables), -1.0, 1.0),
       InRange("max_rows_per_table", absl::GetFlag(FLAGS_max_rows_per_table),
               int64_t{1}, kMaxRowsPerTable),
       InRange("max_ids_per_request", absl::GetFlag(FLAGS_max_ids_per_request),
@@ -308,6 +314,8 @@ int Run() {
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.standalone = absl::GetFlag(FLAGS_standalone);
+  const double prefault = absl::GetFlag(FLAGS_prefault_fixed_tables);
+  options.prefault_fixed_share = prefault >= 0 ? prefault : options.standalone ? 1 : 0;
   options.gate = *gate_options;
   options.on_registration_refused = [](const absl::Status&) {
     registration_refused.store(true);

@@ -73,6 +73,9 @@ struct ShardProcessOptions {
   std::string health_listen;   // empty: no plaintext health port
   std::string coordinator;     // empty: no registration
   bool standalone = false;     // serve every slot alone, epoch 1
+  // StoreOptions::prefault_fixed_share: the share of each fixed table's
+  // rows this server expects to hold, whose memory is committed at start.
+  double prefault_fixed_share = 0;
   rpc::CallGateOptions gate;
   // How its gRPC server and its calls to other shard servers (slot moves)
   // authenticate: the process's by default. A worker that embeds a shard

@@ -1,7 +1,11 @@
 // Tests of the host-memory table store through the EmbeddingStore interface.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -110,6 +114,55 @@ TEST(HostEmbeddingStore, FixedTableReadsOutsideItsIdsFindNoRow) {
   EXPECT_EQ(HostDenseIndexBytes(10), 40);
   EXPECT_EQ(HostDenseIndexBytes(0), 0);  // dynamic: none
   EXPECT_EQ(HostDenseIndexBytes(kHostDenseIndexMaxRows + 1), 0);
+}
+
+int64_t ResidentBytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
+}
+
+// StoreOptions::prefault_fixed_share commits the memory of that share of a
+// fixed table's rows when the store is created, and nothing else changes:
+// no row exists until it is used, and a row then starts from its initial
+// value, as without.
+TEST(HostEmbeddingStore, PrefaultCommitsAFixedTablesShareAndCreatesNoRow) {
+#if defined(RECPS_DEVICE_STORE_CONTRACT)
+  GTEST_SKIP() << "host store only: the device store allocates its arena whole";
+#endif
+  {
+    void* probe = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(probe, MAP_FAILED);
+    const bool supported = madvise(probe, 4096, 23 /*MADV_POPULATE_WRITE*/) == 0;
+    munmap(probe, 4096);
+    if (!supported) GTEST_SKIP() << "this kernel has no MADV_POPULATE_WRITE (Linux 5.14)";
+  }
+  constexpr int64_t kRows = 200000;
+  const std::vector<config::TableSpec> specs = {Spec("fixed", 64, kRows), Spec("dynamic", 64)};
+  const int64_t row_bytes = kernels::FusedRowStride(OptimizerKind::kSgd, 64) * 4;
+  int64_t before = ResidentBytes();
+  auto lazy = MakeStore(specs);
+  const int64_t lazy_growth = ResidentBytes() - before;
+  StoreOptions half;
+  half.prefault_fixed_share = 0.5;
+  before = ResidentBytes();
+  auto prefaulted = MakeStore(specs, half);
+  const int64_t growth = ResidentBytes() - before;
+  std::printf("resident growth: %lld KiB lazily, %lld KiB with half prefaulted\n",
+              static_cast<long long>(lazy_growth >> 10), static_cast<long long>(growth >> 10));
+  EXPECT_LT(lazy_growth, kRows * row_bytes / 20);
+  EXPECT_GE(growth, kRows / 2 * row_bytes);
+  EXPECT_LT(growth, kRows * row_bytes * 7 / 10);  // half, not the whole arena
+  EXPECT_EQ(prefaulted->Info(0).rows, 0);
+  const std::vector<int64_t> ids = {0, 77, kRows - 1};
+  std::vector<float> a(ids.size() * 64), b(ids.size() * 64);
+  ASSERT_TRUE(lazy->Lookup(0, ids, a.data()).ok());
+  ASSERT_TRUE(prefaulted->Lookup(0, ids, b.data()).ok());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(prefaulted->Info(0).rows, 3);
 }
 
 TEST(HostEmbeddingStore, SgdUpdateIsExact) {

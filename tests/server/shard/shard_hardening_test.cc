@@ -157,6 +157,7 @@ TEST(ShardHardening, NumericFlagsOutOfRangeExitTwoNamingTheFlag) {
       {"--staleness=-5", "[-1, "},
       {"--step_timeout=0s", "--step_timeout=0"},
       {"--num_slots=0", "--num_slots=0"},
+      {"--prefault_fixed_tables=1.5", "[-1, 1]"},
       {"--max_rows_per_table=-1", "--max_rows_per_table=-1"},
       {"--max_ids_per_request=0", "--max_ids_per_request=0"},
       {"--threads=-3", "--threads=-3"},
