@@ -19,6 +19,7 @@
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/resident_memory.h"
 #include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/embedding_store.h"
@@ -116,15 +117,6 @@ TEST(HostEmbeddingStore, FixedTableReadsOutsideItsIdsFindNoRow) {
   EXPECT_EQ(HostDenseIndexBytes(kHostDenseIndexMaxRows + 1), 0);
 }
 
-int64_t ResidentBytes() {
-  long pages = 0, resident = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1;
-  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
-  std::fclose(f);
-  return n == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
-}
-
 // StoreOptions::prefault_fixed_share commits the memory of that share of a
 // fixed table's rows when the store is created, and nothing else changes:
 // no row exists until it is used, and a row then starts from its initial
@@ -143,6 +135,7 @@ TEST(HostEmbeddingStore, PrefaultCommitsAFixedTablesShareAndCreatesNoRow) {
   constexpr int64_t kRows = 200000;
   const std::vector<config::TableSpec> specs = {Spec("fixed", 64, kRows), Spec("dynamic", 64)};
   const int64_t row_bytes = kernels::FusedRowStride(OptimizerKind::kSgd, 64) * 4;
+  using ::recps::testing::ResidentBytes;
   int64_t before = ResidentBytes();
   auto lazy = MakeStore(specs);
   const int64_t lazy_growth = ResidentBytes() - before;

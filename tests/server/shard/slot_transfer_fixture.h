@@ -30,6 +30,7 @@
 #include "common/row_init.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/resident_memory.h"
 #include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/embedding_store.h"
@@ -199,14 +200,7 @@ inline std::vector<int64_t> IdsOfSlot(const EmbeddingStore& store, int table,
   return out;
 }
 
-inline int64_t ResidentBytes() {
-  long pages = 0, resident = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1;
-  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
-  std::fclose(f);
-  return n == 2 ? static_cast<int64_t>(resident) * sysconf(_SC_PAGESIZE) : -1;
-}
+using ::recps::testing::ResidentBytes;
 
 // Store A after training, store B empty with the same specs.
 class SlotTransferTest : public ::testing::Test {
