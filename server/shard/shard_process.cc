@@ -2,12 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/coordinator_client.h"
+#include "common/config/job_config.h"
+#include "common/human_bytes.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/rpc/health_port.h"
@@ -24,8 +29,46 @@
 #include "server/shard/shard_peer_grpc.h"
 #include "server/shard/shard_server.h"
 #include "server/shard/shard_service.h"
+#include "server/shard/store_footprint.h"
 
 namespace recps::server {
+
+namespace {
+
+// The share of the fixed tables to commit at start: `share`, or 0 (with a
+// warning) when that would take more than 80% of the memory the machine
+// has available (the rest of the process needs some too). For a fixed table whose ids are sparse, lazily created
+// rows may never need it all, and trading a slow first step for the OOM
+// killer at start is a bad deal.
+double PrefaultShare(const std::vector<config::TableSpec>& specs, double share) {
+  if (share <= 0) return 0;
+  share = std::min(1.0, share);
+  double bytes = 0;
+  for (const config::TableSpec& spec : specs) {
+    if (spec.num_rows <= 0) continue;
+    const double rows = std::ceil(static_cast<double>(spec.num_rows) * share * 1.02) + 64;
+    // The row, its id and generation (8 bytes each), and the id map.
+    bytes += rows * static_cast<double>(HostRowBytes(spec.optimizer.kind, spec.dim,
+                                                      spec.precision) + 16) +
+             static_cast<double>(HostDenseIndexBytes(spec.num_rows));
+  }
+  if (bytes == 0) return share;
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  const absl::StatusOr<int64_t> available = config::ParseMemAvailable(text.str());
+  if (available.ok() && bytes > 0.8 * static_cast<double>(*available)) {
+    LogWarning("not committing the fixed tables' memory at start: ", HumanBytes(bytes),
+               " (", 100 * share, "% of their rows) is more than 80% of the ",
+               HumanBytes(static_cast<double>(*available)),
+               " available; rows take their memory as they appear "
+               "(--prefault_fixed_tables)");
+    return 0;
+  }
+  return share;
+}
+
+}  // namespace
 
 ShardProcess::ShardProcess(ShardProcessOptions options)
     : options_(std::move(options)) {}
@@ -49,18 +92,18 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
                         absl::StrCat("--device: ", device.status().message()));
   }
   store_options.device = *device;
-  store_options.prefault_fixed_share = o.prefault_fixed_share;
+  store_options.prefault_fixed_share = PrefaultShare(p->specs_, o.prefault_fixed_share);
   const absl::Time store_start = absl::Now();
   ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store,
                    CreateEmbeddingStore(p->specs_, store_options));
-  if (o.prefault_fixed_share > 0) {
+  if (store_options.prefault_fixed_share > 0) {
     int64_t fixed_rows = 0;
     for (const config::TableSpec& spec : p->specs_) fixed_rows += spec.num_rows;
     if (fixed_rows > 0) {
       LogInfo(absl::StrFormat(
           "committed the memory of %.0f%% of the fixed tables' %d rows (this server's "
           "expected share) in %.1f s: a first touch inside a training step costs more",
-          100 * std::min(1.0, o.prefault_fixed_share), fixed_rows,
+          100 * store_options.prefault_fixed_share, fixed_rows,
           absl::ToDoubleSeconds(absl::Now() - store_start)));
     }
   }

@@ -373,6 +373,29 @@ TEST(ShardHardening, ResidentBytesMetricFollowsTheProcess) {
   EXPECT_NEAR(scraped, stats->resident_bytes(), 0.25 * stats->resident_bytes());
 }
 
+// A fixed table far larger than the machine's memory (2^24 rows of 16 KiB:
+// 256 GiB) on a standalone server, whose default is to commit its fixed
+// tables' memory at start: it must not try (the OOM killer would end it,
+// where lazily created rows may never need it all), say why, and serve.
+TEST(ShardHardening, FixedTablesLargerThanMemoryAreNotCommittedAtStart) {
+  TempDir dir;
+  const std::string log = dir.path() + "/shard.log";
+  const std::string tables = dir.WriteFile("huge.textproto", R"(
+tables { name: "huge" dim: 4096 num_rows: 16777216 optimizer { kind: SGD learning_rate: 0.1 } })");
+  auto shard = LocalShard::Start(
+      "/bin/sh", {"-c", "exec \"$0\" \"$@\" >>" + log + " 2>&1", RECPS_SHARD_BINARY,
+                  "--tables=" + tables, "--standalone", "--threads=1"});
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("not committing the fixed tables' memory at start"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("--prefault_fixed_tables"), std::string::npos) << text;
+  absl::StatusOr<v1::StatsResponse> stats = StatsOf((*shard)->address());
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_LT(stats->resident_bytes(), int64_t{1} << 30);
+}
+
 TEST(ShardHardening, FloodOfBadRequestsIsCountedAndBarelyLogged) {
   TempDir dir;
   const std::string log = dir.path() + "/shard.log";
