@@ -13,6 +13,9 @@ enum class LogLevel { kInfo, kWarning, kError };
 
 // Sets the tag every line carries (the program name); call once in main.
 void SetLogTag(absl::string_view tag);
+// The tag of the calling thread's lines (overrides SetLogTag's): a process
+// that runs several workers' ranks as threads names each rank.
+void SetThreadLogTag(absl::string_view tag);
 void LogLine(LogLevel level, absl::string_view message);
 
 template <typename... Args>

@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, embedded_shard_tls_key, "",
           "with --embedded_shard_tls_cert: its private key");
 ABSL_FLAG(double, embedded_shard_prefault_fixed_tables, -1,
           "with --embedded_shard: as recps-shard --prefault_fixed_tables "
-          "(negative, the default -1: 1 / --world_size, each worker's shard's share)");
+          "(negative, the default -1: --local_ranks / --world_size, this "
+          "process's shard's share)");
 ABSL_FLAG(uint32_t, embedded_shard_num_slots, 4096,
           "with --embedded_shard: slots of the cluster (as recps-shard "
           "--num_slots)");
@@ -47,7 +48,7 @@ namespace recps::worker {
 // with the coordinator like a recps-shard (or alone, without one). Returns
 // once it serves a shard map that lists it.
 absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
-    const v1::JobConfig& job, int world, const std::string& coordinator,
+    const v1::JobConfig& job, int world, int local_ranks, const std::string& coordinator,
     absl::Duration wait) {
   server::ShardProcessOptions o;
   *o.tables.mutable_tables() = job.tables();
@@ -68,9 +69,10 @@ absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
   if (prefault > 1 || std::isnan(prefault)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--embedded_shard_prefault_fixed_tables=", prefault,
-        " is out of range: it must be in [-1, 1] (negative: 1 / --world_size)"));
+        " is out of range: it must be in [-1, 1] (negative: --local_ranks / --world_size)"));
   }
-  o.prefault_fixed_share = prefault >= 0 ? prefault : 1.0 / std::max(1, world);
+  o.prefault_fixed_share =
+      prefault >= 0 ? prefault : std::min(1.0, static_cast<double>(local_ranks) / std::max(1, world));
   const std::string cert = absl::GetFlag(FLAGS_embedded_shard_tls_cert);
   const std::string key = absl::GetFlag(FLAGS_embedded_shard_tls_key);
   if (cert.empty() != key.empty()) {
@@ -107,18 +109,12 @@ absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
   return shard;
 }
 
-// Other workers may still read this worker's rows (their last evaluation)
-// until they are done too: wait for every peer, then stop serving (leave
-// the coordinator, finish calls in flight).
-void StopEmbeddedShard(Collectives* collectives, server::ShardProcess* shard) {
-  if (shard == nullptr) return;
-  if (collectives != nullptr) {
-    if (absl::Status s = collectives->Barrier(); !s.ok()) {
-      LogWarning("waiting for the other workers before stopping the embedded shard "
-                 "server: ", s.ToString());
-    }
+void WaitForPeers(Collectives* collectives) {
+  if (collectives == nullptr) return;
+  if (absl::Status s = collectives->Barrier(); !s.ok()) {
+    LogWarning("waiting for the other workers before stopping the embedded shard "
+               "server: ", s.ToString());
   }
-  shard->Stop(absl::Seconds(10));
 }
 
 }  // namespace recps::worker

@@ -19,15 +19,16 @@ namespace recps::worker {
 
 // Starts it, registered with `coordinator` like a recps-shard (or alone,
 // without one), and returns once it serves a shard map that lists it;
-// DEADLINE_EXCEEDED when no map comes within `wait`.
+// DEADLINE_EXCEEDED when no map comes within `wait`. `local_ranks`: the
+// workers' ranks in this process (they share it).
 absl::StatusOr<std::unique_ptr<server::ShardProcess>> StartEmbeddedShard(
-    const v1::JobConfig& job, int world, const std::string& coordinator,
+    const v1::JobConfig& job, int world, int local_ranks, const std::string& coordinator,
     absl::Duration wait);
 
-// Waits for every peer (their last evaluation may still read this worker's
-// rows), then stops serving. `collectives` may be null (one worker);
-// `shard` may be null (none).
-void StopEmbeddedShard(Collectives* collectives, server::ShardProcess* shard);
+// Waits for every peer: their last evaluation may still read the embedded
+// shard's rows, so it stops serving only after this. `collectives` may be
+// null (one worker).
+void WaitForPeers(Collectives* collectives);
 
 }  // namespace recps::worker
 

@@ -27,10 +27,14 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -144,6 +148,13 @@ ABSL_FLAG(bool, embedded_shard, false,
           "gRPC. Without --coordinator (and --world_size=1) it serves every "
           "slot alone. Its rows live in this process: if the worker dies, "
           "they are lost (restart from a checkpoint)");
+ABSL_FLAG(int, local_ranks, 1,
+          "CPU workers: run this many consecutive ranks (--rank, --rank+1, ...) "
+          "as threads of this one process. With --embedded_shard they share its "
+          "shard server and all reach it without gRPC (one store, no copies "
+          "between workers on one machine); --result_json, --dense_out and "
+          "--loss_log then need {rank} in their path. A rank that fails stops "
+          "the whole process");
 ABSL_FLAG(std::string, sync_prefetch, "auto",
           "sync mode: read step t+1's rows during step t and re-read only the "
           "rows step t updated (exact either way). true, false (look up after "
@@ -275,37 +286,47 @@ absl::Status CheckMemory(const v1::JobConfig& job) {
 // model by the seed alone, so only the sample stream is offset.
 constexpr int64_t kEvalSampleOffset = int64_t{1} << 40;
 
-int Run() {
+// What the ranks of one process share (--local_ranks): the device, the
+// metrics registry and the embedded shard server, which the first of them
+// starts once it has the job and the others wait for.
+struct ProcessShared {
+  int first_rank = 0;
+  int local_ranks = 1;
+  kernels::Device device = kernels::Device::kCpu;
+  int cuda_device = 0;
+  std::shared_ptr<prometheus::Registry> registry;
+
+  absl::Notification shard_ready;
+  absl::Status shard_status;
+  std::unique_ptr<server::ShardProcess> shard;  // null without --embedded_shard
+};
+
+// --result_json, --dense_out and --loss_log of `rank`: "{rank}" replaced.
+std::string PathForRank(std::string path, int rank) {
+  if (const size_t at = path.find("{rank}"); at != std::string::npos) {
+    path.replace(at, 6, absl::StrCat(rank));
+  }
+  return path;
+}
+
+// The end of a rank with an embedded shard in its process: other workers
+// may still read its rows (their last evaluation), so every rank waits for
+// all peers, then the process's first rank stops serving (leaving the
+// coordinator, finishing calls in flight).
+void StopEmbeddedShard(int rank, Collectives* collectives, ProcessShared* shared) {
+  if (shared->shard == nullptr) return;
+  WaitForPeers(collectives);
+  if (rank == shared->first_rank) shared->shard->Stop(absl::Seconds(10));
+}
+
+// One rank's whole run: register, start (or wait for) the embedded shard,
+// set up the client, data, allreduce and trainer, train, report. Returns
+// the process's exit code.
+int RunRank(int rank, int world, ProcessShared* shared) {
   const std::string config_path = absl::GetFlag(FLAGS_config);
   const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  if (config_path.empty() && coordinator_address.empty()) {
-    LogError("give --coordinator=host:port, or --config (a text-format "
-             "recps.v1.JobConfig) with --shards");
-    return 2;
-  }
-  const int rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank)
-                                                  : EnvInt("RANK", 0);
-  const int world = absl::GetFlag(FLAGS_world_size) >= 1
-                        ? absl::GetFlag(FLAGS_world_size)
-                        : EnvInt("WORLD_SIZE", 1);
-  if (rank < 0 || rank >= world) {
-    LogError("rank ", rank, " is outside [0, ", world, ")");
-    return 2;
-  }
-  SetLogTag(absl::StrCat("recps-worker ", rank));
-  // The device first: a worker that cannot run where it was asked to stops
-  // before it registers anywhere.
-  int cuda_device = 0;
-  absl::StatusOr<kernels::Device> device =
-      kernels::ParseDevice(absl::GetFlag(FLAGS_device), &cuda_device);
-  if (!device.ok()) {
-    LogError("--device: ", device.status().message());
-    return 2;
-  }
-  if (absl::Status s = kernels::CheckDeviceUsable(*device, cuda_device); !s.ok()) {
-    LogError("--device=", absl::GetFlag(FLAGS_device), ": ", s.message());
-    return 2;
-  }
+  const kernels::Device* device = &shared->device;
+  const int cuda_device = shared->cuda_device;
   const bool on_gpu = *device == kernels::Device::kCuda;
 
   // With a coordinator: register (retrying while it starts), then keep the
@@ -363,23 +384,32 @@ int Run() {
   }
   std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  // Declared before the embedding client: it outlives every call to it.
-  std::unique_ptr<server::ShardProcess> embedded_shard;
+  // The process's embedded shard outlives every rank's client (ProcessShared).
+  server::ShardProcess* embedded_shard = nullptr;
   if (absl::GetFlag(FLAGS_embedded_shard)) {
-    if (coordinator == nullptr && (world != 1 || !shards.empty())) {
+    if (coordinator == nullptr && (world != shared->local_ranks || !shards.empty())) {
       LogError("--embedded_shard without --coordinator serves every slot alone: it needs "
-               "--world_size=1 and no --shards (got --world_size=", world, ", ",
-               shards.size(), " --shards)");
+               "--world_size=1 (or all ranks in this process, --local_ranks) and no "
+               "--shards (got --world_size=", world, ", ", shards.size(), " --shards)");
       return 2;
     }
-    absl::StatusOr<std::unique_ptr<server::ShardProcess>> started =
-        StartEmbeddedShard(*job, world, coordinator_address,
-                           absl::GetFlag(FLAGS_resume_timeout));
-    if (!started.ok()) {
-      LogError("--embedded_shard: ", started.status().message());
-      return absl::IsInvalidArgument(started.status()) ? 2 : 1;
+    if (rank == shared->first_rank) {
+      absl::StatusOr<std::unique_ptr<server::ShardProcess>> started =
+          StartEmbeddedShard(*job, world, shared->local_ranks, coordinator_address,
+                             absl::GetFlag(FLAGS_resume_timeout));
+      if (started.ok()) {
+        shared->shard = *std::move(started);
+      } else {
+        shared->shard_status = started.status();
+      }
+      shared->shard_ready.Notify();
     }
-    embedded_shard = *std::move(started);
+    shared->shard_ready.WaitForNotification();
+    if (!shared->shard_status.ok()) {
+      LogError("--embedded_shard: ", shared->shard_status.message());
+      return absl::IsInvalidArgument(shared->shard_status) ? 2 : 1;
+    }
+    embedded_shard = shared->shard.get();
     if (coordinator == nullptr) shards = {embedded_shard->address()};
   }
   if (coordinator == nullptr && shards.empty()) {
@@ -503,23 +533,12 @@ int Run() {
   }
   train = MakePrefetchingSource(std::move(train), 4);
 
-  // Metrics: one per quantity, named with its unit (docs/training.md).
-  auto registry = std::make_shared<prometheus::Registry>();
-  WorkerMetrics metrics(*registry);
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    exposer = std::make_unique<prometheus::Exposer>(addr);
-    exposer->RegisterCollectable(registry);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    const int metrics_port = ports.empty() ? 0 : ports[0];
-    LogInfo("metrics on port ", metrics_port);
-    if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
-      if (absl::Status s = WritePortFile(path, 0, metrics_port); !s.ok()) {
-        LogError(s.message());
-        return 1;
-      }
-    }
-  }
+  // Metrics: one per quantity, named with its unit (docs/training.md); the
+  // ranks of one process tell theirs apart by a rank label.
+  WorkerMetrics metrics(*shared->registry,
+                        shared->local_ranks > 1
+                            ? prometheus::Labels{{"rank", absl::StrCat(rank)}}
+                            : prometheus::Labels{});
 
   // Data parallelism: an allreduce over the dense gradients, Gloo for CPU
   // workers, NCCL (on the worker's GPU, device pointers) for CUDA workers.
@@ -571,7 +590,13 @@ int Run() {
     collectives = *std::move(made);
   }
 
-  ThreadPool pool(absl::GetFlag(FLAGS_threads));
+  // Ranks in one process split the cores unless --threads says otherwise.
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0 && shared->local_ranks > 1) {
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                              shared->local_ranks);
+  }
+  ThreadPool pool(threads);
   TrainerOptions options;
   if (collectives != nullptr) {
     options.allreduce = [&collectives](absl::Span<float> grads) {
@@ -637,10 +662,8 @@ int Run() {
   StepTimes times_so_far;
   int64_t samples_so_far = 0;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> loss_log(nullptr, &std::fclose);
-  if (std::string path = absl::GetFlag(FLAGS_loss_log); !path.empty()) {
-    if (const size_t at = path.find("{rank}"); at != std::string::npos) {
-      path.replace(at, 6, absl::StrCat(rank));
-    }
+  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_loss_log), rank);
+      !path.empty()) {
     loss_log.reset(std::fopen(path.c_str(), "a"));
     if (loss_log == nullptr) {
       LogError("--loss_log=", path, ": cannot open for appending: ", std::strerror(errno));
@@ -739,13 +762,13 @@ int Run() {
   }
   if (result->preempted) {
     LogInfo("pre-empted: checkpoint at step ", result->steps);
-    if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
+    if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), rank);
+        !path.empty()) {
       std::ofstream(path) << ResultJson(*result);
     }
-    StopEmbeddedShard(collectives.get(), embedded_shard.get());
+    StopEmbeddedShard(rank, collectives.get(), shared);
     if (lease != nullptr) lease->Leave();
-    std::fflush(nullptr);
-    _exit(0);
+    return 0;
   }
   const StepTimes& t = result->times;
   const int64_t trained = std::max<int64_t>(result->steps - start_step, 1);
@@ -760,7 +783,8 @@ int Run() {
       1e3 * t.push / trained, 1e3 * t.allreduce / trained,
       1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained,
       1e3 * t.prefetch / trained, t.eval));
-  if (const std::string path = absl::GetFlag(FLAGS_dense_out); !path.empty()) {
+  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_dense_out), rank);
+      !path.empty()) {
     std::vector<float> p;
     if (absl::Status s = (*trainer)->model().ReadParameters(&p); !s.ok()) {
       LogError("--dense_out: reading the parameters: ", s.message());
@@ -769,13 +793,114 @@ int Run() {
     std::ofstream(path, std::ios::binary)
         .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
   }
-  if (const std::string path = absl::GetFlag(FLAGS_result_json); !path.empty()) {
+  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), rank);
+      !path.empty()) {
     std::ofstream(path) << ResultJson(*result);
   }
-  StopEmbeddedShard(collectives.get(), embedded_shard.get());
+  StopEmbeddedShard(rank, collectives.get(), shared);
   if (lease != nullptr) lease->Leave();
+  return 0;
+}
+
+int Run() {
+  const std::string config_path = absl::GetFlag(FLAGS_config);
+  const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
+  if (config_path.empty() && coordinator_address.empty()) {
+    LogError("give --coordinator=host:port, or --config (a text-format "
+             "recps.v1.JobConfig) with --shards");
+    return 2;
+  }
+  const int rank = absl::GetFlag(FLAGS_rank) >= 0 ? absl::GetFlag(FLAGS_rank)
+                                                  : EnvInt("RANK", 0);
+  const int world = absl::GetFlag(FLAGS_world_size) >= 1
+                        ? absl::GetFlag(FLAGS_world_size)
+                        : EnvInt("WORLD_SIZE", 1);
+  const int local_ranks = absl::GetFlag(FLAGS_local_ranks);
+  if (local_ranks < 1) {
+    LogError("--local_ranks=", local_ranks, ": must be >= 1");
+    return 2;
+  }
+  if (rank < 0 || rank + local_ranks > world) {
+    LogError(local_ranks > 1 ? absl::StrCat("ranks ", rank, "..", rank + local_ranks - 1,
+                                            " (--local_ranks=", local_ranks, ") are")
+                             : absl::StrCat("rank ", rank, " is"),
+             " outside [0, ", world, ")");
+    return 2;
+  }
+  if (local_ranks > 1) {
+    for (const auto& [flag, path] :
+         {std::pair<const char*, std::string>{"result_json", absl::GetFlag(FLAGS_result_json)},
+          {"dense_out", absl::GetFlag(FLAGS_dense_out)},
+          {"loss_log", absl::GetFlag(FLAGS_loss_log)}}) {
+      if (!path.empty() && !absl::StrContains(path, "{rank}")) {
+        LogError("--", flag, "=", path, ": with --local_ranks=", local_ranks,
+                 " the path needs {rank} (each rank writes its own)");
+        return 2;
+      }
+    }
+  }
+  SetLogTag(local_ranks > 1 ? "recps-worker" : absl::StrCat("recps-worker ", rank));
+  ProcessShared shared;
+  shared.first_rank = rank;
+  shared.local_ranks = local_ranks;
+  // The device first: a worker that cannot run where it was asked to stops
+  // before it registers anywhere.
+  absl::StatusOr<kernels::Device> device =
+      kernels::ParseDevice(absl::GetFlag(FLAGS_device), &shared.cuda_device);
+  if (!device.ok()) {
+    LogError("--device: ", device.status().message());
+    return 2;
+  }
+  if (absl::Status s = kernels::CheckDeviceUsable(*device, shared.cuda_device); !s.ok()) {
+    LogError("--device=", absl::GetFlag(FLAGS_device), ": ", s.message());
+    return 2;
+  }
+  shared.device = *device;
+  if (local_ranks > 1 && shared.device != kernels::Device::kCpu) {
+    LogError("--local_ranks=", local_ranks, " runs CPU workers only: a GPU worker is one "
+             "process per GPU (recps launch)");
+    return 2;
+  }
+
+  // Metrics: one registry and /metrics endpoint for the process.
+  shared.registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    exposer = std::make_unique<prometheus::Exposer>(addr);
+    exposer->RegisterCollectable(shared.registry);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    const int metrics_port = ports.empty() ? 0 : ports[0];
+    LogInfo("metrics on port ", metrics_port);
+    if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+      if (absl::Status s = WritePortFile(path, 0, metrics_port); !s.ok()) {
+        LogError(s.message());
+        return 1;
+      }
+    }
+  }
+
+  int code = 0;
+  if (local_ranks == 1) {
+    code = RunRank(rank, world, &shared);
+  } else {
+    // One thread per rank. A rank that fails takes the process down at once:
+    // its peers here would otherwise wait for it until a timeout.
+    std::vector<std::thread> ranks;
+    for (int r = rank; r < rank + local_ranks; ++r) {
+      ranks.emplace_back([r, world, &shared] {
+        SetThreadLogTag(absl::StrCat("recps-worker ", r));
+        if (const int c = RunRank(r, world, &shared); c != 0) {
+          LogError("rank ", r, " failed: stopping this process's ", shared.local_ranks,
+                   " ranks");
+          std::fflush(nullptr);
+          _exit(c);
+        }
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+  }
   std::fflush(nullptr);
-  _exit(0);  // skip the metrics exposer's slow stop (see recps-shard)
+  _exit(code);  // skip the metrics exposer's slow stop (see recps-shard)
 }
 
 }  // namespace

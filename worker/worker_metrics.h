@@ -21,56 +21,60 @@ namespace recps::worker {
 // the name; the per-phase step times as one histogram with a `phase` label.
 class WorkerMetrics {
  public:
-  explicit WorkerMetrics(prometheus::Registry& registry)
+  // `labels` on every metric: {{"rank", "R"}} where one process runs
+  // several ranks (recps-worker --local_ranks) and they share a registry.
+  explicit WorkerMetrics(prometheus::Registry& registry, const prometheus::Labels& labels = {})
       : steps_(prometheus::BuildCounter()
                    .Name("recps_worker_steps_total")
                    .Help("Training steps this worker completed")
                    .Register(registry)
-                   .Add({})),
+                   .Add(labels)),
         samples_(prometheus::BuildCounter()
                      .Name("recps_worker_samples_total")
                      .Help("Training samples this worker processed")
                      .Register(registry)
-                     .Add({})),
+                     .Add(labels)),
         samples_per_second_(prometheus::BuildGauge()
                                 .Name("recps_worker_samples_per_second")
                                 .Help("Training samples per second of this worker, "
                                       "averaged since training started")
                                 .Register(registry)
-                                .Add({})),
+                                .Add(labels)),
         loss_(prometheus::BuildGauge()
                   .Name("recps_worker_loss")
                   .Help("Mean training loss (binary cross-entropy) of the last step's batch")
                   .Register(registry)
-                  .Add({})),
+                  .Add(labels)),
         evaluations_(prometheus::BuildCounter()
                          .Name("recps_worker_evaluations_total")
                          .Help("Held-out evaluations this worker ran")
                          .Register(registry)
-                         .Add({})),
+                         .Add(labels)),
         eval_auc_(prometheus::BuildGauge()
                       .Name("recps_worker_eval_auc")
                       .Help("Held-out AUC (ratio, 0.5 = chance) of the last evaluation")
                       .Register(registry)
-                      .Add({})),
+                      .Add(labels)),
         eval_log_loss_(prometheus::BuildGauge()
                            .Name("recps_worker_eval_log_loss")
                            .Help("Held-out log loss of the last evaluation")
                            .Register(registry)
-                           .Add({})),
+                           .Add(labels)),
         eval_ne_(prometheus::BuildGauge()
                      .Name("recps_worker_eval_normalized_entropy")
                      .Help("Held-out normalised entropy (ratio; below 1 beats the base "
                            "rate) of the last evaluation")
                      .Register(registry)
-                     .Add({})),
+                     .Add(labels)),
         step_seconds_(prometheus::BuildHistogram()
                           .Name("recps_worker_step_seconds")
                           .Help("Seconds one training step spent per phase (lookup_wait: "
                                 "waiting for an overlapped lookup)")
                           .Register(registry)) {
     for (size_t i = 0; i < kPhases.size(); ++i) {
-      phases_[i] = &step_seconds_.Add({{"phase", kPhases[i].name}}, Buckets());
+      prometheus::Labels phase = labels;
+      phase["phase"] = kPhases[i].name;
+      phases_[i] = &step_seconds_.Add(phase, Buckets());
     }
   }
 

@@ -1,7 +1,7 @@
 // recps: the launcher.
 //
 //   recps local [--job=FILE] [--shards=2] [--workers=2] [--consistency=sync]
-//               [--in_process] [-- WORKER FLAGS]
+//               [--in_process [--one_process]] [-- WORKER FLAGS]
 //
 //   recps launch --coordinator=HOST:PORT --nproc_per_node=N [--nnodes=M
 //                --node_rank=R] [CONFIG] [-- WORKER FLAGS]
@@ -15,7 +15,9 @@
 // named by index and address. WORK/pids lists every child's pid; the last
 // line gives rank 0's final held-out AUC. With --in_process no shard server
 // processes are started: each worker embeds one (recps-worker
-// --embedded_shard), shards = workers, and a worker's death is its shard's.
+// --embedded_shard), shards = workers, and a worker's death is its shard's;
+// with --one_process too, one worker process runs every rank as a thread
+// around one embedded shard server (recps-worker --local_ranks).
 // With no flags it trains examples/small.textproto with 2 shards and 2
 // workers in sync mode. `--resume` restores the newest complete checkpoint of
 // training.checkpoint.dir; `--max_restarts=N` restarts the whole job from it
@@ -73,6 +75,12 @@ ABSL_FLAG(bool, in_process, false,
           "the other workers' over gRPC; shards = workers. A worker that "
           "dies takes its rows with it: the run stops (or restarts from the "
           "last checkpoint with --max_restarts)");
+ABSL_FLAG(bool, one_process, false,
+          "local, with --in_process: all workers run as threads of one "
+          "recps-worker process (--local_ranks) around one embedded shard "
+          "server, so that no row crosses gRPC (shards = 1); the workers' "
+          "ranks, batches, allreduce and synchronous step are those of "
+          "separate processes");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
 ABSL_FLAG(std::string, sync_prefetch, "auto",
           "local: the workers' --sync_prefetch (auto: the worker's own "
@@ -302,7 +310,21 @@ int RunLocal(const std::vector<std::string>& worker_args) {
              "servers embedded by --in_process keep their rows in host memory");
     return 2;
   }
-  if (in_process) {
+  const bool one_process = absl::GetFlag(FLAGS_one_process);
+  if (one_process && !in_process) {
+    LogError("--one_process runs the workers around an embedded shard server: it needs "
+             "--in_process");
+    return 2;
+  }
+  if (one_process) {
+    // One shard server, inside the one worker process.
+    if (num_shards != 0 && num_shards != 1) {
+      LogError("--one_process runs one shard server inside the workers' process: --shards=",
+               num_shards, " must be 1 (or left out)");
+      return 2;
+    }
+    num_shards = 1;
+  } else if (in_process) {
     // One shard server per worker, inside it.
     if (num_shards != 0 && num_shards != num_workers) {
       LogError("--in_process runs one shard server inside each worker: --shards=",
@@ -376,8 +398,11 @@ int RunLocal(const std::vector<std::string>& worker_args) {
                "restarted job starts from step 0");
   }
   LogInfo("local cluster: 1 coordinator, ", num_shards, " shard server(s)",
-          in_process ? " (one inside each worker, --in_process)" : "", ", ",
-          num_workers, " worker(s); logs in ", work);
+          one_process  ? " (inside the workers' process, --one_process)"
+          : in_process ? " (one inside each worker, --in_process)"
+                       : "",
+          ", ", num_workers, " worker(s)", one_process ? " as threads of one process" : "",
+          "; logs in ", work);
   absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers, in_process);
   if (!tls.ok()) {
     LogError(tls.status().message());
@@ -495,14 +520,18 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
                                       num_workers);
   setenv("OPENBLAS_NUM_THREADS", absl::StrCat(threads).c_str(), /*overwrite=*/0);
-  for (int r = 0; r < num_workers; ++r) {
+  // --one_process: one worker process running every rank (its threads).
+  const int ranks_per_process = one_process ? num_workers : 1;
+  for (int r = 0; r < num_workers; r += ranks_per_process) {
     std::vector<std::string> args = {
         "--coordinator=" + coord_address,
         absl::StrCat("--rank=", r), absl::StrCat("--world_size=", num_workers),
+        absl::StrCat("--local_ranks=", ranks_per_process),
         absl::StrCat("--threads=", threads),
         "--sync_prefetch=" + sync_prefetch,
         r == 0 ? "--progress_every=2s" : "--progress_every=1000h",
-        absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
+        one_process ? "--result_json=" + result_dir + "/result{rank}.json"
+                    : absl::StrCat("--result_json=", result_dir, "/result", r, ".json")};
     if (in_process) {
       const std::string ports = absl::StrCat(work, "/shard", r, ".ports");
       std::error_code ec;
@@ -521,7 +550,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
     if (!w.ok()) return fail(w.status());
     workers.push_back(*std::move(w));
-    names.push_back(absl::StrCat("worker ", r));
+    names.push_back(one_process ? absl::StrCat("workers 0-", num_workers - 1)
+                                : absl::StrCat("worker ", r));
     write_pids();
   }
 
@@ -735,7 +765,8 @@ int main(int argc, char** argv) {
   recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
-      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--in_process] [--insecure] "
+      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--in_process [--one_process]] "
+      "[--insecure] "
       "[--consistency=sync|bounded|async] [--steps=N] [--resume] [--max_restarts=N] "
       "[-- WORKER FLAGS]\n"
       "    start a coordinator, shard servers and workers on 127.0.0.1 and "

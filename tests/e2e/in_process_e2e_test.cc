@@ -5,7 +5,9 @@
 // checkpoint, by key), dense state and per-step losses, bit for bit, as the
 // same job with separate shard servers (as many as workers). A worker killed
 // mid-run takes its shard's rows with it: with --max_restarts the job
-// restarts from its newest checkpoint and still ends bit-identical.
+// restarts from its newest checkpoint and still ends bit-identical. With
+// --one_process the two workers are threads of one recps-worker around one
+// embedded shard server, and end as the two processes do.
 #include <signal.h>
 
 #include <algorithm>
@@ -27,6 +29,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/local_run.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/metrics_scrape.h"
 
 namespace recps {
 namespace {
@@ -56,6 +59,12 @@ struct LocalRun : ::recps::testing::LocalRun {
     workers = num_workers;
     if (in_process) extra.insert(extra.begin(), "--in_process");
     return ::recps::testing::LocalRun::Start(num_workers, std::move(extra));
+  }
+  // recps local --in_process --one_process: every worker a thread of one
+  // process, one shard server inside it.
+  absl::StatusOr<client::ChildProcess> StartOneProcess(int num_workers) {
+    workers = num_workers;
+    return ::recps::testing::LocalRun::Start(1, {"--in_process", "--one_process"});
   }
 };
 
@@ -93,6 +102,55 @@ TEST_P(InProcessE2e, SameAsSeparateShardServersBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Workers, InProcessE2e, ::testing::Values(1, 2),
                          [](const auto& info) { return absl::StrCat("W", info.param); });
+
+// Two workers as threads of one process around one embedded shard server:
+// the same ranks, batches, allreduce and synchronous steps as two
+// processes with a shard server each, so the same result bit for bit.
+TEST(OneProcessE2e, SameAsTwoProcessesBitIdentical) {
+  LocalRun processes, threads;
+  const Outcome reference = RunToEnd(processes, 2, /*in_process=*/true);
+  absl::StatusOr<client::ChildProcess> p = threads.StartOneProcess(2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string log = ReadAll(threads.log);
+  EXPECT_EQ(*code, 0) << log;
+  ExpectSame(reference, Collect(threads, 2));
+  EXPECT_THAT(log, HasSubstr("1 shard server(s) (inside the workers' process, "
+                             "--one_process), 2 worker(s) as threads of one process"));
+  EXPECT_GT(threads.PidOf("workers 0-1"), 0) << ReadAll(threads.work + "/pids");
+  EXPECT_THAT(log, HasSubstr("recps-worker 1] done: 300 steps"));
+}
+
+// The ranks of one process share its /metrics endpoint and tell their
+// series apart by a rank label.
+TEST(OneProcessE2e, MetricsCarryTheRank) {
+  LocalRun run;
+  const std::string ports = run.dir->path() + "/worker.ports";
+  const std::string log = run.dir->path() + "/worker.log";
+  absl::StatusOr<client::ChildProcess> p = client::ChildProcess::Spawn(
+      RECPS_WORKER_BINARY,
+      {"--config=" + run.job, "--embedded_shard", "--insecure", "--world_size=2",
+       "--local_ranks=2", "--rendezvous_dir=" + run.dir->path() + "/rendezvous",
+       "--steps=1000000", "--threads=1", "--progress_every=1000h",
+       "--metrics_listen=127.0.0.1:0", "--port_file=" + ports},
+      log);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::string text;
+  EXPECT_TRUE(Eventually(
+      [&] {
+        int grpc = 0, metrics = 0;
+        std::ifstream(ports) >> grpc >> metrics;
+        text = metrics > 0 ? ::recps::testing::ScrapeMetrics(metrics) : "";
+        return ::recps::testing::MetricValue(text, "recps_worker_steps_total{rank=\"0\"}") > 0 &&
+               ::recps::testing::MetricValue(text, "recps_worker_steps_total{rank=\"1\"}") > 0;
+      },
+      absl::Seconds(60)))
+      << text << ReadAll(log);
+  EXPECT_THAT(text, HasSubstr("phase=\"lookup\",rank=\"1\""));
+  p->Signal(SIGKILL);
+  ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
+}
 
 // A worker dies: its embedded shard's rows are gone, so the launcher
 // restarts the whole job from the newest checkpoint, which ends as an
@@ -225,25 +283,41 @@ TEST(InProcessE2eFlags, WorkerAloneWithItsShardServer) {
   };
   expect_refused("world_size",
                  {"--world_size=2", "--rank=0", "--rendezvous_dir=" + run.dir->path()},
-                 "it needs --world_size=1 and no --shards");
+                 "it needs --world_size=1 (or all ranks in this process, --local_ranks) "
+                 "and no --shards");
   expect_refused("sync_prefetch", {"--sync_prefetch=maybe"},
                  "--sync_prefetch=maybe: expected true, false or auto");
+  // --local_ranks: a count of ranks inside the world, each writing its own
+  // files.
+  const std::string rendezvous = "--rendezvous_dir=" + run.dir->path() + "/rendezvous";
+  expect_refused("local_ranks", {"--local_ranks=0"}, "--local_ranks=0: must be >= 1");
+  expect_refused("ranks_outside", {"--world_size=2", "--rank=1", "--local_ranks=2", rendezvous},
+                 "ranks 1..2 (--local_ranks=2) are outside [0, 2)");
+  expect_refused("rank_paths",
+                 {"--world_size=2", "--local_ranks=2", rendezvous,
+                  "--result_json=" + run.dir->path() + "/result.json"},
+                 "with --local_ranks=2 the path needs {rank}");
 }
 
-// --in_process needs one shard server per worker.
+// --in_process needs one shard server per worker; --one_process one in
+// all, and --in_process.
 TEST(InProcessE2eFlags, OtherShardCountsAreRefused) {
-  TempDir dir;
-  absl::StatusOr<client::ChildProcess> p = client::ChildProcess::Spawn(
-      RECPS_LAUNCHER_BINARY,
-      {"local", "--in_process", "--workers=2", "--shards=3", "--insecure",
-       "--work_dir=" + dir.path() + "/work"},
-      dir.path() + "/log");
-  ASSERT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<int> code = p->Wait(absl::Seconds(30));
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 2);
-  EXPECT_THAT(ReadAll(dir.path() + "/log"),
-              HasSubstr("--shards=3 must equal --workers=2"));
+  auto expect_refused = [](std::vector<std::string> flags, const std::string& reason) {
+    TempDir dir;
+    flags.insert(flags.begin(), {"local", "--workers=2", "--insecure",
+                                 "--work_dir=" + dir.path() + "/work"});
+    absl::StatusOr<client::ChildProcess> p =
+        client::ChildProcess::Spawn(RECPS_LAUNCHER_BINARY, flags, dir.path() + "/log");
+    ASSERT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<int> code = p->Wait(absl::Seconds(30));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 2) << reason;
+    EXPECT_THAT(ReadAll(dir.path() + "/log"), HasSubstr(reason));
+  };
+  expect_refused({"--in_process", "--shards=3"}, "--shards=3 must equal --workers=2");
+  expect_refused({"--in_process", "--one_process", "--shards=2"}, "--shards=2 must be 1");
+  expect_refused({"--one_process"}, "--one_process runs the workers around an embedded "
+                                    "shard server: it needs --in_process");
 }
 
 }  // namespace
