@@ -17,6 +17,8 @@
 #   IN_PROCESS=1           each worker embeds its shard server and reaches it
 #     without gRPC (W1: recps-worker --embedded_shard alone; W > 1: recps
 #     local --in_process, S = W). Default 0: separate recps-shard processes.
+#   ONE_PROCESS=1          with IN_PROCESS=1 and W > 1: every worker a thread of
+#     one process around one embedded shard server (recps local --one_process).
 #   TLS=1                  the same over mutual TLS (default plaintext).
 #   WORKER_FLAGS="..."     more recps-worker flags (e.g. --threads=2; after
 #     `recps local`'s own, so they win).
@@ -54,7 +56,10 @@ for _ in range(5):
 print(f"{len(b) / best / 1e9:.2f}")'
 }
 
+local_extra=()
+[[ ${ONE_PROCESS:-0} == 1 ]] && local_extra+=(--one_process)
 [[ ${IN_PROCESS:-0} == 1 ]] && SHARDS="$WORKERS(in-process)"
+[[ ${ONE_PROCESS:-0} == 1 ]] && SHARDS="1(one-process)"
 printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %8s  (ms/step)\n' \
   job "$WORKERS" "$SHARDS" batch steps samples/s memcpy x_memcpy data lookup forward backward \
   push allred optim lk_wait prefetch
@@ -68,7 +73,7 @@ for config in "${CONFIGS[@]}"; do
       "${worker_tls[@]}" 2>/dev/null
   elif [[ ${IN_PROCESS:-0} == 1 ]]; then
     "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --in_process \
-      --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
+      "${local_extra[@]}" --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
       --result_dir="$work/out" "${local_tls[@]}" -- "${extra[@]}" >/dev/null 2>&1
   elif [[ $WORKERS == 1 && $SHARDS == 1 ]]; then
     rm -f "$work/ports"
