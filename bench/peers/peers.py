@@ -33,6 +33,7 @@ CONFIGS = {
     "M-p1": (26, 1_000_000, 1, 4096),
 }
 SYSTEMS = ["recps-W1S1", "recps-W2S2", "pytorch", "torchrec-W1", "torchrec-W2"]
+TRANSPORTS = ["oneproc", "inproc", "grpc"]
 DIM, NUM_DENSE, LR = 64, 13, 0.005
 BOTTOM, TOP = [512, 256, 64], [512, 256, 1]
 
@@ -159,9 +160,10 @@ def run_tree(cmd, log_path, timeout, env=None):
 
 
 def run_recps(a, cfg, d, workers, shards, steps, warm, wire="", transport=None):
-    # transport: "inproc" (each worker embeds its shard server: recps local
-    # --in_process) or "grpc" (separate recps-shard processes); default
-    # --recps_transport.
+    # transport: "oneproc" (every worker a thread of one process around one
+    # embedded shard server: recps local --in_process --one_process),
+    # "inproc" (each worker process embeds its shard server: --in_process)
+    # or "grpc" (separate recps-shard processes); default --recps_transport.
     transport = transport or a.recps_transport
     tables, rows, bag, gb = CONFIGS[cfg]
     job = os.path.join(d, f"job-{workers}{wire}.textproto")
@@ -172,7 +174,8 @@ def run_recps(a, cfg, d, workers, shards, steps, warm, wire="", transport=None):
     cmd = [os.path.join(a.build_dir, "bin", "recps"), "local", f"--job={job}",
            f"--workers={workers}", f"--result_dir={res}",
            f"--work_dir={res}/work", f"--bin_dir={os.path.join(a.build_dir, 'bin')}"]
-    cmd += ["--in_process"] if transport == "inproc" else [f"--shards={shards}"]
+    cmd += {"oneproc": ["--in_process", "--one_process"],
+            "inproc": ["--in_process"]}.get(transport, [f"--shards={shards}"])
     rc, peak = run_tree(cmd, os.path.join(res, "log.txt"), a.timeout)
     try:
         with open(os.path.join(res, "result0.json")) as f:
@@ -210,8 +213,9 @@ def run_torch(a, cfg, d, system, world, steps, warm):
 
 
 def run_system(a, cfg, d, system, steps, warm):
-    # recps-...-grpc / -inproc: that transport whatever --recps_transport says.
-    for t in ("grpc", "inproc"):
+    # recps-...-grpc / -inproc / -oneproc: that transport whatever
+    # --recps_transport says.
+    for t in TRANSPORTS:
         if system.startswith("recps-") and system.endswith("-" + t):
             base = system[:-len(t) - 1]
             workers = 2 if base.startswith("recps-W2S2") else 1
@@ -243,13 +247,15 @@ def main():
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma list of " + ",".join(SYSTEMS) +
                    "; recps-W1S1-FLOAT16 / -BFLOAT16 (and W2S2) run recps with that "
-                   "training.wire_precision; a -grpc or -inproc suffix "
-                   "(recps-W1S1-grpc) overrides --recps_transport for that system, "
-                   "to interleave both")
-    p.add_argument("--recps_transport", choices=["inproc", "grpc"], default="inproc",
-                   help="recps' shard servers: inproc (each worker embeds one, "
-                   "recps local --in_process; the default, faster on one machine, "
-                   "docs/performance.md) or grpc (separate recps-shard processes)")
+                   "training.wire_precision; a -grpc, -inproc or -oneproc suffix "
+                   "(recps-W2S2-inproc) overrides --recps_transport for that system, "
+                   "to interleave them")
+    p.add_argument("--recps_transport", choices=TRANSPORTS, default="oneproc",
+                   help="recps' workers and shard servers: oneproc (the workers "
+                   "threads of one process around one embedded shard server, recps "
+                   "local --in_process --one_process; the default, fastest on one "
+                   "machine, docs/performance.md), inproc (each worker process embeds "
+                   "one, --in_process) or grpc (separate recps-shard processes)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0,
                    help="training steps per run (0: 100 for S, 60 for M)")
