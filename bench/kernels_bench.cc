@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -527,6 +528,16 @@ void PrintSummary() {
 }  // namespace recps::kernels
 
 int main(int argc, char** argv) {
+  // OpenBLAS's fastest kernels for this CPU, as recps-worker runs them
+  // (BLAS_KERNELS=env: OpenBLAS's own choice).
+  const char* blas_kernels = std::getenv("BLAS_KERNELS");
+  if (absl::Status s = recps::kernels::UseFastestBlasKernels(
+          blas_kernels != nullptr ? blas_kernels : "auto", argv);
+      !s.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  benchmark::AddCustomContext("openblas_kernels", recps::kernels::BlasKernelsDescription());
   // Our own flag, removed before Google Benchmark parses the rest.
   std::vector<char*> args;
   for (int i = 0; i < argc; ++i) {

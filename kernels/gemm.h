@@ -4,6 +4,7 @@
 #define RECPS_KERNELS_GEMM_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "kernels/exec_context.h"
@@ -35,6 +36,23 @@ struct GemmArgs {
 // path needs ctx.cublas_handle.
 absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx);
 absl::Status GemmCuda(const GemmArgs& args, const ExecContext& ctx);
+
+// OpenBLAS picks its kernels when it loads: from the CPU, or from
+// OPENBLAS_CORETYPE when that is set. An environment that pins an AVX2 core
+// (machines here export OPENBLAS_CORETYPE=Haswell) halves the GEMM rate of
+// a CPU with full-width AVX-512 (AMD Zen 5: 2x on the DLRM's MLPs,
+// docs/performance.md). With `mode` "auto", where this CPU runs AVX-512
+// and OpenBLAS runs a core without it, sets OPENBLAS_CORETYPE=SkylakeX and
+// re-executes the program (same pid and arguments: OpenBLAS reads it only
+// at load), once. "env" keeps OpenBLAS's choice. Call in main after the
+// flags are parsed, before any thread starts. INVALID_ARGUMENT for another
+// mode; returns only when it does not re-execute.
+absl::Status UseFastestBlasKernels(const std::string& mode, char** argv);
+
+// The kernels OpenBLAS runs with, for start-up lines: "Cooperlake", or e.g.
+// "SkylakeX (chosen by recps: the environment's OPENBLAS_CORETYPE was
+// Haswell)".
+std::string BlasKernelsDescription();
 
 }  // namespace recps::kernels
 

@@ -1,12 +1,20 @@
 // CPU GEMM: argument checks, then OpenBLAS's cblas_sgemm (row-major), split
 // over the caller's pool when it has one.
 #include <cblas.h>
+#include <strings.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpu_features.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "kernels/gemm.h"
@@ -148,6 +156,59 @@ absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx) {
     }
   });
   return absl::OkStatus();
+}
+
+namespace {
+// Set beside OPENBLAS_CORETYPE by UseFastestBlasKernels: the core OpenBLAS
+// ran before (also the guard against a second re-execution).
+constexpr char kPreviousCoreEnv[] = "RECPS_OPENBLAS_PREVIOUS_CORE";
+
+// OpenBLAS's x86 cores with AVX-512 kernels.
+bool IsAvx512Core(const char* core) {
+  for (const char* name : {"skylakex", "cooperlake", "sapphirerapids"}) {
+    if (strcasecmp(core, name) == 0) return true;
+  }
+  return false;
+}
+}  // namespace
+
+absl::Status UseFastestBlasKernels(const std::string& mode, char** argv) {
+  if (mode == "env") return absl::OkStatus();
+  if (mode != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--blas_kernels=", mode, ": expected auto or env"));
+  }
+  const char* core = openblas_get_corename();
+  if (core == nullptr || IsAvx512Core(core) || !CpuIsaSupported(CpuIsa::kAvx512)) {
+    return absl::OkStatus();
+  }
+  const std::string previous = core;
+  if (std::getenv(kPreviousCoreEnv) != nullptr) {
+    // Re-executed already, and OpenBLAS kept its core (it refuses AVX-512
+    // kernels where its own check fails): run with it.
+    LogWarning("OpenBLAS runs its ", previous, " kernels although this CPU has AVX-512: "
+               "it refused OPENBLAS_CORETYPE=SkylakeX");
+    return absl::OkStatus();
+  }
+  setenv("OPENBLAS_CORETYPE", "SkylakeX", /*overwrite=*/1);
+  setenv(kPreviousCoreEnv, previous.c_str(), /*overwrite=*/1);
+  std::fflush(nullptr);
+  execv("/proc/self/exe", argv);
+  // Still here: the exec failed; run on with the kernels OpenBLAS has.
+  const int error = errno;
+  LogWarning("OpenBLAS runs its ", previous, " kernels on this AVX-512 CPU: re-executing "
+             "with OPENBLAS_CORETYPE=SkylakeX failed (", std::strerror(error), ")");
+  return absl::OkStatus();
+}
+
+std::string BlasKernelsDescription() {
+  const char* core = openblas_get_corename();
+  std::string out = core != nullptr ? core : "unknown";
+  if (const char* previous = std::getenv(kPreviousCoreEnv);
+      previous != nullptr && (core == nullptr || strcasecmp(core, previous) != 0)) {
+    absl::StrAppend(&out, " (chosen by recps: OpenBLAS ran ", previous, ")");
+  }
+  return out;
 }
 
 }  // namespace recps::kernels

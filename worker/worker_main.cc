@@ -53,6 +53,7 @@
 #include "prometheus/registry.h"
 #include "kernels/device_memory.h"
 #include "kernels/exec_context.h"
+#include "kernels/gemm.h"
 #include "worker/collectives/collectives.h"
 #include "worker/collectives/coordinator_kv_store.h"
 #include "worker/collectives/gloo_collectives.h"
@@ -95,6 +96,11 @@ ABSL_FLAG(std::string, shards, "",
 ABSL_FLAG(int, rank, -1, "this worker's rank (default: $RANK, else 0)");
 ABSL_FLAG(int, world_size, -1, "workers in the job (default: $WORLD_SIZE, else 1)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
+ABSL_FLAG(std::string, blas_kernels, "auto",
+          "OpenBLAS's kernels: auto (its AVX-512 kernels wherever this CPU "
+          "runs AVX-512, even if OPENBLAS_CORETYPE in the environment names an "
+          "older core; the process re-executes itself once to apply it) or env "
+          "(OpenBLAS's own choice, from OPENBLAS_CORETYPE or the CPU)");
 ABSL_FLAG(int64_t, steps, 0, "override the job's training.steps (0: keep)");
 ABSL_FLAG(std::string, metrics_listen, "",
           "Prometheus /metrics address, host:port (empty: off)");
@@ -741,7 +747,8 @@ int RunRank(int rank, int world, ProcessShared* shared) {
           coordinator != nullptr ? "coordinator " + coordinator_address
                                  : absl::StrCat(shards.size(), " shard server(s)"),
           "; sync prefetch ", sync_prefetch ? "on" : "off", " (--sync_prefetch=",
-          absl::GetFlag(FLAGS_sync_prefetch), ")");
+          absl::GetFlag(FLAGS_sync_prefetch), ")",
+          on_gpu ? "" : "; OpenBLAS kernels " + kernels::BlasKernelsDescription());
   absl::StatusOr<TrainResult> result = (*trainer)->Run();
   if (!result.ok()) {
     LogError("training failed: ", result.status().ToString());
@@ -916,6 +923,13 @@ int main(int argc, char** argv) {
       "  recps-worker ... --embedded_shard   (run a shard server inside the worker)");
   absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps-worker");
+  // Before any thread starts: it may re-execute the program.
+  if (absl::Status s = recps::kernels::UseFastestBlasKernels(
+          absl::GetFlag(FLAGS_blas_kernels), argv);
+      !s.ok()) {
+    recps::LogError(s.message());
+    return 2;
+  }
   recps::rpc::InitProcessSecurityFromFlags();
   recps::TuneDataPlaneProcess();
   return recps::worker::Run();

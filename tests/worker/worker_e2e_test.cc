@@ -4,12 +4,14 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "client/launcher/process.h"
+#include "common/cpu_features.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_util.h"
 #include "tests/testing/local_shard.h"
@@ -164,6 +166,43 @@ TEST(WorkerEndToEnd, CudaDeviceWithoutAGpuExitsTwoNamingTheDevice) {
         absl::Seconds(60), &output);
     EXPECT_EQ(code, 2) << c.device << "\n" << output;
     EXPECT_NE(output.find(c.expected), std::string::npos) << c.device << "\n" << output;
+  }
+}
+
+// OpenBLAS's AVX-512 kernels wherever the CPU runs AVX-512, although the
+// environment pins an AVX2 core (machines here export
+// OPENBLAS_CORETYPE=Haswell, which halved the worker's GEMM rate on AMD Zen
+// 5): the worker re-executes itself with OPENBLAS_CORETYPE=SkylakeX and says
+// so; --blas_kernels=env keeps the environment's core.
+TEST(WorkerEndToEnd, BlasKernelsFollowTheCpuNotAPinnedEnvironment) {
+  const char* saved = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  setenv("OPENBLAS_CORETYPE", "Haswell", 1);
+  const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
+  auto run = [&](const std::string& mode, std::string* output) {
+    return RunCapturing(RECPS_WORKER_BINARY,
+                        {"--config=" + job, "--embedded_shard", "--steps=3", "--threads=1",
+                         "--blas_kernels=" + mode},
+                        absl::Seconds(60), output);
+  };
+  std::string output;
+  EXPECT_EQ(run("auto", &output), 0) << output;
+  EXPECT_NE(output.find(CpuIsaSupported(CpuIsa::kAvx512)
+                            ? "; OpenBLAS kernels SkylakeX (chosen by recps: OpenBLAS ran "
+                              "Haswell)\n"
+                            : "; OpenBLAS kernels Haswell\n"),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("done: 3 steps"), std::string::npos) << output;
+  EXPECT_EQ(run("env", &output), 0) << output;
+  EXPECT_NE(output.find("; OpenBLAS kernels Haswell\n"), std::string::npos) << output;
+  EXPECT_EQ(run("fastest", &output), 2) << output;
+  EXPECT_NE(output.find("--blas_kernels=fastest: expected auto or env"), std::string::npos)
+      << output;
+  if (saved != nullptr) {
+    setenv("OPENBLAS_CORETYPE", saved_value.c_str(), 1);
+  } else {
+    unsetenv("OPENBLAS_CORETYPE");
   }
 }
 
