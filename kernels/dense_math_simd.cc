@@ -49,23 +49,38 @@ void DotInteractionForwardRange(const DotInteractionForwardArgs& a, int64_t lo, 
   }
 }
 
-void DotInteractionBackwardRange(const DotInteractionBackwardArgs& a, int64_t lo, int64_t hi) {
+namespace {
+
+// One sample's dL/dT: dL/dT_i = sum_{j != i} g_ij T_j (g symmetric), T_0
+// also getting the gradient of its copy, j in increasing order. kDim > 0:
+// the row's width known at compile time, so its sum stays in registers
+// across the j loop (the generic loop loads and stores it for every j, 3x
+// the memory operations of the multiply-adds); kDim == 0: any width. The
+// same operations in the same order either way, so the same bits.
+template <int kDim>
+void DotBackwardSample(const DotInteractionBackwardArgs& a, int64_t s, int64_t width) {
   const int f = a.num_sparse;
-  const int dim = a.dim;
-  const int64_t width = DotInteractionOutputWidth(f, dim);
-  for (int64_t s = lo; s < hi; ++s) {
-    const float* dense = a.dense + s * dim;
-    const float* sparse = a.sparse + s * f * dim;
-    float* grad_dense = a.grad_dense + s * dim;
-    float* grad_sparse = a.grad_sparse + s * f * dim;
-    auto t_row = [&](int r) { return r == 0 ? dense : sparse + static_cast<int64_t>(r - 1) * dim; };
-    const float* g = a.grad_output + s * width;
-    const float* g_dots = g + dim;
-    // dL/dT_i = sum_{j != i} g_{ij} T_j, g symmetric; T_0 also gets the
-    // gradient of its copy. Each gradient row is written once, j in
-    // increasing order.
-    for (int i = 0; i <= f; ++i) {
-      float* __restrict gi = i == 0 ? grad_dense : grad_sparse + static_cast<int64_t>(i - 1) * dim;
+  const int dim = kDim > 0 ? kDim : a.dim;
+  const float* dense = a.dense + s * dim;
+  const float* sparse = a.sparse + s * f * dim;
+  float* grad_dense = a.grad_dense + s * dim;
+  float* grad_sparse = a.grad_sparse + s * f * dim;
+  auto t_row = [&](int r) { return r == 0 ? dense : sparse + static_cast<int64_t>(r - 1) * dim; };
+  const float* g = a.grad_output + s * width;
+  const float* g_dots = g + dim;
+  for (int i = 0; i <= f; ++i) {
+    float* __restrict gi = i == 0 ? grad_dense : grad_sparse + static_cast<int64_t>(i - 1) * dim;
+    if constexpr (kDim > 0) {
+      float acc[kDim];
+      for (int k = 0; k < kDim; ++k) acc[k] = i == 0 ? g[k] : 0.0f;
+      for (int j = 0; j <= f; ++j) {
+        if (j == i) continue;
+        const float w = g_dots[i > j ? PairIndex(i, j) : PairIndex(j, i)];
+        const float* __restrict tj = t_row(j);
+        for (int k = 0; k < kDim; ++k) acc[k] += w * tj[k];
+      }
+      std::copy(acc, acc + kDim, gi);
+    } else {
       if (i == 0) {
         std::copy(g, g + dim, gi);
       } else {
@@ -78,6 +93,28 @@ void DotInteractionBackwardRange(const DotInteractionBackwardArgs& a, int64_t lo
         for (int k = 0; k < dim; ++k) gi[k] += w * tj[k];
       }
     }
+  }
+}
+
+}  // namespace
+
+void DotInteractionBackwardRange(const DotInteractionBackwardArgs& a, int64_t lo, int64_t hi) {
+  const int64_t width = DotInteractionOutputWidth(a.num_sparse, a.dim);
+  // The widths embeddings usually have.
+  auto run = [&](auto sample) {
+    for (int64_t s = lo; s < hi; ++s) sample(a, s, width);
+  };
+  switch (a.dim) {
+    case 16:
+      return run(DotBackwardSample<16>);
+    case 32:
+      return run(DotBackwardSample<32>);
+    case 64:
+      return run(DotBackwardSample<64>);
+    case 128:
+      return run(DotBackwardSample<128>);
+    default:
+      return run(DotBackwardSample<0>);
   }
 }
 

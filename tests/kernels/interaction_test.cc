@@ -194,6 +194,49 @@ TEST(DotInteractionCpuTest, EveryIsaGivesIdenticalBits) {
   }
 }
 
+// The backward is, for every element, the float sum in a fixed order:
+// g's copy (T_0) or 0, then w_ij * T_j for j ascending. The widths with a
+// register-held sum (16, 32, 64, 128) and the generic loop (others) must
+// both give exactly that, on every ISA.
+TEST(DotInteractionCpuTest, BackwardIsTheOrderedSumBitForBit) {
+  const Shape shapes[] = {{9, 26, 64}, {5, 8, 16}, {4, 3, 32}, {3, 5, 128}, {6, 4, 48},
+                          {2, 3, 7}};
+  uint64_t seed = 900;
+  for (const Shape& s : shapes) {
+    const Inputs in = MakeInputs(s, seed += 3);
+    const int64_t width = DotInteractionOutputWidth(s.num_sparse, s.dim);
+    const std::vector<float> go = RandomFloats(s.batch * width, seed + 2);
+    const int rows = s.num_sparse + 1;
+    Inputs want{std::vector<float>(in.dense.size()), std::vector<float>(in.sparse.size())};
+    for (int64_t b = 0; b < s.batch; ++b) {
+      const float* g = go.data() + b * width;
+      for (int i = 0; i < rows; ++i) {
+        float* out = i == 0 ? want.dense.data() + b * s.dim
+                            : want.sparse.data() + (b * s.num_sparse + i - 1) * s.dim;
+        for (int k = 0; k < s.dim; ++k) {
+          float acc = i == 0 ? g[k] : 0.0f;
+          for (int j = 0; j < rows; ++j) {
+            if (j == i) continue;
+            const int hi = std::max(i, j), lo = std::min(i, j);
+            const float w = g[s.dim + static_cast<int64_t>(hi) * (hi - 1) / 2 + lo];
+            const float product = w * TRow(in, s, b, j)[k];
+            acc += product;
+          }
+          out[k] = acc;
+        }
+      }
+    }
+    for (CpuIsa isa : SupportedCpuIsas()) {
+      ExecContext ctx;
+      ctx.isa = isa;
+      SCOPED_TRACE(std::string(CpuIsaName(isa)) + " " + Describe(s));
+      const Inputs got = Backward(in, s, go, ctx);
+      EXPECT_EQ(0, std::memcmp(got.dense.data(), want.dense.data(), 4 * got.dense.size()));
+      EXPECT_EQ(0, std::memcmp(got.sparse.data(), want.sparse.data(), 4 * got.sparse.size()));
+    }
+  }
+}
+
 TEST(DotInteractionCpuTest, BackwardMatchesReference) {
   uint64_t seed = 100;
   for (const Shape& s : kShapes) {
