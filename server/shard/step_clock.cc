@@ -1,7 +1,10 @@
 #include "server/shard/step_clock.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -484,12 +487,77 @@ void StepClock::TimerLoop() {
   }
 }
 
+namespace {
+
+// Where each id of a table's sum sits: a flat array over the ids' range
+// when the ids are dense in it (a fixed table's ids lie in [0, num_rows):
+// one load per id), else a hash map. Either way the same positions, so the
+// same sum.
+class IdPositions {
+ public:
+  IdPositions(int64_t min_id, int64_t max_id, size_t total_ids) {
+    // max - min, without overflow (ids may be any int64).
+    const uint64_t span = static_cast<uint64_t>(max_id) - static_cast<uint64_t>(min_id);
+    // Dense enough that zeroing the array costs less than hashing the ids.
+    if (min_id <= max_id && span < kFlatMaxRange &&
+        span < std::max<uint64_t>(uint64_t{1} << 16, 8 * uint64_t{total_ids})) {
+      base_ = min_id;
+      flat_.assign(span + 1, 0);
+    } else {
+      map_.reserve(total_ids);
+    }
+  }
+  // id's position if it has one (false), else `pos`, now recorded (true).
+  std::pair<int64_t, bool> TryEmplace(int64_t id, int64_t pos) {
+    if (flat_.empty()) {
+      auto [it, inserted] = map_.try_emplace(id, pos);
+      return {it->second, inserted};
+    }
+    uint32_t& slot = flat_[static_cast<uint64_t>(id) - static_cast<uint64_t>(base_)];
+    if (slot != 0) return {static_cast<int64_t>(slot) - 1, false};
+    slot = static_cast<uint32_t>(pos + 1);
+    return {pos, true};
+  }
+  void Clear() {
+    if (flat_.empty()) {
+      map_.clear();
+    } else {
+      std::fill(flat_.begin(), flat_.end(), 0u);
+    }
+  }
+
+ private:
+  static constexpr uint64_t kFlatMaxRange = uint64_t{1} << 26;  // 256 MiB at most
+  int64_t base_ = 0;
+  std::vector<uint32_t> flat_;  // position + 1, 0: none
+  absl::flat_hash_map<int64_t, int64_t> map_;
+};
+
+}  // namespace
+
 GradientPush SumInRankOrder(std::vector<GradientPush>& pushes) {
   if (pushes.size() == 1) return std::move(pushes[0]);
+  // Per table: the range and count of its ids over every push.
+  struct Extent {
+    int64_t min_id = std::numeric_limits<int64_t>::max();
+    int64_t max_id = std::numeric_limits<int64_t>::min();
+    size_t ids = 0;
+  };
+  absl::flat_hash_map<int, Extent> extents;
+  for (const GradientPush& push : pushes) {
+    for (const TableGradients& tg : push) {
+      Extent& e = extents[tg.table];
+      for (const int64_t id : tg.ids) {
+        e.min_id = std::min(e.min_id, id);
+        e.max_id = std::max(e.max_id, id);
+      }
+      e.ids += tg.ids.size();
+    }
+  }
   // table -> position in `out`
   absl::flat_hash_map<int, size_t> table_pos;
   GradientPush out;
-  std::vector<absl::flat_hash_map<int64_t, int64_t>> id_pos;
+  std::vector<IdPositions> id_pos;
   for (GradientPush& push : pushes) {
     for (TableGradients& tg : push) {
       auto [it, inserted] = table_pos.try_emplace(tg.table, out.size());
@@ -497,24 +565,23 @@ GradientPush SumInRankOrder(std::vector<GradientPush>& pushes) {
         // A table's first push is taken whole when its ids are distinct (the
         // server validated them): only later ranks' rows are copied or
         // summed, with the same result in the same order.
-        id_pos.emplace_back();
-        auto& pos = id_pos.back();
-        pos.reserve(tg.ids.size());
+        const Extent& e = extents.at(tg.table);
+        id_pos.emplace_back(e.min_id, e.max_id, e.ids);
+        IdPositions& pos = id_pos.back();
         bool distinct = true;
         for (size_t i = 0; i < tg.ids.size() && distinct; ++i) {
-          distinct = pos.try_emplace(tg.ids[i], static_cast<int64_t>(i)).second;
+          distinct = pos.TryEmplace(tg.ids[i], static_cast<int64_t>(i)).second;
         }
         if (distinct) {
           out.push_back(std::move(tg));
           continue;
         }
-        pos.clear();
+        pos.Clear();
         out.push_back(TableGradients{tg.table, tg.dim, {}, {}});
       }
       TableGradients& sum = out[it->second];
       sum.Own();  // a borrowed first push taken whole: later rows add to it
-      auto& pos = id_pos[it->second];
-      pos.reserve(pos.size() + tg.ids.size());
+      IdPositions& pos = id_pos[it->second];
       const int dim = tg.dim;
       // Grown geometrically, at most once per push.
       const size_t values = tg.ids.size() * static_cast<size_t>(dim);
@@ -524,12 +591,12 @@ GradientPush SumInRankOrder(std::vector<GradientPush>& pushes) {
       const float* const grads = tg.data();
       for (size_t i = 0; i < tg.ids.size(); ++i) {
         const float* g = grads + i * dim;
-        auto [pit, fresh] = pos.try_emplace(tg.ids[i], sum.ids.size());
+        auto [at, fresh] = pos.TryEmplace(tg.ids[i], static_cast<int64_t>(sum.ids.size()));
         if (fresh) {
           sum.ids.push_back(tg.ids[i]);
           sum.grads.insert(sum.grads.end(), g, g + dim);
         } else {
-          float* acc = sum.grads.data() + pit->second * dim;
+          float* acc = sum.grads.data() + at * dim;
           for (int j = 0; j < dim; ++j) acc[j] += g[j];
         }
       }

@@ -1,6 +1,10 @@
 #include "server/shard/step_clock.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -268,6 +272,55 @@ TEST(SumInRankOrder, RepeatedIdInTheFirstPushIsStillSummed) {
   ASSERT_EQ(sum.size(), 1u);
   EXPECT_EQ(sum[0].ids, (std::vector<int64_t>{4, 5, 6}));
   EXPECT_EQ(sum[0].grads, (std::vector<float>{3, 13, 20}));
+}
+
+// Ids dense in a small range are placed through a flat array, spread ids
+// (dynamic tables, any int64) through a hash map: the same pushes with
+// their ids spread out sum to the same rows, in the same order, bit for
+// bit, and the extreme ids do not overflow the range.
+TEST(SumInRankOrder, DenseAndSpreadIdsGiveTheSameSum) {
+  auto make = [](int64_t (*map)(int64_t)) {
+    std::vector<GradientPush> pushes(3);
+    for (int rank = 0; rank < 3; ++rank) {
+      for (int table = 0; table < 2; ++table) {
+        TableGradients tg{table, 3, {}, {}};
+        for (int64_t i = 0; i < 2000; ++i) {
+          // Distinct within a push, overlapping across pushes.
+          const int64_t id = (i * (7 + rank) + 13 * rank) % 5003;
+          if (std::find(tg.ids.begin(), tg.ids.end(), map(id)) != tg.ids.end()) continue;
+          tg.ids.push_back(map(id));
+          for (int j = 0; j < 3; ++j) {
+            tg.grads.push_back(static_cast<float>(std::sin(id * 0.37 + j + rank * 1.1)));
+          }
+        }
+        pushes[rank].push_back(std::move(tg));
+      }
+    }
+    return pushes;
+  };
+  auto dense = make([](int64_t id) { return id; });
+  auto spread = make([](int64_t id) {
+    return id == 0      ? std::numeric_limits<int64_t>::min()
+           : id == 5002 ? std::numeric_limits<int64_t>::max()
+                        : id * 1000003 - (int64_t{1} << 40);
+  });
+  const GradientPush a = SumInRankOrder(dense);
+  const GradientPush b = SumInRankOrder(spread);
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (int t = 0; t < 2; ++t) {
+    ASSERT_EQ(a[t].ids.size(), b[t].ids.size());
+    EXPECT_GT(a[t].ids.size(), 2000u);  // later ranks added rows
+    ASSERT_EQ(a[t].grads.size(), b[t].grads.size());
+    EXPECT_EQ(0, std::memcmp(a[t].data(), b[t].data(), 4 * a[t].grads.size()));
+    for (size_t i = 0; i < a[t].ids.size(); ++i) {
+      const int64_t id = a[t].ids[i];
+      const int64_t want = id == 0      ? std::numeric_limits<int64_t>::min()
+                           : id == 5002 ? std::numeric_limits<int64_t>::max()
+                                        : id * 1000003 - (int64_t{1} << 40);
+      ASSERT_EQ(b[t].ids[i], want) << i;
+    }
+  }
 }
 
 TEST(StepClock, ParkingLimitsRefuseWithResourceExhausted) {
