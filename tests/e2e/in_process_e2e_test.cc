@@ -62,9 +62,11 @@ struct LocalRun : ::recps::testing::LocalRun {
   }
   // recps local --in_process --one_process: every worker a thread of one
   // process, one shard server inside it.
-  absl::StatusOr<client::ChildProcess> StartOneProcess(int num_workers) {
+  absl::StatusOr<client::ChildProcess> StartOneProcess(int num_workers,
+                                                       std::vector<std::string> extra = {}) {
     workers = num_workers;
-    return ::recps::testing::LocalRun::Start(1, {"--in_process", "--one_process"});
+    extra.insert(extra.begin(), {"--in_process", "--one_process"});
+    return ::recps::testing::LocalRun::Start(1, std::move(extra));
   }
 };
 
@@ -120,6 +122,63 @@ TEST(OneProcessE2e, SameAsTwoProcessesBitIdentical) {
                              "--one_process), 2 worker(s) as threads of one process"));
   EXPECT_GT(threads.PidOf("workers 0-1"), 0) << ReadAll(threads.work + "/pids");
   EXPECT_THAT(log, HasSubstr("recps-worker 1] done: 300 steps"));
+}
+
+// SIGTERM to the launcher: both ranks of the one process agree on a step,
+// checkpoint (the embedded server saves every row) and exit; --resume
+// finishes the job as an uninterrupted run would.
+TEST(OneProcessE2e, PreemptedThenResumedBitIdentical) {
+  LocalRun reference_run, run;
+  const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
+  {
+    absl::StatusOr<client::ChildProcess> p = run.StartOneProcess(2);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE(Eventually([&] { return run.LossLines() >= kEvery + kEvery / 2; },
+                           absl::Seconds(120)))
+        << ReadAll(run.log);
+    ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the signal";
+    p->Signal(SIGTERM);
+    absl::StatusOr<int> code = p->Wait(absl::Seconds(120));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 128 + SIGTERM) << ReadAll(run.log);
+  }
+  EXPECT_THAT(ReadAll(run.log), HasSubstr("pre-empted: checkpoint at step"));
+  ASSERT_FALSE(std::filesystem::exists(Dir(run.checkpoints, kSteps)));
+  absl::StatusOr<client::ChildProcess> p = run.StartOneProcess(2, {"--resume"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string log = ReadAll(run.log);
+  EXPECT_EQ(*code, 0) << log;
+  EXPECT_THAT(log, HasSubstr("--resume: resuming from the checkpoint at step"));
+  ExpectSame(reference, Collect(run, 2));
+}
+
+// The one process killed mid-run takes every rank and the shard's rows
+// with it: with --max_restarts the job restarts from its newest checkpoint
+// and ends as an uninterrupted run.
+TEST(OneProcessE2e, KilledProcessRestartsFromCheckpointBitIdentical) {
+  LocalRun reference_run, run;
+  const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
+  absl::StatusOr<client::ChildProcess> p = run.StartOneProcess(2, {"--max_restarts=1"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(Eventually(
+      [&] {
+        return std::filesystem::exists(Dir(run.checkpoints, 2 * kEvery) + "/MANIFEST") &&
+               run.LossLines() >= 2 * kEvery + kEvery / 2;
+      },
+      absl::Seconds(120)))
+      << ReadAll(run.log);
+  const pid_t pid = run.PidOf("workers 0-1");
+  ASSERT_GT(pid, 0) << ReadAll(run.work + "/pids");
+  ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the kill";
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string log = ReadAll(run.log);
+  EXPECT_EQ(*code, 0) << log;
+  EXPECT_THAT(log, HasSubstr("restart 1/1 after"));
+  ExpectSame(reference, Collect(run, 2));
 }
 
 // The ranks of one process share its /metrics endpoint and tell their
