@@ -124,63 +124,6 @@ TEST(OneProcessE2e, SameAsTwoProcessesBitIdentical) {
   EXPECT_THAT(log, HasSubstr("recps-worker 1] done: 300 steps"));
 }
 
-// SIGTERM to the launcher: both ranks of the one process agree on a step,
-// checkpoint (the embedded server saves every row) and exit; --resume
-// finishes the job as an uninterrupted run would.
-TEST(OneProcessE2e, PreemptedThenResumedBitIdentical) {
-  LocalRun reference_run, run;
-  const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
-  {
-    absl::StatusOr<client::ChildProcess> p = run.StartOneProcess(2);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_TRUE(Eventually([&] { return run.LossLines() >= kEvery + kEvery / 2; },
-                           absl::Seconds(120)))
-        << ReadAll(run.log);
-    ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the signal";
-    p->Signal(SIGTERM);
-    absl::StatusOr<int> code = p->Wait(absl::Seconds(120));
-    ASSERT_TRUE(code.ok()) << code.status();
-    EXPECT_EQ(*code, 128 + SIGTERM) << ReadAll(run.log);
-  }
-  EXPECT_THAT(ReadAll(run.log), HasSubstr("pre-empted: checkpoint at step"));
-  ASSERT_FALSE(std::filesystem::exists(Dir(run.checkpoints, kSteps)));
-  absl::StatusOr<client::ChildProcess> p = run.StartOneProcess(2, {"--resume"});
-  ASSERT_TRUE(p.ok()) << p.status();
-  absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
-  ASSERT_TRUE(code.ok()) << code.status();
-  const std::string log = ReadAll(run.log);
-  EXPECT_EQ(*code, 0) << log;
-  EXPECT_THAT(log, HasSubstr("--resume: resuming from the checkpoint at step"));
-  ExpectSame(reference, Collect(run, 2));
-}
-
-// The one process killed mid-run takes every rank and the shard's rows
-// with it: with --max_restarts the job restarts from its newest checkpoint
-// and ends as an uninterrupted run.
-TEST(OneProcessE2e, KilledProcessRestartsFromCheckpointBitIdentical) {
-  LocalRun reference_run, run;
-  const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
-  absl::StatusOr<client::ChildProcess> p = run.StartOneProcess(2, {"--max_restarts=1"});
-  ASSERT_TRUE(p.ok()) << p.status();
-  ASSERT_TRUE(Eventually(
-      [&] {
-        return std::filesystem::exists(Dir(run.checkpoints, 2 * kEvery) + "/MANIFEST") &&
-               run.LossLines() >= 2 * kEvery + kEvery / 2;
-      },
-      absl::Seconds(120)))
-      << ReadAll(run.log);
-  const pid_t pid = run.PidOf("workers 0-1");
-  ASSERT_GT(pid, 0) << ReadAll(run.work + "/pids");
-  ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the kill";
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
-  absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
-  ASSERT_TRUE(code.ok()) << code.status();
-  const std::string log = ReadAll(run.log);
-  EXPECT_EQ(*code, 0) << log;
-  EXPECT_THAT(log, HasSubstr("restart 1/1 after"));
-  ExpectSame(reference, Collect(run, 2));
-}
-
 // The ranks of one process share its /metrics endpoint and tell their
 // series apart by a rank label.
 TEST(OneProcessE2e, MetricsCarryTheRank) {
@@ -211,13 +154,25 @@ TEST(OneProcessE2e, MetricsCarryTheRank) {
   ASSERT_TRUE(p->Wait(absl::Seconds(30)).ok());
 }
 
-// A worker dies: its embedded shard's rows are gone, so the launcher
-// restarts the whole job from the newest checkpoint, which ends as an
-// uninterrupted run.
-TEST(InProcessE2eRestart, KilledWorkerRestartsFromCheckpointBitIdentical) {
+// How the two workers of a restart test run: one process each, or as
+// threads of one process (--one_process).
+enum class Form { kProcesses, kOneProcess };
+
+absl::StatusOr<client::ChildProcess> StartForm(LocalRun& run, Form form,
+                                               std::vector<std::string> extra = {}) {
+  return form == Form::kOneProcess ? run.StartOneProcess(2, std::move(extra))
+                                   : run.Start(2, /*in_process=*/true, std::move(extra));
+}
+
+class InProcessE2eRestart : public ::testing::TestWithParam<Form> {};
+
+// A worker dies (with --one_process: the process of both): its embedded
+// shard's rows are gone, so the launcher restarts the whole job from the
+// newest checkpoint, which ends as an uninterrupted run.
+TEST_P(InProcessE2eRestart, KilledWorkerRestartsFromCheckpointBitIdentical) {
   LocalRun reference_run, run;
   const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
-  absl::StatusOr<client::ChildProcess> p = run.Start(2, true, {"--max_restarts=1"});
+  absl::StatusOr<client::ChildProcess> p = StartForm(run, GetParam(), {"--max_restarts=1"});
   ASSERT_TRUE(p.ok()) << p.status();
   ASSERT_TRUE(Eventually(
       [&] {
@@ -226,7 +181,7 @@ TEST(InProcessE2eRestart, KilledWorkerRestartsFromCheckpointBitIdentical) {
       },
       absl::Seconds(120)))
       << ReadAll(run.log);
-  const pid_t pid = run.PidOf("worker 1");
+  const pid_t pid = run.PidOf(GetParam() == Form::kOneProcess ? "workers 0-1" : "worker 1");
   ASSERT_GT(pid, 0) << ReadAll(run.work + "/pids");
   ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the kill";
   ASSERT_EQ(kill(pid, SIGKILL), 0);
@@ -242,11 +197,11 @@ TEST(InProcessE2eRestart, KilledWorkerRestartsFromCheckpointBitIdentical) {
 // SIGTERM to the launcher (pre-emption): the workers checkpoint (their
 // embedded servers save their rows) and exit; `recps local --in_process
 // --resume` finishes the job as an uninterrupted run.
-TEST(InProcessE2eRestart, PreemptedThenResumedBitIdentical) {
+TEST_P(InProcessE2eRestart, PreemptedThenResumedBitIdentical) {
   LocalRun reference_run, run;
   const Outcome reference = RunToEnd(reference_run, 2, /*in_process=*/true);
   {
-    absl::StatusOr<client::ChildProcess> p = run.Start(2, true);
+    absl::StatusOr<client::ChildProcess> p = StartForm(run, GetParam());
     ASSERT_TRUE(p.ok()) << p.status();
     ASSERT_TRUE(Eventually([&] { return run.LossLines() >= kEvery + kEvery / 2; },
                            absl::Seconds(120)))
@@ -259,7 +214,7 @@ TEST(InProcessE2eRestart, PreemptedThenResumedBitIdentical) {
   }
   EXPECT_THAT(ReadAll(run.log), HasSubstr("pre-empted: checkpoint at step"));
   ASSERT_FALSE(std::filesystem::exists(Dir(run.checkpoints, kSteps)));
-  absl::StatusOr<client::ChildProcess> p = run.Start(2, true, {"--resume"});
+  absl::StatusOr<client::ChildProcess> p = StartForm(run, GetParam(), {"--resume"});
   ASSERT_TRUE(p.ok()) << p.status();
   absl::StatusOr<int> code = p->Wait(absl::Seconds(240));
   ASSERT_TRUE(code.ok()) << code.status();
@@ -268,6 +223,12 @@ TEST(InProcessE2eRestart, PreemptedThenResumedBitIdentical) {
   EXPECT_THAT(log, HasSubstr("--resume: resuming from the checkpoint at step"));
   ExpectSame(reference, Collect(run, 2));
 }
+
+INSTANTIATE_TEST_SUITE_P(Forms, InProcessE2eRestart,
+                         ::testing::Values(Form::kProcesses, Form::kOneProcess),
+                         [](const auto& info) {
+                           return info.param == Form::kOneProcess ? "OneProcess" : "Processes";
+                         });
 
 // The embedded servers register like recps-shard: `recpsctl status` lists
 // them as alive shard servers with their rows while the job trains.
