@@ -26,14 +26,14 @@ std::string Normalize(absl::string_view path) {
 
 void SetFlagsUsageFromMainFile(const char* main_file) {
   // By base name: the filter sees names after normalize_filename, and a
-  // binary's flags are defined in its main file only (libraries take
-  // options structs).
+  // binary's flags are defined in its main file or in files named
+  // *_flags.cc (libraries take options structs): tls_flags.cc and
+  // gate_flags.cc, the transport-security and per-client limit flags the
+  // daemons share, and a binary's own, e.g. worker_flags.cc.
   const std::string main_base(Basename(main_file));
-  // tls_flags.cc and gate_flags.cc: the transport-security and
-  // per-client limit flags the daemons share.
   auto is_main = [main_base](absl::string_view file) {
     const absl::string_view base = Basename(file);
-    return base == main_base || base == "tls_flags.cc" || base == "gate_flags.cc";
+    return base == main_base || absl::EndsWith(base, "_flags.cc");
   };
   absl::FlagsUsageConfig config;
   config.contains_help_flags = is_main;

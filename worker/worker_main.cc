@@ -9,11 +9,7 @@
 // worker registers (keeping its lease by heartbeat), takes the job and the
 // shard map from the coordinator and meets its peers through the
 // coordinator's key-value store.
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <signal.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,104 +65,12 @@
 #include "worker/embedded_shard.h"
 #include "worker/result_json.h"
 #include "worker/trainer.h"
+#include "worker/worker_flags.h"
 #include "worker/worker_metrics.h"
+#include "worker/worker_setup.h"
 // The one server header of the worker: --embedded_shard runs a whole shard
 // server in this process (scripts/check-layering.sh allows exactly this).
 #include "server/shard/shard_process.h"
-
-ABSL_FLAG(std::string, device, "cpu",
-          "where the dense model runs: cpu, cuda (GPU 0) or cuda:N. A CUDA "
-          "worker allreduces with NCCL instead of Gloo; without a usable GPU "
-          "it exits 2 at start");
-ABSL_FLAG(bool, pool_on_device, false,
-          "pool the looked-up rows with the --device kernels (a GPU worker: "
-          "each table's distinct rows are copied once and pooled on the GPU, "
-          "and the gradient rows computed there); false: pool on the host "
-          "and copy the pooled tensor");
-ABSL_FLAG(std::string, coordinator, "",
-          "coordinator address, host:port: register there, take the job, the "
-          "shard map and the rendezvous from it (replaces --config, --shards "
-          "and --rendezvous_dir)");
-ABSL_FLAG(std::string, config, "",
-          "job config (text-format recps.v1.JobConfig); required without "
-          "--coordinator, and overrides the coordinator's job with it");
-ABSL_FLAG(std::string, shards, "",
-          "without --coordinator: comma-separated shard server addresses "
-          "(host:port); the client asks them for the shard map");
-ABSL_FLAG(int, rank, -1, "this worker's rank (default: $RANK, else 0)");
-ABSL_FLAG(int, world_size, -1, "workers in the job (default: $WORLD_SIZE, else 1)");
-ABSL_FLAG(int, threads, 0, "compute threads (0: one per core)");
-ABSL_FLAG(std::string, blas_kernels, "auto",
-          "OpenBLAS's kernels: auto (its AVX-512 kernels wherever this CPU "
-          "runs AVX-512, even if OPENBLAS_CORETYPE in the environment names an "
-          "older core; the process re-executes itself once to apply it) or env "
-          "(OpenBLAS's own choice, from OPENBLAS_CORETYPE or the CPU)");
-ABSL_FLAG(int64_t, steps, 0, "override the job's training.steps (0: keep)");
-ABSL_FLAG(std::string, metrics_listen, "",
-          "Prometheus /metrics address, host:port (empty: off)");
-ABSL_FLAG(std::string, port_file, "",
-          "with --metrics_listen: write '0 <metrics port>' here once /metrics "
-          "serves (the format of the daemons' port files; the worker serves "
-          "no gRPC)");
-ABSL_FLAG(std::string, result_json, "",
-          "write the run's result (evaluations, samples/s, step times) here");
-ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
-          "how often to print progress");
-ABSL_FLAG(std::string, dense_out, "",
-          "write the trained dense parameters here (raw little-endian floats)");
-ABSL_FLAG(std::string, rendezvous_dir, "",
-          "with --world_size > 1 and no --coordinator: a directory all "
-          "workers on this machine share, where they meet to set up the Gloo "
-          "allreduce");
-ABSL_FLAG(std::string, rendezvous_prefix, "",
-          "names this run in the rendezvous store (default: the job name), so "
-          "runs sharing a directory or coordinator do not meet each other");
-ABSL_FLAG(std::string, gloo_hostname, "",
-          "address the Gloo TCP transport binds to and peers connect to "
-          "(default: with --coordinator, this host's address on the route to "
-          "the coordinator; else 127.0.0.1)");
-ABSL_FLAG(std::string, memory_limit, "",
-          "memory this worker may use, bytes with an optional K, M, G or T "
-          "suffix (powers of 1024), e.g. 8G; the job's estimated need is "
-          "checked against it at start (default: MemAvailable in "
-          "/proc/meminfo)");
-ABSL_FLAG(std::string, loss_log, "",
-          "append one line 'STEP LOSS' per trained step to this file (the "
-          "loss with 9 significant digits, exact for a float32; '{rank}' in "
-          "the path is replaced by this worker's rank); a resumed run appends "
-          "the steps it trains again");
-ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(5),
-          "with --coordinator: how long a starting worker waits for the "
-          "coordinator's resume state (it answers UNAVAILABLE while the shard "
-          "servers restore their rows)");
-ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Minutes(10),
-          "how long a worker waits at a checkpoint cut for the other workers "
-          "and the shard servers' snapshots (for the final and pre-emption "
-          "checkpoints: for the whole checkpoint to be written)");
-ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
-          "how long a worker waits for its peers at set-up and in each "
-          "allreduce before failing");
-ABSL_FLAG(bool, embedded_shard, false,
-          "run a shard server inside this worker (the same store, update and "
-          "step clock as recps-shard): it registers with --coordinator and "
-          "serves other workers, the coordinator and recpsctl over gRPC like "
-          "a recps-shard, while this worker reaches it directly, without "
-          "gRPC. Without --coordinator (and --world_size=1) it serves every "
-          "slot alone. Its rows live in this process: if the worker dies, "
-          "they are lost (restart from a checkpoint)");
-ABSL_FLAG(int, local_ranks, 1,
-          "CPU workers: run this many consecutive ranks (--rank, --rank+1, ...) "
-          "as threads of this one process. With --embedded_shard they share its "
-          "shard server and all reach it without gRPC (one store, no copies "
-          "between workers on one machine); --result_json, --dense_out and "
-          "--loss_log then need {rank} in their path. A rank that fails stops "
-          "the whole process");
-ABSL_FLAG(std::string, sync_prefetch, "auto",
-          "sync mode: read step t+1's rows during step t and re-read only the "
-          "rows step t updated (exact either way). true, false (look up after "
-          "each push) or auto: false with --embedded_shard, whose lookups are "
-          "CPU work on this worker's own cores (the overlap would only compete "
-          "with the step for them), true otherwise");
 
 namespace recps::worker {
 namespace {
@@ -194,97 +98,6 @@ void InstallStopHandler() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
-}
-
-// Where this worker resumes: GetResumeState, retried while the coordinator
-// answers UNAVAILABLE (starting, or its shard servers still restoring) until
-// --resume_timeout.
-absl::StatusOr<v1::GetResumeStateResponse> FetchResumeState(
-    client::CoordinatorClient& coordinator, int rank) {
-  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_resume_timeout);
-  rpc::Backoff backoff;
-  for (;;) {
-    absl::StatusOr<v1::GetResumeStateResponse> r = coordinator.GetResumeState(
-        rank, std::max(absl::ZeroDuration(), give_up - absl::Now()));
-    if (r.ok() || r.status().code() != absl::StatusCode::kUnavailable ||
-        absl::Now() >= give_up) {
-      return r;
-    }
-    absl::SleepFor(std::min(backoff.Next(), std::max(absl::ZeroDuration(),
-                                                     give_up - absl::Now())));
-  }
-}
-
-// This host's address on the route to `host_port`'s host (a UDP "connect"
-// sends nothing; it only picks the route), so peers on other machines can
-// reach the Gloo transport. 127.0.0.1 when that fails.
-std::string LocalAddressToward(const std::string& host_port) {
-  std::string host = host_port.substr(0, host_port.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) {
-    return "127.0.0.1";
-  }
-  std::string local = "127.0.0.1";
-  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in me{};
-  socklen_t len = sizeof(me);
-  char text[INET_ADDRSTRLEN];
-  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
-      inet_ntop(AF_INET, &me.sin_addr, text, sizeof(text)) != nullptr) {
-    local = text;
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(found);
-  return local;
-}
-
-// "8G", "512M", "1024" -> bytes (K, M, G, T: powers of 1024).
-absl::StatusOr<int64_t> ParseByteSize(absl::string_view text) {
-  int shift = 0;
-  if (!text.empty()) {
-    switch (text.back()) {
-      case 'K': case 'k': shift = 10; break;
-      case 'M': case 'm': shift = 20; break;
-      case 'G': case 'g': shift = 30; break;
-      case 'T': case 't': shift = 40; break;
-      default: break;
-    }
-    if (shift != 0) text.remove_suffix(1);
-  }
-  int64_t value = 0;
-  if (!absl::SimpleAtoi(text, &value) || value < 1 || value > (int64_t{1} << (62 - shift))) {
-    return absl::InvalidArgumentError("expected a size such as 8G, 512M or 1048576");
-  }
-  return value << shift;
-}
-
-// Refuses a job whose estimated memory need exceeds --memory_limit, else
-// MemAvailable (checked before anything large is allocated, so a too-large
-// job fails with the setting to lower instead of std::bad_alloc).
-absl::Status CheckMemory(const v1::JobConfig& job) {
-  if (const std::string limit = absl::GetFlag(FLAGS_memory_limit); !limit.empty()) {
-    absl::StatusOr<int64_t> bytes = ParseByteSize(limit);
-    if (!bytes.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--memory_limit=", limit, ": ", bytes.status().message()));
-    }
-    return config::CheckWorkerMemory(job, *bytes, absl::StrCat("--memory_limit=", limit));
-  }
-  std::ifstream in("/proc/meminfo");
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<int64_t> available = config::ParseMemAvailable(text.str());
-  if (!available.ok()) {
-    LogWarning("cannot read MemAvailable from /proc/meminfo; the job's memory need "
-               "is not checked (set --memory_limit)");
-    return absl::OkStatus();
-  }
-  return config::CheckWorkerMemory(job, *available, "MemAvailable in /proc/meminfo");
 }
 
 // Held-out synthetic samples come from the same hidden model but other
