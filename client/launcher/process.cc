@@ -9,7 +9,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -166,6 +168,17 @@ std::string SelfDirectory() {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   return ec ? "." : self.parent_path().string();
+}
+
+std::string FindBinary(const std::string& name, const std::string& bin_dir) {
+  std::vector<std::string> dirs;
+  if (!bin_dir.empty()) dirs.push_back(bin_dir);
+  dirs.push_back(SelfDirectory());  // the build puts all four binaries in build/bin
+  for (const std::string& d : dirs) {
+    const std::string path = d + "/" + name;
+    if (access(path.c_str(), X_OK) == 0) return path;
+  }
+  return "";
 }
 
 }  // namespace recps::client

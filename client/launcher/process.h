@@ -63,6 +63,10 @@ class ChildProcess {
 // The directory of the running executable (to find sibling binaries).
 std::string SelfDirectory();
 
+// The executable `name` in `bin_dir` (when not empty), else beside the
+// running one; "" when neither has it.
+std::string FindBinary(const std::string& name, const std::string& bin_dir);
+
 }  // namespace recps::client
 
 #endif  // RECPS_CLIENT_LAUNCHER_PROCESS_H_

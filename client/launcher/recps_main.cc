@@ -48,10 +48,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "client/launcher/launch_topology.h"
+#include "client/launcher/launch_command.h"
 #include "client/launcher/process.h"
 #include "client/launcher/supervise.h"
 #include "common/log.h"
@@ -139,18 +138,6 @@ ABSL_FLAG(absl::Duration, start_timeout, absl::Seconds(60),
 
 namespace recps::client {
 namespace {
-
-std::string FindBinary(const std::string& name) {
-  std::vector<std::string> dirs;
-  if (const std::string d = absl::GetFlag(FLAGS_bin_dir); !d.empty()) dirs.push_back(d);
-  const std::string self = SelfDirectory();
-  dirs.push_back(self);  // the build puts all four binaries in build/bin
-  for (const std::string& d : dirs) {
-    const std::string path = d + "/" + name;
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
 
 std::string DefaultJob() {
   for (const std::string& p :
@@ -359,9 +346,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
   }
   if (absl::GetFlag(FLAGS_steps) > 0) job->mutable_training()->set_steps(absl::GetFlag(FLAGS_steps));
 
-  const std::string coordinator_bin = FindBinary("recps-coordinator");
-  const std::string shard_bin = FindBinary("recps-shard");
-  const std::string worker_bin = FindBinary("recps-worker");
+  const std::string coordinator_bin = FindBinary("recps-coordinator", absl::GetFlag(FLAGS_bin_dir));
+  const std::string shard_bin = FindBinary("recps-shard", absl::GetFlag(FLAGS_bin_dir));
+  const std::string worker_bin = FindBinary("recps-worker", absl::GetFlag(FLAGS_bin_dir));
   if (coordinator_bin.empty() || (shard_bin.empty() && !in_process) || worker_bin.empty()) {
     LogError("cannot find recps-coordinator, recps-shard and recps-worker; "
              "set --bin_dir");
@@ -616,132 +603,6 @@ int RunLocal(const std::vector<std::string>& worker_args) {
       }
     }
   }
-  return exit_code;
-}
-
-// GPUs to hand out, one per local rank: --gpus, else the inherited
-// CUDA_VISIBLE_DEVICES, else the /dev/nvidiaN devices. Empty: CPU workers.
-std::vector<std::string> GpuList() {
-  const std::string flag = absl::GetFlag(FLAGS_gpus);
-  if (flag == "none") return {};
-  if (flag != "auto") return absl::StrSplit(flag, ',', absl::SkipEmpty());
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0') {
-    return absl::StrSplit(v, ',', absl::SkipEmpty());
-  }
-  std::vector<std::string> gpus;
-  for (int i = 0; std::filesystem::exists(absl::StrCat("/dev/nvidia", i)); ++i) {
-    gpus.push_back(absl::StrCat(i));
-  }
-  return gpus;
-}
-
-int RunLaunch(const std::vector<std::string>& positional,
-              const std::vector<std::string>& worker_args) {
-  const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
-  if (coordinator.empty()) {
-    LogError("recps launch needs --coordinator=host:port (the cluster's coordinator)");
-    return 2;
-  }
-  if (positional.size() > 1) {
-    LogError("recps launch takes at most one job config, got ", positional.size());
-    return 2;
-  }
-  LaunchFlags flags;
-  flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  flags.nnodes = absl::GetFlag(FLAGS_nnodes);
-  flags.node_rank = absl::GetFlag(FLAGS_node_rank);
-  absl::StatusOr<LaunchTopology> topology =
-      ResolveLaunchTopology(flags, [](const char* name) { return std::getenv(name); });
-  if (!topology.ok()) {
-    LogError(topology.status().message());
-    return 2;
-  }
-  const std::string worker_bin = FindBinary("recps-worker");
-  if (worker_bin.empty()) {
-    LogError("cannot find recps-worker; set --bin_dir");
-    return 2;
-  }
-  const std::vector<std::string> gpus = GpuList();
-  const int local_workers = static_cast<int>(topology->workers.size());
-  if (!gpus.empty() && topology->local_world_size > static_cast<int>(gpus.size())) {
-    LogWarning(topology->local_world_size, " workers per node share ", gpus.size(),
-               " GPU(s)");
-  }
-  // CPU workers share the cores (their pools and OpenBLAS).
-  const int threads = std::max(
-      1, static_cast<int>(std::thread::hardware_concurrency()) / local_workers);
-  LogInfo("node ", topology->node_rank, " of ", topology->nnodes, " (from ",
-          topology->source, "): starting ", local_workers, " worker(s) of ",
-          topology->world_size, ", coordinator ", coordinator,
-          gpus.empty() ? ", no GPUs" : ", GPUs " + absl::StrJoin(gpus, ","));
-
-  const int max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  if (max_restarts < 0) {
-    LogError("--max_restarts=", max_restarts, ": must be >= 0");
-    return 2;
-  }
-  // One start of this node's workers; they ask the coordinator where to
-  // resume (GetResumeState).
-  auto run_attempt = [&](std::string* failure) -> int {
-  std::vector<ChildProcess> workers;
-  std::vector<std::string> names;
-  for (const LaunchedWorker& w : topology->workers) {
-    std::vector<std::string> env = {
-        absl::StrCat("RANK=", w.rank), absl::StrCat("LOCAL_RANK=", w.local_rank),
-        absl::StrCat("WORLD_SIZE=", topology->world_size),
-        absl::StrCat("LOCAL_WORLD_SIZE=", topology->local_world_size),
-        absl::StrCat("GROUP_RANK=", topology->node_rank)};
-    // Each local rank sees only its GPU and trains on it (--device=cuda:0).
-    const GpuAssignment assigned = AssignGpu(gpus, w.local_rank);
-    env.insert(env.end(), assigned.env.begin(), assigned.env.end());
-    const std::string& where = assigned.where;
-    if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
-      env.push_back(absl::StrCat("OPENBLAS_NUM_THREADS=", threads));
-    }
-    std::vector<std::string> args = {"--coordinator=" + coordinator,
-                                     absl::StrCat("--threads=", threads),
-                                     w.rank == 0 ? "--progress_every=2s"
-                                                 : "--progress_every=1000h"};
-    if (!positional.empty()) args.push_back("--config=" + positional[0]);
-    args.insert(args.end(), assigned.args.begin(), assigned.args.end());
-    // The node's worker certificate (or --insecure) goes to every worker.
-    const rpc::TlsFlagValues tls = rpc::GetTlsFlags();
-    if (tls.insecure) args.push_back("--insecure");
-    if (!tls.ca.empty()) args.push_back("--tls_ca=" + tls.ca);
-    if (!tls.cert.empty()) args.push_back("--tls_cert=" + tls.cert);
-    if (!tls.key.empty()) args.push_back("--tls_key=" + tls.key);
-    args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
-    std::string log;
-    if (const std::string dir = absl::GetFlag(FLAGS_log_dir); !dir.empty()) {
-      std::filesystem::create_directories(dir);
-      log = absl::StrCat(dir, "/worker", w.rank, ".log");
-    }
-    absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(worker_bin, args, log, env);
-    if (!child.ok()) {
-      LogError(child.status().message());
-      return 1;  // the ones already started stop with `workers`
-    }
-    LogInfo("rank ", w.rank, " (local rank ", w.local_rank, ", ", where, "): pid ",
-            child->pid(), log.empty() ? "" : ", log " + log);
-    workers.push_back(*std::move(child));
-    names.push_back(absl::StrCat("rank ", w.rank, " (local rank ", w.local_rank, ")"));
-  }
-  return Supervise(workers, names, nullptr, "the workers on this node", nullptr, failure,
-                   max_restarts > 0 ? SIGKILL : SIGTERM, absl::GetFlag(FLAGS_stop_timeout));
-  };
-  int exit_code = 0;
-  for (int attempt = 0;; ++attempt) {
-    std::string failure;
-    exit_code = run_attempt(&failure);
-    if (exit_code != 1 || failure.empty()) break;
-    if (attempt >= max_restarts) {
-      if (max_restarts > 0) LogError("giving up after ", max_restarts, " restart(s): ", failure);
-      break;
-    }
-    LogWarning("restart ", attempt + 1, "/", max_restarts, " after ", failure,
-               ": restarting this node's workers; they resume where the coordinator says");
-  }
-  if (exit_code == 0) LogInfo("all ", local_workers, " worker(s) finished");
   return exit_code;
 }
 
