@@ -9,8 +9,9 @@ PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libabsl-dev librocksdb-dev prometheus-cpp-dev libgloo-dev
   libgtest-dev libgmock-dev libbenchmark-dev libopenblas-dev
-  # `recpsctl certs` and `recps local` make TLS certificates with it.
-  openssl
+  # `recpsctl certs` and `recps local` make TLS certificates with it; every
+  # process reads its own certificate's identity with libcrypto.
+  openssl libssl-dev
 )
 # Test-only, not runtime dependencies of any recps binary: promtool
 # (Debian's prometheus package) lints every daemon's /metrics in

@@ -55,6 +55,7 @@
 #include "client/launcher/supervise.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
+#include "common/rpc/identity.h"
 #include "common/rpc/tls_flags.h"
 #include "common/security/certs.h"
 #include "google/protobuf/text_format.h"
@@ -219,11 +220,19 @@ struct LocalSecurity {
   }
 };
 
-// TLS by default: a CA and certificates in <work>/certs (one per worker, so
-// that per-client limits count each worker alone); this process calls as
-// admin. --insecure: plaintext everywhere.
+// The worker certificate of the process that runs ranks first.. (one, or
+// all with --one_process): its name binds it to them (rpc::BoundRanks), so
+// a worker cannot act as another's rank.
+std::string WorkerCertName(int first, int ranks_per_process, int num_workers) {
+  return rpc::RankCertificateName(first, std::min(first + ranks_per_process, num_workers) - 1);
+}
+
+// TLS by default: a CA and certificates in <work>/certs (one per worker
+// process, named after its ranks, so that per-client limits count each
+// worker alone and each acts for its own ranks only); this process calls
+// as admin. --insecure: plaintext everywhere.
 absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int num_workers,
-                                                  bool in_process) {
+                                                  bool in_process, int ranks_per_process) {
   const rpc::TlsFlagValues flags = rpc::GetTlsFlags();
   LocalSecurity security;
   if (!flags.ca.empty() || !flags.cert.empty() || !flags.key.empty()) {
@@ -248,13 +257,15 @@ absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const std::string& work, int nu
                                                  s.message()));
     }
   }
-  for (int r = 0; r < num_workers; ++r) {
+  for (int r = 0; r < num_workers; r += ranks_per_process) {
     // --in_process: each worker's embedded shard server gets a shard
     // certificate of its own (its peers accept slot-move calls from the
     // shard role only).
     for (const char* role : {"worker", "shard"}) {
       if (std::strcmp(role, "shard") == 0 && !in_process) continue;
-      const std::string name = absl::StrCat(role, "-", r);
+      const std::string name = std::strcmp(role, "worker") == 0
+                                   ? WorkerCertName(r, ranks_per_process, num_workers)
+                                   : absl::StrCat(role, "-", r);
       if (std::filesystem::exists(security.dir + "/" + name + ".crt")) continue;
       if (absl::Status s = security::IssueCert(security.dir, security.dir, role, name, options);
           !s.ok()) {
@@ -390,7 +401,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
                        : "",
           ", ", num_workers, " worker(s)", one_process ? " as threads of one process" : "",
           "; logs in ", work);
-  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers, in_process);
+  absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(work, num_workers, in_process,
+                                                          one_process ? num_workers : 1);
   if (!tls.ok()) {
     LogError(tls.status().message());
     return absl::IsInvalidArgument(tls.status()) ? 2 : 1;
@@ -532,7 +544,9 @@ int RunLocal(const std::vector<std::string>& worker_args) {
         args.push_back("--embedded_shard_tls_key=" + name + ".key");
       }
     }
-    for (std::string& a : tls->Args(absl::StrCat("worker-", r))) args.push_back(std::move(a));
+    for (std::string& a : tls->Args(WorkerCertName(r, ranks_per_process, num_workers))) {
+      args.push_back(std::move(a));
+    }
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(worker_bin, args);
     if (!w.ok()) return fail(w.status());

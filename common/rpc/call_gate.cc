@@ -39,6 +39,7 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           // rows from its source (ExportRows), the source hands the slots
           // over (FinishMove) or calls a failed hand-over off (AbortMove).
           {"ShardAdmin.MigrateIn", C},
+          {"ShardAdmin.AllowExport", C},
           {"ShardAdmin.HandOver", C},
           {"ShardAdmin.AbortMove", C | S},
           {"ShardAdmin.ListMoves", C | R},
@@ -147,9 +148,28 @@ absl::Status Admission::Require(uint32_t roles, absl::string_view what) const {
                    ") may not ", what, " (needs ", DescribeRoles(roles), ")"));
 }
 
+bool Admission::enforced() const { return gate_ != nullptr && gate_->enforcing(); }
+
+absl::Status Admission::CheckRank(int64_t rank, absl::string_view what) const {
+  if (gate_ == nullptr || !gate_->enforcing() || peer_.role != Role::kWorker) {
+    return absl::OkStatus();
+  }
+  const std::optional<RankRange> bound = BoundRanks(peer_.name);
+  if (!bound.has_value() || (rank >= bound->first && rank <= bound->last)) {
+    return absl::OkStatus();
+  }
+  const std::string message = absl::StrCat(
+      peer_.uri, " may act for ",
+      bound->first == bound->last ? absl::StrCat("rank ", bound->first)
+                                  : absl::StrCat("ranks ", bound->first, "..", bound->last),
+      " only, not rank ", rank, " (", what, ")");
+  gate_->CountDenied(method_, peer_.role, message);
+  return absl::PermissionDeniedError(message);
+}
+
 CallGate::CallGate(bool enforce, CallGateOptions options,
-                   prometheus::Registry* registry)
-    : enforce_(enforce), options_(options) {
+                   prometheus::Registry* registry, std::string cluster)
+    : enforce_(enforce), options_(options), cluster_(std::move(cluster)) {
   if (registry != nullptr) {
     denied_ =
         &prometheus::BuildCounter()
@@ -170,7 +190,7 @@ CallGate::CallGate(bool enforce, CallGateOptions options,
 CallGate::CallGate(CallGateOptions options, prometheus::Registry* registry)
     : CallGate(
           Resolve(TransportSecurity()).mode == TransportSecurity::Mode::kTls,
-          options, registry) {}
+          options, registry, OwnClusterOf(TransportSecurity())) {}
 
 CallGate::~CallGate() = default;
 
@@ -207,21 +227,21 @@ void CallGate::CountLimited(absl::string_view method, const char* reason) {
   }
 }
 
-absl::StatusOr<Admission> CallGate::Admit(
-    const grpc::ServerContextBase& context, absl::string_view method) {
-  Admission admission;
-  admission.gate_ = this;
-  if (!enforce_) return admission;
-  admission.method_ = std::string(method);
-  admission.peer_ = IdentityOf(context);
-  const PeerIdentity& peer = admission.peer_;
+absl::Status CallGate::CheckRole(const PeerIdentity& peer, absl::string_view method) {
+  if (!enforce_) return absl::OkStatus();
   if (!peer.authenticated || peer.role == Role::kNone) {
     const std::string why =
         peer.authenticated ? "the client certificate has no "
                              "spiffe://recps/<cluster>/<role>/<name> URI"
                            : "the client presented no verified certificate";
-    CountDenied(method, Role::kNone,
-                absl::StrCat(why, " (peer ", context.peer(), ")"));
+    CountDenied(method, Role::kNone, why);
+    return absl::UnauthenticatedError(absl::StrCat(method, ": ", why));
+  }
+  if (!cluster_.empty() && peer.cluster != cluster_) {
+    const std::string why = absl::StrCat("the client certificate ", peer.uri,
+                                         " belongs to cluster '", peer.cluster,
+                                         "', this server to '", cluster_, "'");
+    CountDenied(method, peer.role, why);
     return absl::UnauthenticatedError(absl::StrCat(method, ": ", why));
   }
   const uint32_t allowed = AllowedRoles(method);
@@ -233,6 +253,18 @@ absl::StatusOr<Admission> CallGate::Admit(
                 absl::StrCat(message, "; caller ", peer.uri));
     return absl::PermissionDeniedError(message);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Admission> CallGate::Admit(
+    const grpc::ServerContextBase& context, absl::string_view method) {
+  Admission admission;
+  admission.gate_ = this;
+  if (!enforce_) return admission;
+  admission.method_ = std::string(method);
+  admission.peer_ = IdentityOf(context);
+  const PeerIdentity& peer = admission.peer_;
+  if (absl::Status s = CheckRole(peer, method); !s.ok()) return s;
   // A client is an identity at one address: pods that share a certificate
   // (one Kubernetes Secret) are limited one by one.
   admission.client_key_ =

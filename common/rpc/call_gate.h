@@ -76,6 +76,16 @@ class Admission {
   // caller has one of `roles` (always OK with plaintext). Counted like a
   // refused RPC.
   absl::Status Require(uint32_t roles, absl::string_view what) const;
+  // A worker certificate bound to ranks by its name (identity.h
+  // BoundRanks) may act only for those: PERMISSION_DENIED "<uri> may act
+  // for rank 1 only, not rank 0 (<what>)" otherwise, counted like a refused
+  // RPC. OK for unbound and non-worker certificates, and with plaintext.
+  absl::Status CheckRank(int64_t rank, absl::string_view what) const;
+  // Whether the call runs under mutual TLS with roles enforced.
+  bool enforced() const;
+  // "<uri> at <peer host>": the client its per-client limits count ("" with
+  // plaintext).
+  const std::string& client_key() const { return client_key_; }
 
  private:
   friend class CallGate;
@@ -97,8 +107,9 @@ class CallGate {
  public:
   // `enforce`: the server runs mutual TLS (else every call is allowed).
   // `registry` may be null (no metrics).
+  // `cluster`: callers of another cluster are refused ("": any).
   CallGate(bool enforce, CallGateOptions options,
-           prometheus::Registry* registry);
+           prometheus::Registry* registry, std::string cluster = "");
   // For the process's security (rpc::Resolve of the default).
   CallGate(CallGateOptions options, prometheus::Registry* registry);
   ~CallGate();
@@ -107,11 +118,17 @@ class CallGate {
 
   // PERMISSION_DENIED "role 'reader' may not call ShardAdmin.SetShardMap
   // (needs admin or coordinator)"; UNAUTHENTICATED for a certificate with no
-  // recps role; RESOURCE_EXHAUSTED naming --max_calls_per_client;
+  // recps role or of another cluster than this server's own certificate; RESOURCE_EXHAUSTED naming --max_calls_per_client;
   // UNAVAILABLE while the client is refused for bad requests (says for how
   // much longer).
   absl::StatusOr<Admission> Admit(const grpc::ServerContextBase& context,
                                   absl::string_view method);
+
+  // The role and cluster checks of Admit alone, for a call's headers:
+  // what ServerCredentials(security, gate) runs when a call arrives, before
+  // its message is read, so that a caller may not make the server buffer a
+  // message of a method its role may not call. `method` as for Admit.
+  absl::Status CheckRole(const PeerIdentity& peer, absl::string_view method);
 
   bool enforcing() const { return enforce_; }
   const CallGateOptions& options() const { return options_; }
@@ -125,6 +142,8 @@ class CallGate {
 
   const bool enforce_;
   const CallGateOptions options_;
+  // This server's cluster (its own certificate's); "": not checked.
+  const std::string cluster_;
   prometheus::Family<prometheus::Counter>* denied_ = nullptr;
   prometheus::Family<prometheus::Counter>* limited_ = nullptr;
   absl::Mutex mu_;

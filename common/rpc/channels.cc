@@ -11,9 +11,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log.h"
+#include "common/rpc/call_gate.h"
+#include "common/rpc/identity.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/security/auth_metadata_processor.h"
 #include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/support/channel_arguments.h"
 
@@ -58,7 +63,100 @@ std::shared_ptr<grpc::experimental::CertificateProviderInterface> Provider(
       s.key_file, s.cert_file, s.ca_file, RefreshSeconds(s));
 }
 
+// A client accepts a server only when the server's certificate names a
+// server role (shard or coordinator) of this process's own cluster: a
+// worker's or reader's certificate of the same CA cannot pose as a shard
+// server, nor can another cluster's servers that share the CA. The chain
+// is still verified against the CA, and gRPC still checks the dialled host
+// against the certificate on every call (check_call_host).
+class ServerRoleVerifier final
+    : public grpc::experimental::ExternalCertificateVerifier {
+ public:
+  explicit ServerRoleVerifier(std::string cluster) : cluster_(std::move(cluster)) {}
+
+  bool Verify(grpc::experimental::TlsCustomVerificationCheckRequest* request,
+              std::function<void(grpc::Status)>, grpc::Status* sync_status) override {
+    *sync_status = Check(request->uri_names());
+    return true;  // decided synchronously
+  }
+  void Cancel(grpc::experimental::TlsCustomVerificationCheckRequest*) override {}
+
+ private:
+  grpc::Status Check(const std::vector<grpc::string_ref>& uris) const {
+    for (const grpc::string_ref& value : uris) {
+      absl::StatusOr<PeerIdentity> peer =
+          ParseRecpsUri(absl::string_view(value.data(), value.size()));
+      if (!peer.ok()) continue;
+      if (!IsServerRole(peer->role)) {
+        return Refuse(absl::StrCat("the server's certificate ", peer->uri, " has role '",
+                                   RoleName(peer->role),
+                                   "'; servers are shard or coordinator"));
+      }
+      if (!cluster_.empty() && peer->cluster != cluster_) {
+        return Refuse(absl::StrCat("the server's certificate ", peer->uri,
+                                   " belongs to cluster '", peer->cluster,
+                                   "', this process to '", cluster_, "'"));
+      }
+      return grpc::Status::OK;
+    }
+    return Refuse("the server's certificate has no spiffe://recps/<cluster>/<role>/<name> URI");
+  }
+  static grpc::Status Refuse(const std::string& why) {
+    LogWarning("refusing a TLS server: ", why);
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, why);
+  }
+
+  const std::string cluster_;
+};
+
+// The cluster of this process's own certificate; "" when it cannot be read
+// (then only the role is checked).
+std::string OwnCluster(const TransportSecurity& s) {
+  absl::StatusOr<PeerIdentity> own = CertificateIdentity(s.cert_file);
+  if (!own.ok()) {
+    LogWarning("cannot read this process's identity (", own.status().message(),
+               "): peers' clusters are not checked");
+    return "";
+  }
+  return own->cluster;
+}
+
+// Runs the gate's role check when a call's headers arrive: gRPC calls it
+// before the call's message is read, and a refusal ends the call there
+// (the transport drops the rest of its bytes).
+class RoleCheck final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit RoleCheck(CallGate* gate) : gate_(gate) {}
+  // Cheap and lock-light: runs on the transport's thread.
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata*, OutputMetadata*) override {
+    auto path = metadata.find(":path");
+    if (path == metadata.end() || context == nullptr) return grpc::Status::OK;
+    // "/recps.v1.EmbeddingShard/PushGradients" -> "EmbeddingShard.PushGradients"
+    absl::string_view method(path->second.data(), path->second.size());
+    const size_t slash = method.rfind('/');
+    if (slash == absl::string_view::npos) return grpc::Status::OK;
+    absl::string_view service = method.substr(0, slash);
+    const size_t dot = service.rfind('.');
+    service = service.substr(dot == absl::string_view::npos ? 1 : dot + 1);
+    const std::string name = absl::StrCat(service, ".", method.substr(slash + 1));
+    const absl::Status s = gate_->CheckRole(IdentityOf(*context), name);
+    if (s.ok()) return grpc::Status::OK;
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  }
+
+ private:
+  CallGate* const gate_;
+};
+
 }  // namespace
+
+std::string OwnClusterOf(const TransportSecurity& security) {
+  const TransportSecurity s = Resolve(security);
+  if (s.mode != TransportSecurity::Mode::kTls) return "";
+  return OwnCluster(s);
+}
 
 TransportSecurity TransportSecurity::Insecure() {
   TransportSecurity s;
@@ -140,13 +238,16 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     // The server's certificate must chain to the CA and name the host we
     // dialled (gRPC's default hostname verifier).
     options.set_verify_server_certs(true);
+    options.set_certificate_verifier(
+        grpc::experimental::ExternalCertificateVerifier::Create<ServerRoleVerifier>(
+            OwnCluster(s)));
     creds = grpc::experimental::TlsCredentials(options);
   }
   return creds;
 }
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
-    const TransportSecurity& security) {
+    const TransportSecurity& security, CallGate* gate) {
   const TransportSecurity s = Resolve(security);
   if (s.mode != TransportSecurity::Mode::kTls)
     return grpc::InsecureServerCredentials();
@@ -155,7 +256,10 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
   options.watch_identity_key_cert_pairs();
   options.set_cert_request_type(
       GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  return grpc::experimental::TlsServerCredentials(options);
+  std::shared_ptr<grpc::ServerCredentials> creds =
+      grpc::experimental::TlsServerCredentials(options);
+  if (gate != nullptr) creds->SetAuthMetadataProcessor(std::make_shared<RoleCheck>(gate));
+  return creds;
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,

@@ -64,17 +64,28 @@ enum class ChannelKind {
   kData,
 };
 
+// The cluster named by the process's own certificate (spiffe://recps/
+// <cluster>/...); "" with plaintext or an unreadable certificate. Servers
+// refuse callers of another cluster, clients servers of another.
+std::string OwnClusterOf(const TransportSecurity& security);
+
 // TLS credentials are made once per set of files (each has a file watcher)
 // and shared.
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     const TransportSecurity& security);
-// For TLS: client certificates are required and verified.
+class CallGate;
+// For TLS: client certificates are required and verified. With a `gate`,
+// each call's role (and cluster) is checked against gate's table when its
+// headers arrive, before its message is read: a caller cannot make the
+// server buffer a message of a method it may not call (the handlers still
+// Admit for the per-client limits).
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
-    const TransportSecurity& security);
+    const TransportSecurity& security, CallGate* gate = nullptr);
 
 // A channel to `address` ("host:port"). Never fails: gRPC connects lazily,
 // and a bad address surfaces as UNAVAILABLE on the first call. With TLS the
-// server's certificate must name the host (DNS or IP SAN).
+// server's certificate must name the host (DNS or IP SAN) and a server
+// role (shard or coordinator) of this process's cluster.
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address, ChannelKind kind,
     const TransportSecurity& security = TransportSecurity());

@@ -1,8 +1,14 @@
 #include "common/rpc/identity.h"
 
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <cstdio>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "grpc/grpc_security_constants.h"
@@ -85,9 +91,14 @@ absl::StatusOr<PeerIdentity> ParseRecpsUri(absl::string_view uri) {
 }
 
 PeerIdentity IdentityOf(const grpc::ServerContextBase& context) {
-  PeerIdentity id;
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
-  if (auth == nullptr || !auth->IsPeerAuthenticated()) return id;
+  return auth == nullptr ? PeerIdentity() : IdentityOf(*auth);
+}
+
+PeerIdentity IdentityOf(const grpc::AuthContext& auth_context) {
+  PeerIdentity id;
+  const grpc::AuthContext* auth = &auth_context;
+  if (!auth->IsPeerAuthenticated()) return id;
   id.authenticated = true;
   // peer_uri lists the URI SANs; older gRPCs only have the SAN list.
   for (const char* property :
@@ -102,6 +113,58 @@ PeerIdentity IdentityOf(const grpc::ServerContextBase& context) {
     }
   }
   return id;
+}
+
+absl::StatusOr<PeerIdentity> CertificateIdentity(const std::string& cert_file) {
+  FILE* file = std::fopen(cert_file.c_str(), "r");
+  if (file == nullptr) {
+    return absl::NotFoundError(absl::StrCat(cert_file, ": cannot read the certificate"));
+  }
+  X509* cert = PEM_read_X509(file, nullptr, nullptr, nullptr);
+  std::fclose(file);
+  if (cert == nullptr) {
+    return absl::NotFoundError(absl::StrCat(cert_file, ": no PEM certificate in it"));
+  }
+  auto* names = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
+  absl::StatusOr<PeerIdentity> found = absl::InvalidArgumentError(absl::StrCat(
+      cert_file, ": the certificate has no spiffe://recps/<cluster>/<role>/<name> URI"));
+  for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type != GEN_URI) continue;
+    const ASN1_IA5STRING* text = name->d.uniformResourceIdentifier;
+    const absl::string_view uri(reinterpret_cast<const char*>(ASN1_STRING_get0_data(text)),
+                                static_cast<size_t>(ASN1_STRING_length(text)));
+    if (!absl::StartsWith(uri, kPrefix)) continue;
+    found = ParseRecpsUri(uri);
+    if (found.ok()) found->authenticated = true;
+    break;
+  }
+  GENERAL_NAMES_free(names);
+  X509_free(cert);
+  return found;
+}
+
+std::optional<RankRange> BoundRanks(absl::string_view name) {
+  RankRange range;
+  if (absl::ConsumePrefix(&name, "rank-")) {
+    if (!absl::SimpleAtoi(name, &range.first) || range.first < 0) return std::nullopt;
+    range.last = range.first;
+    return range;
+  }
+  if (!absl::ConsumePrefix(&name, "ranks-")) return std::nullopt;
+  const std::vector<absl::string_view> bounds = absl::StrSplit(name, '-');
+  if (bounds.size() != 2 || !absl::SimpleAtoi(bounds[0], &range.first) ||
+      !absl::SimpleAtoi(bounds[1], &range.last) || range.first < 0 ||
+      range.last < range.first) {
+    return std::nullopt;
+  }
+  return range;
+}
+
+std::string RankCertificateName(int32_t first, int32_t last) {
+  return first == last ? absl::StrCat("rank-", first)
+                       : absl::StrCat("ranks-", first, "-", last);
 }
 
 }  // namespace recps::rpc

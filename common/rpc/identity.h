@@ -4,6 +4,7 @@
 #define RECPS_COMMON_RPC_IDENTITY_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -54,6 +55,34 @@ std::string RecpsUri(absl::string_view cluster, Role role,
 // The caller of a server call, from its TLS auth context. Unauthenticated
 // (plaintext) callers have authenticated=false and no role.
 PeerIdentity IdentityOf(const grpc::ServerContextBase& context);
+// The same from a connection's auth context.
+PeerIdentity IdentityOf(const grpc::AuthContext& auth);
+
+// The recps identity in the SAN URI of the PEM certificate at `cert_file`
+// (the process's own, to learn its cluster). NOT_FOUND when the file
+// cannot be read or holds no certificate, INVALID_ARGUMENT when it carries
+// no valid spiffe://recps/ URI.
+absl::StatusOr<PeerIdentity> CertificateIdentity(const std::string& cert_file);
+
+// Roles that serve gRPC: what a client accepts at the other end of a
+// channel (a worker or reader certificate cannot pose as a server).
+constexpr bool IsServerRole(Role role) {
+  return role == Role::kShard || role == Role::kCoordinator;
+}
+
+// The worker ranks a worker certificate may act for, bound by its name:
+// "rank-<N>" acts for rank N only, "ranks-<A>-<B>" for A..B (a node's
+// processes sharing one certificate). Any other name is unbound (nullopt):
+// shard servers then accept any rank from it, and the coordinator binds
+// ranks to it at registration. docs/security.md.
+struct RankRange {
+  int32_t first = 0;
+  int32_t last = 0;
+  bool Contains(int32_t rank) const { return rank >= first && rank <= last; }
+};
+std::optional<RankRange> BoundRanks(absl::string_view certificate_name);
+// The certificate name that binds `first`..`last` ("rank-3", "ranks-0-3").
+std::string RankCertificateName(int32_t first, int32_t last);
 
 }  // namespace recps::rpc
 

@@ -64,6 +64,11 @@ class TableRoute {
   bool column_group_ = false;
 };
 
+// The most a new shard map's epoch may pass the current one: epochs grow
+// by one per map change, and a far jump (to 2^64-1) would leave no epoch
+// for any later map. Servers and the coordinator refuse it.
+inline constexpr uint64_t kMaxShardMapEpochStep = uint64_t{1} << 20;
+
 class ShardMap {
  public:
   ShardMap() = default;

@@ -373,7 +373,7 @@ absl::Status Coordinator::CheckShardConfig(const v1::RegisterRequest& request) c
 }
 
 absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
-    const v1::RegisterRequest& request) {
+    const v1::RegisterRequest& request, const Caller& caller) {
   RETURN_IF_ERROR(CheckRegister(request));
   Deferred deferred;
   v1::RegisterResponse response;
@@ -385,10 +385,21 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     }
     const absl::Time now = Now();
     MemberEntry* entry = FindSameMember(request);
+    if (entry != nullptr && caller.checked() && entry->record.state() == v1::ALIVE &&
+        !entry->record.identity().empty() && entry->record.identity() != caller.uri) {
+      // A live member is never taken over by another identity (an expired
+      // or left one may be: a pod rescheduled with a new certificate).
+      return absl::PermissionDeniedError(absl::StrCat(
+          "register: ", entry->record.member_id(), " (",
+          request.role() == v1::WORKER ? absl::StrCat("rank ", request.rank())
+                                       : request.address(),
+          ") is alive under ", entry->record.identity(), ", not ", caller.uri));
+    }
     v1::MemberRecord record;
     if (entry != nullptr) {
       record = entry->record;
     } else {
+      if (caller.checked()) RETURN_IF_ERROR(CheckMemberQuota(caller));
       if (members_.size() >= static_cast<size_t>(options_.max_members)) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "register: the coordinator keeps ", members_.size(),
@@ -405,6 +416,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     record.set_rank(request.role() == v1::WORKER ? request.rank() : -1);
     record.set_state(v1::ALIVE);
     record.set_registered_unix_ms(ToUnixMs(now));
+    record.set_identity(caller.uri);
     if (request.role() == v1::WORKER && has_job_ && job_started_.empty()) {
       // From now on the job may have trained: it is no longer replaceable.
       std::string started = absl::StrCat(record.member_id(), " (rank ", record.rank(),
@@ -421,6 +433,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     }
     entry->record = record;
     entry->last_heartbeat = now;
+    entry->client = caller.client;
     LogInfo("registered ", record.member_id(), " (", RoleName(record.role()), " at ",
             record.address().empty() ? "-" : record.address(),
             record.role() == v1::WORKER ? absl::StrCat(", rank ", record.rank()) : "",
@@ -493,14 +506,76 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   return absl::OkStatus();
 }
 
+absl::Status Coordinator::CheckMemberQuota(const Caller& caller) {
+  int held = 0;
+  std::vector<std::string> gone;  // the client's own expired and left members
+  for (const auto& [id, e] : members_) {
+    if (e.client != caller.client) continue;
+    ++held;
+    if (e.record.state() != v1::ALIVE) gone.push_back(id);
+  }
+  if (held < options_.max_members_per_client) return absl::OkStatus();
+  for (const std::string& id : gone) {
+    RETURN_IF_ERROR(store_->Delete(absl::StrCat(kMemberPrefix, id)));
+    const v1::MemberRecord& r = members_[id].record;
+    if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
+      auto index = member_index_.find(key);
+      if (index != member_index_.end() && index->second == id) member_index_.erase(index);
+    }
+    members_.erase(id);
+    --held;
+  }
+  if (held < options_.max_members_per_client) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "register: ", caller.client, " holds ", held, " live members, the limit per client is ",
+      options_.max_members_per_client, " (--max_members_per_client)"));
+}
+
+absl::Status Coordinator::CheckOwner(const MemberEntry& entry, const Caller& caller,
+                                     absl::string_view what) const {
+  if (!caller.checked() || entry.record.identity().empty() ||
+      entry.record.identity() == caller.uri) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      what, ": ", entry.record.member_id(), " was registered by ", entry.record.identity(),
+      ", not ", caller.uri));
+}
+
+absl::Status Coordinator::CheckClaim(const Caller& caller, int32_t rank,
+                                     const std::string& member_id,
+                                     absl::string_view what) const {
+  if (!caller.checked()) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (!member_id.empty()) {
+    auto it = members_.find(member_id);
+    if (it != members_.end()) RETURN_IF_ERROR(CheckOwner(it->second, caller, what));
+  }
+  if (rank >= 0) {
+    auto index = member_index_.find(IndexKey(v1::WORKER, "", rank));
+    if (index != member_index_.end()) {
+      auto it = members_.find(index->second);
+      if (it != members_.end() && it->second.record.state() == v1::ALIVE &&
+          !it->second.record.identity().empty() &&
+          it->second.record.identity() != caller.uri) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            what, ": rank ", rank, " is registered (", it->second.record.member_id(),
+            ") by ", it->second.record.identity(), ", not ", caller.uri));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
-    const v1::HeartbeatRequest& request) {
+    const v1::HeartbeatRequest& request, const Caller& caller) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(request.member_id());
   if (it == members_.end()) {
     return absl::NotFoundError(absl::StrCat("heartbeat: no member '",
                                             request.member_id(), "'; register first"));
   }
+  RETURN_IF_ERROR(CheckOwner(it->second, caller, "heartbeat"));
   if (it->second.record.state() == v1::EXPIRED) {
     return absl::FailedPreconditionError(absl::StrCat(
         "heartbeat: the lease of ", request.member_id(), " ran out (no heartbeat for ",
@@ -518,13 +593,14 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
   return response;
 }
 
-absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
+absl::Status Coordinator::Leave(const v1::LeaveRequest& request, const Caller& caller) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(request.member_id());
   if (it == members_.end()) {
     return absl::NotFoundError(
         absl::StrCat("leave: no member '", request.member_id(), "'"));
   }
+  RETURN_IF_ERROR(CheckOwner(it->second, caller, "leave"));
   if (it->second.record.state() == v1::LEFT) return absl::OkStatus();
   v1::MemberRecord record = it->second.record;
   record.set_state(v1::LEFT);
@@ -535,6 +611,19 @@ absl::Status Coordinator::Leave(const v1::LeaveRequest& request) {
           record.role() == v1::WORKER ? absl::StrCat(" rank ", record.rank())
                                       : absl::StrCat(" at ", record.address()),
           ") left the cluster");
+  if (record.role() == v1::WORKER) {
+    bool any_worker_left_behind = false;
+    for (const auto& [id, e] : members_) {
+      any_worker_left_behind = any_worker_left_behind ||
+                               (e.record.role() == v1::WORKER && e.record.state() != v1::LEFT);
+    }
+    // Every worker left cleanly: the run is over, and its rendezvous keys
+    // (addresses, NCCL ids) must not outlive it in the state dir.
+    if (!any_worker_left_behind && !kv_.empty()) {
+      LogInfo("every worker left: dropping the run's ", kv_.size(), " key-value entries");
+      ClearKv();
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -657,6 +746,11 @@ absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
       return absl::FailedPreconditionError(
           absl::StrCat("shard map epoch ", map.epoch(),
                        " is not newer than the current ", map_.epoch()));
+    }
+    if (map.epoch() > map_.epoch() + kMaxShardMapEpochStep) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map epoch ", map.epoch(), " jumps more than ", kMaxShardMapEpochStep,
+          " past the current ", map_.epoch(), "; epochs grow by one per map change"));
     }
     RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
     map_ = map;

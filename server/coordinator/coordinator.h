@@ -14,6 +14,8 @@
 #ifndef RECPS_SERVER_COORDINATOR_COORDINATOR_H_
 #define RECPS_SERVER_COORDINATOR_COORDINATOR_H_
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -62,6 +64,18 @@ struct CoordinatorOptions {
   int64_t max_kv_value_bytes = 1 << 20;
   int64_t max_kv_keys = 10000;
   int64_t max_kv_bytes = int64_t{256} << 20;
+  // Quotas of one client (Caller::client) inside those limits, so that one
+  // identity cannot lock the job out (--max_members_per_client,
+  // --max_waits_per_client, --max_kv_keys_per_client,
+  // --max_kv_bytes_per_client): members it registered, waits and barrier
+  // arrivals it has pending, KV keys it created and their bytes.
+  int max_members_per_client = 64;
+  int max_waits_per_client = 64;
+  int64_t max_kv_keys_per_client = 1000;
+  int64_t max_kv_bytes_per_client = int64_t{16} << 20;
+  // The longest wait or barrier timeout a caller may ask for; longer ones
+  // are cut to it (--max_wait).
+  absl::Duration max_wait = absl::Hours(1);
   // Time source; default absl::Now. Tests inject a fake.
   std::function<absl::Time()> clock;
   // When set, the first map comes from the sharding planner (job tables +
@@ -75,6 +89,19 @@ struct CoordinatorOptions {
   CheckpointOrchestratorOptions checkpoint;
   // Rebalancing: slot moves between shard servers (move_orchestrator.h).
   MoveOrchestratorOptions moves;
+};
+
+// Who makes a call, for the claims the coordinator checks against the
+// caller's certificate (docs/security.md): `uri` is its certificate's URI,
+// `client` its per-client key ("<uri> at <host>", what quotas count). Both
+// empty: nothing is checked (plaintext, an admin, in-process callers).
+struct Caller {
+  std::string uri;
+  std::string client;
+  // Nonzero: the id under which a wait of this call is parked, so that
+  // CancelWait(wait_id) releases it when the caller goes away.
+  int64_t wait_id = 0;
+  bool checked() const { return !uri.empty(); }
 };
 
 // OK when `address` is host:port with port 1..65535 and host a DNS name,
@@ -138,11 +165,26 @@ class Coordinator {
   // Rebalance plans and slot moves; call moves().Start() before serving.
   MoveOrchestrator& moves() { return *moves_; }
 
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request);
+  // With a checked caller: PERMISSION_DENIED when the member it would be
+  // (the rank, the shard address) is ALIVE under another identity;
+  // RESOURCE_EXHAUSTED past max_members_per_client (after forgetting the
+  // client's own expired and left members). The caller's role must match
+  // the request's (checked by the service, which knows roles).
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                const Caller& caller = {});
+  // PERMISSION_DENIED when a checked caller is not the member's identity.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
-      const v1::HeartbeatRequest& request);
-  // Marks the member LEFT (a clean exit); its lease no longer runs.
-  absl::Status Leave(const v1::LeaveRequest& request);
+      const v1::HeartbeatRequest& request, const Caller& caller = {});
+  // Marks the member LEFT (a clean exit); its lease no longer runs. Once
+  // every worker has left, the job run is over and its KV entries go.
+  // PERMISSION_DENIED when a checked caller is not the member's identity.
+  absl::Status Leave(const v1::LeaveRequest& request, const Caller& caller = {});
+  // A checked caller may act for `rank` (>= 0) only when no live worker of
+  // that rank is registered under another identity, and for `member_id`
+  // (non-empty) only when it registered that member: PERMISSION_DENIED
+  // naming both otherwise. For barriers, cuts and resume state.
+  absl::Status CheckClaim(const Caller& caller, int32_t rank,
+                          const std::string& member_id, absl::string_view what) const;
   // Removes an EXPIRED or LEFT member (memory and state) and returns it as
   // it was listed. FAILED_PRECONDITION for an ALIVE one, NOT_FOUND for an
   // unknown id.
@@ -177,15 +219,27 @@ class Coordinator {
   // INVALID_ARGUMENT for an empty key or one or a value above its size
   // limit; RESOURCE_EXHAUSTED when a new key would pass the key count or
   // byte limit. Keys belong to the current job: a replaced job's are gone.
-  absl::Status KvSet(const std::string& key, std::string value);
+  // A checked caller's new keys also count against its own quotas.
+  absl::Status KvSet(const std::string& key, std::string value,
+                     const Caller& caller = {});
   // done(value) once `key` exists; NOT_FOUND at once when wait <= 0 and it
-  // is absent; DEADLINE_EXCEEDED when the wait runs out.
-  void KvGet(const std::string& key, absl::Duration wait, ValueDone done);
+  // is absent; DEADLINE_EXCEEDED when the wait runs out. Waits are cut to
+  // max_wait and count against the caller's max_waits_per_client.
+  void KvGet(const std::string& key, absl::Duration wait, ValueDone done,
+             const Caller& caller = {});
   // done(OK) once every key exists; DEADLINE_EXCEEDED naming the missing.
-  void KvWait(std::vector<std::string> keys, absl::Duration timeout, Done done);
+  void KvWait(std::vector<std::string> keys, absl::Duration timeout, Done done,
+              const Caller& caller = {});
   // done(OK) once request.count distinct arrivals met; DEADLINE_EXCEEDED
   // naming the missing ranks or workers when the timeout runs out.
-  void Barrier(const v1::BarrierRequest& request, Done done);
+  void Barrier(const v1::BarrierRequest& request, Done done,
+               const Caller& caller = {});
+  // An id for Caller::wait_id (never 0).
+  int64_t NewWaitId() { return next_wait_id_.fetch_add(1) + 1; }
+  // Ends the wait or barrier arrival parked under `wait_id` with CANCELLED
+  // (its caller went away): its slot, quota and arrival are released at
+  // once. Nothing when it already ended.
+  void CancelWait(int64_t wait_id);
 
   // What became of a map push to `address` (from the pusher): OK clears a
   // recorded refusal; an error records it for ListMembers and counts it in
@@ -203,17 +257,28 @@ class Coordinator {
   struct MemberEntry {
     v1::MemberRecord record;
     absl::Time last_heartbeat;
+    std::string client;  // Caller::client that registered it ("": unchecked)
   };
   struct KvWaiter {
     std::vector<std::string> keys;
     absl::Time deadline;
     ValueDone done;  // gets the value of keys.back()
+    std::string client;
+    int64_t wait_id = 0;
   };
   struct BarrierWaiter {
     std::string who;  // "rank 3" or "member worker-1"
     int32_t rank = -1;
     absl::Time deadline;
     Done done;
+    std::string client;
+    int64_t wait_id = 0;
+  };
+  // What one client holds, for its quotas.
+  struct ClientUsage {
+    int64_t waits = 0;
+    int64_t kv_keys = 0;
+    int64_t kv_bytes = 0;
   };
   struct BarrierState {
     int32_t count = 0;
@@ -237,6 +302,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   MemberEntry* FindSameMember(const v1::RegisterRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when caller.client holds max_members_per_client
+  // members, after forgetting its own expired and left ones.
+  absl::Status CheckMemberQuota(const Caller& caller) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PERMISSION_DENIED when a checked caller is not `entry`'s identity.
+  absl::Status CheckOwner(const MemberEntry& entry, const Caller& caller,
+                          absl::string_view what) const;
   // INVALID_ARGUMENT naming the field and the limit when a Register
   // request is malformed.
   absl::Status CheckRegister(const v1::RegisterRequest& request) const;
@@ -261,6 +332,16 @@ class Coordinator {
   // INVALID_ARGUMENT when `key` is empty or too long.
   absl::Status CheckKvKey(absl::string_view what, const std::string& key) const;
   absl::Status TooManyWaiters(absl::string_view what) const;
+  // RESOURCE_EXHAUSTED when `client` has max_waits_per_client waits
+  // pending; else counts one more. "" is never limited.
+  absl::Status TakeWaitSlot(const std::string& client, absl::string_view what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseWaitSlot(const std::string& client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration CapWait(absl::Duration wait) const {
+    return std::min(wait, options_.max_wait);
+  }
+  // Drops the job's KV entries (memory and state): the run is over.
+  void ClearKv() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateMemberGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Publish(const v1::ShardMap& map);
   void CompleteKvWaiters(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -301,6 +382,10 @@ class Coordinator {
   v1::JobConfig job_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> kv_ ABSL_GUARDED_BY(mu_);
   int64_t kv_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // keys and values in kv_
+  // Who created each key (Caller::client; absent: unchecked or loaded).
+  absl::flat_hash_map<std::string, std::string> kv_owner_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ClientUsage> usage_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> next_wait_id_{0};
   std::vector<KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   MapPusher pusher_ ABSL_GUARDED_BY(mu_);

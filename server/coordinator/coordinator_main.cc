@@ -82,6 +82,19 @@ ABSL_FLAG(int64_t, max_kv_keys, 10000,
           "the job; a replaced job's keys are dropped)");
 ABSL_FLAG(int64_t, max_kv_bytes, int64_t{256} << 20,
           "bytes of all keys and values of the job together (default 256 MiB)");
+ABSL_FLAG(int, max_members_per_client, 64,
+          "members one client (a certificate at one address) may register; "
+          "its own expired and left members are forgotten first");
+ABSL_FLAG(int, max_waits_per_client, 64,
+          "waits (KvGet, KvWait) and barrier arrivals one client may have "
+          "pending at once");
+ABSL_FLAG(int64_t, max_kv_keys_per_client, 1000,
+          "key-value store keys one client may create");
+ABSL_FLAG(int64_t, max_kv_bytes_per_client, int64_t{16} << 20,
+          "bytes of the keys and values one client created (default 16 MiB)");
+ABSL_FLAG(absl::Duration, max_wait, absl::Hours(1),
+          "longest wait or barrier timeout a caller may ask for; longer ones "
+          "are cut to it");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "a member that sends no heartbeat for this long is marked expired");
 ABSL_FLAG(absl::Duration, tick, absl::Milliseconds(50),
@@ -190,6 +203,19 @@ int Run() {
   options.max_kv_value_bytes = absl::GetFlag(FLAGS_max_kv_value_bytes);
   options.max_kv_keys = absl::GetFlag(FLAGS_max_kv_keys);
   options.max_kv_bytes = absl::GetFlag(FLAGS_max_kv_bytes);
+  options.max_members_per_client = absl::GetFlag(FLAGS_max_members_per_client);
+  options.max_waits_per_client = absl::GetFlag(FLAGS_max_waits_per_client);
+  options.max_kv_keys_per_client = absl::GetFlag(FLAGS_max_kv_keys_per_client);
+  options.max_kv_bytes_per_client = absl::GetFlag(FLAGS_max_kv_bytes_per_client);
+  options.max_wait = absl::GetFlag(FLAGS_max_wait);
+  if (options.max_members_per_client < 1 || options.max_waits_per_client < 1 ||
+      options.max_kv_keys_per_client < 1 || options.max_kv_bytes_per_client < 1 ||
+      options.max_wait < absl::Seconds(1)) {
+    LogError("--max_members_per_client, --max_waits_per_client, "
+             "--max_kv_keys_per_client and --max_kv_bytes_per_client must be >= 1, "
+             "--max_wait >= 1s");
+    return 2;
+  }
   options.checkpoint.restore = absl::GetFlag(FLAGS_restore);
   options.checkpoint.cut_timeout = absl::GetFlag(FLAGS_checkpoint_cut_timeout);
   options.checkpoint.write_timeout = absl::GetFlag(FLAGS_checkpoint_write_timeout);
@@ -295,7 +321,8 @@ int Run() {
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity()), &grpc_port);
+  builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity(), &gate),
+                           &grpc_port);
   // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
   // a port another process of the same user listens on (a restart on its
   // old port) silently shares it, the kernel splitting connections.

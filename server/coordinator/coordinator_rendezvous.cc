@@ -40,6 +40,8 @@ std::string Coordinator::KvScope() const {
 absl::Status Coordinator::LoadKv() {
   kv_.clear();
   kv_bytes_ = 0;
+  kv_owner_.clear();
+  for (auto& [client, usage] : usage_) usage.kv_keys = usage.kv_bytes = 0;
   const std::string scope = KvScope();
   ASSIGN_OR_RETURN(auto kv, store_->Scan(kKvPrefix));
   int dropped = 0;
@@ -60,6 +62,38 @@ absl::Status Coordinator::LoadKv() {
   return absl::OkStatus();
 }
 
+void Coordinator::ClearKv() {
+  for (const auto& [key, value] : kv_) {
+    if (absl::Status s = store_->Delete(absl::StrCat(KvScope(), key)); !s.ok()) {
+      LogWarning("dropping key-value entry '", key, "': ", s.message());
+    }
+  }
+  kv_.clear();
+  kv_bytes_ = 0;
+  kv_owner_.clear();
+  for (auto& [client, usage] : usage_) usage.kv_keys = usage.kv_bytes = 0;
+}
+
+absl::Status Coordinator::TakeWaitSlot(const std::string& client, absl::string_view what) {
+  if (client.empty()) return absl::OkStatus();
+  ClientUsage& usage = usage_[client];
+  if (usage.waits >= options_.max_waits_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        what, ": ", client, " has ", usage.waits,
+        " waits and barrier arrivals pending, the limit per client is ",
+        options_.max_waits_per_client, " (--max_waits_per_client)"));
+  }
+  ++usage.waits;
+  return absl::OkStatus();
+}
+
+void Coordinator::ReleaseWaitSlot(const std::string& client) {
+  if (client.empty()) return;
+  auto it = usage_.find(client);
+  if (it == usage_.end()) return;
+  if (--it->second.waits <= 0 && it->second.kv_keys == 0) usage_.erase(it);
+}
+
 absl::Status Coordinator::CheckKvKey(absl::string_view what,
                                      const std::string& key) const {
   if (key.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty key"));
@@ -71,7 +105,8 @@ absl::Status Coordinator::CheckKvKey(absl::string_view what,
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::KvSet(const std::string& key, std::string value) {
+absl::Status Coordinator::KvSet(const std::string& key, std::string value,
+                                const Caller& caller) {
   RETURN_IF_ERROR(CheckKvKey("kv set", key));
   if (static_cast<int64_t>(value.size()) > options_.max_kv_value_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -96,8 +131,33 @@ absl::Status Coordinator::KvSet(const std::string& key, std::string value) {
           kv_bytes_ - old_bytes + new_bytes, " bytes, the limit is ",
           options_.max_kv_bytes, " (--max_kv_bytes)"));
     }
+    // A key counts against the client that created it.
+    std::string owner = caller.client;
+    if (auto o = kv_owner_.find(key); o != kv_owner_.end()) owner = o->second;
+    if (it != kv_.end() && !kv_owner_.contains(key)) owner.clear();
+    if (!owner.empty()) {
+      const ClientUsage& usage = usage_[owner];
+      if (it == kv_.end() && usage.kv_keys >= options_.max_kv_keys_per_client) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "kv set '", key, "': ", owner, " created ", usage.kv_keys,
+            " keys, the limit per client is ", options_.max_kv_keys_per_client,
+            " (--max_kv_keys_per_client)"));
+      }
+      if (usage.kv_bytes - old_bytes + new_bytes > options_.max_kv_bytes_per_client) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "kv set '", key, "': ", owner, "'s keys and values would take ",
+            usage.kv_bytes - old_bytes + new_bytes, " bytes, the limit per client is ",
+            options_.max_kv_bytes_per_client, " (--max_kv_bytes_per_client)"));
+      }
+    }
     RETURN_IF_ERROR(store_->Put(absl::StrCat(KvScope(), key), value));
     kv_bytes_ += new_bytes - old_bytes;
+    if (!owner.empty()) {
+      ClientUsage& usage = usage_[owner];
+      if (it == kv_.end()) ++usage.kv_keys;
+      usage.kv_bytes += new_bytes - old_bytes;
+      kv_owner_[key] = owner;
+    }
     kv_[key] = std::move(value);
     CompleteKvWaiters(&deferred);
   }
@@ -117,6 +177,7 @@ void Coordinator::CompleteKvWaiters(Deferred* deferred) {
                                value = kv_[it->keys.back()]]() mutable {
       std::move(done)(std::move(value));
     });
+    ReleaseWaitSlot(it->client);
     it = kv_waiters_.erase(it);
   }
 }
@@ -128,7 +189,7 @@ absl::Status Coordinator::TooManyWaiters(absl::string_view what) const {
 }
 
 void Coordinator::KvGet(const std::string& key, absl::Duration wait,
-                        ValueDone done) {
+                        ValueDone done, const Caller& caller) {
   if (absl::Status s = CheckKvKey("kv get", key); !s.ok()) {
     std::move(done)(s);
     return;
@@ -143,8 +204,11 @@ void Coordinator::KvGet(const std::string& key, absl::Duration wait,
       result = absl::NotFoundError(absl::StrCat("kv get: no key '", key, "'"));
     } else if (kv_waiters_.size() >= static_cast<size_t>(options_.max_members)) {
       result = TooManyWaiters("kv get");
+    } else if (absl::Status s = TakeWaitSlot(caller.client, "kv get"); !s.ok()) {
+      result = s;
     } else {
-      kv_waiters_.push_back({{key}, Now() + wait, std::move(done)});
+      kv_waiters_.push_back(
+          {{key}, Now() + CapWait(wait), std::move(done), caller.client, caller.wait_id});
       return;
     }
   }
@@ -152,7 +216,7 @@ void Coordinator::KvGet(const std::string& key, absl::Duration wait,
 }
 
 void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
-                         Done done) {
+                         Done done, const Caller& caller) {
   if (keys.empty()) {
     std::move(done)(absl::OkStatus());
     return;
@@ -172,17 +236,20 @@ void Coordinator::KvWait(std::vector<std::string> keys, absl::Duration timeout,
   Deferred deferred;
   {
     absl::MutexLock lock(&mu_);
-    if (kv_waiters_.size() >= static_cast<size_t>(options_.max_members)) {
-      deferred.calls.push_back([done = std::move(done),
-                                error = TooManyWaiters("kv wait")]() mutable {
-        std::move(done)(error);
+    absl::Status refused = kv_waiters_.size() >= static_cast<size_t>(options_.max_members)
+                               ? TooManyWaiters("kv wait")
+                               : TakeWaitSlot(caller.client, "kv wait");
+    if (!refused.ok()) {
+      deferred.calls.push_back([done = std::move(done), refused]() mutable {
+        std::move(done)(refused);
       });
     } else {
       kv_waiters_.push_back(
-          {std::move(keys), Now() + timeout,
+          {std::move(keys), Now() + CapWait(timeout),
            [done = std::move(done)](absl::StatusOr<std::string> v) mutable {
              std::move(done)(v.status());
-           }});
+           },
+           caller.client, caller.wait_id});
     }
     CompleteKvWaiters(&deferred);  // maybe every key is there already
   }
@@ -204,6 +271,7 @@ void Coordinator::ExpireKvWaiters(absl::Time now, Deferred* deferred) {
     deferred->calls.push_back([done = std::move(it->done), error]() mutable {
       std::move(done)(error);
     });
+    ReleaseWaitSlot(it->client);
     it = kv_waiters_.erase(it);
   }
 }
@@ -212,7 +280,8 @@ int32_t Coordinator::MaxBarrierCount() const {
   return options_.world_size > 0 ? options_.world_size : options_.max_members;
 }
 
-void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
+void Coordinator::Barrier(const v1::BarrierRequest& request, Done done,
+                          const Caller& caller) {
   const std::string& name = request.name();
   // Checked before taking the lock: nothing below may do work proportional
   // to a count the client picked.
@@ -252,14 +321,20 @@ void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
   const std::string who = request.rank() >= 0
                               ? absl::StrCat("rank ", request.rank())
                               : absl::StrCat("member ", request.member_id());
-  const absl::Duration timeout = request.timeout_ms() > 0
-                                     ? absl::Milliseconds(request.timeout_ms())
-                                     : options_.default_wait;
+  // Cut to max_wait: a barrier nobody completes must not hold its slot
+  // for ever (absl::Milliseconds of a huge count is infinite).
+  const absl::Duration timeout = CapWait(request.timeout_ms() > 0
+                                             ? absl::Milliseconds(request.timeout_ms())
+                                             : options_.default_wait);
   std::vector<Done> ready;
   {
     absl::MutexLock lock(&mu_);
     auto it = barriers_.find(name);
-    if (it == barriers_.end()) {
+    invalid = TakeWaitSlot(caller.client, absl::StrCat("barrier '", name, "'"));
+    const bool took_slot = invalid.ok();
+    if (!invalid.ok()) {
+      // refused: the caller's quota
+    } else if (it == barriers_.end()) {
       if (barriers_.size() >= static_cast<size_t>(options_.max_members)) {
         invalid = absl::ResourceExhaustedError(absl::StrCat(
             "barrier '", name, "': ", barriers_.size(),
@@ -280,12 +355,17 @@ void Coordinator::Barrier(const v1::BarrierRequest& request, Done done) {
       const absl::Time deadline = Now() + timeout;
       barrier.arrived[who] = request.rank();
       barrier.earliest_deadline = std::min(barrier.earliest_deadline, deadline);
-      barrier.waiters.push_back({who, request.rank(), deadline, std::move(done)});
+      barrier.waiters.push_back(
+          {who, request.rank(), deadline, std::move(done), caller.client, caller.wait_id});
       if (static_cast<int32_t>(barrier.arrived.size()) >= barrier.count) {
-        for (BarrierWaiter& w : barrier.waiters) ready.push_back(std::move(w.done));
+        for (BarrierWaiter& w : barrier.waiters) {
+          ready.push_back(std::move(w.done));
+          ReleaseWaitSlot(w.client);
+        }
         barriers_.erase(it);  // complete: the name can be used again
       }
     }
+    if (!invalid.ok() && took_slot) ReleaseWaitSlot(caller.client);  // nothing waits
   }
   if (!invalid.ok()) {
     std::move(done)(invalid);
@@ -345,6 +425,7 @@ void Coordinator::ExpireBarrierWaiters(absl::Time now, Deferred* deferred) {
         continue;
       }
       LogWarning(message, ": ", w.who, " timed out");
+      ReleaseWaitSlot(w.client);
       deferred->calls.push_back(
           [done = std::move(w.done), error = absl::DeadlineExceededError(message)]() mutable {
             std::move(done)(error);
@@ -359,6 +440,42 @@ void Coordinator::ExpireBarrierWaiters(absl::Time now, Deferred* deferred) {
   }
 }
 
+void Coordinator::CancelWait(int64_t wait_id) {
+  if (wait_id == 0) return;
+  Done barrier_done;
+  ValueDone kv_done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = kv_waiters_.begin(); it != kv_waiters_.end(); ++it) {
+      if (it->wait_id != wait_id) continue;
+      kv_done = std::move(it->done);
+      ReleaseWaitSlot(it->client);
+      kv_waiters_.erase(it);
+      break;
+    }
+    for (auto b = barriers_.begin(); !kv_done && b != barriers_.end(); ++b) {
+      BarrierState& barrier = b->second;
+      auto w = std::find_if(barrier.waiters.begin(), barrier.waiters.end(),
+                            [&](const BarrierWaiter& x) { return x.wait_id == wait_id; });
+      if (w == barrier.waiters.end()) continue;
+      barrier_done = std::move(w->done);
+      ReleaseWaitSlot(w->client);
+      const std::string who = w->who;
+      barrier.waiters.erase(w);
+      // Gone callers no longer count as arrived (unless they wait again).
+      const bool still_waits =
+          std::any_of(barrier.waiters.begin(), barrier.waiters.end(),
+                      [&](const BarrierWaiter& x) { return x.who == who; });
+      if (!still_waits) barrier.arrived.erase(who);
+      if (barrier.waiters.empty()) barriers_.erase(b);
+      break;
+    }
+  }
+  const absl::Status cancelled = absl::CancelledError("the caller went away");
+  if (kv_done) std::move(kv_done)(cancelled);
+  if (barrier_done) std::move(barrier_done)(cancelled);
+}
+
 void Coordinator::CancelWaits(const absl::Status& status) {
   std::vector<KvWaiter> kv;
   std::map<std::string, BarrierState> barriers;
@@ -366,6 +483,7 @@ void Coordinator::CancelWaits(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     kv.swap(kv_waiters_);
     barriers.swap(barriers_);
+    for (auto& [client, usage] : usage_) usage.waits = 0;
   }
   for (KvWaiter& w : kv) std::move(w.done)(status);
   for (auto& [name, barrier] : barriers) {

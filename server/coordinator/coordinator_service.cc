@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/rpc/status_conversion.h"
+#include "common/status_macros.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
@@ -18,6 +19,31 @@ namespace recps::server {
 namespace {
 
 absl::Duration Ms(int64_t ms) { return absl::Milliseconds(std::max<int64_t>(ms, 0)); }
+
+// Who calls, for the coordinator's claim checks: nothing is checked with
+// plaintext or for an admin (who may act for anyone).
+Caller CallerOf(const rpc::Admission& admission) {
+  Caller caller;
+  if (!admission.enforced() || admission.peer().role == rpc::Role::kAdmin) return caller;
+  caller.uri = admission.peer().uri;
+  caller.client = admission.client_key();
+  return caller;
+}
+
+// A unary call that parks a wait (KvGet, KvWait, Barrier): when its client
+// cancels or its deadline passes, the wait is released at once rather than
+// holding a slot, a quota and a barrier arrival until it times out.
+class ParkedCallReactor final : public grpc::ServerUnaryReactor {
+ public:
+  ParkedCallReactor(Coordinator* coordinator, int64_t wait_id)
+      : coordinator_(coordinator), wait_id_(wait_id) {}
+  void OnCancel() override { coordinator_->CancelWait(wait_id_); }
+  void OnDone() override { delete this; }
+
+ private:
+  Coordinator* const coordinator_;
+  const int64_t wait_id_;
+};
 
 }  // namespace
 
@@ -170,13 +196,39 @@ std::shared_ptr<rpc::Admission> CoordinatorService::Admit(
   return nullptr;
 }
 
+absl::Status CoordinatorService::ClaimRank(const rpc::Admission& admission,
+                                           const Caller& caller, int64_t rank,
+                                           const std::string& member_id,
+                                           absl::string_view what) const {
+  if (rank >= 0) RETURN_IF_ERROR(admission.CheckRank(rank, what));
+  return coordinator_->CheckClaim(caller, static_cast<int32_t>(std::min<int64_t>(rank, INT32_MAX)),
+                                  member_id, what);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::Register(
     grpc::CallbackServerContext* context, const v1::RegisterRequest* request,
     v1::RegisterResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Register");
   if (admission == nullptr) return reactor;
-  absl::StatusOr<v1::RegisterResponse> r = coordinator_->Register(*request);
+  // A certificate registers as what it is: a worker's cannot become a
+  // shard server (and so get slots and everyone's rows), nor another rank.
+  if (request->role() == v1::SHARD_SERVER || request->role() == v1::WORKER) {
+    const rpc::Role needed =
+        request->role() == v1::SHARD_SERVER ? rpc::Role::kShard : rpc::Role::kWorker;
+    absl::Status claim = admission->Require(
+        rpc::RoleBit(needed),
+        absl::StrCat("register as ", v1::MemberRole_Name(request->role())));
+    if (claim.ok() && request->role() == v1::WORKER && request->rank() >= 0) {
+      claim = admission->CheckRank(request->rank(), "register");
+    }
+    if (!claim.ok()) {
+      Finish("Register", reactor, claim, admission.get());
+      return reactor;
+    }
+  }
+  absl::StatusOr<v1::RegisterResponse> r =
+      coordinator_->Register(*request, CallerOf(*admission));
   if (r.ok()) *response = *std::move(r);
   Finish("Register", reactor, r.status(), admission.get());
   return reactor;
@@ -188,7 +240,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Heartbeat");
   if (admission == nullptr) return reactor;
-  absl::StatusOr<v1::HeartbeatResponse> r = coordinator_->Heartbeat(*request);
+  absl::StatusOr<v1::HeartbeatResponse> r =
+      coordinator_->Heartbeat(*request, CallerOf(*admission));
   if (r.ok()) *response = *std::move(r);
   Finish("Heartbeat", reactor, r.status(), admission.get());
   return reactor;
@@ -200,7 +253,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Leave(grpc::CallbackServerContext*
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Leave");
   if (admission == nullptr) return reactor;
-  Finish("Leave", reactor, coordinator_->Leave(*request), admission.get());
+  Finish("Leave", reactor, coordinator_->Leave(*request, CallerOf(*admission)),
+         admission.get());
   return reactor;
 }
 
@@ -241,46 +295,71 @@ grpc::ServerUnaryReactor* CoordinatorService::KvSet(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvSet");
   if (admission == nullptr) return reactor;
-  Finish("KvSet", reactor, coordinator_->KvSet(request->key(), request->value()), admission.get());
+  Finish("KvSet", reactor,
+         coordinator_->KvSet(request->key(), request->value(), CallerOf(*admission)),
+         admission.get());
   return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::KvGet(
     grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
     v1::KvGetResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Caller caller;
+  caller.wait_id = coordinator_->NewWaitId();
+  grpc::ServerUnaryReactor* reactor = new ParkedCallReactor(coordinator_, caller.wait_id);
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvGet");
   if (admission == nullptr) return reactor;
+  const int64_t wait_id = caller.wait_id;
+  caller = CallerOf(*admission);
+  caller.wait_id = wait_id;
   coordinator_->KvGet(request->key(), Ms(request->wait_ms()),
                       [this, reactor, response, admission](absl::StatusOr<std::string> v) {
                         if (v.ok()) response->set_value(*std::move(v));
                         Finish("KvGet", reactor, v.status(), admission.get());
-                      });
+                      },
+                      caller);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::KvWait(
     grpc::CallbackServerContext* context, const v1::KvWaitRequest* request,
     v1::KvWaitResponse*) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const int64_t wait_id = coordinator_->NewWaitId();
+  grpc::ServerUnaryReactor* reactor = new ParkedCallReactor(coordinator_, wait_id);
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvWait");
   if (admission == nullptr) return reactor;
+  Caller caller = CallerOf(*admission);
+  caller.wait_id = wait_id;
   coordinator_->KvWait({request->keys().begin(), request->keys().end()},
-                       Ms(request->timeout_ms()), [this, reactor, admission](absl::Status s) {
+                       Ms(request->timeout_ms()),
+                       [this, reactor, admission](absl::Status s) {
                          Finish("KvWait", reactor, s, admission.get());
-                       });
+                       },
+                       caller);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Barrier(
     grpc::CallbackServerContext* context, const v1::BarrierRequest* request,
     v1::BarrierResponse*) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const int64_t wait_id = coordinator_->NewWaitId();
+  grpc::ServerUnaryReactor* reactor = new ParkedCallReactor(coordinator_, wait_id);
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "Barrier");
   if (admission == nullptr) return reactor;
-  coordinator_->Barrier(*request, [this, reactor, admission](absl::Status s) {
-    Finish("Barrier", reactor, s, admission.get());
-  });
+  Caller caller = CallerOf(*admission);
+  caller.wait_id = wait_id;
+  if (absl::Status claim = ClaimRank(*admission, caller, request->rank(),
+                                     request->member_id(), "barrier");
+      !claim.ok()) {
+    Finish("Barrier", reactor, claim, admission.get());
+    return reactor;
+  }
+  coordinator_->Barrier(
+      *request,
+      [this, reactor, admission](absl::Status s) {
+        Finish("Barrier", reactor, s, admission.get());
+      },
+      caller);
   return reactor;
 }
 
@@ -337,6 +416,12 @@ grpc::ServerUnaryReactor* CoordinatorService::CheckpointCut(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "CheckpointCut");
   if (admission == nullptr) return reactor;
+  if (absl::Status claim = ClaimRank(*admission, CallerOf(*admission), request->rank(),
+                                     request->member_id(), "checkpoint cut");
+      !claim.ok()) {
+    Finish("CheckpointCut", reactor, claim, admission.get());
+    return reactor;
+  }
   // The admission is held until the cut answers: the call is in flight.
   coordinator_->checkpoints().Cut(
       *request, [this, reactor, response,
@@ -378,6 +463,12 @@ grpc::ServerUnaryReactor* CoordinatorService::GetResumeState(
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "GetResumeState");
   if (admission == nullptr) return reactor;
+  if (absl::Status claim =
+          ClaimRank(*admission, CallerOf(*admission), request->rank(), "", "resume state");
+      !claim.ok()) {
+    Finish("GetResumeState", reactor, claim, admission.get());
+    return reactor;
+  }
   absl::StatusOr<v1::GetResumeStateResponse> r =
       coordinator_->checkpoints().ResumeState(request->rank());
   if (r.ok()) *response = *std::move(r);

@@ -121,6 +121,12 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // null after finishing the call refused.
   std::shared_ptr<rpc::Admission> Admit(grpc::CallbackServerContext* context,
                                         grpc::ServerUnaryReactor* reactor, const char* rpc);
+  // A worker acts for `rank` and `member_id` only when its certificate
+  // binds it to that rank (rpc::Admission::CheckRank) and, for unbound
+  // certificates, the coordinator registered them to it (CheckClaim).
+  absl::Status ClaimRank(const rpc::Admission& admission, const Caller& caller,
+                         int64_t rank, const std::string& member_id,
+                         absl::string_view what) const;
 
   Coordinator* const coordinator_;
   rpc::CallGate* gate_ = nullptr;

@@ -464,8 +464,18 @@ void MoveOrchestrator::CopyWorker(int64_t bytes_per_second) {
     // this copy waits or runs; each hand-over is checked on its own.
     request.set_epoch(0);
     const absl::Time start = Now();
+    // The source exports these units under this move id only, for as long
+    // as the copy may take.
+    v1::AllowExportRequest grant;
+    grant.set_move_id(r.move_id());
+    *grant.mutable_slots() = r.slots();
+    *grant.mutable_tables() = r.tables();
+    grant.set_ttl_ms(absl::ToInt64Milliseconds(options_.copy_timeout + options_.rpc_timeout));
+    const absl::Status allowed =
+        options_.rpc->AllowExport(r.source(), grant, options_.rpc_timeout).status();
     absl::StatusOr<v1::MigrateInResponse> copied =
-        options_.rpc->MigrateIn(r.target(), request, options_.copy_timeout);
+        allowed.ok() ? options_.rpc->MigrateIn(r.target(), request, options_.copy_timeout)
+                     : absl::StatusOr<v1::MigrateInResponse>(allowed);
     if (copied.ok()) {
       r.set_state(v1::MoveRecord::COPIED);
       r.set_copied_bytes(copied->bytes());

@@ -63,6 +63,9 @@ class ShardMoveRpc {
   virtual absl::StatusOr<v1::MigrateInResponse> MigrateIn(
       const std::string& address, const v1::MigrateInRequest& request,
       absl::Duration timeout) = 0;
+  virtual absl::StatusOr<v1::AllowExportResponse> AllowExport(
+      const std::string& address, const v1::AllowExportRequest& request,
+      absl::Duration timeout) = 0;
   virtual absl::StatusOr<v1::HandOverResponse> HandOver(
       const std::string& address, const v1::HandOverRequest& request,
       absl::Duration timeout) = 0;

@@ -24,6 +24,12 @@ class GrpcShardMoveRpc final : public ShardMoveRpc {
     return Call<v1::MigrateInResponse>(address, "MigrateIn",
                                        &v1::ShardAdmin::Stub::MigrateIn, request, timeout);
   }
+  absl::StatusOr<v1::AllowExportResponse> AllowExport(const std::string& address,
+                                                      const v1::AllowExportRequest& request,
+                                                      absl::Duration timeout) override {
+    return Call<v1::AllowExportResponse>(address, "AllowExport",
+                                         &v1::ShardAdmin::Stub::AllowExport, request, timeout);
+  }
   absl::StatusOr<v1::HandOverResponse> HandOver(const std::string& address,
                                                 const v1::HandOverRequest& request,
                                                 absl::Duration timeout) override {

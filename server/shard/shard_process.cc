@@ -166,7 +166,7 @@ absl::Status ShardProcess::Serve() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   RETURN_IF_ERROR(rpc::CheckTlsFiles(rpc::Resolve(o.security)));
-  builder.AddListeningPort(o.listen, rpc::ServerCredentials(o.security),
+  builder.AddListeningPort(o.listen, rpc::ServerCredentials(o.security, gate_.get()),
                            &grpc_port_);
   // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
   // a port another process of the same user listens on (a restart on its

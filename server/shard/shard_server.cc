@@ -685,6 +685,14 @@ absl::Status ShardServer::InstallMap(
         self.empty() ? "address unknown: set SetShardMapRequest.self" : self,
         ")"));
   }
+  // Epochs grow by one per map change: a far jump (2^64-1 from a broken or
+  // hostile coordinator) would leave no epoch for any later map.
+  const uint64_t base = current->map.num_servers() > 0 ? current->map.epoch() : 0;
+  if (map.epoch() > base + kMaxShardMapEpochStep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map epoch ", map.epoch(), " jumps more than ", kMaxShardMapEpochStep,
+        " past the current ", base, "; epochs grow by one per map change"));
+  }
   if (current->map.num_servers() > 0 && map.epoch() <= current->map.epoch()) {
     // Already delivered (a retry, or a late copy): not a refusal. The same
     // map again is OK; anything else at an epoch not newer ALREADY_EXISTS.

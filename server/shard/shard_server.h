@@ -37,6 +37,7 @@
 #include "recps/v1/shard.pb.h"
 #include "recps/v1/shard_admin.pb.h"
 #include "server/shard/embedding_store.h"
+#include "server/shard/export_grants.h"
 #include "server/shard/lookup_response.h"
 #include "server/shard/layered_store.h"
 #include "server/shard/shard_peer.h"
@@ -181,8 +182,11 @@ class ShardServer {
     int64_t rows_sent = 0;
     bool sent_any = false;
   };
+  // FAILED_PRECONDITION unless export_grants() allows the request.
   absl::StatusOr<std::unique_ptr<RowExport>> StartExport(
       const v1::ExportRowsRequest& request);
+  // The moves this server, as a source, may export (AllowExport).
+  ExportGrants& export_grants() { return export_grants_; }
   // Fills `chunk`; false once the export is complete (chunk then unset).
   absl::StatusOr<bool> NextExportChunk(RowExport& exp,
                                        v1::ExportRowsChunk* chunk);
@@ -410,6 +414,7 @@ class ShardServer {
       ABSL_GUARDED_BY(updates_mu_);
 
   // Slot moves. Lock order: moves_mu_, then install_mu_, then map_mu_.
+  ExportGrants export_grants_;
   mutable absl::Mutex moves_mu_;
   std::vector<std::shared_ptr<Move>> moves_ ABSL_GUARDED_BY(moves_mu_);
   bool moves_stop_ ABSL_GUARDED_BY(moves_mu_) = false;

@@ -71,6 +71,13 @@ struct LookupCall {
   SerializedLookupResponse response;
 };
 
+// A push in flight: the parsed request and its answer.
+struct PushCall {
+  rpc::Admission admission;
+  v1::PushGradientsRequest request;
+  v1::PushGradientsResponse response;
+};
+
 // The caller's admission (role and per-client limits); an empty one when
 // there is no gate. On refusal: finishes the call and returns nullopt.
 std::optional<rpc::Admission> AdmitOrFinish(rpc::CallGate* gate, const char* rpc,
@@ -134,6 +141,13 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
     call->admission.NoteBadRequest();
     return reactor;
   }
+  // A worker certificate bound to a rank looks up as that rank only.
+  if (absl::Status s = call->admission.CheckRank(call->request.header().worker_rank(),
+                                                 "look up");
+      !s.ok()) {
+    Finish("Lookup", context, reactor, s, start, metrics_);
+    return reactor;
+  }
   // Rows of dynamic tables are created by lookups: a write.
   if (CreatesRows(*server_, call->request)) {
     if (absl::Status s = call->admission.Require(
@@ -159,22 +173,51 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
 }
 
 grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
-    grpc::CallbackServerContext* context,
-    const v1::PushGradientsRequest* request,
-    v1::PushGradientsResponse* response) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Time start = absl::Now();
   std::optional<rpc::Admission> admission =
       AdmitOrFinish(gate_, "PushGradients", "EmbeddingShard.PushGradients", context,
                     reactor, start, metrics_);
   if (!admission.has_value()) return reactor;
-  server_->PushGradients(request, response,
-                         [this, context, reactor, start,
-                          admission = *std::move(admission)](absl::Status s) mutable {
-                           if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
-                           Finish("PushGradients", context, reactor, s, start,
-                                  metrics_);
-                         });
+  auto call = std::make_unique<PushCall>();
+  call->admission = *std::move(admission);
+  grpc::ByteBuffer bytes(*request);  // shares the slices
+  const grpc::Status parsed =
+      grpc::SerializationTraits<v1::PushGradientsRequest>::Deserialize(&bytes,
+                                                                       &call->request);
+  if (!parsed.ok()) {
+    Finish("PushGradients", context, reactor,
+           absl::InvalidArgumentError(absl::StrCat(
+               "the request does not parse as a recps.v1.PushGradientsRequest (",
+               request->Length(), " bytes): ", parsed.error_message())),
+           start, metrics_, "malformed");
+    call->admission.NoteBadRequest();
+    return reactor;
+  }
+  // A worker certificate bound to a rank pushes as that rank only: another
+  // rank's part would be taken as that rank's push of the step.
+  if (absl::Status s = call->admission.CheckRank(call->request.header().worker_rank(),
+                                                 "push gradients");
+      !s.ok()) {
+    Finish("PushGradients", context, reactor, s, start, metrics_);
+    return reactor;
+  }
+  PushCall* c = call.get();
+  server_->PushGradients(
+      &c->request, &c->response,
+      [this, context, reactor, start, response, call = std::move(call)](absl::Status s) {
+        if (s.ok()) {
+          bool own_buffer = false;
+          const grpc::Status serialized =
+              grpc::SerializationTraits<v1::PushGradientsResponse>::Serialize(
+                  call->response, response, &own_buffer);
+          if (!serialized.ok()) s = absl::InternalError(serialized.error_message());
+        }
+        if (absl::IsInvalidArgument(s)) call->admission.NoteBadRequest();
+        Finish("PushGradients", context, reactor, s, start, metrics_);
+      });
   return reactor;
 }
 
@@ -294,6 +337,20 @@ RECPS_ADMIN_ASYNC(HandOver, HandOverRequest, HandOverResponse)
 RECPS_ADMIN_ASYNC(AbortMove, AbortMoveRequest, AbortMoveResponse)
 RECPS_ADMIN_ASYNC(FinishMove, FinishMoveRequest, FinishMoveResponse)
 #undef RECPS_ADMIN_ASYNC
+
+grpc::ServerUnaryReactor* ShardAdminService::AllowExport(
+    grpc::CallbackServerContext* context, const v1::AllowExportRequest* request,
+    v1::AllowExportResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "AllowExport", "ShardAdmin.AllowExport", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  const absl::Status s = server_->export_grants().Allow(*request);
+  if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
+  Finish("AllowExport", context, reactor, s, start, metrics_);
+  return reactor;
+}
 
 grpc::ServerUnaryReactor* ShardAdminService::ListMoves(
     grpc::CallbackServerContext* context, const v1::ListMovesRequest* request,

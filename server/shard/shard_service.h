@@ -21,9 +21,13 @@ grpc::ByteBuffer LookupResponseToByteBuffer(SerializedLookupResponse& response);
 // were written to (SerializedLookupResponse) instead of a protobuf
 // message that gRPC would serialize, copying every row again. The wire
 // format stays v1::LookupResponse.
+//
+// PushGradients is registered raw too, so that a request that does not
+// parse is answered INVALID_ARGUMENT and counted against its client like
+// any bad request (the generated handler answers it before our code runs).
 class EmbeddingShardService final
     : public v1::EmbeddingShard::WithRawCallbackMethod_Lookup<
-          v1::EmbeddingShard::WithCallbackMethod_PushGradients<
+          v1::EmbeddingShard::WithRawCallbackMethod_PushGradients<
               v1::EmbeddingShard::Service>> {
  public:
   // Neither pointer is owned; metrics may be null.
@@ -36,10 +40,9 @@ class EmbeddingShardService final
   grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* PushGradients(
-      grpc::CallbackServerContext* context,
-      const v1::PushGradientsRequest* request,
-      v1::PushGradientsResponse* response) override;
+  grpc::ServerUnaryReactor* PushGradients(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
   ShardServer* server_;
@@ -82,6 +85,9 @@ class ShardAdminService final : public v1::ShardAdmin::CallbackService {
   grpc::ServerUnaryReactor* HandOver(grpc::CallbackServerContext* context,
                                      const v1::HandOverRequest* request,
                                      v1::HandOverResponse* response) override;
+  grpc::ServerUnaryReactor* AllowExport(grpc::CallbackServerContext* context,
+                                        const v1::AllowExportRequest* request,
+                                        v1::AllowExportResponse* response) override;
   grpc::ServerUnaryReactor* AbortMove(grpc::CallbackServerContext* context,
                                       const v1::AbortMoveRequest* request,
                                       v1::AbortMoveResponse* response) override;

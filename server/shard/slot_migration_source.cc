@@ -34,6 +34,7 @@ using slot_migration::PhaseName;
 
 absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> ShardServer::StartExport(
     const v1::ExportRowsRequest& request) {
+  RETURN_IF_ERROR(export_grants_.Check(request));
   const MapView view = CurrentMap();
   if (view->self < 0) {
     return absl::FailedPreconditionError(

@@ -10,10 +10,17 @@
 
 namespace recps::testing {
 
-// Resident bytes from /proc/self/statm, or -1 when it cannot be read.
-inline int64_t ResidentBytes() {
+// Resident bytes of this process (or of process `pid`) from
+// /proc/<pid>/statm, or -1 when it cannot be read.
+inline int64_t ResidentBytes(pid_t pid = 0) {
   long pages = 0, resident = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
+  char path[64];
+  if (pid == 0) {
+    std::snprintf(path, sizeof(path), "/proc/self/statm");
+  } else {
+    std::snprintf(path, sizeof(path), "/proc/%d/statm", static_cast<int>(pid));
+  }
+  FILE* f = std::fopen(path, "r");
   if (f == nullptr) return -1;
   const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
   std::fclose(f);

@@ -238,6 +238,14 @@ class FakeMoveShards : public ShardMoveRpc {
     r.set_seconds(0.5);
     return r;
   }
+  absl::StatusOr<v1::AllowExportResponse> AllowExport(const std::string& address,
+                                                      const v1::AllowExportRequest& request,
+                                                      absl::Duration) override {
+    absl::MutexLock lock(&mu);
+    grants.push_back({address, request});
+    if (down.count(address)) return absl::UnavailableError(address + " is down");
+    return v1::AllowExportResponse();
+  }
   absl::StatusOr<v1::HandOverResponse> HandOver(const std::string& address,
                                                 const v1::HandOverRequest& request,
                                                 absl::Duration) override {
@@ -286,6 +294,7 @@ class FakeMoveShards : public ShardMoveRpc {
   bool target_installs_anyway = false;
   bool block_handover = false;
   std::vector<std::pair<std::string, v1::MigrateInRequest>> migrate_ins;
+  std::vector<std::pair<std::string, v1::AllowExportRequest>> grants;
   std::vector<std::pair<std::string, v1::HandOverRequest>> handovers;
   std::vector<std::pair<std::string, std::string>> aborts;
 };

@@ -9,6 +9,19 @@ std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
 
 grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& request,
                        v1::MigrateInResponse* response) {
+  // As the coordinator does: the source may export these units first. A
+  // test's unreachable or bogus source fails the MigrateIn itself.
+  {
+    v1::AllowExportRequest grant;
+    grant.set_move_id(request.move_id());
+    *grant.mutable_slots() = request.slots();
+    *grant.mutable_tables() = request.tables();
+    grant.set_ttl_ms(120000);
+    v1::AllowExportResponse granted;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    (void)Admin(request.source())->AllowExport(&ctx, grant, &granted);
+  }
   v1::MigrateInResponse ignored;
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(60)));
