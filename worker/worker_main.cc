@@ -39,6 +39,7 @@
 #include "absl/time/clock.h"
 #include "client/coordinator_client.h"
 #include "client/embedding_client.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/malloc_tuning.h"
 #include "common/thread_pool.h"
@@ -425,6 +426,9 @@ int RunRank(int rank, int world, ProcessShared* shared) {
   options.rank = rank;
   options.world_size = world;
   options.start_step = start_step;
+  // The final checkpoint's error: the run still evaluates and reports, then
+  // exits kExitFinalCheckpointFailed (the launcher does not retrain).
+  absl::Status final_checkpoint;
   if (checkpoints) {
     options.checkpoint_every = job->training().checkpoint().every_steps();
     options.stop_requested = [] { return g_stop_requested.load(); };
@@ -449,6 +453,16 @@ int RunRank(int rank, int world, ProcessShared* shared) {
         LogWarning("checkpoint at step ", info.step, " (", info.reason, ") failed; training "
                    "goes on and the previous complete checkpoint stays: ",
                    cut.status().message());
+        return absl::OkStatus();
+      }
+      if (!cut.ok() && info.reason == "final") {
+        // Every step is trained and every worker got this answer: finish
+        // (final evaluation, results) and report it then. The previous
+        // complete checkpoint stays the newest.
+        final_checkpoint = absl::Status(
+            cut.status().code(), absl::StrCat("final checkpoint at step ", info.step,
+                                              " failed: ", cut.status().message()));
+        LogError(final_checkpoint.ToString());
         return absl::OkStatus();
       }
       if (!cut.ok()) {
@@ -619,6 +633,11 @@ int RunRank(int rank, int world, ProcessShared* shared) {
   }
   StopEmbeddedShard(rank, collectives.get(), shared);
   if (lease != nullptr) lease->Leave();
+  if (!final_checkpoint.ok()) {
+    LogError("trained all ", result->steps, " steps and wrote the results, but ",
+             final_checkpoint.ToString());
+    return kExitFinalCheckpointFailed;
+  }
   return 0;
 }
 
@@ -705,11 +724,17 @@ int Run() {
   } else {
     // One thread per rank. A rank that fails takes the process down at once:
     // its peers here would otherwise wait for it until a timeout.
+    // A rank that finished with a failed final checkpoint is no failure of
+    // its peers: they finish too (the same answer reached all of them).
     std::vector<std::thread> ranks;
+    std::atomic<bool> final_checkpoint_failed{false};
     for (int r = rank; r < rank + local_ranks; ++r) {
-      ranks.emplace_back([r, world, &shared] {
+      ranks.emplace_back([r, world, &shared, &final_checkpoint_failed] {
         SetThreadLogTag(absl::StrCat("recps-worker ", r));
-        if (const int c = RunRank(r, world, &shared); c != 0) {
+        const int c = RunRank(r, world, &shared);
+        if (c == kExitFinalCheckpointFailed) {
+          final_checkpoint_failed = true;
+        } else if (c != 0) {
           LogError("rank ", r, " failed: stopping this process's ", shared.local_ranks,
                    " ranks");
           std::fflush(nullptr);
@@ -718,6 +743,7 @@ int Run() {
       });
     }
     for (std::thread& t : ranks) t.join();
+    if (final_checkpoint_failed) code = kExitFinalCheckpointFailed;
   }
   std::fflush(nullptr);
   _exit(code);  // skip the metrics exposer's slow stop (see recps-shard)

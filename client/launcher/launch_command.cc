@@ -20,6 +20,7 @@
 #include "client/launcher/launch_topology.h"
 #include "client/launcher/process.h"
 #include "client/launcher/supervise.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/rpc/tls_flags.h"
 
@@ -160,6 +161,10 @@ int RunLaunch(const std::vector<std::string>& positional,
     }
     LogWarning("restart ", attempt + 1, "/", max_restarts, " after ", failure,
                ": restarting this node's workers; they resume where the coordinator says");
+  }
+  if (exit_code == kExitFinalCheckpointFailed) {
+    LogError("the workers trained every step and wrote their results, but the final "
+             "checkpoint failed (their error above says why); not restarted");
   }
   if (exit_code == 0) LogInfo("all ", local_workers, " worker(s) finished");
   return exit_code;

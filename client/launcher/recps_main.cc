@@ -53,6 +53,7 @@
 #include "client/launcher/launch_command.h"
 #include "client/launcher/process.h"
 #include "client/launcher/supervise.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 #include "common/rpc/channels.h"
 #include "common/rpc/identity.h"
@@ -578,7 +579,8 @@ int RunLocal(const std::vector<std::string>& worker_args) {
               "; starting from step 0");
     } else {
       LogInfo("--resume: resuming from the checkpoint at step ", step, " in ",
-              checkpoint_root);
+              checkpoint_root, " (or the newest intact older one: the coordinator "
+              "skips a damaged checkpoint and its log says why)");
       restore = true;
     }
   }
@@ -598,6 +600,18 @@ int RunLocal(const std::vector<std::string>& worker_args) {
     LogWarning("restart ", attempt + 1, "/", max_restarts, " after ", failure, ": ",
                restore ? absl::StrCat("resuming from step ", step)
                        : std::string("no complete checkpoint, starting from step 0"));
+  }
+  if (exit_code == kExitFinalCheckpointFailed) {
+    // Training is done and its results are written; only the last save
+    // failed. Training again would end at the same full disk.
+    const int64_t step = NewestCompleteCheckpoint(checkpoint_root);
+    LogError("trained every step", FinalEvaluation(result_dir + "/result0.json"),
+             "; but the final checkpoint failed (the workers' error above says why and "
+             "where), so ",
+             step >= 0 ? absl::StrCat("the newest complete checkpoint stays step ", step,
+                                      " in ", checkpoint_root)
+                       : absl::StrCat("there is no complete checkpoint in ", checkpoint_root),
+             "; not restarted");
   }
   if (exit_code != 0) LogError("logs are in ", work);
   if (exit_code == 0) {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/exit_codes.h"
 #include "common/log.h"
 
 namespace recps::client {
@@ -71,6 +72,9 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
   sigaddset(&stop, SIGTERM);
   int exit_code = 0;
   int stop_signal = SIGTERM;
+  // A worker that trained to the end but whose final checkpoint failed:
+  // the others finish too (they got the same answer), nothing restarts.
+  bool final_checkpoint_failed = false;
   size_t remaining = workers.size();
   while (remaining > 0 && exit_code == 0) {
     timespec tick{0, 100 * 1000 * 1000};
@@ -85,7 +89,9 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       absl::StatusOr<int> code = workers[i].Poll();
       if (!code.ok()) continue;
       --remaining;
-      if (*code != 0 && exit_code == 0) {
+      if (*code == kExitFinalCheckpointFailed) {
+        final_checkpoint_failed = true;
+      } else if (*code != 0 && exit_code == 0) {
         LogError(names[i], " failed with exit code ", *code, "; stopping ", what);
         note(absl::StrCat(names[i], *code > 128 ? " died (" : " failed (", how_code(*code), ")"));
         exit_code = 1;
@@ -131,6 +137,7 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
     if (w.running()) (void)w.Wait(std::max(absl::ZeroDuration(), deadline - absl::Now()));
     if (w.running()) (void)w.Stop(absl::Seconds(1));
   }
+  if (exit_code == 0 && final_checkpoint_failed) return kExitFinalCheckpointFailed;
   return exit_code;
 }
 

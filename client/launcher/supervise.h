@@ -48,7 +48,10 @@ void WritePidFile(const std::string& path, const std::vector<LocalServer>& serve
 // server exit stops the run, naming the server. On a failure the other
 // workers get SIGTERM; a signal is forwarded to the workers as it is.
 // Workers still running after a grace period are killed. Returns 0, 1 (a
-// worker or server failed: the log names which), or 128 + the signal.
+// worker or server failed: the log names which), 128 + the signal, or
+// kExitFinalCheckpointFailed (common/exit_codes.h) when every worker
+// finished and one or more exited with it (not a failure that stops the
+// others or restarts the job).
 // `on_change` runs after a server was restarted (to rewrite the pid file).
 // `failure` (when not null) gets what failed first, e.g. "shard-1 died
 // (signal 9)" or "worker 0 failed (exit code 1)". After a failure the

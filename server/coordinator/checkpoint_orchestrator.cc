@@ -1,4 +1,4 @@
-// Cuts, writing a checkpoint, the listing. Restore: checkpoint_restore.cc.
+// Cuts, writing a checkpoint. Restore and the listing: checkpoint_restore.cc.
 #include "server/coordinator/checkpoint_orchestrator.h"
 
 #include <algorithm>
@@ -429,11 +429,74 @@ void CheckpointOrchestrator::Fail(uint64_t step, const absl::Status& status) {
   base_servers_.clear();
 }
 
+std::string CheckpointOrchestrator::DiscardPartial(const v1::ShardMap& map, uint64_t step,
+                                                   const std::string& step_dir,
+                                                   const absl::Status& why) {
+  // A stopping coordinator leaves the directory: restarted on the same
+  // state, it finishes this step there (the servers go on writing).
+  if (absl::IsCancelled(why)) return "";
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_) return "";
+  }
+  // Give servers still writing their file a moment to finish or fail (on a
+  // full disk they fail soon): a file removed while open keeps its space
+  // until it is closed.
+  const std::vector<bool> owns = OwnsRows(map);
+  const absl::Time deadline =
+      absl::Now() + std::min(options_.unreachable_timeout, absl::Seconds(10));
+  v1::SaveRowsStatusRequest request;
+  request.set_step(step);
+  for (int i = 0; i < map.servers_size(); ++i) {
+    while (owns[i] && absl::Now() < deadline) {
+      absl::StatusOr<v1::SaveRowsStatusResponse> status =
+          rpc_->SaveRowsStatus(map.servers(i), request, absl::Seconds(2));
+      if (!status.ok() || status->state() != v1::SaveRowsStatusResponse::WRITING) break;
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_), options_.poll_interval)) return "";
+    }
+  }
+  // The manifest is written last and only by this thread: one that exists
+  // made the checkpoint complete (a later fsync failed); it stays.
+  if (ckpt::ReadManifest(step_dir).ok()) return "";
+  std::error_code ec;
+  fs::remove_all(step_dir, ec);
+  if (ec) {
+    LogWarning("removing the partial checkpoint ", step_dir, ": ", ec.message());
+    return absl::StrCat("; its partial directory ", step_dir,
+                        " could not be removed: ", ec.message());
+  }
+  return absl::StrCat("; its partial files were removed (", step_dir, ")");
+}
+
+std::string CheckpointOrchestrator::NewestCompleteNote(const std::string& root) {
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
+  if (!list.ok() || list->empty()) {
+    return absl::StrCat("; there is no complete checkpoint in ", root);
+  }
+  return absl::StrCat("; the newest complete checkpoint stays: step ", list->back().step,
+                      " (", list->back().dir, ")");
+}
+
 void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   const absl::Time started = absl::Now();
   const uint64_t step = cut.step;
+  // Set once this call created (or reused) the step's directory: a failure
+  // after that removes what was written into it (DiscardPartial).
+  std::string step_dir, root;
+  v1::ShardMap saved_map;
   auto fail = [&](const absl::Status& s) {
-    Fail(step, s);
+    std::string message(s.message());
+    if (!step_dir.empty()) {
+      absl::StrAppend(&message, DiscardPartial(saved_map, step, step_dir, s),
+                      NewestCompleteNote(root));
+    }
+    if (absl::IsResourceExhausted(s) && !root.empty()) {
+      absl::StrAppend(&message, "; free space in ", root,
+                      " or point training.checkpoint.dir at a larger volume");
+    }
+    const absl::Status failure(s.code(), message);
+    Fail(step, failure);
     // A server's UNAVAILABLE must not reach the workers as such: their
     // client would resend the arrival. ABORTED: try at a later step.
     const absl::StatusCode code =
@@ -441,7 +504,7 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
             ? absl::StatusCode::kAborted
             : s.code();
     Answer(cut, absl::Status(code, absl::StrCat("checkpoint at step ", step,
-                                                " failed: ", s.message())),
+                                                " failed: ", message)),
            true);
   };
   absl::StatusOr<v1::JobConfig> job = CheckpointJob();
@@ -452,12 +515,24 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
   if (!map.ok()) return fail(map.status());
   const v1::CheckpointConfig& config = job->training().checkpoint();
-  const std::string& root = config.dir();
-  const std::string step_dir = JoinPath(root, ckpt::CheckpointDirName(step));
+  root = config.dir();
+  const std::string dir = JoinPath(root, ckpt::CheckpointDirName(step));
   v1::CheckpointCutResponse response;
   response.set_step(step);
-  response.set_dir(step_dir);
-  if (ckpt::ReadManifest(step_dir).ok()) {
+  response.set_dir(dir);
+  bool damaged = false;
+  {
+    absl::MutexLock lock(&mu_);
+    damaged = damaged_steps_.erase(step) > 0;
+  }
+  if (damaged) {
+    // The restore skipped it as damaged: this run replaces it.
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+    LogWarning("replacing the damaged checkpoint at step ", step, " (", dir, ")",
+               ec ? absl::StrCat(": cannot remove it: ", ec.message()) : "");
+  }
+  if (ckpt::ReadManifest(dir).ok()) {
     // Complete already: a retry after a coordinator restart, or the step
     // that was restored.
     response.set_complete(true);
@@ -467,11 +542,12 @@ void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
   // A partial directory of this step stays: after a coordinator restart
   // the servers may be writing into it.
   std::error_code ec;
-  fs::create_directories(step_dir, ec);
+  fs::create_directories(dir, ec);
   if (ec) {
-    return fail(ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory",
-                                  step_dir));
+    return fail(ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory", dir));
   }
+  step_dir = dir;
+  saved_map = *map;
   const std::vector<std::string> servers = CheckpointLayout(*map);
   bool incremental = false;
   uint64_t base_step = 0, full_step = step;
@@ -675,9 +751,17 @@ absl::StatusOr<std::vector<v1::CheckpointFile>> CheckpointOrchestrator::AwaitFil
           ++done;
           rows_written += files[i]->rows();
           break;
-        case v1::SaveRowsStatusResponse::FAILED:
-          return absl::DataLossError(absl::StrCat("shard server ", address, " (shard ", i,
-                                                  "): ", status->error()));
+        case v1::SaveRowsStatusResponse::FAILED: {
+          // The server's own code (RESOURCE_EXHAUSTED for a full disk); a
+          // server that reports none (older) gives INTERNAL: a failed write
+          // is not damaged data.
+          const int code = status->error_code();
+          return absl::Status(
+              code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+                  ? static_cast<absl::StatusCode>(code)
+                  : absl::StatusCode::kInternal,
+              absl::StrCat("shard server ", address, " (shard ", i, "): ", status->error()));
+        }
         case v1::SaveRowsStatusResponse::WRITING:
           rows_written += status->rows_written();
           break;
@@ -708,55 +792,6 @@ absl::StatusOr<std::vector<v1::CheckpointFile>> CheckpointOrchestrator::AwaitFil
     if (f.has_value()) out.push_back(*std::move(f));
   }
   return out;
-}
-
-absl::StatusOr<v1::ListCheckpointsResponse> CheckpointOrchestrator::List() const {
-  v1::ListCheckpointsResponse response;
-  absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
-  if (!job.ok()) return job.status();
-  const std::string root = job->training().checkpoint().dir();
-  response.set_root(root);
-  {
-    absl::MutexLock lock(&mu_);
-    response.set_last_error(last_error_);
-    if (restore_.has_value()) response.set_restored_step(restore_->manifest.step());
-    if (progress_.has_value()) {
-      v1::CheckpointProgress* p = response.mutable_in_progress();
-      p->set_step(progress_->step);
-      p->set_rows_written(progress_->rows_written);
-      p->set_rows_total(progress_->rows_total);
-      p->set_files_done(progress_->files_done);
-      p->set_files_total(progress_->files_total);
-      p->set_started_unix_ms(absl::ToUnixMillis(progress_->started));
-    }
-  }
-  if (root.empty()) return response;
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
-  if (absl::IsNotFound(list.status())) return response;  // none written yet
-  if (!list.ok()) return list.status();
-  for (const ckpt::CheckpointInfo& info : *list) {
-    v1::CheckpointSummary* s = response.add_checkpoints();
-    const v1::CheckpointManifest& m = info.manifest;
-    s->set_step(info.step);
-    s->set_kind(m.kind());
-    s->set_base_step(m.base_step());
-    int64_t size = static_cast<int64_t>(m.dense().size_bytes());
-    int64_t rows = 0;
-    for (const v1::CheckpointFile& f : m.files()) {
-      size += static_cast<int64_t>(f.size_bytes());
-      rows += f.rows();
-    }
-    std::error_code ec;
-    const uintmax_t manifest_bytes =
-        fs::file_size(JoinPath(info.dir, ckpt::kManifestName), ec);
-    if (!ec) size += static_cast<int64_t>(manifest_bytes);
-    s->set_size_bytes(size);
-    s->set_rows(rows);
-    s->set_created_unix_ms(m.created_unix_ms());
-    s->set_dir(info.dir);
-    s->set_reason(m.reason());
-  }
-  return response;
 }
 
 }  // namespace recps::server

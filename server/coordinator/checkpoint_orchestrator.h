@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "recps/v1/coordinator.pb.h"
 #include "recps/v1/job.pb.h"
 #include "recps/v1/shard_admin.pb.h"
+#include "server/checkpoint/chain.h"
 
 namespace prometheus {
 class Registry;
@@ -186,7 +188,21 @@ class CheckpointOrchestrator {
 
   absl::StatusOr<v1::JobConfig> CheckpointJob() const;
   absl::Status CheckNoCheckpoints(const v1::JobConfig& job);
-  absl::StatusOr<Restore> ResolveRestore(const v1::JobConfig& job) const;
+  // The checkpoint --restore names, its chain checked (manifests, job
+  // digest, worker count, dense state). Without a step: the newest intact
+  // one older than `below` (when set), a damaged one skipped with a warning
+  // saying why (its step added to `skipped_steps`).
+  absl::StatusOr<Restore> ResolveRestore(const v1::JobConfig& job,
+                                         std::optional<uint64_t> below = std::nullopt,
+                                         std::vector<uint64_t>* skipped_steps = nullptr) const;
+  // ResolveRestore's check of one checkpoint (ref.step set). `*damaged`:
+  // the error is the checkpoint's (broken chain, damaged or missing file),
+  // not the run's (another job, another worker count).
+  absl::StatusOr<Restore> CheckRestore(const v1::JobConfig& job,
+                                       const checkpoint::CheckpointRef& ref,
+                                       bool* damaged) const;
+  // Makes `restore` the one to restore and the base of the next checkpoint.
+  void AdoptRestore(Restore restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
   void RunRestore();
   // Writes one checkpoint; the cut's callbacks are all answered.
@@ -198,6 +214,14 @@ class CheckpointOrchestrator {
   absl::StatusOr<std::vector<v1::CheckpointFile>> AwaitFiles(
       const v1::ShardMap& map, uint64_t step);
   void Fail(uint64_t step, const absl::Status& status);
+  // Removes the directory of a failed checkpoint (after the servers still
+  // writing into it stopped, 10 s at most), so that its files do not keep a
+  // full disk full; not when the coordinator stops. Returns what to add to
+  // the error ("; its partial files were removed (DIR)").
+  std::string DiscardPartial(const v1::ShardMap& map, uint64_t step,
+                             const std::string& step_dir, const absl::Status& why);
+  // "; the newest complete checkpoint stays: step N (DIR)", for errors.
+  static std::string NewestCompleteNote(const std::string& root);
   // Answers the cut's callbacks: the ones with wait_complete only when
   // `complete` (or on error).
   static void Answer(Cut_& cut, const absl::StatusOr<v1::CheckpointCutResponse>& r,
@@ -237,6 +261,10 @@ class CheckpointOrchestrator {
   // --restore.
   std::optional<Restore> restore_ ABSL_GUARDED_BY(mu_);
   bool restored_ ABSL_GUARDED_BY(mu_) = false;
+  // Complete checkpoints newer than the restored one that the restore
+  // skipped as damaged: the resumed run writes them anew when it gets there
+  // (not "complete already").
+  std::set<uint64_t> damaged_steps_ ABSL_GUARDED_BY(mu_);
   absl::Status restore_failure_ ABSL_GUARDED_BY(mu_);
 
   std::thread thread_;

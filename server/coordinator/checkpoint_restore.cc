@@ -1,6 +1,7 @@
 // --restore: the checkpoint and its chain checked at start, the rows
 // restored on every shard server once the first map is on all of them, the
-// workers' resume state. Also the refusal to overwrite checkpoints.
+// workers' resume state. Also the refusal to overwrite checkpoints, and the
+// listing.
 #include <algorithm>
 #include <filesystem>
 #include <system_error>
@@ -69,19 +70,26 @@ absl::Status CheckpointOrchestrator::Start() {
         "--restore=", options_.restore, " needs the job (--job=FILE): ",
         job.status().message()));
   }
-  ASSIGN_OR_RETURN(Restore restore, ResolveRestore(*job));
+  std::vector<uint64_t> skipped;
+  ASSIGN_OR_RETURN(Restore restore, ResolveRestore(*job, std::nullopt, &skipped));
   const v1::CheckpointManifest& m = restore.manifest;
   LogInfo("restoring step ", m.step(), " from ", absl::StrJoin(restore.chain, ", "),
           " (", m.files_size(), " row files saved by ", m.shard_map().servers_size(),
           " shard servers; ", m.workers_size(), " workers)");
   absl::MutexLock lock(&mu_);
+  damaged_steps_.insert(skipped.begin(), skipped.end());
+  AdoptRestore(std::move(restore));
+  restore_queued_ = true;
+  return absl::OkStatus();
+}
+
+void CheckpointOrchestrator::AdoptRestore(Restore restore) {
+  const v1::CheckpointManifest& m = restore.manifest;
   base_step_ = m.step();
   full_step_ = m.kind() == v1::CHECKPOINT_KIND_INCREMENTAL ? m.full_step() : m.step();
   increments_ = static_cast<int>(restore.chain.size()) - 1;
   last_complete_step_ = m.step();
   restore_ = std::move(restore);
-  restore_queued_ = true;
-  return absl::OkStatus();
 }
 
 absl::Status CheckpointOrchestrator::CheckNoCheckpoints(const v1::JobConfig& job) {
@@ -110,9 +118,9 @@ absl::Status CheckpointOrchestrator::CheckNoCheckpoints(const v1::JobConfig& job
 }
 
 absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveRestore(
-    const v1::JobConfig& job) const {
+    const v1::JobConfig& job, std::optional<uint64_t> below,
+    std::vector<uint64_t>* skipped_steps) const {
   const std::string& spec = options_.restore;
-  Restore restore;
   auto error = [&](const absl::Status& s) {
     return absl::Status(s.code(), absl::StrCat("--restore=", spec, ": ", s.message()));
   };
@@ -129,46 +137,82 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveR
     if (!parsed.ok()) return error(parsed.status());
     ref = *std::move(parsed);
   }
+  bool damaged = false;
+  if (ref.step.has_value()) {
+    // The step asked for, or nothing: no fallback to another one.
+    absl::StatusOr<Restore> restore = CheckRestore(job, ref, &damaged);
+    if (!restore.ok()) return error(restore.status());
+    return restore;
+  }
+  // The newest intact checkpoint (below `below`): a damaged newer one is
+  // skipped, saying why, as long as an older one restores.
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(ref.root);
+  if (!list.ok()) return error(list.status());
+  if (list->empty()) {
+    return error(absl::NotFoundError(absl::StrCat(
+        "no complete checkpoint under ", ref.root,
+        " (a directory without a valid MANIFEST is not one)")));
+  }
+  std::vector<std::string> skipped;
+  for (auto it = list->rbegin(); it != list->rend(); ++it) {
+    if (below.has_value() && it->step >= *below) continue;
+    absl::StatusOr<Restore> restore = CheckRestore(job, {ref.root, it->step}, &damaged);
+    if (restore.ok()) return restore;
+    if (!damaged) return error(restore.status());
+    LogWarning("--restore=", spec, ": skipping the checkpoint at step ", it->step, " (",
+               it->dir, "): ", restore.status().message(), "; trying an older one");
+    skipped.push_back(absl::StrCat("step ", it->step, ": ", restore.status().message()));
+    if (skipped_steps != nullptr) skipped_steps->push_back(it->step);
+  }
+  return error(absl::DataLossError(absl::StrCat(
+      "no intact checkpoint under ", ref.root,
+      below.has_value() ? absl::StrCat(" older than step ", *below) : "",
+      skipped.empty() ? "" : absl::StrCat(" (", absl::StrJoin(skipped, "; "), ")"))));
+}
+
+absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::CheckRestore(
+    const v1::JobConfig& job, const ckpt::CheckpointRef& ref, bool* damaged) const {
+  Restore restore;
   restore.root = ref.root;
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> resolved = ckpt::ResolveChain(ref);
-  if (!resolved.ok()) return error(resolved.status());
+  // A broken chain or a damaged dense state is the checkpoint's fault (an
+  // older one may do); another job or world size is the run's.
+  *damaged = true;
+  ASSIGN_OR_RETURN(const std::vector<ckpt::CheckpointInfo> resolved, ckpt::ResolveChain(ref));
   const std::string digest = ckpt::JobConfigDigest(job);
-  std::vector<const ckpt::CheckpointInfo*> chain;
-  for (const ckpt::CheckpointInfo& c : *resolved) chain.push_back(&c);
-  const ckpt::CheckpointInfo* target = chain.back();
+  const ckpt::CheckpointInfo* target = &resolved.back();
   // The newest first: the checkpoint asked for is the one to name.
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    const ckpt::CheckpointInfo* c = *it;
-    if (c->manifest.job_config_digest() != digest) {
-      return error(absl::FailedPreconditionError(absl::StrCat(
-          JoinPath(c->dir, ckpt::kManifestName), " was written by another job (config digest ",
-          c->manifest.job_config_digest(), ", this job's is ", digest,
-          "): the tables, model or data differ; restore it with the job that wrote it")));
+  for (auto it = resolved.rbegin(); it != resolved.rend(); ++it) {
+    if (it->manifest.job_config_digest() != digest) {
+      *damaged = false;
+      return absl::FailedPreconditionError(absl::StrCat(
+          JoinPath(it->dir, ckpt::kManifestName), " was written by another job (config digest ",
+          it->manifest.job_config_digest(), ", this job's is ", digest,
+          "): the tables, model or data differ; restore it with the job that wrote it"));
     }
   }
-  restore.chain = ckpt::ChainDirs(*resolved);
+  restore.chain = ckpt::ChainDirs(resolved);
   restore.manifest = target->manifest;
   const v1::CheckpointManifest& m = restore.manifest;
   if (world_size_ > 0 && m.workers_size() > 0 && m.workers_size() != world_size_) {
-    return error(absl::FailedPreconditionError(absl::StrCat(
+    *damaged = false;
+    return absl::FailedPreconditionError(absl::StrCat(
         JoinPath(target->dir, ckpt::kManifestName), " holds the data positions of ",
         m.workers_size(), " workers; this job runs ", world_size_,
-        " (--world_size): resume with the same number of workers")));
+        " (--world_size): resume with the same number of workers"));
   }
   if (m.has_dense() && !m.dense().name().empty()) {
     const std::string path = JoinPath(target->dir, m.dense().name());
-    absl::StatusOr<std::string> bytes = ckpt::ReadSmallFile(path, kMaxDenseBytes);
-    if (!bytes.ok()) return error(bytes.status());
-    if (bytes->size() != m.dense().size_bytes()) {
-      return error(absl::DataLossError(absl::StrCat(
-          path, " has ", bytes->size(), " bytes, its manifest says ",
-          m.dense().size_bytes(), ": the file is truncated or damaged")));
+    ASSIGN_OR_RETURN(std::string bytes, ckpt::ReadSmallFile(path, kMaxDenseBytes));
+    if (bytes.size() != m.dense().size_bytes()) {
+      return absl::DataLossError(absl::StrCat(
+          path, " has ", bytes.size(), " bytes, its manifest says ",
+          m.dense().size_bytes(), ": the file is truncated or damaged"));
     }
-    if (ckpt::Crc32cExtend(0, bytes->data(), bytes->size()) != m.dense().crc32c()) {
-      return error(absl::DataLossError(
-          absl::StrCat(path, ": CRC-32C mismatch, the file is damaged")));
+    if (ckpt::Crc32cExtend(0, bytes.data(), bytes.size()) != m.dense().crc32c()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": CRC-32C mismatch, the file is damaged"));
     }
-    restore.dense_state = *std::move(bytes);
+    restore.dense_state = std::move(bytes);
   }
   return restore;
 }
@@ -228,42 +272,75 @@ void CheckpointOrchestrator::RunRestore() {
   const bool restored_before = store_->Get(kRestoredKey).ok();
   absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
   if (!job.ok()) return fail(job.status());
-  v1::RestoreRowsRequest request;
-  for (const std::string& dir : chain) request.add_checkpoint_dirs(dir);
-  request.set_expected_digest(ckpt::JobConfigDigest(*job));
-  request.set_step(step);
-  const int n = map.servers_size();
-  std::vector<absl::StatusOr<v1::RestoreRowsResponse>> results(
-      n, absl::UnknownError("not called"));
-  {
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        results[i] = rpc_->RestoreRows(map.servers(i), request, options_.restore_timeout);
-      });
-    }
-    for (std::thread& t : threads) t.join();
-  }
-  std::vector<std::string> errors;
+  // --restore without a step may fall back to an older checkpoint when the
+  // servers find this one damaged; not after a restore by an earlier
+  // process of this coordinator (its servers hold that step's rows).
+  absl::StatusOr<ckpt::CheckpointRef> ref = ckpt::ParseCheckpointRef(options_.restore);
+  const bool may_fall_back =
+      !restored_before && (options_.restore == "latest" || (ref.ok() && !ref->step.has_value()));
   int64_t rows = 0;
-  for (int i = 0; i < n; ++i) {
-    if (results[i].ok()) {
-      rows += results[i]->rows();
-    } else if (restored_before && absl::IsFailedPrecondition(results[i].status())) {
-      LogInfo("shard server ", map.servers(i), " keeps its rows (",
-              results[i].status().message(),
-              "): this coordinator restarted after the restore");
-    } else {
-      errors.push_back(absl::StrCat("shard server ", map.servers(i), ": ",
-                                    results[i].status().message()));
+  while (true) {
+    v1::RestoreRowsRequest request;
+    for (const std::string& dir : chain) request.add_checkpoint_dirs(dir);
+    request.set_expected_digest(ckpt::JobConfigDigest(*job));
+    request.set_step(step);
+    const int n = map.servers_size();
+    std::vector<absl::StatusOr<v1::RestoreRowsResponse>> results(
+        n, absl::UnknownError("not called"));
+    {
+      std::vector<std::thread> threads;
+      for (int i = 0; i < n; ++i) {
+        threads.emplace_back([&, i] {
+          results[i] = rpc_->RestoreRows(map.servers(i), request, options_.restore_timeout);
+        });
+      }
+      for (std::thread& t : threads) t.join();
     }
-  }
-  if (!errors.empty()) {
+    std::vector<std::string> errors;
+    // Every server checks every file of the chain before it imports a row:
+    // when all of them refused a damaged or missing file, all are still
+    // empty and an older checkpoint can be restored instead.
+    bool damaged = may_fall_back;
+    rows = 0;
+    for (int i = 0; i < n; ++i) {
+      if (results[i].ok()) {
+        rows += results[i]->rows();
+        damaged = false;
+      } else if (restored_before && absl::IsFailedPrecondition(results[i].status())) {
+        LogInfo("shard server ", map.servers(i), " keeps its rows (",
+                results[i].status().message(),
+                "): this coordinator restarted after the restore");
+        damaged = false;
+      } else {
+        errors.push_back(absl::StrCat("shard server ", map.servers(i), ": ",
+                                      results[i].status().message()));
+        damaged = damaged && (absl::IsDataLoss(results[i].status()) ||
+                              absl::IsNotFound(results[i].status()));
+      }
+    }
+    if (errors.empty()) break;
     absl::StatusCode code = absl::StatusCode::kUnavailable;
     for (int i = 0; i < n; ++i) {
       if (!results[i].ok()) code = results[i].status().code();
     }
-    return fail(absl::Status(code, absl::StrJoin(errors, "; ")));
+    const absl::Status failure(code, absl::StrJoin(errors, "; "));
+    if (!damaged) return fail(failure);
+    std::vector<uint64_t> skipped = {step};
+    absl::StatusOr<Restore> older = ResolveRestore(*job, step, &skipped);
+    if (!older.ok()) {
+      return fail(absl::Status(code, absl::StrCat(failure.message(), "; and ",
+                                                  older.status().message())));
+    }
+    LogWarning("skipping the checkpoint at step ", step, " (", chain.back(),
+               "): the shard servers refused it: ", failure.message(),
+               "; restoring the newest intact older one, step ", older->manifest.step(),
+               " (", older->chain.back(), ")");
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    damaged_steps_.insert(skipped.begin(), skipped.end());
+    chain = older->chain;
+    step = older->manifest.step();
+    AdoptRestore(*std::move(older));
   }
   if (absl::Status s = store_->Put(kRestoredKey, absl::StrCat(step)); !s.ok()) {
     return fail(s);
@@ -271,7 +348,8 @@ void CheckpointOrchestrator::RunRestore() {
   absl::StatusOr<v1::JobConfig> current = coordinator_->GetJob();
   const bool same_root =
       current.ok() && SameDir(root, current->training().checkpoint().dir());
-  LogInfo("restored step ", step, ": ", rows, " rows onto ", n, " shard server(s)");
+  LogInfo("restored step ", step, ": ", rows, " rows onto ", map.servers_size(),
+          " shard server(s)");
   absl::MutexLock lock(&mu_);
   restored_ = true;
   // Increments chain to the restored checkpoint only within the same root.
@@ -304,6 +382,55 @@ absl::StatusOr<v1::GetResumeStateResponse> CheckpointOrchestrator::ResumeState(
     // No position saved: skip the batches of the steps completed.
     response.mutable_position()->set_rank(rank);
     response.mutable_position()->set_batches_read(static_cast<int64_t>(m.step()));
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ListCheckpointsResponse> CheckpointOrchestrator::List() const {
+  v1::ListCheckpointsResponse response;
+  absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
+  if (!job.ok()) return job.status();
+  const std::string root = job->training().checkpoint().dir();
+  response.set_root(root);
+  {
+    absl::MutexLock lock(&mu_);
+    response.set_last_error(last_error_);
+    if (restore_.has_value()) response.set_restored_step(restore_->manifest.step());
+    if (progress_.has_value()) {
+      v1::CheckpointProgress* p = response.mutable_in_progress();
+      p->set_step(progress_->step);
+      p->set_rows_written(progress_->rows_written);
+      p->set_rows_total(progress_->rows_total);
+      p->set_files_done(progress_->files_done);
+      p->set_files_total(progress_->files_total);
+      p->set_started_unix_ms(absl::ToUnixMillis(progress_->started));
+    }
+  }
+  if (root.empty()) return response;
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
+  if (absl::IsNotFound(list.status())) return response;  // none written yet
+  if (!list.ok()) return list.status();
+  for (const ckpt::CheckpointInfo& info : *list) {
+    v1::CheckpointSummary* s = response.add_checkpoints();
+    const v1::CheckpointManifest& m = info.manifest;
+    s->set_step(info.step);
+    s->set_kind(m.kind());
+    s->set_base_step(m.base_step());
+    int64_t size = static_cast<int64_t>(m.dense().size_bytes());
+    int64_t rows = 0;
+    for (const v1::CheckpointFile& f : m.files()) {
+      size += static_cast<int64_t>(f.size_bytes());
+      rows += f.rows();
+    }
+    std::error_code ec;
+    const uintmax_t manifest_bytes =
+        fs::file_size(JoinPath(info.dir, ckpt::kManifestName), ec);
+    if (!ec) size += static_cast<int64_t>(manifest_bytes);
+    s->set_size_bytes(size);
+    s->set_rows(rows);
+    s->set_created_unix_ms(m.created_unix_ms());
+    s->set_dir(info.dir);
+    s->set_reason(m.reason());
   }
   return response;
 }

@@ -325,6 +325,7 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
   if (!info.ok()) {
     save->state = v1::SaveRowsStatusResponse::FAILED;
     save->error = std::string(info.status().message());
+    save->error_code = info.status().code();
     LogWarning("checkpoint at step ", request.step(), " failed: ",
                save->error);
     return;
@@ -358,6 +359,7 @@ absl::Status ShardServer::SaveRowsStatus(
   const SaveState& s = *it->second;
   response->set_state(s.state);
   response->set_error(s.error);
+  response->set_error_code(static_cast<int32_t>(s.error_code));
   if (s.state == v1::SaveRowsStatusResponse::DONE) *response->mutable_file() = s.file;
   response->set_rows_written(s.rows_written.load(std::memory_order_relaxed));
   response->set_rows_total(s.rows_total);

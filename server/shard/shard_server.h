@@ -328,6 +328,7 @@ class ShardServer {
     v1::SaveRowsStatusResponse::State state =
         v1::SaveRowsStatusResponse::WRITING;
     std::string error;
+    absl::StatusCode error_code = absl::StatusCode::kOk;  // FAILED: the code
     v1::CheckpointFile file;
     int64_t rows_total = 0;
     std::atomic<int64_t> rows_written{0};

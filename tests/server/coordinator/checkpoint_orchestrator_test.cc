@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,9 @@ class FakeShards : public ShardCheckpointRpc {
       r.set_state(failed_writes.count(address) ? v1::SaveRowsStatusResponse::FAILED
                                                : v1::SaveRowsStatusResponse::DONE);
       r.set_error("cannot write " + save.path() + ": No space left on device");
+      if (failed_writes.count(address)) {
+        r.set_error_code(static_cast<int32_t>(absl::StatusCode::kResourceExhausted));
+      }
       r.mutable_file()->set_name(std::filesystem::path(save.path()).filename());
       r.mutable_file()->set_size_bytes(100);
       r.mutable_file()->set_rows(5);
@@ -72,6 +76,9 @@ class FakeShards : public ShardCheckpointRpc {
     absl::MutexLock lock(&mu);
     restores.push_back({address, request});
     if (refuse_restore) return absl::FailedPreconditionError("the store holds rows");
+    if (damaged_steps.count(request.step())) {
+      return absl::DataLossError("row file shard-00000.sst: CRC-32C mismatch");
+    }
     v1::RestoreRowsResponse r;
     r.set_rows(7);
     return r;
@@ -88,6 +95,7 @@ class FakeShards : public ShardCheckpointRpc {
   std::map<std::string, bool> failed_writes;
   bool refuse_incremental = false;
   bool refuse_restore = false;
+  std::set<uint64_t> damaged_steps;  // RestoreRows of these: DATA_LOSS
 };
 
 v1::JobConfig Job(const std::string& checkpoint_dir) {
@@ -385,10 +393,16 @@ TEST_F(CheckpointOrchestratorTest, FailedWriteLeavesNoManifestAndKeepsThePreviou
   ASSERT_TRUE(CutAll(*c, 10).ok());
   shards_->failed_writes["10.0.0.2:1"] = true;
   absl::StatusOr<v1::CheckpointCutResponse> r = CutAll(*c, 20);
-  EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  // The server's code, not DATA_LOSS: nothing was damaged, the disk is full.
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("10.0.0.2:1"));
   EXPECT_THAT(r.status().message(), HasSubstr("No space left"));
+  EXPECT_THAT(r.status().message(), HasSubstr("partial files were removed"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("the newest complete checkpoint stays: step 10"));
   EXPECT_FALSE(ckpt::ReadManifest(root_ + "/" + ckpt::CheckpointDirName(20)).ok());
+  // Its partial files would keep a full disk full.
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/" + ckpt::CheckpointDirName(20)));
   auto list = c->checkpoints().List();
   ASSERT_TRUE(list.ok());
   ASSERT_EQ(list->checkpoints_size(), 1);
@@ -550,10 +564,62 @@ TEST_F(CheckpointOrchestratorTest, RestoreAtStepAndRefusals) {
     ASSERT_NE(f, nullptr);
     std::fputc('X', f);
     std::fclose(f);
-    auto c = Open(Job(root_), "latest", false);
+    auto c = Open(Job(root_), root_ + "@20", false);
     absl::Status s = c->checkpoints().Start();
     EXPECT_TRUE(absl::IsDataLoss(s)) << s;
     EXPECT_THAT(s.message(), HasSubstr("step-000000000020/dense.pb"));
+  }
+  std::filesystem::remove_all(dir_.path() + "/state");
+  {
+    // Without a step, the newest intact one is restored instead.
+    auto c = Open(Job(root_), "latest");
+    ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+    auto r = c->checkpoints().ResumeState(0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), 10u);
+  }
+}
+
+TEST_F(CheckpointOrchestratorTest, RowFilesRefusedAsDamagedFallBackToAnOlderCheckpoint) {
+  {
+    auto c = Open(Job(root_));
+    for (uint64_t step : {10, 20}) ASSERT_TRUE(CutAll(*c, step).ok());
+  }
+  std::filesystem::remove_all(dir_.path() + "/state");
+  shards_->damaged_steps = {20};
+  {
+    auto c = Open(Job(root_), "latest");
+    ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+    auto r = c->checkpoints().ResumeState(0);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->step(), 10u);
+    EXPECT_EQ(r->dense_state(), "dense-10");
+    EXPECT_EQ(c->checkpoints().List()->restored_step(), 10u);
+    // Training on from step 10 writes step 20 anew (not "complete already").
+    const size_t saves = [&] {
+      absl::MutexLock lock(&shards_->mu);
+      return shards_->saves.size();
+    }();
+    ASSERT_TRUE(CutAll(*c, 20).ok());
+    absl::MutexLock lock(&shards_->mu);
+    EXPECT_EQ(shards_->saves.size(), saves + 2);
+  }
+  std::filesystem::remove_all(dir_.path() + "/state");
+  {
+    // A step asked for is that step or nothing.
+    auto c = Open(Job(root_), root_ + "@20");
+    ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+    auto r = c->checkpoints().ResumeState(0);
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+  }
+  std::filesystem::remove_all(dir_.path() + "/state");
+  shards_->damaged_steps = {10, 20};
+  {
+    auto c = Open(Job(root_), "latest");
+    ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+    auto r = c->checkpoints().ResumeState(0);
+    EXPECT_TRUE(absl::IsDataLoss(r.status())) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("no intact checkpoint"));
   }
 }
 
