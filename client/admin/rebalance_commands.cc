@@ -196,12 +196,27 @@ int RunRebalance(const RebalanceCommandOptions& options, std::ostream& out,
   if (!options.json) out << "applying rebalance " << id << ": " << started->moves() << " move(s)\n" << std::flush;
   const absl::Time deadline = absl::Now() + options.wait_timeout;
   v1::ListRebalanceMovesResponse list;
+  // A coordinator that stops answering is reported, not waited out: each
+  // ListMoves already retries an unreachable coordinator for rpc_timeout
+  // (30 s by default, enough for a restart on its state dir), so one that
+  // has not answered for that long is lost. Before, failed polls were
+  // skipped silently and the bar sat at 0% until --timeout (1 h).
+  absl::Time last_answer = absl::Now();
   while (true) {
     absl::StatusOr<v1::ListRebalanceMovesResponse> l = client.ListMoves();
     if (l.ok()) {
+      last_answer = absl::Now();
       list = *std::move(l);
       if (options.progress && list.running() == id) Progress(list, err);
       if (list.running() != id) break;
+    } else if (absl::Now() - last_answer >= options.rpc_timeout) {
+      if (options.progress) err << "\n";
+      err << "recpsctl: lost the coordinator while rebalance " << id
+          << " ran: " << l.status().message() << " (no answer for "
+          << absl::FormatDuration(absl::Now() - last_answer)
+          << "). A coordinator restarted on its state dir resolves the moves "
+             "it finds in flight: `recpsctl moves` shows the outcome\n";
+      return 1;
     }
     if (absl::Now() > deadline) {
       if (options.progress) err << "\n";

@@ -580,5 +580,17 @@ int Main(int argc, char** argv) {
 }  // namespace recps::client::admin
 
 int main(int argc, char** argv) {
-  return recps::client::admin::Main(argc, argv);
+  const int code = recps::client::admin::Main(argc, argv);
+  // Leave without atexit handlers and static destructors. gRPC's threads
+  // outlive our channels and may still be at work: with TLS and a
+  // coordinator that never answered, the channel's re-resolution (gRPC
+  // waits 30 s between resolutions) created a subchannel, and with it a
+  // TLS handshaker that reads the key through OpenSSL, just as exit() ran
+  // OpenSSL's cleanup: SIGSEGV (exit 139) after the error was printed, in
+  // most runs with the default 30 s timeout (issue 33; found under ASan).
+  // Everything this process writes is done by now, save stdio's buffers.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  std::_Exit(code);
 }
