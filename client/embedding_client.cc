@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/in_process_shard.h"
 #include "client/routed_batch.h"
@@ -346,6 +347,31 @@ absl::Status EmbeddingClient::LostStatus() const {
   return lost_;
 }
 
+uint64_t EmbeddingClient::KnownIncarnation(const std::string& address) const {
+  absl::MutexLock lock(&incarnation_mu_);
+  const auto it = incarnations_.find(address);
+  return it == incarnations_.end() ? 0 : it->second;
+}
+
+absl::Status EmbeddingClient::NoteRefusedIncarnation(const std::string& address,
+                                                     uint64_t known,
+                                                     const std::string& why) {
+  absl::MutexLock lock(&incarnation_mu_);
+  if (!lost_.ok()) return lost_;
+  // `why`, the server's refusal, names both incarnations (ShardServer::
+  // CheckHeader); `known` only in case a message does not.
+  const std::string known_hex = absl::StrCat(absl::Hex(known, absl::kZeroPad16));
+  lost_ = absl::DataLossError(absl::StrCat(
+      "shard server ", address, " restarted: ",
+      absl::StrContains(why, known_hex)
+          ? ""
+          : absl::StrCat("its incarnation was ", known_hex, "; "),
+      why,
+      ". This client fails every later call. Restore the job from a "
+      "checkpoint to continue"));
+  return lost_;
+}
+
 absl::Status EmbeddingClient::Lookup(int64_t step,
                                      absl::Span<const LookupSpec> batch) {
   return LookupImpl(step, batch, /*updated_only=*/false);
@@ -420,6 +446,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     uint64_t part = 0;      // push part id (Rpc::kParts)
     absl::Status consumed;  // Rpc::Consume's verdict on an OK response
     uint64_t incarnation = 0;  // of the server that answered (0: unknown)
+    // The incarnation the request named (RequestHeader.incarnation; 0: none).
+    uint64_t sent_incarnation = 0;
   };
   // A server's requests of the round: `parts` near-equal parts of its
   // `count` ids.
@@ -484,6 +512,11 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
         header->set_shard_map_epoch(map->epoch());
         header->set_step(step);
         header->set_worker_rank(options_.worker_rank);
+        // A restarted server refuses this at once with DATA_LOSS; without it
+        // a sync-mode lookup would wait there for a step its fresh clock
+        // never reaches (until the step timeout).
+        call->sent_incarnation = KnownIncarnation(*call->address);
+        header->set_incarnation(call->sent_incarnation);
         if (Rpc::kParts) {
           const auto unsure = unsure_parts.find(*call->address);
           call->part = unsure != unsure_parts.end()
@@ -588,6 +621,13 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
           }
           break;
         case internal::CallVerdict::kFail:
+          // The server's own incarnation check (RequestHeader.incarnation):
+          // it is a new process at this address. Fails every later call too.
+          if (c.sent_incarnation != 0 &&
+              c.status.error_code() == grpc::StatusCode::DATA_LOSS) {
+            NoteRefusedIncarnation(*c.address, c.sent_incarnation,
+                                   c.status.error_message());
+          }
           failed = true;
           break;
       }
@@ -599,7 +639,10 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
         }
       }
     }
-    if (failed) return retry.error();
+    if (failed) {
+      absl::Status lost = LostStatus();
+      return lost.ok() ? retry.error() : lost;
+    }
     if (!again) return absl::OkStatus();
     RETURN_IF_ERROR(retry.BeforeNextRound(
         map->epoch(), [this](uint64_t wanted) { return RefreshMap(wanted); }));

@@ -164,8 +164,10 @@ class EmbeddingClient {
   // accepted the push.
   //
   // Both fail with DATA_LOSS, in every consistency mode, once a server the
-  // client has used answers with a new incarnation (it restarted and lost
-  // its rows); the message names the server and both incarnations.
+  // client has used answers with a new incarnation or refuses the one the
+  // request named (it restarted and lost its rows; the refusal comes at
+  // once, before any wait for a step); the message names the server and
+  // both incarnations.
   absl::Status PushGradients(int64_t step, absl::Span<const PushSpec> batch);
 
   // Epoch of the shard map the client routes by now.
@@ -200,6 +202,15 @@ class EmbeddingClient {
                                 uint64_t incarnation);
   // OK, or the DATA_LOSS that CheckIncarnation found.
   absl::Status LostStatus() const;
+  // The incarnation `address` answered with so far (0: none yet): every
+  // request names it (RequestHeader.incarnation), so that a restarted
+  // server refuses with DATA_LOSS at once instead of parking a lookup for
+  // a step its fresh clock never reaches.
+  uint64_t KnownIncarnation(const std::string& address) const;
+  // Records the DATA_LOSS of a server that refused the incarnation a
+  // request named (`why`: its message); later calls fail with it too.
+  absl::Status NoteRefusedIncarnation(const std::string& address,
+                                      uint64_t known, const std::string& why);
 
   absl::Status LookupImpl(int64_t step, absl::Span<const LookupSpec> batch,
                           bool updated_only);

@@ -177,6 +177,19 @@ ShardServer::MapView ShardServer::CurrentMap() const {
 
 absl::Status ShardServer::CheckHeader(const v1::RequestHeader& header,
                                       const MapView& view) const {
+  // First: a caller that knew another process at this address must learn
+  // that its rows are gone now, not after a wait for a map (UNAVAILABLE,
+  // retried) or for a step this fresh clock never saw (parked until the
+  // step timeout, or refused as ahead of the sync window).
+  if (header.incarnation() != 0 && header.incarnation() != incarnation_) {
+    return absl::DataLossError(absl::StrCat(
+        "the request names incarnation ",
+        absl::Hex(header.incarnation(), absl::kZeroPad16),
+        ", this server process is incarnation ",
+        absl::Hex(incarnation_, absl::kZeroPad16),
+        ": the rows the old process held were lost (this one serves "
+        "freshly initialised rows)"));
+  }
   const uint64_t epoch = view->map.epoch();
   if (view->self < 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -226,6 +226,8 @@ class ShardServer {
   };
   using MapView = std::shared_ptr<const Routing>;
   MapView CurrentMap() const;
+  // DATA_LOSS for a header that names another incarnation (checked first:
+  // see RequestHeader.incarnation); then the map, the rank and the step.
   absl::Status CheckHeader(const v1::RequestHeader& header,
                            const MapView& view) const;
   absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,

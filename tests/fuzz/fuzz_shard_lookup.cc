@@ -80,7 +80,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   done.WaitForNotification();
   Report("lookup", status);
   if (!status.ok()) {
-    CheckRefusal(status, "lookup");
+    // A header naming another incarnation (a client of a process that was
+    // here before) is refused with DATA_LOSS, before anything else.
+    const uint64_t named = req.header().incarnation();
+    CheckRefusal(status, "lookup", named != 0 && named != srv->incarnation());
     if (StoreDigest(srv->store()) != before) {
       Fail("a refused lookup changed the store: " + status.ToString());
     }

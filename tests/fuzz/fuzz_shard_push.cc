@@ -119,7 +119,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Report("push", status);
   if (response.incarnation() != srv->incarnation()) Fail("push response incarnation");
   if (!status.ok()) {
-    CheckRefusal(status, "push");
+    // A header naming another incarnation (a client of a process that was
+    // here before) is refused with DATA_LOSS, before anything else.
+    const uint64_t named = req.header().incarnation();
+    CheckRefusal(status, "push", named != 0 && named != srv->incarnation());
     if (StoreDigest(srv->store()) != before) {
       Fail("a refused push changed the store: " + status.ToString());
     }
