@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/imbalance.h"
 
 namespace recps::client::admin {
 namespace {
@@ -155,17 +156,6 @@ v1::LatencySummary SummarizeRpc(const v1::RpcStats* before,
   return out;
 }
 
-double Imbalance(const std::vector<double>& values) {
-  if (values.empty()) return 0;
-  double sum = 0, max = 0;
-  for (double v : values) {
-    sum += v;
-    max = std::max(max, v);
-  }
-  const double mean = sum / static_cast<double>(values.size());
-  return mean > 0 ? max / mean : 0;
-}
-
 std::string SlotRanges(const std::vector<uint32_t>& slots) {
   std::vector<std::string> parts;
   for (size_t i = 0; i < slots.size();) {
@@ -256,8 +246,8 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
       lookup_rates.push_back(s->lookup_ids_per_second());
     }
   }
-  out.set_rows_imbalance(Imbalance(rows));
-  out.set_lookup_imbalance(Imbalance(lookup_rates));
+  out.set_rows_imbalance(MaxOverMean(rows));
+  out.set_lookup_imbalance(MaxOverMean(lookup_rates));
 
   // Expired members that have no server row (workers, replaced servers).
   for (const v1::Member& m : out.members()) {

@@ -38,8 +38,6 @@ v1::LatencySummary SummarizeRpc(const v1::RpcStats* before,
 double HistogramQuantile(const std::vector<double>& upper_bounds,
                          const std::vector<int64_t>& counts, double q);
 
-// max / mean of `values`; 0 when empty or the mean is 0.
-double Imbalance(const std::vector<double>& values);
 
 // "0-127,256,300-301" for ascending slots.
 std::string SlotRanges(const std::vector<uint32_t>& slots);

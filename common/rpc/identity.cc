@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/identity_name.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
 
@@ -18,16 +19,6 @@ namespace recps::rpc {
 namespace {
 
 constexpr absl::string_view kPrefix = "spiffe://recps/";
-
-bool ValidPart(absl::string_view part) {
-  if (part.empty() || part.size() > 64) return false;
-  for (char c : part) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -75,7 +66,7 @@ absl::StatusOr<PeerIdentity> ParseRecpsUri(absl::string_view uri) {
         "\"", uri, "\": expected spiffe://recps/<cluster>/<role>/<name>"));
   }
   for (absl::string_view p : parts) {
-    if (!ValidPart(p)) {
+    if (!ValidIdentityPart(p)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "\"", uri, "\": part \"", p, "\" must be 1..64 of [A-Za-z0-9._-]"));
     }

@@ -15,21 +15,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/identity_name.h"
 
 namespace recps::security {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool ValidPart(const std::string& part) {
-  if (part.empty() || part.size() > 64) return false;
-  for (char c : part) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                    (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
 
 // Runs openssl with `args` (no shell); its stderr becomes the error.
 absl::Status RunOpenssl(const std::vector<std::string>& args) {
@@ -103,7 +94,7 @@ bool LooksLikeIp(const std::string& host) {
 }
 
 absl::Status CheckOptions(const CertOptions& o) {
-  if (!ValidPart(o.cluster)) {
+  if (!ValidIdentityPart(o.cluster)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cluster=", o.cluster, ": must be 1..64 of [A-Za-z0-9._-]"));
   }
@@ -135,7 +126,7 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
     return absl::InvalidArgumentError(absl::StrCat(
         "--role=", role, ": expected ", absl::StrJoin(kRoles, ", ")));
   }
-  if (!ValidPart(name)) {
+  if (!ValidIdentityPart(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--name=", name, ": must be 1..64 of [A-Za-z0-9._-]"));
   }

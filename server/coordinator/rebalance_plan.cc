@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/imbalance.h"
 #include "common/status_macros.h"
 #include "common/wire/shard_map.h"
 
@@ -33,17 +34,6 @@ struct Totals {
   int64_t bytes = 0;
   double load = 0;
 };
-
-double MaxOverMean(const std::vector<double>& values) {
-  if (values.empty()) return 0;
-  double sum = 0, max = 0;
-  for (double v : values) {
-    sum += v;
-    max = std::max(max, v);
-  }
-  const double mean = sum / static_cast<double>(values.size());
-  return mean > 0 ? max / mean : 0;
-}
 
 v1::ImbalanceFigures Figures(const std::vector<Totals>& totals,
                              const std::vector<bool>& counted) {

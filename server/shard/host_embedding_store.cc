@@ -1,7 +1,7 @@
 // The host-memory EmbeddingStore (see embedding_store.h for the contract).
 //
 // Per table: one arena of fused rows handed out by a bump counter (no
-// allocation per row), and one id -> row index per slot (server/id_index.h).
+// allocation per row), and one id -> row index per slot (server/shard/id_index.h).
 // Slots are grouped into kStripes lock stripes; a batch is bucketed by stripe
 // so each call takes every stripe lock at most once, and stripes run in
 // parallel on the pool. A row is only read or written under its stripe lock,

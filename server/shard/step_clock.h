@@ -1,4 +1,5 @@
-// The shard server's step clock: the consistency model of DESIGN.md.
+// The shard server's step clock: the consistency model of the design
+// notes ("Consistency is a staleness bound"; docs/shard-server.md).
 //
 //  - kSync (staleness 0, BSP): pushes of step t from all W workers are
 //    buffered, summed per id in rank order and applied once; a lookup for

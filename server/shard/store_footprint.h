@@ -18,7 +18,7 @@ int64_t HostRowBytes(kernels::OptimizerKind kind, int dim,
 
 // Memory of the host store's id index, for TableInfo.index_bytes and the
 // sharding planner's estimate (one owner for the formula). Every table keeps
-// one IdIndex (server/id_index.h) and one row counter per slot of the cluster:
+// one IdIndex (server/shard/id_index.h) and one row counter per slot of the cluster:
 // HostIndexBytesPerSlot() each, plus what a slot's map allocates for `rows`
 // rows (HostIndexBytesForRows) or at `capacity` (HostIndexAllocBytes).
 int64_t HostIndexBytesPerSlot();

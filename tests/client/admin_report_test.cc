@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "client/admin/cluster_report.h"
+#include "common/imbalance.h"
 #include "client/admin/report_text.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -108,11 +109,11 @@ TEST(SummarizeRpcTest, SubtractsTheEarlierSample) {
   EXPECT_DOUBLE_EQ(all.p50_ms(), 1.0);
 }
 
-TEST(ImbalanceTest, MaxOverMean) {
-  EXPECT_DOUBLE_EQ(Imbalance({1, 1, 1, 1}), 1.0);
-  EXPECT_DOUBLE_EQ(Imbalance({3, 1}), 1.5);
-  EXPECT_DOUBLE_EQ(Imbalance({0, 0}), 0.0);
-  EXPECT_DOUBLE_EQ(Imbalance({}), 0.0);
+TEST(MaxOverMeanTest, IsTheLargestOverTheMean) {
+  EXPECT_DOUBLE_EQ(MaxOverMean({1, 1, 1, 1}), 1.0);
+  EXPECT_DOUBLE_EQ(MaxOverMean({3, 1}), 1.5);
+  EXPECT_DOUBLE_EQ(MaxOverMean({0, 0}), 0.0);
+  EXPECT_DOUBLE_EQ(MaxOverMean({}), 0.0);
 }
 
 TEST(SlotRangesTest, CollapsesRuns) {

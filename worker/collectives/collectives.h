@@ -1,5 +1,5 @@
 // Collective operations that keep the workers' dense replicas in step (see
-// DESIGN.md, "Dense side is plain data parallel"): Gloo over TCP for CPU
+// the design notes, "Dense side is plain data parallel"): Gloo over TCP for CPU
 // workers (gloo_collectives.h), NCCL for GPU workers (nccl_collectives.h).
 #ifndef RECPS_WORKER_COLLECTIVES_COLLECTIVES_H_
 #define RECPS_WORKER_COLLECTIVES_COLLECTIVES_H_
