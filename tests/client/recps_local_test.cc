@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_util.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -31,12 +32,6 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string Job() { return std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto"; }
-
-std::string ReadAll(const std::string& path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  return text.str();
-}
 
 // The processes whose parent is `parent`, from /proc/*/stat, with their
 // command names (/proc/PID/comm: at most 15 characters).
@@ -47,7 +42,7 @@ std::vector<std::pair<pid_t, std::string>> ChildrenOf(pid_t parent) {
     pid_t pid = 0;
     if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
     // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
-    const std::string stat = ReadAll(entry.path().string() + "/stat");
+    const std::string stat = ::recps::testing::ReadAll(entry.path().string() + "/stat");
     const size_t close = stat.rfind(')');
     if (close == std::string::npos) continue;
     const std::vector<std::string> fields =
@@ -63,7 +58,7 @@ std::vector<std::pair<pid_t, std::string>> ChildrenOf(pid_t parent) {
 // Whether `pid` is gone (or only a zombie waiting for its new parent).
 bool Gone(pid_t pid) {
   if (kill(pid, 0) != 0 && errno == ESRCH) return true;
-  const std::string stat = ReadAll(absl::StrCat("/proc/", pid, "/stat"));
+  const std::string stat = ::recps::testing::ReadAll(absl::StrCat("/proc/", pid, "/stat"));
   const size_t close = stat.rfind(')');
   return close == std::string::npos || stat.substr(close + 2, 1) == "Z";
 }
@@ -88,7 +83,7 @@ class LocalRun {
   }
   pid_t pid() const { return pid_; }
   std::string log() const { return dir_.path() + "/output.log"; }
-  std::string output() const { return ReadAll(log()); }
+  std::string output() const { return ::recps::testing::ReadAll(log()); }
 
   // The exit code (128 + signal if killed), or -1 past `timeout` (then the
   // run is killed).
@@ -116,7 +111,7 @@ class LocalRun {
   // The pid of the line starting with `prefix` in the launcher's pid file
   // (WORK/pids: "<description> <pid>" per child), or -1.
   pid_t PidFromPidFile(const std::string& prefix) const {
-    for (absl::string_view line : absl::StrSplit(ReadAll(dir_.path() + "/work/pids"), '\n')) {
+    for (absl::string_view line : absl::StrSplit(::recps::testing::ReadAll(dir_.path() + "/work/pids"), '\n')) {
       if (!absl::StartsWith(line, prefix)) continue;
       pid_t pid = -1;
       if (absl::SimpleAtoi(line.substr(line.rfind(' ') + 1), &pid)) return pid;
@@ -158,7 +153,7 @@ class RecpsLocalWire : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(RecpsLocalWire, TrainsWithLowerPrecisionOnTheWire) {
   testing::TempDir dir;
-  std::string job = ReadAll(Job());
+  std::string job = ::recps::testing::ReadAll(Job());
   const size_t at = job.find("training {");
   ASSERT_NE(at, std::string::npos);
   job.insert(at + 10, absl::StrCat("\n  wire_precision: ", GetParam()));
@@ -190,7 +185,7 @@ TEST(RecpsLocal, TrainsOnCriteoTsvWithTheJobsFeatureCount) {
   }
   const std::string train = dir.WriteFile("train.tsv", lines);
   const std::string eval = dir.WriteFile("eval.tsv", lines);
-  std::string job = ReadAll(Job());
+  std::string job = ::recps::testing::ReadAll(Job());
   job = job.substr(0, job.find("\ndata {"));
   absl::StrAppend(&job, "\ndata { criteo { train_paths: \"", train, "\" eval_paths: \"", eval,
                   "\" } }\n");
@@ -226,16 +221,16 @@ TEST(RecpsLocal, ShardDeviceReachesTheShardServers) {
   };
   const std::string bad = dir.path() + "/bad.log";
   EXPECT_EQ(run({"--shard_device=gpu"}, bad), 2);
-  EXPECT_THAT(ReadAll(bad), HasSubstr("--shard_device=gpu: expected cpu, cuda or cuda:N"));
+  EXPECT_THAT(::recps::testing::ReadAll(bad), HasSubstr("--shard_device=gpu: expected cpu, cuda or cuda:N"));
   const std::string in_process = dir.path() + "/in_process.log";
   EXPECT_EQ(run({"--shard_device=cuda:0", "--in_process"}, in_process), 2);
-  EXPECT_THAT(ReadAll(in_process), HasSubstr("needs separate shard servers"));
+  EXPECT_THAT(::recps::testing::ReadAll(in_process), HasSubstr("needs separate shard servers"));
   absl::StatusOr<int> gpus = kernels::CudaDeviceCount();
   if (!gpus.ok() || *gpus > 0) return;  // the GPU store may start here
   const std::string cuda = dir.path() + "/cuda.log";
   EXPECT_NE(run({"--shard_device=cuda:0"}, cuda), 0);
-  EXPECT_THAT(ReadAll(cuda), HasSubstr("recps-shard exited during start-up"));
-  EXPECT_THAT(ReadAll(cuda), HasSubstr("device cuda:0"));
+  EXPECT_THAT(::recps::testing::ReadAll(cuda), HasSubstr("recps-shard exited during start-up"));
+  EXPECT_THAT(::recps::testing::ReadAll(cuda), HasSubstr("device cuda:0"));
 }
 
 // A hand-started cluster rides out a coordinator restart; so does

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/admin.pb.h"
 #include "recps/v1/coordinator.pb.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -38,13 +39,6 @@ struct Output {
   std::string err;
 };
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 Output RunCtl(const TempDir& dir, const std::vector<std::string>& args) {
   std::vector<std::string> quoted;
   for (const std::string& a : args) quoted.push_back("'" + a + "'");
@@ -56,8 +50,8 @@ Output RunCtl(const TempDir& dir, const std::vector<std::string>& args) {
   absl::StatusOr<int> code = testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(60));
   EXPECT_TRUE(code.ok()) << code.status();
   result.code = code.ok() ? *code : -1;
-  result.out = Slurp(out);
-  result.err = Slurp(err);
+  result.out = ::recps::testing::ReadAll(out);
+  result.err = ::recps::testing::ReadAll(err);
   return result;
 }
 

@@ -25,6 +25,7 @@
 #include "recps/v1/coordinator.grpc.pb.h"
 #include "recps/v1/plan.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -44,13 +45,6 @@ struct Output {
   std::string out;
   std::string err;
 };
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::string Quote(const std::string& s) { return "'" + s + "'"; }
 
@@ -78,8 +72,8 @@ Output RunCtl(const TempDir& dir, const std::vector<std::string>& args,
       testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(60));
   EXPECT_TRUE(code.ok()) << code.status();
   result.code = code.ok() ? *code : -1;
-  result.out = Slurp(out);
-  result.err = Slurp(err);
+  result.out = ::recps::testing::ReadAll(out);
+  result.err = ::recps::testing::ReadAll(err);
   return result;
 }
 
@@ -417,7 +411,7 @@ TEST(RecpsctlRestartTest, ACoordinatorBackFromACrashIsReachedAtOnce) {
   const absl::Time serving = absl::Now();
   absl::StatusOr<int> code = ctl->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << Slurp(dir.path() + "/recpsctl.log");
+  EXPECT_EQ(*code, 0) << ::recps::testing::ReadAll(dir.path() + "/recpsctl.log");
   // Its retries are at most 1 s apart; before the fix this was 4-5 s.
   EXPECT_LT(absl::Now() - serving, absl::Seconds(2.5));
 }

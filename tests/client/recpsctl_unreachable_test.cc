@@ -22,6 +22,7 @@
 #include "client/launcher/process.h"
 #include "common/security/certs.h"
 #include "gtest/gtest.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -29,13 +30,6 @@ namespace {
 
 using testing::LocalShard;
 using testing::TempDir;
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // A TCP port on 127.0.0.1 that accepts connections (the kernel completes
 // them) but never reads or answers: a hung or firewalled coordinator. A
@@ -105,8 +99,8 @@ void ExpectCleanError(RecpsctlUnreachableTest::Run& run, const std::string& coor
                       absl::Duration timeout) {
   ASSERT_TRUE(run.process.ok());
   absl::StatusOr<int> code = run.process->Wait(timeout);
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Slurp(run.log);
-  const std::string log = Slurp(run.log);
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << ::recps::testing::ReadAll(run.log);
+  const std::string log = ::recps::testing::ReadAll(run.log);
   EXPECT_EQ(*code, 1) << (*code > 128 ? "killed by a signal\n" : "") << log;
   EXPECT_TRUE(absl::StrContains(log, "recpsctl: coordinator " + coordinator)) << log;
 }
@@ -201,14 +195,14 @@ TEST_F(RecpsctlUnreachableTest, RebalanceApplyReportsACoordinatorThatDied) {
                    "--max_bytes_per_second=10000", "--timeout=8s"});
   ASSERT_TRUE(run.process.ok());
   ASSERT_TRUE(testing::Eventually(
-      [&] { return absl::StrContains(Slurp(run.log), "applying rebalance"); },
+      [&] { return absl::StrContains(::recps::testing::ReadAll(run.log), "applying rebalance"); },
       absl::Seconds(20)))
-      << Slurp(run.log);
+      << ::recps::testing::ReadAll(run.log);
   (*coordinator)->Kill();
   const absl::Time killed = absl::Now();
   absl::StatusOr<int> code = run.process->Wait(absl::Seconds(60));
-  ASSERT_TRUE(code.ok()) << code.status() << "\n" << Slurp(run.log);
-  const std::string log = Slurp(run.log);
+  ASSERT_TRUE(code.ok()) << code.status() << "\n" << ::recps::testing::ReadAll(run.log);
+  const std::string log = ::recps::testing::ReadAll(run.log);
   EXPECT_EQ(*code, 1) << log;
   EXPECT_TRUE(absl::StrContains(log, "lost the coordinator while rebalance")) << log;
   EXPECT_TRUE(absl::StrContains(log, address)) << log;

@@ -163,9 +163,9 @@ TEST_F(InsiderProcessTest, AnotherClustersCertificatesAreRefused) {
   // Plain gRPC TLS credentials: they do not check the server's cluster, so
   // the call reaches the server's own check.
   grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = Slurp(Ca() + "/ca.crt");
-  ssl.pem_private_key = Slurp(Ca() + "/other-admin.key");
-  ssl.pem_cert_chain = Slurp(Ca() + "/other-admin.crt");
+  ssl.pem_root_certs = ::recps::testing::ReadAll(Ca() + "/ca.crt");
+  ssl.pem_private_key = ::recps::testing::ReadAll(Ca() + "/other-admin.key");
+  ssl.pem_cert_chain = ::recps::testing::ReadAll(Ca() + "/other-admin.crt");
   const grpc::Status s =
       Stats(grpc::CreateChannel(shard->address(), grpc::SslCredentials(ssl)));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();

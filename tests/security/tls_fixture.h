@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -39,13 +40,6 @@ inline constexpr char kTables[] = R"(
 tables { name: "fixed" dim: 4 num_rows: 1000 optimizer { kind: SGD learning_rate: 0.1 } }
 tables { name: "dyn" dim: 4 optimizer { kind: SGD learning_rate: 0.1 } }
 )";
-
-inline std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // Runs a shell command; its exit code.
 inline int Shell(const std::string& command) {

@@ -44,7 +44,7 @@ TEST_F(TlsProcessTest, DaemonsRefuseToStartWithoutTlsOrInsecure) {
     const std::string log = dir_->path() + "/noflags.log";
     const std::string command = absl::StrCat(binary, " > ", log, " 2>&1");
     EXPECT_EQ(Shell(command), 2) << binary;
-    const std::string text = Slurp(log);
+    const std::string text = ::recps::testing::ReadAll(log);
     EXPECT_TRUE(absl::StrContains(text, "--tls_ca") &&
                 absl::StrContains(text, "--insecure"))
         << binary << ": " << text;
@@ -483,30 +483,30 @@ TEST_F(TlsProcessTest, RecpsctlWithAdminAndReaderCertificates) {
                               command, " >", out, " 2>&1"));
   };
   // Reading: status exits 3 (no shard map yet), not 1 (could not ask).
-  EXPECT_EQ(ctl("reader", "status --interval=0"), 3) << Slurp(out);
-  EXPECT_TRUE(absl::StrContains(Slurp(out), "no shard map")) << Slurp(out);
+  EXPECT_EQ(ctl("reader", "status --interval=0"), 3) << ::recps::testing::ReadAll(out);
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(out), "no shard map")) << ::recps::testing::ReadAll(out);
   // Writing.
   EXPECT_EQ(ctl("reader", "members forget shard-9"), 1);
   EXPECT_TRUE(absl::StrContains(
-      Slurp(out),
+      ::recps::testing::ReadAll(out),
       "role 'reader' may not call Coordinator.ForgetMember (needs admin)"))
-      << Slurp(out);
+      << ::recps::testing::ReadAll(out);
   EXPECT_EQ(ctl("admin", "members forget shard-9"), 1);
-  EXPECT_FALSE(absl::StrContains(Slurp(out), "may not call")) << Slurp(out);
-  EXPECT_TRUE(absl::StrContains(Slurp(out), "shard-9")) << Slurp(out);
+  EXPECT_FALSE(absl::StrContains(::recps::testing::ReadAll(out), "may not call")) << ::recps::testing::ReadAll(out);
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(out), "shard-9")) << ::recps::testing::ReadAll(out);
   // Plaintext against the TLS coordinator: refused, with a hint.
   EXPECT_EQ(
       Shell(absl::StrCat(RECPSCTL_BINARY, " status --insecure --coordinator=",
                          (*coordinator)->address(), " >", out, " 2>&1")),
       1);
-  EXPECT_TRUE(absl::StrContains(Slurp(out), "docs/security.md#troubleshooting"))
-      << Slurp(out);
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(out), "docs/security.md#troubleshooting"))
+      << ::recps::testing::ReadAll(out);
   // Neither TLS nor --insecure: a usage error naming both.
   EXPECT_EQ(Shell(absl::StrCat(RECPSCTL_BINARY, " status --coordinator=",
                                (*coordinator)->address(), " >", out, " 2>&1")),
             2);
-  EXPECT_TRUE(absl::StrContains(Slurp(out), "--tls_ca")) << Slurp(out);
-  EXPECT_TRUE(absl::StrContains(Slurp(out), "--insecure")) << Slurp(out);
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(out), "--tls_ca")) << ::recps::testing::ReadAll(out);
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(out), "--insecure")) << ::recps::testing::ReadAll(out);
 }
 
 // A server started on a port another server listens on fails, instead of
@@ -529,10 +529,10 @@ TEST_F(TlsProcessTest, AServerDoesNotShareATakenPort) {
     const int code = Shell(absl::StrCat(
         "timeout 20 ", binary, " --insecure --listen=", (*first)->address(),
         " --metrics_listen= ", flags, " >", log, " 2>&1"));
-    EXPECT_EQ(code, 1) << binary << ": " << Slurp(log);
-    EXPECT_TRUE(absl::StrContains(Slurp(log),
+    EXPECT_EQ(code, 1) << binary << ": " << ::recps::testing::ReadAll(log);
+    EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(log),
                                   "cannot listen on " + (*first)->address()))
-        << binary << ": " << Slurp(log);
+        << binary << ": " << ::recps::testing::ReadAll(log);
   }
 }
 
@@ -544,16 +544,16 @@ TEST_F(TlsProcessTest, RecpsLocalTrainsWithTls) {
   const int code = Shell(
       absl::StrCat("cd ", RECPS_SOURCE_DIR, " && ", RECPS_LAUNCHER_BINARY,
                    " local --steps=100 --work_dir=", work, " >", log, " 2>&1"));
-  ASSERT_EQ(code, 0) << Slurp(log);
+  ASSERT_EQ(code, 0) << ::recps::testing::ReadAll(log);
   EXPECT_TRUE(fs::exists(work + "/certs/ca.crt"));
   EXPECT_TRUE(fs::exists(work + "/certs/rank-1.crt"));
   EXPECT_EQ(fs::status(work + "/certs/ca.key").permissions() & fs::perms::all,
             fs::perms::owner_read | fs::perms::owner_write);
   EXPECT_TRUE(
-      absl::StrContains(Slurp(work + "/coordinator.log"), "mutual TLS"));
-  EXPECT_TRUE(absl::StrContains(Slurp(work + "/shard0.log"), "mutual TLS"));
-  EXPECT_TRUE(absl::StrContains(Slurp(log), "held-out AUC")) << Slurp(log);
-  EXPECT_FALSE(absl::StrContains(Slurp(work + "/shard0.log"), "refused"));
+      absl::StrContains(::recps::testing::ReadAll(work + "/coordinator.log"), "mutual TLS"));
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(work + "/shard0.log"), "mutual TLS"));
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(log), "held-out AUC")) << ::recps::testing::ReadAll(log);
+  EXPECT_FALSE(absl::StrContains(::recps::testing::ReadAll(work + "/shard0.log"), "refused"));
 }
 
 }  // namespace

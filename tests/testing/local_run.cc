@@ -19,12 +19,6 @@
 
 namespace recps::testing {
 
-std::string ReadAll(const std::string& path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  return text.str();
-}
-
 namespace {
 
 std::string WriteJob(const TempDir& dir, const SmallJob& spec, const std::string& checkpoints) {

@@ -15,12 +15,10 @@
 
 #include "absl/status/statusor.h"
 #include "client/launcher/process.h"
+#include "tests/testing/files.h"  // ReadAll, for the tests that use this
 #include "tests/testing/local_shard.h"
 
 namespace recps::testing {
-
-// The whole file, or "" when it cannot be read.
-std::string ReadAll(const std::string& path);
 
 // The job: 4 tables of 16 floats (`optimizer`), batch 64, sync mode,
 // Adam on the dense part, zipf synthetic data, a checkpoint every

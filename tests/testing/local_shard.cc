@@ -20,24 +20,6 @@
 
 namespace recps::testing {
 
-TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "recps-XXXXXX").string();
-  char* made = mkdtemp(tmpl.data());
-  path_ = made != nullptr ? made : "/tmp";
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  if (path_ != "/tmp") std::filesystem::remove_all(path_, ec);
-}
-
-std::string TempDir::WriteFile(const std::string& name,
-                               const std::string& contents) const {
-  const std::string full = path_ + "/" + name;
-  std::ofstream(full) << contents;
-  return full;
-}
-
 absl::StatusOr<int> RunProcess(const std::string& binary,
                                std::vector<std::string> args,
                                absl::Duration timeout) {

@@ -12,21 +12,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/testing/files.h"  // TempDir
 
 namespace recps::testing {
-
-// A temporary directory, removed with its files when destroyed.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  // Writes `contents` to path()/name and returns the full path.
-  std::string WriteFile(const std::string& name, const std::string& contents) const;
-
- private:
-  std::string path_;
-};
 
 // Runs `binary` with `args` to completion; returns its exit code, or
 // DEADLINE_EXCEEDED (after killing it) when it runs past `timeout`.

@@ -20,6 +20,7 @@
 #include "client/launcher/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -30,13 +31,6 @@ using testing::LocalShard;
 using testing::TempDir;
 
 std::string Job() { return std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto"; }
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 using ::recps::testing::Eventually;
 
@@ -127,8 +121,8 @@ TEST(Cluster, TrainingSurvivesACoordinatorRestart) {
   // Wait until training runs (rank 0 prints progress), then crash the
   // coordinator in the middle of it.
   ASSERT_TRUE(Eventually([&] {
-    return ReadAll(dir.path() + "/worker0.log").find("step ") != std::string::npos;
-  }, absl::Seconds(60))) << ReadAll(dir.path() + "/worker0.log");
+    return ::recps::testing::ReadAll(dir.path() + "/worker0.log").find("step ") != std::string::npos;
+  }, absl::Seconds(60))) << ::recps::testing::ReadAll(dir.path() + "/worker0.log");
   (*coordinator)->Kill();
   for (client::ChildProcess& w : workers) {
     ASSERT_FALSE(w.Poll().ok()) << "a worker finished before the coordinator was "
@@ -155,8 +149,8 @@ TEST(Cluster, TrainingSurvivesACoordinatorRestart) {
   for (int r = 0; r < 2; ++r) {
     absl::StatusOr<int> code = workers[r].Wait(absl::Minutes(4));
     ASSERT_TRUE(code.ok()) << code.status();
-    EXPECT_EQ(*code, 0) << ReadAll(absl::StrCat(dir.path(), "/worker", r, ".log"));
-    const std::string result = ReadAll(absl::StrCat(dir.path(), "/result", r, ".json"));
+    EXPECT_EQ(*code, 0) << ::recps::testing::ReadAll(absl::StrCat(dir.path(), "/worker", r, ".log"));
+    const std::string result = ::recps::testing::ReadAll(absl::StrCat(dir.path(), "/result", r, ".json"));
     EXPECT_THAT(result, HasSubstr(absl::StrCat("\"steps\":", kSteps)));
     const double loss = LastLoss(result);
     // Better than chance (log 2 = 0.69) on the small example's labels.
@@ -185,15 +179,15 @@ TEST(Cluster, AKilledWorkerIsReportedAndItsPeerFailsNamingIt) {
     workers.push_back(*std::move(w));
   }
   ASSERT_TRUE(Eventually([&] {
-    return ReadAll(dir.path() + "/worker0.log").find("step ") != std::string::npos;
-  }, absl::Seconds(60))) << ReadAll(dir.path() + "/worker0.log");
+    return ::recps::testing::ReadAll(dir.path() + "/worker0.log").find("step ") != std::string::npos;
+  }, absl::Seconds(60))) << ::recps::testing::ReadAll(dir.path() + "/worker0.log");
 
   kill(workers[1].pid(), SIGKILL);
   (void)workers[1].Wait(absl::Seconds(10));
   absl::StatusOr<int> code = workers[0].Wait(absl::Seconds(90));
   ASSERT_TRUE(code.ok()) << "the surviving worker hung after its peer died";
   EXPECT_EQ(*code, 1);
-  const std::string log = ReadAll(dir.path() + "/worker0.log");
+  const std::string log = ::recps::testing::ReadAll(dir.path() + "/worker0.log");
   EXPECT_THAT(log, HasSubstr("training failed"));
   EXPECT_THAT(log, HasSubstr("silent at the coordinator since the failure: rank 1 (")) << log;
 
@@ -222,10 +216,10 @@ TEST(Cluster, LaunchStartsTwoWorkersOfACluster) {
        "--threads=1", "--result_json=" + dir.path() + "/result.json"},
       absl::Minutes(4));
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << ReadAll(dir.path() + "/logs/worker0.log")
-                      << ReadAll(dir.path() + "/logs/worker1.log");
-  EXPECT_THAT(ReadAll(dir.path() + "/logs/worker1.log"), HasSubstr("rank 1 of 2"));
-  EXPECT_THAT(ReadAll(dir.path() + "/result.json"), HasSubstr("\"steps\":40"));
+  EXPECT_EQ(*code, 0) << ::recps::testing::ReadAll(dir.path() + "/logs/worker0.log")
+                      << ::recps::testing::ReadAll(dir.path() + "/logs/worker1.log");
+  EXPECT_THAT(::recps::testing::ReadAll(dir.path() + "/logs/worker1.log"), HasSubstr("rank 1 of 2"));
+  EXPECT_THAT(::recps::testing::ReadAll(dir.path() + "/result.json"), HasSubstr("\"steps\":40"));
 }
 
 TEST(Cluster, LaunchFailsNamingTheRankThatFailed) {
@@ -245,7 +239,7 @@ TEST(Cluster, LaunchFailsNamingTheRankThatFailed) {
   absl::StatusOr<int> code = launch->Wait(absl::Minutes(3));
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_NE(*code, 0);
-  EXPECT_THAT(ReadAll(out), ::testing::ContainsRegex("rank [01] \\(local rank [01]\\) failed"));
+  EXPECT_THAT(::recps::testing::ReadAll(out), ::testing::ContainsRegex("rank [01] \\(local rank [01]\\) failed"));
 }
 
 }  // namespace

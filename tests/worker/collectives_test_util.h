@@ -21,26 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/testing/files.h"
 
 namespace recps::worker::testing {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "recps_collectives_XXXXXX")
-            .string();
-    path_ = mkdtemp(tmpl.data()) != nullptr ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::recps::testing::TempDir;
 
 // A prefix no other test (or earlier run sharing a directory) uses.
 inline std::string UniquePrefix(const std::string& name) {

@@ -19,6 +19,7 @@
 #include "common/rpc/channels.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 extern char** environ;
@@ -28,12 +29,6 @@ namespace {
 
 constexpr int kSteps = 40;
 constexpr uint32_t kSlots = 256;
-
-std::string ReadFile(const std::string& path) {
-  std::stringstream s;
-  s << std::ifstream(path, std::ios::binary).rdbuf();
-  return s.str();
-}
 
 std::vector<double> Losses(const std::string& json) {
   std::vector<double> out;
@@ -61,7 +56,7 @@ struct RunResult {
 RunResult Train(int workers, int shards, int batch,
                 const std::vector<std::string>& worker_flags = {}) {
   testing::TempDir dir;
-  std::string job = ReadFile(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
+  std::string job = ::recps::testing::ReadAll(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
   job = absl::StrReplaceAll(job, {{"batch_size: 512", absl::StrCat("batch_size: ", batch)}});
   const std::string job_path = dir.WriteFile("job.textproto", job);
   RunResult result;
@@ -90,9 +85,9 @@ RunResult Train(int workers, int shards, int batch,
   for (auto& t : threads) t.join();
   for (int r = 0; r < workers; ++r) {
     EXPECT_TRUE(codes[r].ok() && *codes[r] == 0) << "worker " << r << ": " << codes[r].status();
-    result.losses.push_back(Losses(ReadFile(absl::StrCat(dir.path(), "/result", r, ".json"))));
+    result.losses.push_back(Losses(::recps::testing::ReadAll(absl::StrCat(dir.path(), "/result", r, ".json"))));
   }
-  result.dense = ReadFile(dir.path() + "/dense0.bin");
+  result.dense = ::recps::testing::ReadAll(dir.path() + "/dense0.bin");
 
   // The rows of the hottest ids (Zipf ranks are ids) after the last step.
   std::vector<client::TableSchema> tables;
@@ -164,7 +159,7 @@ TEST(DataParallel, LookupUpdatedRewritesOnlyTheRowsTheLastStepUpdated) {
   testing::TempDir dir;
   const std::string job_path = dir.WriteFile(
       "job.textproto",
-      ReadFile(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto"));
+      ::recps::testing::ReadAll(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto"));
   auto cluster = testing::StartShardCluster(
       RECPS_SHARD_BINARY, {"--job=" + job_path, "--world_size=1"}, 1, kSlots);
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -14,6 +14,7 @@
 #include "common/cpu_features.h"
 #include "gtest/gtest.h"
 #include "kernels/cuda_util.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 #include "tests/testing/gpu_test_util.h"
 
@@ -57,12 +58,6 @@ std::vector<double> TrainSmall(const std::string& mode) {
   return Aucs(json.str());
 }
 
-std::string ReadAll(const std::string& path) {
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  return text.str();
-}
-
 // Runs `binary` with `args` to completion (killed after `timeout`); returns
 // its exit code (128 + signal when killed) and its output in `*output`.
 int RunCapturing(const std::string& binary, const std::vector<std::string>& args,
@@ -83,14 +78,14 @@ int RunCapturing(const std::string& binary, const std::vector<std::string>& args
     kill(*pid, SIGKILL);
     waitpid(*pid, &status, 0);
   }
-  *output = ReadAll(log);
+  *output = ::recps::testing::ReadAll(log);
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 // The small example with `edit` applied to its text.
 std::string SmallJobWith(const testing::TempDir& dir, const std::string& from,
                          const std::string& to) {
-  std::string text = ReadAll(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
+  std::string text = ::recps::testing::ReadAll(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto");
   const size_t at = text.find(from);
   EXPECT_NE(at, std::string::npos) << from;
   if (at != std::string::npos) text.replace(at, from.size(), to);

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "server/checkpoint/manifest.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -59,13 +60,6 @@ data { synthetic { seed: 1 num_dense: 4
 )");
 }
 
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 struct Output {
   int code = -1;
   std::string out, err;
@@ -82,7 +76,7 @@ Output RunBinary(const TempDir& dir, const std::string& binary,
       "/bin/sh", {"-c", absl::StrCat(absl::StrJoin(quoted, " "), " >", out, " 2>", err)},
       absl::Seconds(60));
   EXPECT_TRUE(code.ok()) << code.status();
-  return {code.ok() ? *code : -1, Slurp(out), Slurp(err)};
+  return {code.ok() ? *code : -1, ::recps::testing::ReadAll(out), ::recps::testing::ReadAll(err)};
 }
 
 uint64_t MapEpoch(const std::string& address) {

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "recps/v1/coordinator.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
+#include "tests/testing/files.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps {
@@ -101,13 +102,6 @@ class CoordinatorLimitsTest : public ::testing::Test {
   std::string state_dir() const { return dir_.path() + "/state"; }
   std::string log_path() const { return dir_.path() + "/coordinator.log"; }
 
-  static std::string Slurp(const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  }
-
   template <typename Request, typename Response, typename Method>
   grpc::Status Call(Method method, const Request& request, Response* response) {
     grpc::ClientContext context;
@@ -183,7 +177,7 @@ class CoordinatorLimitsTest : public ::testing::Test {
     absl::StatusOr<int> code = testing::RunProcess(
         "/bin/bash", {"-c", absl::StrCat("(", command, ") >", out)}, absl::Seconds(20));
     EXPECT_TRUE(code.ok()) << code.status();
-    return {code.ok() ? *code : -1, Slurp(out)};
+    return {code.ok() ? *code : -1, ::recps::testing::ReadAll(out)};
   }
 
   // Runs `binary` with `args` (on 127.0.0.1, OS-picked ports) until it
@@ -198,7 +192,7 @@ class CoordinatorLimitsTest : public ::testing::Test {
     absl::StatusOr<int> code =
         testing::RunProcess("/bin/sh", {"-c", command}, absl::Seconds(30));
     EXPECT_TRUE(code.ok()) << code.status();
-    return {code.ok() ? *code : -1, Slurp(log)};
+    return {code.ok() ? *code : -1, ::recps::testing::ReadAll(log)};
   }
 
   v1::JobConfig Job() {
@@ -370,7 +364,7 @@ TEST_F(CoordinatorLimitsTest, AShardThatDisagreesWithTheClusterIsRefusedAndExits
   EXPECT_EQ(code, 2) << log;
   EXPECT_THAT(log, AllOf(HasSubstr("refused"), HasSubstr("--num_slots=128"),
                          HasSubstr("the cluster has 256")));
-  EXPECT_THAT(Slurp(log_path()), AllOf(HasSubstr("refused shard server"),
+  EXPECT_THAT(::recps::testing::ReadAll(log_path()), AllOf(HasSubstr("refused shard server"),
                                        HasSubstr("--num_slots=128")));
   // Other tables: the missing, the extra and the changed one are named.
   const std::string tables = dir_.WriteFile("tables.textproto", R"(
@@ -388,7 +382,7 @@ tables { name: "t0" dim: 16 num_rows: 1000 optimizer { kind: SGD learning_rate: 
       RECPS_SHARD_BINARY, {"--tables=" + wide, "--num_slots=256", "--threads=1", where});
   EXPECT_EQ(code, 2) << log;
   EXPECT_THAT(log, HasSubstr("table 't0' has dim 16, the job's has 8"));
-  EXPECT_THAT(Slurp(log_path()), HasSubstr("table 't0' has dim 16, the job's has 8"));
+  EXPECT_THAT(::recps::testing::ReadAll(log_path()), HasSubstr("table 't0' has dim 16, the job's has 8"));
   EXPECT_EQ(Members().members_size(), 0);
 
   // A shard that agrees registers and gets the map.
@@ -423,7 +417,7 @@ TEST_F(CoordinatorLimitsTest, ARefusedMapPushIsLoggedCountedAndListed) {
   EXPECT_EQ(refusal.address(), refusing.address());
   EXPECT_EQ(refusal.epoch(), 1u);
   EXPECT_THAT(refusal.message(), HasSubstr("would take away slots 0-3 holding 12 rows"));
-  const std::string log = Slurp(log_path());
+  const std::string log = ::recps::testing::ReadAll(log_path());
   EXPECT_THAT(log, HasSubstr(absl::StrCat(" E recps-coordinator] shard server ",
                                           refusing.address(), " refused shard map epoch 1: ",
                                           "shard map epoch 1 would take away")));
