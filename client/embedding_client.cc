@@ -625,8 +625,8 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
           // it is a new process at this address. Fails every later call too.
           if (c.sent_incarnation != 0 &&
               c.status.error_code() == grpc::StatusCode::DATA_LOSS) {
-            NoteRefusedIncarnation(*c.address, c.sent_incarnation,
-                                   c.status.error_message());
+            (void)NoteRefusedIncarnation(*c.address, c.sent_incarnation,
+                                         c.status.error_message());
           }
           failed = true;
           break;

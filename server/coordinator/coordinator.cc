@@ -428,7 +428,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     RETURN_IF_ERROR(PutMember(record));
     if (entry == nullptr) {
       ++next_sequence_;
-      AddMember({record, now});
+      AddMember({record, now, caller.client});
       entry = &members_[record.member_id()];
     }
     entry->record = record;
