@@ -119,4 +119,11 @@ void ParallelForOrInline(ThreadPool* pool, int64_t n, int64_t grain,
   pool->ParallelForOrInline(n, grain, fn);
 }
 
+void RunEachOnItsOwnThread(int n, absl::FunctionRef<void(int)> fn) {
+  std::vector<std::thread> threads;
+  threads.reserve(n > 0 ? n : 0);
+  for (int i = 0; i < n; ++i) threads.emplace_back([fn, i] { fn(i); });
+  for (std::thread& t : threads) t.join();
+}
+
 }  // namespace recps

@@ -17,6 +17,12 @@
 
 namespace recps {
 
+// Runs fn(0) .. fn(n - 1) each on a thread of its own, all at once, and
+// returns when every one returned. For n calls that each wait on a remote
+// server (a fan-out of blocking RPCs to every shard server), not for CPU
+// work: that is ThreadPool::ParallelFor's.
+void RunEachOnItsOwnThread(int n, absl::FunctionRef<void(int)> fn);
+
 class ThreadPool {
  public:
   // `num_threads` < 1 means one thread per hardware thread.

@@ -16,6 +16,7 @@
 #include "common/wire/shard_map.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "kernels/embedding_optimizer.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -653,12 +654,10 @@ absl::Status CheckpointOrchestrator::SnapshotAll(
   const std::vector<bool> owns = OwnsRows(map);
   std::vector<absl::StatusOr<v1::SaveRowsResponse>> results(
       n, absl::UnknownError("not called"));
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int i = 0; i < n; ++i) {
+  RunEachOnItsOwnThread(n, [&](int i) {
     if (!owns[i]) {
       results[i] = v1::SaveRowsResponse();
-      continue;
+      return;
     }
     v1::SaveRowsRequest request;
     request.set_step(step);
@@ -667,11 +666,8 @@ absl::Status CheckpointOrchestrator::SnapshotAll(
     request.set_base_step(base_step);
     request.set_shard(static_cast<uint32_t>(i));
     request.set_job_config_digest(digest);
-    threads.emplace_back([this, &results, &map, i, request = std::move(request)] {
-      results[i] = rpc_->SaveRows(map.servers(i), request, options_.snapshot_timeout);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+    results[i] = rpc_->SaveRows(map.servers(i), request, options_.snapshot_timeout);
+  });
   *rows_total = 0;
   std::vector<std::string> errors;
   for (int i = 0; i < n; ++i) {

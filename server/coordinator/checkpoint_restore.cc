@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "server/checkpoint/chain.h"
 #include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/file_util.h"
@@ -287,15 +288,9 @@ void CheckpointOrchestrator::RunRestore() {
     const int n = map.servers_size();
     std::vector<absl::StatusOr<v1::RestoreRowsResponse>> results(
         n, absl::UnknownError("not called"));
-    {
-      std::vector<std::thread> threads;
-      for (int i = 0; i < n; ++i) {
-        threads.emplace_back([&, i] {
-          results[i] = rpc_->RestoreRows(map.servers(i), request, options_.restore_timeout);
-        });
-      }
-      for (std::thread& t : threads) t.join();
-    }
+    RunEachOnItsOwnThread(n, [&](int i) {
+      results[i] = rpc_->RestoreRows(map.servers(i), request, options_.restore_timeout);
+    });
     std::vector<std::string> errors;
     // Every server checks every file of the chain before it imports a row:
     // when all of them refused a damaged or missing file, all are still

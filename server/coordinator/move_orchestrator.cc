@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
@@ -143,21 +144,14 @@ absl::StatusOr<v1::PlanRebalanceResponse> MoveOrchestrator::Plan(
   // Stats of every server at once.
   input.stats.resize(map.servers_size());
   std::vector<absl::Status> errors(map.servers_size());
-  {
-    std::vector<std::thread> threads;
-    for (int i = 0; i < map.servers_size(); ++i) {
-      threads.emplace_back([&, i] {
-        absl::StatusOr<v1::StatsResponse> s =
-            options_.rpc->Stats(map.servers(i), options_.rpc_timeout);
-        if (s.ok()) {
-          input.stats[i] = *std::move(s);
-        } else {
-          errors[i] = s.status();
-        }
-      });
+  RunEachOnItsOwnThread(map.servers_size(), [&](int i) {
+    absl::StatusOr<v1::StatsResponse> s = options_.rpc->Stats(map.servers(i), options_.rpc_timeout);
+    if (s.ok()) {
+      input.stats[i] = *std::move(s);
+    } else {
+      errors[i] = s.status();
     }
-    for (std::thread& t : threads) t.join();
-  }
+  });
   for (int i = 0; i < map.servers_size(); ++i) {
     if (!errors[i].ok()) {
       return absl::UnavailableError(absl::StrCat(
