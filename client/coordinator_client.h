@@ -32,6 +32,15 @@ struct CoordinatorClientOptions {
   absl::Duration retry_for = absl::Minutes(2);
 };
 
+// For one command of a person's (recpsctl): each call answers within
+// `timeout`, retries included, rather than after minutes of retries.
+inline CoordinatorClientOptions CommandOptions(absl::Duration timeout) {
+  CoordinatorClientOptions options;
+  options.call_timeout = timeout;
+  options.retry_for = timeout;
+  return options;
+}
+
 // Thread-safe. Every call retries UNAVAILABLE with a capped backoff until
 // `retry_for` has passed since it began, then returns the last error
 // (prefixed with the coordinator's address). The channel reconnects within

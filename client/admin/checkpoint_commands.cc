@@ -31,26 +31,6 @@ const char* KindName(v1::CheckpointKind kind) {
   }
 }
 
-CoordinatorClient MakeClient(const CheckpointCommandOptions& options) {
-  CoordinatorClientOptions client_options;
-  client_options.call_timeout = options.rpc_timeout;
-  // An admin command answers within its deadline, not after minutes of retries.
-  client_options.retry_for = options.rpc_timeout;
-  return CoordinatorClient(options.coordinator, client_options);
-}
-
-int PrintJson(const google::protobuf::Message& message, std::ostream& out,
-              std::ostream& err) {
-  absl::StatusOr<std::string> json = ToJson(message);
-  if (!json.ok()) {
-    err << "recpsctl: " << json.status().message() << "\n";
-    return 1;
-  }
-  out << *json;
-  if (json->empty() || json->back() != '\n') out << "\n";
-  return 0;
-}
-
 }  // namespace
 
 std::string FormatCheckpoints(const v1::ListCheckpointsResponse& list, absl::Time now) {
@@ -88,7 +68,7 @@ std::string FormatCheckpoints(const v1::ListCheckpointsResponse& list, absl::Tim
 
 int RunCheckpointList(const CheckpointCommandOptions& options, std::ostream& out,
                       std::ostream& err) {
-  CoordinatorClient client = MakeClient(options);
+  CoordinatorClient client(options.coordinator, CommandOptions(options.rpc_timeout));
   absl::StatusOr<v1::ListCheckpointsResponse> list = client.ListCheckpoints();
   if (!list.ok()) {
     err << "recpsctl: " << list.status().message() << "\n";
@@ -101,7 +81,7 @@ int RunCheckpointList(const CheckpointCommandOptions& options, std::ostream& out
 
 int RunCheckpointNow(const CheckpointCommandOptions& options, std::ostream& out,
                      std::ostream& err) {
-  CoordinatorClient client = MakeClient(options);
+  CoordinatorClient client(options.coordinator, CommandOptions(options.rpc_timeout));
   uint64_t newest_before = 0;
   std::string error_before;
   if (options.wait) {

@@ -1,6 +1,7 @@
 #include "client/admin/command_line.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/admin/certs_command.h"
+#include "common/status_macros.h"
 #include "common/rpc/address.h"
 
 namespace recps::client::admin {
@@ -50,6 +52,26 @@ absl::Status CheckAddressFlag(const std::string& flag, const std::string& addres
   absl::Status s = rpc::CheckHostPort(address);
   if (s.ok()) return s;
   return absl::InvalidArgumentError(absl::StrCat(flag, "=", address, ": ", s.message()));
+}
+
+absl::StatusOr<std::string> CoordinatorAddress(const ParsedArgs& parsed, bool read_env) {
+  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
+    RETURN_IF_ERROR(CheckAddressFlag("--coordinator", it->second));
+    return it->second;
+  }
+  const char* env = read_env ? std::getenv("RECPS_COORDINATOR") : nullptr;
+  if (env == nullptr || *env == '\0') return std::string();
+  RETURN_IF_ERROR(CheckAddressFlag("RECPS_COORDINATOR", env));
+  return std::string(env);
+}
+
+absl::StatusOr<std::string> RequiredCoordinatorAddress(const ParsedArgs& parsed) {
+  ASSIGN_OR_RETURN(std::string address, CoordinatorAddress(parsed));
+  if (address.empty()) {
+    return absl::InvalidArgumentError(
+        "where is the coordinator? Give --coordinator=HOST:PORT (or set RECPS_COORDINATOR)");
+  }
+  return address;
 }
 
 const std::vector<CommandSpec>& Commands() {

@@ -61,6 +61,13 @@ absl::StatusOr<absl::Duration> DurationFlag(const ParsedArgs& parsed, const std:
                                             absl::Duration default_value);
 // HOST:PORT with a port in 1..65535 (gRPC would quietly wrap 99999).
 absl::Status CheckAddressFlag(const std::string& flag, const std::string& address);
+// The coordinator's address: --coordinator, else $RECPS_COORDINATOR (read
+// only with `read_env`), else "". INVALID_ARGUMENT naming the flag or the
+// variable for a malformed address.
+absl::StatusOr<std::string> CoordinatorAddress(const ParsedArgs& parsed, bool read_env = true);
+// The same, for commands only the coordinator answers: INVALID_ARGUMENT
+// "where is the coordinator? ..." when none is given.
+absl::StatusOr<std::string> RequiredCoordinatorAddress(const ParsedArgs& parsed);
 
 }  // namespace recps::client::admin
 

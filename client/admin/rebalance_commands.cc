@@ -14,25 +14,6 @@
 namespace recps::client::admin {
 namespace {
 
-CoordinatorClient MakeClient(const RebalanceCommandOptions& options) {
-  CoordinatorClientOptions client_options;
-  client_options.call_timeout = options.rpc_timeout;
-  client_options.retry_for = options.rpc_timeout;
-  return CoordinatorClient(options.coordinator, client_options);
-}
-
-int PrintJson(const google::protobuf::Message& message, std::ostream& out,
-              std::ostream& err) {
-  absl::StatusOr<std::string> json = ToJson(message);
-  if (!json.ok()) {
-    err << "recpsctl: " << json.status().message() << "\n";
-    return 1;
-  }
-  out << *json;
-  if (json->empty() || json->back() != '\n') out << "\n";
-  return 0;
-}
-
 // "0-3,7,9-10".
 std::string SlotRanges(const google::protobuf::RepeatedField<uint32_t>& slots) {
   std::vector<std::string> parts;
@@ -163,7 +144,7 @@ std::string FormatMoves(const v1::ListRebalanceMovesResponse& list, absl::Time n
 
 int RunRebalance(const RebalanceCommandOptions& options, std::ostream& out,
                  std::ostream& err) {
-  CoordinatorClient client = MakeClient(options);
+  CoordinatorClient client(options.coordinator, CommandOptions(options.rpc_timeout));
   v1::PlanRebalanceRequest request;
   for (const std::string& d : options.drain) request.add_drain(d);
   request.set_max_bytes(options.max_bytes);
@@ -262,7 +243,7 @@ int RunRebalance(const RebalanceCommandOptions& options, std::ostream& out,
 }
 
 int RunMoves(const RebalanceCommandOptions& options, std::ostream& out, std::ostream& err) {
-  CoordinatorClient client = MakeClient(options);
+  CoordinatorClient client(options.coordinator, CommandOptions(options.rpc_timeout));
   absl::StatusOr<v1::ListRebalanceMovesResponse> list = client.ListMoves();
   if (!list.ok()) {
     err << "recpsctl: " << list.status().message() << "\n";

@@ -136,21 +136,10 @@ absl::StatusOr<std::unique_ptr<ClusterReader>> ReaderFromFlags(
     const ParsedArgs& parsed) {
   ClusterReaderOptions options;
   options.servers = parsed.servers;
-  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
-    options.coordinator = it->second;
-  } else if (options.servers.empty()) {
-    if (const char* env = std::getenv("RECPS_COORDINATOR"); env != nullptr) {
-      options.coordinator = env;
-    }
-  }
+  // $RECPS_COORDINATOR is not read when --server names the servers.
+  ASSIGN_OR_RETURN(options.coordinator, CoordinatorAddress(parsed, options.servers.empty()));
   if (!options.coordinator.empty() && !options.servers.empty()) {
     return absl::InvalidArgumentError("give --coordinator or --server, not both");
-  }
-  if (!options.coordinator.empty()) {
-    RETURN_IF_ERROR(CheckAddressFlag(parsed.flags.count("coordinator") > 0
-                                         ? "--coordinator"
-                                         : "RECPS_COORDINATOR",
-                                     options.coordinator));
   }
   if (options.servers.size() > static_cast<size_t>(kMaxPlanServers)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -210,19 +199,9 @@ int RunCheckpointCommand(const ParsedArgs& parsed) {
                                    "--coordinator, not --server"));
   }
   CheckpointCommandOptions options;
-  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
-    options.coordinator = it->second;
-  } else if (const char* env = std::getenv("RECPS_COORDINATOR"); env != nullptr) {
-    options.coordinator = env;
-  }
-  if (options.coordinator.empty()) {
-    return UsageError(&parsed, absl::InvalidArgumentError(
-                                   "where is the coordinator? Give "
-                                   "--coordinator=HOST:PORT (or set RECPS_COORDINATOR)"));
-  }
-  if (absl::Status s = CheckAddressFlag("--coordinator", options.coordinator); !s.ok()) {
-    return UsageError(&parsed, s);
-  }
+  absl::StatusOr<std::string> coordinator = RequiredCoordinatorAddress(parsed);
+  if (!coordinator.ok()) return UsageError(&parsed, coordinator.status());
+  options.coordinator = *std::move(coordinator);
   options.json = BoolFlag(parsed, "json");
   options.wait = BoolFlag(parsed, "wait");
   if (auto it = parsed.flags.find("reason"); it != parsed.flags.end()) {
@@ -253,19 +232,9 @@ int RunRebalanceCommand(const ParsedArgs& parsed) {
                                    "--coordinator, not --server"));
   }
   RebalanceCommandOptions options;
-  if (auto it = parsed.flags.find("coordinator"); it != parsed.flags.end()) {
-    options.coordinator = it->second;
-  } else if (const char* env = std::getenv("RECPS_COORDINATOR"); env != nullptr) {
-    options.coordinator = env;
-  }
-  if (options.coordinator.empty()) {
-    return UsageError(&parsed, absl::InvalidArgumentError(
-                                   "where is the coordinator? Give "
-                                   "--coordinator=HOST:PORT (or set RECPS_COORDINATOR)"));
-  }
-  if (absl::Status s = CheckAddressFlag("--coordinator", options.coordinator); !s.ok()) {
-    return UsageError(&parsed, s);
-  }
+  absl::StatusOr<std::string> coordinator = RequiredCoordinatorAddress(parsed);
+  if (!coordinator.ok()) return UsageError(&parsed, coordinator.status());
+  options.coordinator = *std::move(coordinator);
   options.json = BoolFlag(parsed, "json");
   options.apply = BoolFlag(parsed, "apply");
   auto bytes_flag = [&](const char* name, int64_t* out) -> absl::Status {

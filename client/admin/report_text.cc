@@ -306,4 +306,16 @@ absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
   return json;
 }
 
+int PrintJson(const google::protobuf::Message& message, std::ostream& out,
+              std::ostream& err) {
+  absl::StatusOr<std::string> json = ToJson(message);
+  if (!json.ok()) {
+    err << "recpsctl: " << json.status().message() << "\n";
+    return 1;
+  }
+  out << *json;
+  if (json->empty() || json->back() != '\n') out << "\n";
+  return 0;
+}
+
 }  // namespace recps::client::admin

@@ -4,6 +4,7 @@
 #define RECPS_CLIENT_ADMIN_REPORT_TEXT_H_
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,9 @@ std::string FormatShardsReport(const v1::ShardsReport& report, bool per_slot);
 
 // Pretty-printed JSON with every field present and proto field names.
 absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message);
+// Writes ToJson(message) and a newline to `out` (0), or the error to `err`
+// (1): a command's --json output and its exit code.
+int PrintJson(const google::protobuf::Message& message, std::ostream& out, std::ostream& err);
 
 }  // namespace recps::client::admin
 
