@@ -33,6 +33,7 @@
 #include "server/shard/id_index.h"
 #include "server/shard/store_footprint.h"
 #include "server/shard/stored_row.h"
+#include "server/shard/table_checks.h"
 
 namespace recps::server::host_store {
 
@@ -212,24 +213,10 @@ struct Table : StoredRowFormat {
  public:
 
   absl::Status CheckRange(absl::Span<const int64_t> ids) const {
-    if (spec.num_rows == 0) return absl::OkStatus();
-    for (size_t p = 0; p < ids.size(); ++p) {
-      if (!InRange(ids[p])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", spec.name, "': id ", ids[p], " (position ", p,
-            ") is outside [0, ", spec.num_rows, ")"));
-      }
-    }
-    return absl::OkStatus();
+    return CheckIdsInRange(spec, ids);
   }
 
-  absl::Status FullError() const {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table '", spec.name, "' is full: it holds ", capacity, " rows (",
-        spec.num_rows > 0 ? "its num_rows"
-                          : "StoreOptions.max_rows_per_table",
-        ")"));
-  }
+  absl::Status FullError() const { return TableFullError(spec, capacity); }
 };
 
 // A batch's positions grouped by lock stripe with a counting sort: O(n),

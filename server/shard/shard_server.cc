@@ -22,6 +22,7 @@
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 #include "server/shard/shard_metrics.h"
+#include "server/shard/table_checks.h"
 
 namespace recps::server {
 namespace {
@@ -379,16 +380,7 @@ absl::Status ShardServer::RunLookup(const v1::LookupRequest& request,
     // The store checks ranges too, but table by table: an id outside a
     // later fixed table would refuse the request after earlier tables
     // created rows (found by tests/fuzz/fuzz_shard_lookup).
-    if (spec.num_rows > 0) {
-      for (size_t p = 0; p < part.ids.size(); ++p) {
-        const int64_t id = part.ids[p];
-        if (id < 0 || id >= spec.num_rows) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "table '", spec.name, "': id ", id, " (position ", p,
-              ") is outside [0, ", spec.num_rows, ")"));
-        }
-      }
-    }
+    RETURN_IF_ERROR(CheckIdsInRange(spec, part.ids));
     parts.push_back(part);
     layout.push_back({spec.name, spec.dim, part.ids.size() * spec.dim * width, false, {}});
   }

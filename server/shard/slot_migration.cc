@@ -598,18 +598,9 @@ void ShardServer::FinishMove(const v1::FinishMoveRequest* request,
 absl::Status ShardServer::RunFinish(const std::shared_ptr<Move>& move,
                                     const v1::FinishMoveRequest& request,
                                     v1::FinishMoveResponse* response) {
-  ASSIGN_OR_RETURN(ShardMap next, ShardMap::FromProto(request.new_map()));
   const MapView view = CurrentMap();
-  if (next.num_slots() != options_.num_slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "new_map has ", next.num_slots(), " slots; this cluster has ",
-        options_.num_slots));
-  }
-  if (next.epoch() <= view->map.epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "new_map epoch ", next.epoch(), " is not newer than this server's ",
-        view->map.epoch()));
-  }
+  ASSIGN_OR_RETURN(ShardMap next, slot_migration::ParseNewMap(request.new_map(), options_.num_slots,
+                                                              view->map.epoch()));
   ASSIGN_OR_RETURN(std::vector<Unit> units,
                    MoveDiff(view->map, next, move->peer, view->self_address));
   std::sort(units.begin(), units.end());
@@ -711,4 +702,26 @@ absl::Status ShardServer::ListMoves(const v1::ListMovesRequest&,
   return absl::OkStatus();
 }
 
+namespace slot_migration {
+
+absl::StatusOr<ShardMap> ParseNewMap(const v1::ShardMap& proto, uint32_t num_slots,
+                                     uint64_t current_epoch) {
+  ASSIGN_OR_RETURN(ShardMap next, ShardMap::FromProto(proto));
+  if (next.num_slots() != num_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("new_map has ", next.num_slots(),
+                                                   " slots; this cluster has ", num_slots));
+  }
+  if (next.epoch() <= current_epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "new_map epoch ", next.epoch(), " is not newer than this server's ", current_epoch));
+  }
+  if (next.epoch() > current_epoch + kMaxShardMapEpochStep) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "new_map epoch ", next.epoch(), " jumps more than ", kMaxShardMapEpochStep,
+        " past this server's ", current_epoch, "; epochs grow by one per map change"));
+  }
+  return next;
+}
+
+}  // namespace slot_migration
 }  // namespace recps::server

@@ -60,6 +60,13 @@ inline const char* PhaseName(v1::MoveState::Phase phase) {
   return v1::MoveState::Phase_Name(phase).c_str();
 }
 
+// The map a move hands its units over with (HandOver on the source,
+// FinishMove on the target): INVALID_ARGUMENT for another slot count or an
+// epoch far past the current one (kMaxShardMapEpochStep),
+// FAILED_PRECONDITION when it is not newer than `current_epoch`.
+absl::StatusOr<ShardMap> ParseNewMap(const v1::ShardMap& proto, uint32_t num_slots,
+                                     uint64_t current_epoch);
+
 }  // namespace slot_migration
 }  // namespace recps::server
 

@@ -237,17 +237,8 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
         "move ", request.move_id(), ": target ", self,
         " is this server: a move to self"));
   }
-  ASSIGN_OR_RETURN(ShardMap next, ShardMap::FromProto(request.new_map()));
-  if (next.num_slots() != options_.num_slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "new_map has ", next.num_slots(), " slots; this cluster has ",
-        options_.num_slots));
-  }
-  if (next.epoch() <= view->map.epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "new_map epoch ", next.epoch(), " is not newer than this server's ",
-        view->map.epoch()));
-  }
+  ASSIGN_OR_RETURN(ShardMap next, slot_migration::ParseNewMap(request.new_map(), options_.num_slots,
+                                                              view->map.epoch()));
   if (next.IndexOf(request.target()) < 0 || next.IndexOf(self) < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "new_map (epoch ", next.epoch(), ") must list this server ", self,

@@ -30,6 +30,7 @@
 #include "server/shard/store_footprint.h"
 #include "server/shard/store_tables.h"
 #include "server/shard/stored_row.h"
+#include "server/shard/table_checks.h"
 
 namespace recps::server {
 namespace {
@@ -74,23 +75,9 @@ struct Table : StoredRowFormat {
     return spec.num_rows == 0 || (id >= 0 && id < spec.num_rows);
   }
   absl::Status CheckRange(absl::Span<const int64_t> ids) const {
-    if (spec.num_rows == 0) return absl::OkStatus();
-    for (size_t p = 0; p < ids.size(); ++p) {
-      if (!InRange(ids[p])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", spec.name, "': id ", ids[p], " (position ", p,
-            ") is outside [0, ", spec.num_rows, ")"));
-      }
-    }
-    return absl::OkStatus();
+    return CheckIdsInRange(spec, ids);
   }
-  absl::Status FullError() const {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "table '", spec.name, "' is full: it holds ", capacity, " rows (",
-        spec.num_rows > 0 ? "its num_rows"
-                          : "StoreOptions.max_rows_per_table",
-        ")"));
-  }
+  absl::Status FullError() const { return TableFullError(spec, capacity); }
 
   // Bookkeeping of a new row r holding id. REQUIRES: mu held as a writer.
   void AddRow(int64_t id, int64_t r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
