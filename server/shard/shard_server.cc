@@ -141,24 +141,10 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
   const int self = map.IndexOf(options_.self_address);
   routing_ = std::make_shared<const Routing>(
       Routing{std::move(map), self, options_.self_address});
+  // The clock decides when a step's pushes apply; ApplyPush
+  // (shard_server_push.cc, beside the push's checks) applies them.
   clock_ = std::make_unique<StepClock>(
-      options_.consistency, [this](GradientPush& push) -> absl::Status {
-        if (options_.consistency.mode == ConsistencyMode::kSync) {
-          // The ids this step updates, for updated_only lookups of the
-          // next step (8 bytes per id; the set is built only when asked).
-          absl::MutexLock lock(&updates_mu_);
-          for (auto& [table, updates] : last_step_updates_) updates.Clear();
-          for (const TableGradients& tg : push) {
-            StepUpdates& u = last_step_updates_[tg.table];
-            u.ids.insert(u.ids.end(), tg.ids.begin(), tg.ids.end());
-          }
-        }
-        for (TableGradients& tg : push) {
-          RETURN_IF_ERROR(store_->ApplyGradients(tg.table, tg.ids, tg.data()));
-          if (metrics_ != nullptr) metrics_->AddUpdatedIds(tg.ids.size());
-        }
-        return absl::OkStatus();
-      });
+      options_.consistency, [this](GradientPush& push) { return ApplyPush(push); });
   work_ = std::make_unique<WorkQueue>(options_.work_threads);
 }
 

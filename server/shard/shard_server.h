@@ -241,6 +241,10 @@ class ShardServer {
   void StartLookup(const v1::LookupRequest* request, LookupOutput out,
                    Done done, std::function<bool()> cancelled);
   absl::Status RunLookup(const v1::LookupRequest& request, LookupOutput out);
+  // Applies a step's pushes (the step clock calls it when the step is
+  // complete, or at once in async mode): records sync mode's updated ids,
+  // then the store's fused update, table by table.
+  absl::Status ApplyPush(GradientPush& push);
   // `owns_nothing`: the map the request was checked against gives this
   // server nothing (its pushes then take no part in step accounting).
   // `direct`: as PushGradients' `grads`.

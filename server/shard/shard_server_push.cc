@@ -1,6 +1,7 @@
 // ShardServer's push path (shard_server.h): decode and check a gradient
-// push, hold it for its step or hand it to the step clock. The rest of the
-// class is in shard_server.cc.
+// push, hold it for its step or hand it to the step clock, and apply a
+// step's pushes when the clock says so. The rest of the class is in
+// shard_server.cc.
 #include <cstring>
 #include <iterator>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "common/half.h"
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
+#include "server/shard/shard_metrics.h"
 #include "server/shard/shard_server.h"
 
 namespace recps::server {
@@ -153,6 +155,24 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
     push.push_back(std::move(tg));
   }
   return push;
+}
+
+absl::Status ShardServer::ApplyPush(GradientPush& push) {
+  if (options_.consistency.mode == ConsistencyMode::kSync) {
+    // The ids this step updates, for updated_only lookups of the next step
+    // (8 bytes per id; the set is built only when asked).
+    absl::MutexLock lock(&updates_mu_);
+    for (auto& [table, updates] : last_step_updates_) updates.Clear();
+    for (const TableGradients& tg : push) {
+      StepUpdates& u = last_step_updates_[tg.table];
+      u.ids.insert(u.ids.end(), tg.ids.begin(), tg.ids.end());
+    }
+  }
+  for (TableGradients& tg : push) {
+    RETURN_IF_ERROR(store_->ApplyGradients(tg.table, tg.ids, tg.data()));
+    if (metrics_ != nullptr) metrics_->AddUpdatedIds(tg.ids.size());
+  }
+  return absl::OkStatus();
 }
 
 void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
