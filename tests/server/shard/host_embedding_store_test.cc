@@ -19,6 +19,7 @@
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/shard/contract_store.h"
 #include "tests/testing/resident_memory.h"
 #include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
@@ -39,7 +40,7 @@ config::TableSpec Spec(std::string name, int dim, int64_t num_rows = 0,
 
 std::unique_ptr<EmbeddingStore> MakeStore(std::vector<config::TableSpec> specs,
                                           StoreOptions options = {}) {
-  auto store = CreateHostEmbeddingStore(std::move(specs), options);
+  auto store = CreateContractStore(std::move(specs), options);
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
 }
@@ -107,11 +108,11 @@ TEST(HostEmbeddingStore, FixedTableReadsOutsideItsIdsFindNoRow) {
   }
   const std::vector<int64_t> never = {3};
   EXPECT_EQ(store->ReadRows(0, never, out.data()).code(), absl::StatusCode::kNotFound);
-#if !defined(RECPS_DEVICE_STORE_CONTRACT)  // the device store has no such map
-  auto empty = MakeStore({Spec("item", 4, /*num_rows=*/10), Spec("user", 4)});
-  EXPECT_EQ(empty->Info(0).index_bytes - empty->Info(1).index_bytes,
-            HostDenseIndexBytes(10));
-#endif
+  if (ContractStoreIsHostStore()) {  // the device store has no such map
+    auto empty = MakeStore({Spec("item", 4, /*num_rows=*/10), Spec("user", 4)});
+    EXPECT_EQ(empty->Info(0).index_bytes - empty->Info(1).index_bytes,
+              HostDenseIndexBytes(10));
+  }
   EXPECT_EQ(HostDenseIndexBytes(10), 40);
   EXPECT_EQ(HostDenseIndexBytes(0), 0);  // dynamic: none
   EXPECT_EQ(HostDenseIndexBytes(kHostDenseIndexMaxRows + 1), 0);
@@ -122,9 +123,7 @@ TEST(HostEmbeddingStore, FixedTableReadsOutsideItsIdsFindNoRow) {
 // no row exists until it is used, and a row then starts from its initial
 // value, as without.
 TEST(HostEmbeddingStore, PrefaultCommitsAFixedTablesShareAndCreatesNoRow) {
-#if defined(RECPS_DEVICE_STORE_CONTRACT)
-  GTEST_SKIP() << "host store only: the device store allocates its arena whole";
-#endif
+  if (!ContractStoreIsHostStore()) GTEST_SKIP() << "host store only: the device store allocates its arena whole";
   {
     void* probe = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(probe, MAP_FAILED);
@@ -346,7 +345,7 @@ TEST(HostEmbeddingStore, UnknownTableIsNotFound) {
 
 TEST(HostEmbeddingStore, RefusesBadSpecs) {
   auto bad = [](std::vector<config::TableSpec> specs, const char* what) {
-    auto s = CreateHostEmbeddingStore(std::move(specs), {});
+    auto s = CreateContractStore(std::move(specs), {});
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << what;
     EXPECT_THAT(s.status().message(), HasSubstr(what));
   };
@@ -478,9 +477,7 @@ TEST(IdIndex, RefusedRowInsertsNothing) {
 }
 
 TEST(HostEmbeddingStore, IndexBytesFollowRowsThroughGrowth) {
-#if defined(RECPS_DEVICE_STORE_CONTRACT)
-  GTEST_SKIP() << "host store only: the device store allocates its index whole at start";
-#endif
+  if (!ContractStoreIsHostStore()) GTEST_SKIP() << "host store only: the device store allocates its index whole at start";
   StoreOptions opt;
   opt.num_slots = 1;  // one index, so growth steps are visible
   auto store = MakeStore({Spec("t", 2)}, opt);

@@ -16,6 +16,7 @@
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/embedding_store.h"
 #include "server/shard/store_footprint.h"
+#include "tests/server/shard/contract_store.h"
 #include "tests/testing/table_specs.h"
 
 namespace recps::server {
@@ -37,7 +38,7 @@ config::TableSpec Spec(std::string name, int dim, RowPrecision precision,
 
 std::unique_ptr<EmbeddingStore> MakeStore(std::vector<config::TableSpec> specs,
                                           StoreOptions options = {}) {
-  auto store = CreateHostEmbeddingStore(std::move(specs), options);
+  auto store = CreateContractStore(std::move(specs), options);
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
 }

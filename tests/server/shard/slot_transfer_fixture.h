@@ -2,8 +2,8 @@
 // slot_drop_test.cc): stores of one table per optimizer kind, trained with
 // deterministic gradients, and what the tests compare them with (initial
 // rows, every row read back, whole-slot exports). They go through the
-// EmbeddingStore interface only; recps_device_store_contract_test compiles
-// them with CreateHostEmbeddingStore renamed to the CPU twin's factory.
+// EmbeddingStore interface only, on the store contract_store.h names (the
+// host store, or the device store's CPU twin).
 #ifndef RECPS_TESTS_SERVER_SHARD_SLOT_TRANSFER_FIXTURE_H_
 #define RECPS_TESTS_SERVER_SHARD_SLOT_TRANSFER_FIXTURE_H_
 
@@ -30,6 +30,7 @@
 #include "common/row_init.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/shard/contract_store.h"
 #include "tests/testing/resident_memory.h"
 #include "tests/testing/table_specs.h"
 #include "kernels/embedding_optimizer.h"
@@ -68,7 +69,7 @@ inline StoreOptions Options(uint32_t num_slots = kSlots) {
 
 inline std::unique_ptr<EmbeddingStore> MakeStore(std::vector<config::TableSpec> specs,
                                           StoreOptions options = Options()) {
-  auto store = CreateHostEmbeddingStore(std::move(specs), options);
+  auto store = CreateContractStore(std::move(specs), options);
   EXPECT_TRUE(store.ok()) << store.status();
   return store.ok() ? *std::move(store) : nullptr;
 }

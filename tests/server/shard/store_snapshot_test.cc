@@ -11,6 +11,7 @@
 #include "kernels/embedding_optimizer.h"
 #include "server/shard/embedding_store.h"
 #include "server/shard/layered_store.h"
+#include "tests/server/shard/contract_store.h"
 #include "tests/testing/table_specs.h"
 
 namespace recps::server {
@@ -25,7 +26,7 @@ std::unique_ptr<EmbeddingStore> MakeStore() {
   o.seed = 7;
   o.num_slots = kSlots;
   o.max_rows_per_table = 1 << 16;
-  auto store = CreateHostEmbeddingStore(
+  auto store = CreateContractStore(
       {testing::TestTableSpec("adam", 6, 0, OptimizerKind::kAdam, 0.01f),
        testing::TestTableSpec("sgd", 4, 0, OptimizerKind::kSgd, 0.5f)},
       o);
@@ -139,7 +140,7 @@ TEST(StoreSnapshotTest, LayeredStoreSpansItsLayers) {
   StoreOptions o;
   o.seed = 7;
   o.num_slots = kSlots;
-  auto extra = CreateHostEmbeddingStore(
+  auto extra = CreateContractStore(
       {testing::TestTableSpec("late", 4, 0, OptimizerKind::kSgd, 0.5f)}, o);
   ASSERT_TRUE(extra.ok());
   ASSERT_TRUE(layered.Add(*std::move(extra)).ok());
