@@ -9,7 +9,6 @@
 // worker registers (keeping its lease by heartbeat), takes the job and the
 // shard map from the coordinator and meets its peers through the
 // coordinator's key-value store.
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -61,11 +61,11 @@
 #include "worker/data/synthetic.h"
 #include "common/config/job_config.h"
 #include "common/flags_usage.h"
-#include "worker/model/dense_state.h"
 #include "common/rpc/tls_flags.h"
 #include "worker/embedded_shard.h"
 #include "worker/result_json.h"
 #include "worker/trainer.h"
+#include "worker/worker_checkpoints.h"
 #include "worker/worker_flags.h"
 #include "worker/worker_metrics.h"
 #include "worker/worker_setup.h"
@@ -79,26 +79,6 @@ namespace {
 int EnvInt(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
-
-// Set by SIGTERM/SIGINT when checkpoints are on: the trainer checkpoints at
-// the next step boundary (agreed with the other workers) and returns.
-std::atomic<bool> g_stop_requested{false};
-
-void OnStopSignal(int sig) {
-  // A second signal does not wait for the checkpoint.
-  if (g_stop_requested.exchange(true)) {
-    signal(sig, SIG_DFL);
-    raise(sig);
-  }
-}
-
-void InstallStopHandler() {
-  struct sigaction sa {};
-  sa.sa_handler = OnStopSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
 }
 
 // Held-out synthetic samples come from the same hidden model but other
@@ -139,45 +119,95 @@ void StopEmbeddedShard(int rank, Collectives* collectives, ProcessShared* shared
   if (rank == shared->first_rank) shared->shard->Stop(absl::Seconds(10));
 }
 
-// One rank's whole run: register, start (or wait for) the embedded shard,
-// set up the client, data, allreduce and trainer, train, report. Returns
-// the process's exit code.
-int RunRank(int rank, int world, ProcessShared* shared) {
-  const std::string config_path = absl::GetFlag(FLAGS_config);
-  const std::string coordinator_address = absl::GetFlag(FLAGS_coordinator);
-  const kernels::Device* device = &shared->device;
-  const int cuda_device = shared->cuda_device;
-  const bool on_gpu = *device == kernels::Device::kCuda;
+// One rank's run as RunRank builds it, step by step. The members are in the
+// order the steps make them, so they are destroyed in reverse: the map
+// watcher, then the trainer (which owns the client and the data), before
+// what its callbacks use (progress, metrics, checkpoints), the execution
+// resources, the thread pool and the allreduce.
+struct RankRun {
+  RankRun(int rank, int world, ProcessShared* shared)
+      : rank(rank),
+        world(world),
+        shared(shared),
+        config_path(absl::GetFlag(FLAGS_config)),
+        coordinator_address(absl::GetFlag(FLAGS_coordinator)),
+        on_gpu(shared->device == kernels::Device::kCuda) {}
 
-  // With a coordinator: register (retrying while it starts), then keep the
-  // lease in the background for the whole run.
+  const int rank;
+  const int world;
+  ProcessShared* const shared;
+  const std::string config_path;
+  const std::string coordinator_address;
+  const bool on_gpu;
+
+  // Register: null without --coordinator.
   std::unique_ptr<client::CoordinatorClient> coordinator;
   std::unique_ptr<client::CoordinatorLease> lease;
   v1::RegisterResponse registered;
-  if (!coordinator_address.empty()) {
-    coordinator = std::make_unique<client::CoordinatorClient>(coordinator_address);
-    v1::RegisterRequest request;
-    request.set_role(v1::WORKER);
-    request.set_rank(rank);
-    absl::StatusOr<v1::RegisterResponse> r = coordinator->Register(request);
-    if (!r.ok()) {
-      LogError(r.status().message());
-      return 1;
-    }
-    registered = *std::move(r);
-    LogInfo("registered with coordinator ", coordinator_address, " as ",
-            registered.member_id());
-    lease = std::make_unique<client::CoordinatorLease>(coordinator.get(), request,
-                                                       &registered);
-  }
+  // LoadJob.
+  v1::JobConfig job;
+  bool sync_prefetch = true;
+  // FindShards.
+  std::vector<std::string> shards;
+  // The process's embedded shard outlives every rank's client (ProcessShared).
+  server::ShardProcess* embedded_shard = nullptr;
+  // Resume state, cuts, pre-emption and the final checkpoint.
+  std::unique_ptr<WorkerCheckpoints> checkpoints;
+  // CreateClient: the trainer takes `client`; `embedding` stays valid.
+  std::unique_ptr<client::EmbeddingClient> client;
+  client::EmbeddingClient* embedding = nullptr;
+  // OpenData: the trainer takes `train`.
+  std::unique_ptr<BatchSource> train;
+  std::function<absl::StatusOr<std::unique_ptr<BatchSource>>()> make_eval;
+  std::unique_ptr<WorkerMetrics> metrics;
+  // JoinAllreduce: null with one worker.
+  std::unique_ptr<KeyValueStore> rendezvous;
+  std::unique_ptr<Collectives> collectives;
+  // CreateTrainer.
+  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<kernels::ExecResources> exec;
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> loss_log{nullptr, &std::fclose};
+  // The progress lines and step metrics (TrainerOptions::on_step, on_eval).
+  absl::Time last_print = absl::InfinitePast();
+  double last_auc = -1;
+  StepTimes times_so_far;
+  int64_t samples_so_far = 0;
+  std::unique_ptr<Trainer> trainer;
+  // StartTraining.
+  std::unique_ptr<client::ShardMapWatcher> map_watcher;
+};
 
+// With a coordinator: register (retrying while it starts), then keep the
+// lease in the background for the whole run.
+int Register(RankRun& run) {
+  if (run.coordinator_address.empty()) return 0;
+  run.coordinator = std::make_unique<client::CoordinatorClient>(run.coordinator_address);
+  v1::RegisterRequest request;
+  request.set_role(v1::WORKER);
+  request.set_rank(run.rank);
+  absl::StatusOr<v1::RegisterResponse> r = run.coordinator->Register(request);
+  if (!r.ok()) {
+    LogError(r.status().message());
+    return 1;
+  }
+  run.registered = *std::move(r);
+  LogInfo("registered with coordinator ", run.coordinator_address, " as ",
+          run.registered.member_id());
+  run.lease = std::make_unique<client::CoordinatorLease>(run.coordinator.get(), request,
+                                                         &run.registered);
+  return 0;
+}
+
+// The job: --config, else the coordinator's (with --steps over it), checked;
+// and --sync_prefetch.
+int LoadJob(RankRun& run) {
   absl::StatusOr<v1::JobConfig> job;
-  if (!config_path.empty()) {
-    job = config::ReadJobConfig(config_path);
-  } else if (registered.has_job()) {
-    job = registered.job();
+  if (!run.config_path.empty()) {
+    job = config::ReadJobConfig(run.config_path);
+  } else if (run.registered.has_job()) {
+    job = run.registered.job();
   } else {
-    job = coordinator->GetJob();
+    job = run.coordinator->GetJob();
   }
   if (!job.ok()) {
     LogError(job.status().message());
@@ -196,27 +226,34 @@ int RunRank(int rank, int world, ProcessShared* shared) {
     LogError(s.message());
     return 2;
   }
-  bool sync_prefetch = !absl::GetFlag(FLAGS_embedded_shard);  // auto
+  run.job = *std::move(job);
+  run.sync_prefetch = !absl::GetFlag(FLAGS_embedded_shard);  // auto
   if (const std::string prefetch = absl::GetFlag(FLAGS_sync_prefetch);
-      prefetch != "auto" && !absl::SimpleAtob(prefetch, &sync_prefetch)) {
+      prefetch != "auto" && !absl::SimpleAtob(prefetch, &run.sync_prefetch)) {
     LogError("--sync_prefetch=", prefetch, ": expected true, false or auto");
     return 2;
   }
-  std::vector<std::string> shards =
-      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  // The process's embedded shard outlives every rank's client (ProcessShared).
-  server::ShardProcess* embedded_shard = nullptr;
+  return 0;
+}
+
+// The shard servers: --shards, or the embedded one (started by the
+// process's first rank, waited for by the others).
+int FindShards(RankRun& run) {
+  run.shards = absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  ProcessShared* const shared = run.shared;
   if (absl::GetFlag(FLAGS_embedded_shard)) {
-    if (coordinator == nullptr && (world != shared->local_ranks || !shards.empty())) {
+    if (run.coordinator == nullptr &&
+        (run.world != shared->local_ranks || !run.shards.empty())) {
       LogError("--embedded_shard without --coordinator serves every slot alone: it needs "
                "--world_size=1 (or all ranks in this process, --local_ranks) and no "
-               "--shards (got --world_size=", world, ", ", shards.size(), " --shards)");
+               "--shards (got --world_size=", run.world, ", ", run.shards.size(),
+               " --shards)");
       return 2;
     }
-    if (rank == shared->first_rank) {
-      absl::StatusOr<std::unique_ptr<server::ShardProcess>> started =
-          StartEmbeddedShard(*job, world, shared->local_ranks, coordinator_address,
-                             absl::GetFlag(FLAGS_resume_timeout));
+    if (run.rank == shared->first_rank) {
+      absl::StatusOr<std::unique_ptr<server::ShardProcess>> started = StartEmbeddedShard(
+          run.job, run.world, shared->local_ranks, run.coordinator_address,
+          absl::GetFlag(FLAGS_resume_timeout));
       if (started.ok()) {
         shared->shard = *std::move(started);
       } else {
@@ -229,85 +266,59 @@ int RunRank(int rank, int world, ProcessShared* shared) {
       LogError("--embedded_shard: ", shared->shard_status.message());
       return absl::IsInvalidArgument(shared->shard_status) ? 2 : 1;
     }
-    embedded_shard = shared->shard.get();
-    if (coordinator == nullptr) shards = {embedded_shard->address()};
+    run.embedded_shard = shared->shard.get();
+    if (run.coordinator == nullptr) run.shards = {run.embedded_shard->address()};
   }
-  if (coordinator == nullptr && shards.empty()) {
+  if (run.coordinator == nullptr && run.shards.empty()) {
     LogError("--shards is required without --coordinator (the shard servers' addresses)");
     return 2;
   }
+  return 0;
+}
 
-  // Checkpoints need the coordinator (it gathers the cut and writes the
-  // manifest); without one, or with training.checkpoint.dir empty, the run
-  // is as before.
-  const bool checkpoints =
-      coordinator != nullptr && !job->training().checkpoint().dir().empty();
-  if (checkpoints) InstallStopHandler();
-  // Resume: the step to train from, the dense state and the data position
-  // (the coordinator answers "no resume" for a fresh job).
-  int64_t start_step = 0;
-  int64_t batches_read = 0;
-  v1::DenseState resume_dense;
-  if (coordinator != nullptr) {
-    absl::StatusOr<v1::GetResumeStateResponse> resume = FetchResumeState(*coordinator, rank);
-    if (!resume.ok() && resume.status().code() == absl::StatusCode::kUnimplemented) {
-      LogWarning("the coordinator does not know GetResumeState (older version): starting "
-                 "from step 0");
-    } else if (!resume.ok()) {
-      LogError("asking the coordinator where to resume failed: ", resume.status().ToString());
-      return 1;
-    } else if (resume->resume()) {
-      start_step = static_cast<int64_t>(resume->step());
-      batches_read = resume->position().batches_read();
-      if (!resume_dense.ParseFromString(resume->dense_state())) {
-        LogError("the dense state of checkpoint ", resume->dir(), " (step ", start_step,
-                 ") does not parse as recps.v1.DenseState");
-        return 1;
-      }
-      if (start_step > job->training().steps()) {
-        LogError("checkpoint ", resume->dir(), " is at step ", start_step,
-                 ", past this job's training.steps ", job->training().steps());
-        return 2;
-      }
-      if (batches_read != start_step) {
-        LogWarning("checkpoint ", resume->dir(), ": rank ", rank, " had read ",
-                   batches_read, " batches at step ", start_step, "; resuming its data there");
-      }
-    }
-  }
-
+// The embedding client, routing by the coordinator's map when there is one
+// (it is the one that changes with a rebalance), else by the servers'.
+int CreateClient(RankRun& run) {
   std::vector<client::TableSchema> tables;
-  for (const v1::TableConfig& t : job->tables()) tables.push_back({t.name(), t.dim()});
+  for (const v1::TableConfig& t : run.job.tables()) tables.push_back({t.name(), t.dim()});
   client::EmbeddingClientOptions client_options;
-  client_options.worker_rank = rank;
-  client_options.encoding = config::WireEncoding(job->training());
-  if (embedded_shard != nullptr) client_options.in_process_shard = embedded_shard->endpoint();
+  client_options.worker_rank = run.rank;
+  client_options.encoding = config::WireEncoding(run.job.training());
+  if (run.embedded_shard != nullptr) {
+    client_options.in_process_shard = run.embedded_shard->endpoint();
+  }
   if (client_options.encoding != v1::ROW_ENCODING_FLOAT32) {
     LogInfo("rows and gradients travel as ", v1::RowEncoding_Name(client_options.encoding),
             " (training.wire_precision)");
   }
-  // The coordinator's map wins when both are given: it is the one that
-  // changes with a rebalance.
   absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> client =
       client::EmbeddingClient::Create(
           tables,
-          coordinator != nullptr ? client::MakeCoordinatorShardMapSource(coordinator.get())
-                                 : client::MakeServerShardMapSource(shards),
+          run.coordinator != nullptr
+              ? client::MakeCoordinatorShardMapSource(run.coordinator.get())
+              : client::MakeServerShardMapSource(run.shards),
           client_options);
   if (!client.ok()) {
     LogError(client.status().message());
     return 1;
   }
-  client::EmbeddingClient* const embedding = client->get();  // the trainer owns it
+  run.client = *std::move(client);
+  run.embedding = run.client.get();
+  return 0;
+}
 
-  const int64_t batch_size = job->training().batch_size();
-  std::unique_ptr<BatchSource> train;
-  std::function<absl::StatusOr<std::unique_ptr<BatchSource>>()> make_eval;
-  if (job->data().has_synthetic()) {
-    const SyntheticConfig cfg = ToSyntheticConfig(job->data().synthetic());
-    train = MakeSyntheticSource(cfg, rank, world, batch_size, job->training().steps());
-    const int64_t eval_batches = job->training().eval_batches();
-    make_eval = [cfg, rank, world, batch_size, eval_batches]()
+// The training data (from the checkpoint's position on a resume, read ahead
+// by a prefetch thread), the evaluation data, and this rank's metrics.
+int OpenData(RankRun& run) {
+  const v1::JobConfig& job = run.job;
+  const int rank = run.rank;
+  const int world = run.world;
+  const int64_t batch_size = job.training().batch_size();
+  if (job.data().has_synthetic()) {
+    const SyntheticConfig cfg = ToSyntheticConfig(job.data().synthetic());
+    run.train = MakeSyntheticSource(cfg, rank, world, batch_size, job.training().steps());
+    const int64_t eval_batches = job.training().eval_batches();
+    run.make_eval = [cfg, rank, world, batch_size, eval_batches]()
         -> absl::StatusOr<std::unique_ptr<BatchSource>> {
       SyntheticConfig eval_cfg = cfg;
       eval_cfg.first_sample = kEvalSampleOffset;
@@ -315,233 +326,187 @@ int RunRank(int rank, int world, ProcessShared* shared) {
     };
   } else {
     CriteoConfig cfg;
-    const v1::CriteoDataConfig& c = job->data().criteo();
+    const v1::CriteoDataConfig& c = job.data().criteo();
     cfg.paths.assign(c.train_paths().begin(), c.train_paths().end());
     cfg.hash_buckets.assign(c.hash_buckets().begin(), c.hash_buckets().end());
-    cfg.num_categorical = job->features_size();  // one TSV field per feature
+    cfg.num_categorical = job.features_size();  // one TSV field per feature
     absl::StatusOr<std::unique_ptr<BatchSource>> source =
         MakeCriteoSource(cfg, rank, world, batch_size);
     if (!source.ok()) {
       LogError(source.status().message());
       return 2;
     }
-    train = *std::move(source);
+    run.train = *std::move(source);
     CriteoConfig eval_cfg = cfg;
     eval_cfg.paths.assign(c.eval_paths().begin(), c.eval_paths().end());
     if (!eval_cfg.paths.empty()) {
-      make_eval = [eval_cfg, rank, world, batch_size] {
+      run.make_eval = [eval_cfg, rank, world, batch_size] {
         return MakeCriteoSource(eval_cfg, rank, world, batch_size);
       };
     }
   }
-  if (batches_read > 0) {
-    // Seek before the prefetch thread starts reading.
-    const absl::Time start = absl::Now();
-    absl::StatusOr<int64_t> skipped = train->Skip(batches_read);
-    if (!skipped.ok()) {
-      LogError("skipping the ", batches_read, " batches trained before the checkpoint: ",
-               skipped.status().ToString());
-      return 1;
-    }
-    if (*skipped < batches_read) {
-      LogError("the training data ends after ", *skipped, " batches, but the checkpoint "
-               "says rank ", rank, " read ", batches_read);
-      return 2;
-    }
-    LogInfo(absl::StrFormat("data position: skipped %d batches in %.2f s", batches_read,
-                            absl::ToDoubleSeconds(absl::Now() - start)));
-  }
-  train = MakePrefetchingSource(std::move(train), 4);
+  // Seek before the prefetch thread starts reading.
+  if (const int code = run.checkpoints->SkipTrainedData(*run.train); code != 0) return code;
+  run.train = MakePrefetchingSource(std::move(run.train), 4);
 
   // Metrics: one per quantity, named with its unit (docs/training.md); the
   // ranks of one process tell theirs apart by a rank label.
-  WorkerMetrics metrics(*shared->registry,
-                        shared->local_ranks > 1
-                            ? prometheus::Labels{{"rank", absl::StrCat(rank)}}
-                            : prometheus::Labels{});
+  run.metrics = std::make_unique<WorkerMetrics>(
+      *run.shared->registry, run.shared->local_ranks > 1
+                                 ? prometheus::Labels{{"rank", absl::StrCat(rank)}}
+                                 : prometheus::Labels{});
+  return 0;
+}
 
-  // Data parallelism: an allreduce over the dense gradients, Gloo for CPU
-  // workers, NCCL (on the worker's GPU, device pointers) for CUDA workers.
-  std::unique_ptr<KeyValueStore> rendezvous;
-  std::unique_ptr<Collectives> collectives;
-  if (world > 1) {
-    const std::string dir = absl::GetFlag(FLAGS_rendezvous_dir);
-    std::string prefix = absl::GetFlag(FLAGS_rendezvous_prefix);
-    if (prefix.empty()) prefix = job->name().empty() ? "recps" : job->name();
-    if (!dir.empty()) {
-      rendezvous = std::make_unique<FileKeyValueStore>(dir);
-    } else if (coordinator != nullptr) {
-      rendezvous = std::make_unique<CoordinatorKeyValueStore>(coordinator.get());
-      absl::StatusOr<std::string> fresh =
-          FreshRendezvousPrefix(*coordinator, absl::StrCat("rendezvous/", prefix), rank,
-                                world, absl::GetFlag(FLAGS_collective_timeout));
-      if (!fresh.ok()) {
-        LogError("rendezvous through the coordinator failed: ", fresh.status().ToString());
-        return 1;
-      }
-      prefix = *std::move(fresh);
-    } else {
-      LogError("--world_size ", world, " needs --coordinator or --rendezvous_dir (a "
-               "directory the workers share) to set up the allreduce");
-      return 2;
-    }
-    std::string hostname = absl::GetFlag(FLAGS_gloo_hostname);
-    if (hostname.empty()) {
-      hostname = coordinator != nullptr ? LocalAddressToward(coordinator_address)
-                                        : "127.0.0.1";
-      // `recps launch` sets LOCAL_WORLD_SIZE: fewer here than in the world
-      // means peers on other nodes, which cannot reach a loopback address.
-      if (absl::StartsWith(hostname, "127.") && EnvInt("LOCAL_WORLD_SIZE", world) < world) {
-        LogWarning("the allreduce binds to ", hostname, " (the route to the coordinator) "
-                   "but there are workers on other nodes; set --gloo_hostname to an "
-                   "address they can reach");
-      }
-    }
-    absl::StatusOr<std::unique_ptr<Collectives>> made =
-        on_gpu ? CreateNcclCollectives(*rendezvous, prefix, rank, world, cuda_device,
-                                       absl::GetFlag(FLAGS_collective_timeout))
-               : CreateGlooCollectives(*rendezvous, prefix, rank, world, hostname,
-                                       absl::GetFlag(FLAGS_collective_timeout));
-    if (!made.ok()) {
-      LogError(on_gpu ? "NCCL" : "Gloo", " allreduce set-up failed: ",
-               made.status().ToString());
+// Data parallelism: an allreduce over the dense gradients, Gloo for CPU
+// workers, NCCL (on the worker's GPU, device pointers) for CUDA workers.
+// Nothing with one worker.
+int JoinAllreduce(RankRun& run) {
+  if (run.world <= 1) return 0;
+  const int rank = run.rank;
+  const int world = run.world;
+  const std::string dir = absl::GetFlag(FLAGS_rendezvous_dir);
+  std::string prefix = absl::GetFlag(FLAGS_rendezvous_prefix);
+  if (prefix.empty()) prefix = run.job.name().empty() ? "recps" : run.job.name();
+  if (!dir.empty()) {
+    run.rendezvous = std::make_unique<FileKeyValueStore>(dir);
+  } else if (run.coordinator != nullptr) {
+    run.rendezvous = std::make_unique<CoordinatorKeyValueStore>(run.coordinator.get());
+    absl::StatusOr<std::string> fresh =
+        FreshRendezvousPrefix(*run.coordinator, absl::StrCat("rendezvous/", prefix), rank,
+                              world, absl::GetFlag(FLAGS_collective_timeout));
+    if (!fresh.ok()) {
+      LogError("rendezvous through the coordinator failed: ", fresh.status().ToString());
       return 1;
     }
-    collectives = *std::move(made);
-  }
-
-  // Ranks in one process split the cores unless --threads says otherwise.
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads <= 0 && shared->local_ranks > 1) {
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
-                              shared->local_ranks);
-  }
-  ThreadPool pool(threads);
-  TrainerOptions options;
-  if (collectives != nullptr) {
-    options.allreduce = [&collectives](absl::Span<float> grads) {
-      return AllReduceInBuckets(*collectives, grads, int64_t{1} << 20);
-    };
-  }
-  options.rank = rank;
-  options.world_size = world;
-  options.start_step = start_step;
-  // The final checkpoint's error: the run still evaluates and reports, then
-  // exits kExitFinalCheckpointFailed (the launcher does not retrain).
-  absl::Status final_checkpoint;
-  if (checkpoints) {
-    options.checkpoint_every = job->training().checkpoint().every_steps();
-    options.stop_requested = [] { return g_stop_requested.load(); };
-    client::CoordinatorLease* const lease_ptr = lease.get();
-    options.checkpoint_request_id = [lease_ptr] { return lease_ptr->checkpoint_request_id(); };
-    options.checkpoint = [&, lease_ptr](const CheckpointCutInfo& info) -> absl::Status {
-      const absl::Time start = absl::Now();
-      v1::CheckpointCutRequest request;
-      request.set_member_id(lease_ptr->member_id());
-      request.set_rank(rank);
-      request.set_step(static_cast<uint64_t>(info.step));
-      if (rank == 0) request.set_dense_state(info.dense.SerializeAsString());
-      request.mutable_position()->set_rank(rank);
-      request.mutable_position()->set_batches_read(info.batches_read);
-      request.set_wait_complete(info.wait_complete);
-      request.set_reason(info.reason);
-      absl::StatusOr<v1::CheckpointCutResponse> cut =
-          coordinator->CheckpointCut(request, absl::GetFlag(FLAGS_checkpoint_timeout));
-      if (!cut.ok() && !info.wait_complete) {
-        // Every worker gets the same answer (the cut is a barrier): all go
-        // on, and the previous complete checkpoint stays the one to resume.
-        LogWarning("checkpoint at step ", info.step, " (", info.reason, ") failed; training "
-                   "goes on and the previous complete checkpoint stays: ",
-                   cut.status().message());
-        return absl::OkStatus();
-      }
-      if (!cut.ok() && info.reason == "final") {
-        // Every step is trained and every worker got this answer: finish
-        // (final evaluation, results) and report it then. The previous
-        // complete checkpoint stays the newest.
-        final_checkpoint = absl::Status(
-            cut.status().code(), absl::StrCat("final checkpoint at step ", info.step,
-                                              " failed: ", cut.status().message()));
-        LogError(final_checkpoint.ToString());
-        return absl::OkStatus();
-      }
-      if (!cut.ok()) {
-        return absl::Status(cut.status().code(),
-                            absl::StrCat("checkpoint cut at step ", info.step, " (",
-                                         info.reason, "): ", cut.status().message()));
-      }
-      LogInfo(absl::StrFormat("checkpoint at step %d (%s) %s: training stalled %.1f ms",
-                              info.step, info.reason,
-                              info.wait_complete ? "complete in " + cut->dir()
-                                                 : "cut, writing " + cut->dir(),
-                              1e3 * absl::ToDoubleSeconds(absl::Now() - start)));
-      return absl::OkStatus();
-    };
-  }
-  options.sync_prefetch = sync_prefetch;
-  // The stream and cuBLAS handle of a CUDA worker (nothing for the CPU).
-  absl::StatusOr<std::unique_ptr<kernels::ExecResources>> exec =
-      kernels::ExecResources::Create(*device, cuda_device, &pool);
-  if (!exec.ok()) {
-    LogError("--device=", absl::GetFlag(FLAGS_device), ": ", exec.status().message());
+    prefix = *std::move(fresh);
+  } else {
+    LogError("--world_size ", world, " needs --coordinator or --rendezvous_dir (a "
+             "directory the workers share) to set up the allreduce");
     return 2;
   }
-  options.ctx = (*exec)->ctx();
-  options.pool_on_device = absl::GetFlag(FLAGS_pool_on_device);
-  const int64_t total_steps = job->training().steps();
-  absl::Time last_print = absl::InfinitePast();
-  double last_auc = -1;
-  const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
-  StepTimes times_so_far;
-  int64_t samples_so_far = 0;
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> loss_log(nullptr, &std::fclose);
-  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_loss_log), rank);
-      !path.empty()) {
-    loss_log.reset(std::fopen(path.c_str(), "a"));
-    if (loss_log == nullptr) {
-      LogError("--loss_log=", path, ": cannot open for appending: ", std::strerror(errno));
-      return 2;
+  std::string hostname = absl::GetFlag(FLAGS_gloo_hostname);
+  if (hostname.empty()) {
+    hostname = run.coordinator != nullptr ? LocalAddressToward(run.coordinator_address)
+                                          : "127.0.0.1";
+    // `recps launch` sets LOCAL_WORLD_SIZE: fewer here than in the world
+    // means peers on other nodes, which cannot reach a loopback address.
+    if (absl::StartsWith(hostname, "127.") && EnvInt("LOCAL_WORLD_SIZE", world) < world) {
+      LogWarning("the allreduce binds to ", hostname, " (the route to the coordinator) "
+                 "but there are workers on other nodes; set --gloo_hostname to an "
+                 "address they can reach");
     }
   }
-  options.on_step = [&](int64_t step, float loss, const TrainResult& r) {
-    if (loss_log != nullptr) {
-      std::fprintf(loss_log.get(), "%lld %.9g\n", static_cast<long long>(step), loss);
-      std::fflush(loss_log.get());
+  absl::StatusOr<std::unique_ptr<Collectives>> made =
+      run.on_gpu ? CreateNcclCollectives(*run.rendezvous, prefix, rank, world,
+                                         run.shared->cuda_device,
+                                         absl::GetFlag(FLAGS_collective_timeout))
+                 : CreateGlooCollectives(*run.rendezvous, prefix, rank, world, hostname,
+                                         absl::GetFlag(FLAGS_collective_timeout));
+  if (!made.ok()) {
+    LogError(run.on_gpu ? "NCCL" : "Gloo", " allreduce set-up failed: ",
+             made.status().ToString());
+    return 1;
+  }
+  run.collectives = *std::move(made);
+  return 0;
+}
+
+// TrainerOptions::on_step and on_eval: --loss_log, the step metrics and a
+// progress line every --progress_every (and at the last step).
+void ReportProgress(RankRun& run, TrainerOptions* options) {
+  const int64_t total_steps = run.job.training().steps();
+  const int64_t start_step = run.checkpoints->start_step();
+  const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
+  options->on_step = [&run, total_steps, start_step, every](int64_t step, float loss,
+                                                             const TrainResult& r) {
+    if (run.loss_log != nullptr) {
+      std::fprintf(run.loss_log.get(), "%lld %.9g\n", static_cast<long long>(step), loss);
+      std::fflush(run.loss_log.get());
     }
     const double rate = r.samples / std::max(r.seconds, 1e-9);
-    metrics.ObserveStep(r.times, times_so_far, r.samples - samples_so_far, loss, rate);
-    times_so_far = r.times;
-    samples_so_far = r.samples;
-    if (absl::Now() - last_print < every && step + 1 != total_steps) return;
-    last_print = absl::Now();
+    run.metrics->ObserveStep(r.times, run.times_so_far, r.samples - run.samples_so_far, loss,
+                             rate);
+    run.times_so_far = r.times;
+    run.samples_so_far = r.samples;
+    if (absl::Now() - run.last_print < every && step + 1 != total_steps) return;
+    run.last_print = absl::Now();
     const double eta = (total_steps - step - 1) * r.seconds /
                        std::max<int64_t>(step + 1 - start_step, 1);
-    LogInfo(absl::StrFormat("step %d/%d  loss %.4f  %s%.0f samples/s  eta %.0fs",
-                            step + 1, total_steps, loss,
-                            last_auc >= 0 ? absl::StrFormat("auc %.4f  ", last_auc) : "",
-                            rate, eta));
+    LogInfo(absl::StrFormat(
+        "step %d/%d  loss %.4f  %s%.0f samples/s  eta %.0fs", step + 1, total_steps, loss,
+        run.last_auc >= 0 ? absl::StrFormat("auc %.4f  ", run.last_auc) : "", rate, eta));
   };
-  options.on_eval = [&](const EvalRecord& e) {
-    last_auc = e.metrics.auc;
-    metrics.ObserveEval(e.metrics);
+  options->on_eval = [&run](const EvalRecord& e) {
+    run.last_auc = e.metrics.auc;
+    run.metrics->ObserveEval(e.metrics);
     LogInfo(absl::StrFormat("eval after step %d: auc %.4f  log loss %.4f  ne %.4f  (%d samples)",
                             e.step, e.metrics.auc, e.metrics.log_loss, e.metrics.ne,
                             e.metrics.samples));
   };
+}
 
-  absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(
-      *job, *std::move(client), std::move(train), make_eval, std::move(options));
+// The trainer and what it runs on: the thread pool, the allreduce, the
+// checkpoints, the device's execution resources, --loss_log.
+int CreateTrainer(RankRun& run) {
+  // Ranks in one process split the cores unless --threads says otherwise.
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0 && run.shared->local_ranks > 1) {
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) /
+                              run.shared->local_ranks);
+  }
+  run.pool = std::make_unique<ThreadPool>(threads);
+  TrainerOptions options;
+  if (run.collectives != nullptr) {
+    options.allreduce = [collectives = run.collectives.get()](absl::Span<float> grads) {
+      return AllReduceInBuckets(*collectives, grads, int64_t{1} << 20);
+    };
+  }
+  options.rank = run.rank;
+  options.world_size = run.world;
+  run.checkpoints->Wire(&options);
+  options.sync_prefetch = run.sync_prefetch;
+  // The stream and cuBLAS handle of a CUDA worker (nothing for the CPU).
+  absl::StatusOr<std::unique_ptr<kernels::ExecResources>> exec =
+      kernels::ExecResources::Create(run.shared->device, run.shared->cuda_device,
+                                     run.pool.get());
+  if (!exec.ok()) {
+    LogError("--device=", absl::GetFlag(FLAGS_device), ": ", exec.status().message());
+    return 2;
+  }
+  run.exec = *std::move(exec);
+  options.ctx = run.exec->ctx();
+  options.pool_on_device = absl::GetFlag(FLAGS_pool_on_device);
+  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_loss_log), run.rank);
+      !path.empty()) {
+    run.loss_log.reset(std::fopen(path.c_str(), "a"));
+    if (run.loss_log == nullptr) {
+      LogError("--loss_log=", path, ": cannot open for appending: ", std::strerror(errno));
+      return 2;
+    }
+  }
+  ReportProgress(run, &options);
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(run.job, std::move(run.client), std::move(run.train), run.make_eval,
+                      std::move(options));
   if (!trainer.ok()) {
     LogError(trainer.status().message());
     return 2;
   }
+  run.trainer = *std::move(trainer);
+  return 0;
+}
+
+// Before the first step: follow the coordinator's map, load the
+// checkpoint's dense state, start every replica from rank 0's parameters.
+int StartTraining(RankRun& run) {
   // Follows the coordinator's map so that a new epoch reaches the client at
-  // once, not only when a shard server refuses a stale one. Declared after
+  // once, not only when a shard server refuses a stale one. A member after
   // the trainer: stopped before the client goes.
-  std::unique_ptr<client::ShardMapWatcher> map_watcher;
-  if (coordinator != nullptr) {
-    map_watcher = std::make_unique<client::ShardMapWatcher>(
-        coordinator.get(), embedding->shard_map_epoch(), [embedding](ShardMap map) {
+  if (run.coordinator != nullptr) {
+    client::EmbeddingClient* const embedding = run.embedding;
+    run.map_watcher = std::make_unique<client::ShardMapWatcher>(
+        run.coordinator.get(), embedding->shard_map_epoch(), [embedding](ShardMap map) {
           const uint64_t epoch = map.epoch();
           if (absl::Status s = embedding->OfferShardMap(std::move(map)); !s.ok()) {
             LogWarning("shard map epoch ", epoch, " from the coordinator: ", s.message());
@@ -550,95 +515,121 @@ int RunRank(int rank, int world, ProcessShared* shared) {
           }
         });
   }
-  if (start_step > 0) {
-    if (absl::Status s = LoadDenseState(resume_dense, &(*trainer)->model(),
-                                        &(*trainer)->optimizer());
-        !s.ok()) {
-      LogError("loading the checkpoint's dense state: ", s.message());
-      return 2;
-    }
-    LogInfo("resuming at step ", start_step, " of ", total_steps,
-            ": dense model and optimizer loaded, data at batch ", batches_read);
-  }
-  if (collectives != nullptr) {
+  if (const int code = run.checkpoints->RestoreDense(*run.trainer); code != 0) return code;
+  if (run.collectives != nullptr) {
     // Every replica starts from rank 0's parameters.
-    if (absl::Status s = collectives->Broadcast((*trainer)->model().parameters(), 0);
+    if (absl::Status s = run.collectives->Broadcast(run.trainer->model().parameters(), 0);
         !s.ok()) {
       LogError("broadcasting the initial parameters failed: ", s.ToString());
       return 1;
     }
   }
-  LogInfo("training ", job->name().empty() ? config_path : job->name(), ": ",
-          total_steps, " steps of ", batch_size, " samples, rank ", rank, " of ", world,
-          ", shard map from ",
-          coordinator != nullptr ? "coordinator " + coordinator_address
-                                 : absl::StrCat(shards.size(), " shard server(s)"),
-          "; sync prefetch ", sync_prefetch ? "on" : "off", " (--sync_prefetch=",
+  LogInfo("training ", run.job.name().empty() ? run.config_path : run.job.name(), ": ",
+          run.job.training().steps(), " steps of ", run.job.training().batch_size(),
+          " samples, rank ", run.rank, " of ", run.world, ", shard map from ",
+          run.coordinator != nullptr ? "coordinator " + run.coordinator_address
+                                     : absl::StrCat(run.shards.size(), " shard server(s)"),
+          "; sync prefetch ", run.sync_prefetch ? "on" : "off", " (--sync_prefetch=",
           absl::GetFlag(FLAGS_sync_prefetch), ")",
-          on_gpu ? "" : "; OpenBLAS kernels " + kernels::BlasKernelsDescription());
-  absl::StatusOr<TrainResult> result = (*trainer)->Run();
-  if (!result.ok()) {
-    LogError("training failed: ", result.status().ToString());
-    if (coordinator != nullptr) {
-      // A peer that died stops heartbeating (and its lease runs out): give
-      // it two heartbeat intervals, then name whoever stayed silent,
-      // whatever the error above says. This worker keeps heartbeating.
-      const absl::Time failed = absl::Now();
-      absl::SleepFor(std::min(absl::Milliseconds(registered.lease_ms()) * 2 / 3 +
-                                  absl::Milliseconds(300),
-                              absl::Seconds(8)));
-      if (const std::string silent = coordinator->DescribeSilentWorkers(failed);
-          !silent.empty()) {
-        LogError("workers silent at the coordinator since the failure: ", silent);
-      }
+          run.on_gpu ? "" : "; OpenBLAS kernels " + kernels::BlasKernelsDescription());
+  return 0;
+}
+
+// A failed run: with a coordinator, names the workers that went silent.
+int ReportFailure(RankRun& run, const absl::Status& status) {
+  LogError("training failed: ", status.ToString());
+  if (run.coordinator != nullptr) {
+    // A peer that died stops heartbeating (and its lease runs out): give
+    // it two heartbeat intervals, then name whoever stayed silent,
+    // whatever the error above says. This worker keeps heartbeating.
+    const absl::Time failed = absl::Now();
+    absl::SleepFor(std::min(absl::Milliseconds(run.registered.lease_ms()) * 2 / 3 +
+                                absl::Milliseconds(300),
+                            absl::Seconds(8)));
+    if (const std::string silent = run.coordinator->DescribeSilentWorkers(failed);
+        !silent.empty()) {
+      LogError("workers silent at the coordinator since the failure: ", silent);
     }
-    return 1;
   }
-  if (result->preempted) {
-    LogInfo("pre-empted: checkpoint at step ", result->steps);
-    if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), rank);
-        !path.empty()) {
-      std::ofstream(path) << ResultJson(*result);
-    }
-    StopEmbeddedShard(rank, collectives.get(), shared);
-    if (lease != nullptr) lease->Leave();
-    return 0;
-  }
-  const StepTimes& t = result->times;
-  const int64_t trained = std::max<int64_t>(result->steps - start_step, 1);
+  return 1;
+}
+
+// The end of a rank: every peer done with the embedded shard, then leave
+// the coordinator.
+void Leave(RankRun& run) {
+  StopEmbeddedShard(run.rank, run.collectives.get(), run.shared);
+  if (run.lease != nullptr) run.lease->Leave();
+}
+
+// A run that trained every step: the summary line, --dense_out,
+// --result_json, then the final checkpoint's outcome.
+int ReportDone(RankRun& run, const TrainResult& result) {
+  const StepTimes& t = result.times;
+  const int64_t trained = std::max<int64_t>(result.steps - run.checkpoints->start_step(), 1);
   LogInfo(absl::StrFormat(
       "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
       "optimizer %.2f ms, waiting for overlapped lookups %.2f ms (prefetch %.2f ms "
       "beside the step); evaluation %.1f s",
-      result->steps, result->samples / std::max(result->seconds, 1e-9),
+      result.steps, result.samples / std::max(result.seconds, 1e-9),
       1e3 * t.data / trained, 1e3 * t.lookup / trained,
       1e3 * t.forward / trained, 1e3 * t.backward / trained,
       1e3 * t.push / trained, 1e3 * t.allreduce / trained,
       1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained,
       1e3 * t.prefetch / trained, t.eval));
-  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_dense_out), rank);
+  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_dense_out), run.rank);
       !path.empty()) {
     std::vector<float> p;
-    if (absl::Status s = (*trainer)->model().ReadParameters(&p); !s.ok()) {
+    if (absl::Status s = run.trainer->model().ReadParameters(&p); !s.ok()) {
       LogError("--dense_out: reading the parameters: ", s.message());
       return 1;
     }
     std::ofstream(path, std::ios::binary)
         .write(reinterpret_cast<const char*>(p.data()), p.size() * sizeof(float));
   }
-  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), rank);
+  if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), run.rank);
       !path.empty()) {
-    std::ofstream(path) << ResultJson(*result);
+    std::ofstream(path) << ResultJson(result);
   }
-  StopEmbeddedShard(rank, collectives.get(), shared);
-  if (lease != nullptr) lease->Leave();
-  if (!final_checkpoint.ok()) {
-    LogError("trained all ", result->steps, " steps and wrote the results, but ",
-             final_checkpoint.ToString());
-    return kExitFinalCheckpointFailed;
+  Leave(run);
+  return run.checkpoints->FinalExitCode(result.steps);
+}
+
+// Trains, then reports: a failure, a pre-emption (after its checkpoint) or
+// the finished run.
+int Train(RankRun& run) {
+  absl::StatusOr<TrainResult> result = run.trainer->Run();
+  if (!result.ok()) return ReportFailure(run, result.status());
+  if (result->preempted) {
+    LogInfo("pre-empted: checkpoint at step ", result->steps);
+    if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), run.rank);
+        !path.empty()) {
+      std::ofstream(path) << ResultJson(*result);
+    }
+    Leave(run);
+    return 0;
   }
-  return 0;
+  return ReportDone(run, *result);
+}
+
+// One rank's whole run: register, load the job, find (or start) the shard
+// servers, resume, set up the client, data, allreduce and trainer, train,
+// report. Returns the process's exit code (each step's: 0 goes on).
+int RunRank(int rank, int world, ProcessShared* shared) {
+  RankRun run(rank, world, shared);
+  if (const int code = Register(run); code != 0) return code;
+  if (const int code = LoadJob(run); code != 0) return code;
+  if (const int code = FindShards(run); code != 0) return code;
+  run.checkpoints = std::make_unique<WorkerCheckpoints>(
+      rank, run.job, run.coordinator.get(), run.lease.get(),
+      absl::GetFlag(FLAGS_checkpoint_timeout));
+  if (const int code = run.checkpoints->Resume(); code != 0) return code;
+  if (const int code = CreateClient(run); code != 0) return code;
+  if (const int code = OpenData(run); code != 0) return code;
+  if (const int code = JoinAllreduce(run); code != 0) return code;
+  if (const int code = CreateTrainer(run); code != 0) return code;
+  if (const int code = StartTraining(run); code != 0) return code;
+  return Train(run);
 }
 
 int Run() {
