@@ -151,4 +151,23 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalShard>>> StartShardCluster(
   return shards;
 }
 
+absl::StatusOr<CoordinatedCluster> StartCoordinatedCluster(
+    const std::string& coordinator_binary, const std::vector<std::string>& coordinator_args,
+    const std::string& shard_binary, const std::vector<std::string>& shard_args, int count) {
+  CoordinatedCluster cluster;
+  absl::StatusOr<std::unique_ptr<LocalShard>> coordinator =
+      LocalShard::Start(coordinator_binary, coordinator_args);
+  if (!coordinator.ok()) return coordinator.status();
+  cluster.coordinator = *std::move(coordinator);
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::string> args = shard_args;
+    args.push_back("--coordinator=" + cluster.coordinator->address());
+    absl::StatusOr<std::unique_ptr<LocalShard>> shard = LocalShard::Start(shard_binary, args);
+    if (!shard.ok()) return shard.status();
+    cluster.addresses.push_back((*shard)->address());
+    cluster.shards.push_back(*std::move(shard));
+  }
+  return cluster;
+}
+
 }  // namespace recps::testing

@@ -61,6 +61,21 @@ class LocalShard {
   int metrics_port_ = 0;
 };
 
+// A coordinator and shard servers registered with it, as real processes.
+struct CoordinatedCluster {
+  std::unique_ptr<LocalShard> coordinator;
+  std::vector<std::unique_ptr<LocalShard>> shards;
+  std::vector<std::string> addresses;  // the shards', in start order
+};
+
+// Starts `coordinator_binary` with `coordinator_args`, then `count` shard
+// servers (`shard_binary`) with `shard_args` and --coordinator=<its
+// address>. The coordinator builds and pushes the map (give it
+// --num_shards); this does not wait for it.
+absl::StatusOr<CoordinatedCluster> StartCoordinatedCluster(
+    const std::string& coordinator_binary, const std::vector<std::string>& coordinator_args,
+    const std::string& shard_binary, const std::vector<std::string>& shard_args, int count);
+
 // Starts `count` shard servers with `args` (not --standalone: they wait for a
 // map) and installs one shard map over all of them (epoch 1, `num_slots`).
 absl::StatusOr<std::vector<std::unique_ptr<LocalShard>>> StartShardCluster(

@@ -91,12 +91,7 @@ float Grad(int64_t step, int64_t id, int j) {
   return static_cast<float>((id * 31 + step * 7 + j) % 17 - 8) * 0.01f;
 }
 
-// A coordinator and `n` shard servers registered with it.
-struct Cluster {
-  std::unique_ptr<LocalShard> coordinator;
-  std::vector<std::unique_ptr<LocalShard>> shards;
-  std::vector<std::string> addresses;
-};
+using Cluster = testing::CoordinatedCluster;
 
 class CheckpointProcessTest : public ::testing::Test {
  protected:
@@ -107,28 +102,20 @@ class CheckpointProcessTest : public ::testing::Test {
 
   Cluster Start(int n, const std::string& job_text, const std::string& state,
                 const std::vector<std::string>& extra = {}) {
-    Cluster c;
     std::vector<std::string> args = {
         "--state_dir=" + dir_.path() + "/" + state,
         "--job=" + dir_.WriteFile(state + ".job.textproto", job_text),
         absl::StrCat("--num_shards=", n), "--num_slots=64", "--world_size=2",
         "--lease=3s", "--tick=20ms", "--checkpoint_cut_timeout=20s"};
     args.insert(args.end(), extra.begin(), extra.end());
-    auto coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, args);
-    EXPECT_TRUE(coordinator.ok()) << coordinator.status();
-    if (!coordinator.ok()) return c;
-    c.coordinator = *std::move(coordinator);
-    for (int i = 0; i < n; ++i) {
-      auto shard = LocalShard::Start(
-          RECPS_SHARD_BINARY,
-          {"--tables=" + tables_, "--num_slots=64", "--threads=2", "--seed=7",
-           "--world_size=1", "--consistency=sync", "--step_timeout=20s",
-           "--coordinator=" + c.coordinator->address()});
-      EXPECT_TRUE(shard.ok()) << shard.status();
-      if (!shard.ok()) return c;
-      c.addresses.push_back((*shard)->address());
-      c.shards.push_back(*std::move(shard));
-    }
+    absl::StatusOr<Cluster> started = testing::StartCoordinatedCluster(
+        RECPS_COORDINATOR_BINARY, args, RECPS_SHARD_BINARY,
+        {"--tables=" + tables_, "--num_slots=64", "--threads=2", "--seed=7", "--world_size=1",
+         "--consistency=sync", "--step_timeout=20s"},
+        n);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (!started.ok()) return Cluster();
+    Cluster c = *std::move(started);
     for (const std::string& a : c.addresses) {
       EXPECT_TRUE(testing::Eventually([&] { return MapEpoch(a) >= 1; })) << a;
     }

@@ -57,30 +57,15 @@ absl::StatusOr<std::unique_ptr<client::EmbeddingClient>> ClientFor(
 }
 
 // A coordinator that plans from `spec`, and two shard servers that join it.
-struct PlannedCluster {
-  std::unique_ptr<LocalShard> coordinator;
-  std::vector<std::unique_ptr<LocalShard>> shards;
-  std::vector<std::string> addresses;  // of the shards
-};
-
 void StartPlannedCluster(const TempDir& dir, const std::string& job,
-                         const std::string& spec, PlannedCluster* cluster) {
-  auto coordinator =
-      LocalShard::Start(RECPS_COORDINATOR_BINARY,
-                        {"--state_dir=" + dir.path() + "/state",
-                         "--num_shards=2", "--num_slots=256", "--job=" + job,
-                         "--plan_spec=" + spec, "--tick=20ms"});
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  cluster->coordinator = *std::move(coordinator);
-  for (int i = 0; i < 2; ++i) {
-    auto shard = LocalShard::Start(
-        RECPS_SHARD_BINARY,
-        {"--job=" + job, "--num_slots=256", "--threads=1",
-         "--coordinator=" + cluster->coordinator->address()});
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    cluster->addresses.push_back((*shard)->address());
-    cluster->shards.push_back(*std::move(shard));
-  }
+                         const std::string& spec, testing::CoordinatedCluster* cluster) {
+  auto started = testing::StartCoordinatedCluster(
+      RECPS_COORDINATOR_BINARY,
+      {"--state_dir=" + dir.path() + "/state", "--num_shards=2", "--num_slots=256",
+       "--job=" + job, "--plan_spec=" + spec, "--tick=20ms"},
+      RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1"}, 2);
+  ASSERT_TRUE(started.ok()) << started.status();
+  *cluster = *std::move(started);
 }
 
 std::unique_ptr<v1::ShardAdmin::Stub> AdminOf(const std::string& address) {
@@ -117,7 +102,7 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
   TempDir dir;
   const std::string job = dir.WriteFile("job.textproto", kJob);
   const std::string spec = dir.WriteFile("plan.textproto", kSpec);
-  PlannedCluster cluster;
+  testing::CoordinatedCluster cluster;
   ASSERT_NO_FATAL_FAILURE(StartPlannedCluster(dir, job, spec, &cluster));
   const std::vector<std::string>& addresses = cluster.addresses;
   auto stub = v1::Coordinator::NewStub(rpc::MakeChannel(cluster.coordinator->address(), rpc::ChannelKind::kControl));
@@ -174,7 +159,7 @@ topology { servers { memory_bytes: 1073741824 } num_workers: 1 }
 hints { table: "user" expected_distinct_ids: 100000 pinned_type: ROW_WISE }
 hints { table: "item" column_groups: 2 }
 )");
-  PlannedCluster cluster;
+  testing::CoordinatedCluster cluster;
   ASSERT_NO_FATAL_FAILURE(StartPlannedCluster(dir, job, spec, &cluster));
   const std::vector<std::string>& addresses = cluster.addresses;
   ASSERT_NO_FATAL_FAILURE(WaitForPlannedMap(addresses));
