@@ -30,23 +30,9 @@ constexpr char kShardMapKey[] = "shard_map";
 constexpr char kJobKey[] = "job";
 constexpr char kJobStartedKey[] = "job_started";
 
-const char* RoleName(v1::MemberRole role) {
-  switch (role) {
-    case v1::SHARD_SERVER: return "shard";
-    case v1::WORKER: return "worker";
-    default: return "unknown";
-  }
-}
+const char* RoleName(v1::MemberRole role) { return MemberRoleName(role); }
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
-
-// The member_index_ key of a member that re-registers as the same one;
-// empty when it cannot (a worker without a rank).
-std::string IndexKey(v1::MemberRole role, const std::string& address, int32_t rank) {
-  if (role == v1::SHARD_SERVER) return absl::StrCat("shard ", address);
-  if (role == v1::WORKER && rank >= 0) return absl::StrCat("worker ", rank);
-  return "";
-}
 
 }  // namespace
 
@@ -153,8 +139,7 @@ absl::Status Coordinator::Load() {
                                               ": cannot parse ", key));
     }
     entry.last_heartbeat = now;
-    next_sequence_ = std::max(next_sequence_, entry.record.sequence() + 1);
-    AddMember(std::move(entry));
+    members_.Add(std::move(entry));
   }
   absl::StatusOr<std::string> map = store_->Get(kShardMapKey);
   if (map.ok()) {
@@ -274,33 +259,6 @@ absl::Status Coordinator::PutMember(const v1::MemberRecord& record) {
                      record.SerializeAsString());
 }
 
-void Coordinator::AddMember(MemberEntry entry) {
-  const v1::MemberRecord& r = entry.record;
-  if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
-    member_index_[key] = r.member_id();
-  }
-  // Ids are "<role>-<n>"; a new one never reuses a number still listed.
-  const std::string prefix = absl::StrCat(RoleName(r.role()), "-");
-  int64_t number = 0;
-  if (absl::StartsWith(r.member_id(), prefix) &&
-      absl::SimpleAtoi(r.member_id().substr(prefix.size()), &number)) {
-    int64_t& next = next_member_number_[r.role()];
-    next = std::max(next, number + 1);
-  }
-  const std::string id = r.member_id();
-  members_[id] = std::move(entry);
-}
-
-Coordinator::MemberEntry* Coordinator::FindSameMember(
-    const v1::RegisterRequest& request) {
-  const std::string key = IndexKey(request.role(), request.address(), request.rank());
-  if (key.empty()) return nullptr;
-  auto it = member_index_.find(key);
-  if (it == member_index_.end()) return nullptr;
-  auto member = members_.find(it->second);
-  return member == members_.end() ? nullptr : &member->second;
-}
-
 absl::Status Coordinator::CheckRegister(const v1::RegisterRequest& request) const {
   if (request.role() != v1::SHARD_SERVER && request.role() != v1::WORKER) {
     return absl::InvalidArgumentError("register: role must be SHARD_SERVER or WORKER");
@@ -384,7 +342,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
       return s;
     }
     const absl::Time now = Now();
-    MemberEntry* entry = FindSameMember(request);
+    MemberEntry* entry = members_.FindSame(request.role(), request.address(), request.rank());
     if (entry != nullptr && caller.checked() && entry->record.state() == v1::ALIVE &&
         !entry->record.identity().empty() && entry->record.identity() != caller.uri) {
       // A live member is never taken over by another identity (an expired
@@ -407,10 +365,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
             " (--max_members); remove expired ones with `recpsctl members "
             "forget ID`"));
       }
-      record.set_member_id(absl::StrCat(RoleName(request.role()), "-",
-                                        next_member_number_[request.role()]));
-      record.set_role(request.role());
-      record.set_sequence(next_sequence_);
+      record = members_.NewRecord(request.role());
     }
     record.set_address(request.address());
     record.set_rank(request.role() == v1::WORKER ? request.rank() : -1);
@@ -426,14 +381,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
       job_started_ = std::move(started);
     }
     RETURN_IF_ERROR(PutMember(record));
-    if (entry == nullptr) {
-      ++next_sequence_;
-      AddMember({record, now, caller.client});
-      entry = &members_[record.member_id()];
-    }
-    entry->record = record;
-    entry->last_heartbeat = now;
-    entry->client = caller.client;
+    entry = &members_.Add({record, now, caller.client});
     LogInfo("registered ", record.member_id(), " (", RoleName(record.role()), " at ",
             record.address().empty() ? "-" : record.address(),
             record.role() == v1::WORKER ? absl::StrCat(", rank ", record.rank()) : "",
@@ -507,22 +455,13 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
 }
 
 absl::Status Coordinator::CheckMemberQuota(const Caller& caller) {
-  int held = 0;
-  std::vector<std::string> gone;  // the client's own expired and left members
-  for (const auto& [id, e] : members_) {
-    if (e.client != caller.client) continue;
-    ++held;
-    if (e.record.state() != v1::ALIVE) gone.push_back(id);
-  }
+  const std::vector<std::string> held_ids = members_.OfClient(caller.client);
+  int held = static_cast<int>(held_ids.size());
   if (held < options_.max_members_per_client) return absl::OkStatus();
-  for (const std::string& id : gone) {
+  for (const std::string& id : held_ids) {  // its own expired and left ones go
+    if (members_.Find(id)->record.state() == v1::ALIVE) continue;
     RETURN_IF_ERROR(store_->Delete(absl::StrCat(kMemberPrefix, id)));
-    const v1::MemberRecord& r = members_[id].record;
-    if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
-      auto index = member_index_.find(key);
-      if (index != member_index_.end() && index->second == id) member_index_.erase(index);
-    }
-    members_.erase(id);
+    members_.Erase(id);
     --held;
   }
   if (held < options_.max_members_per_client) return absl::OkStatus();
@@ -548,21 +487,16 @@ absl::Status Coordinator::CheckClaim(const Caller& caller, int32_t rank,
   if (!caller.checked()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   if (!member_id.empty()) {
-    auto it = members_.find(member_id);
-    if (it != members_.end()) RETURN_IF_ERROR(CheckOwner(it->second, caller, what));
-  }
-  if (rank >= 0) {
-    auto index = member_index_.find(IndexKey(v1::WORKER, "", rank));
-    if (index != member_index_.end()) {
-      auto it = members_.find(index->second);
-      if (it != members_.end() && it->second.record.state() == v1::ALIVE &&
-          !it->second.record.identity().empty() &&
-          it->second.record.identity() != caller.uri) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            what, ": rank ", rank, " is registered (", it->second.record.member_id(),
-            ") by ", it->second.record.identity(), ", not ", caller.uri));
-      }
+    if (const MemberEntry* e = members_.Find(member_id); e != nullptr) {
+      RETURN_IF_ERROR(CheckOwner(*e, caller, what));
     }
+  }
+  const MemberEntry* holder = rank >= 0 ? members_.FindSame(v1::WORKER, "", rank) : nullptr;
+  if (holder != nullptr && holder->record.state() == v1::ALIVE &&
+      !holder->record.identity().empty() && holder->record.identity() != caller.uri) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": rank ", rank, " is registered (", holder->record.member_id(), ") by ",
+        holder->record.identity(), ", not ", caller.uri));
   }
   return absl::OkStatus();
 }
@@ -570,22 +504,22 @@ absl::Status Coordinator::CheckClaim(const Caller& caller, int32_t rank,
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
     const v1::HeartbeatRequest& request, const Caller& caller) {
   absl::MutexLock lock(&mu_);
-  auto it = members_.find(request.member_id());
-  if (it == members_.end()) {
+  MemberEntry* found = members_.Find(request.member_id());
+  if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("heartbeat: no member '",
                                             request.member_id(), "'; register first"));
   }
-  RETURN_IF_ERROR(CheckOwner(it->second, caller, "heartbeat"));
-  if (it->second.record.state() == v1::EXPIRED) {
+  RETURN_IF_ERROR(CheckOwner(*found, caller, "heartbeat"));
+  if (found->record.state() == v1::EXPIRED) {
     return absl::FailedPreconditionError(absl::StrCat(
         "heartbeat: the lease of ", request.member_id(), " ran out (no heartbeat for ",
         absl::FormatDuration(options_.lease), "); register again"));
   }
-  if (it->second.record.state() == v1::LEFT) {
+  if (found->record.state() == v1::LEFT) {
     return absl::FailedPreconditionError(absl::StrCat(
         "heartbeat: ", request.member_id(), " left the cluster; register again"));
   }
-  it->second.last_heartbeat = Now();
+  found->last_heartbeat = Now();
   v1::HeartbeatResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_shard_map_epoch(map_.epoch());
@@ -595,17 +529,17 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
 
 absl::Status Coordinator::Leave(const v1::LeaveRequest& request, const Caller& caller) {
   absl::MutexLock lock(&mu_);
-  auto it = members_.find(request.member_id());
-  if (it == members_.end()) {
+  MemberEntry* found = members_.Find(request.member_id());
+  if (found == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("leave: no member '", request.member_id(), "'"));
   }
-  RETURN_IF_ERROR(CheckOwner(it->second, caller, "leave"));
-  if (it->second.record.state() == v1::LEFT) return absl::OkStatus();
-  v1::MemberRecord record = it->second.record;
+  RETURN_IF_ERROR(CheckOwner(*found, caller, "leave"));
+  if (found->record.state() == v1::LEFT) return absl::OkStatus();
+  v1::MemberRecord record = found->record;
   record.set_state(v1::LEFT);
   RETURN_IF_ERROR(PutMember(record));
-  it->second.record = record;
+  found->record = record;
   UpdateMemberGauges();
   LogInfo(request.member_id(), " (", RoleName(record.role()),
           record.role() == v1::WORKER ? absl::StrCat(" rank ", record.rank())
@@ -641,29 +575,23 @@ v1::Member Coordinator::ToMember(const MemberEntry& e) const {
 
 absl::StatusOr<v1::Member> Coordinator::ForgetMember(const std::string& member_id) {
   absl::MutexLock lock(&mu_);
-  auto it = members_.find(member_id);
-  if (it == members_.end()) {
+  MemberEntry* found = members_.Find(member_id);
+  if (found == nullptr) {
     return absl::NotFoundError(absl::StrCat("forget: no member '", member_id.substr(0, 64),
                                             "'; `recpsctl status` lists them"));
   }
-  const v1::MemberRecord& r = it->second.record;
+  const v1::MemberRecord& r = found->record;
   if (r.state() == v1::ALIVE) {
     return absl::FailedPreconditionError(absl::StrCat(
         "forget: ", member_id, " is alive (last heartbeat ",
-        absl::FormatDuration(absl::Trunc(Now() - it->second.last_heartbeat,
+        absl::FormatDuration(absl::Trunc(Now() - found->last_heartbeat,
                                          absl::Milliseconds(1))),
         " ago, lease ", absl::FormatDuration(options_.lease),
         "); only an expired or left member can be forgotten: stop it first"));
   }
   RETURN_IF_ERROR(store_->Delete(absl::StrCat(kMemberPrefix, member_id)));
-  v1::Member forgotten = ToMember(it->second);
-  if (std::string key = IndexKey(r.role(), r.address(), r.rank()); !key.empty()) {
-    auto index = member_index_.find(key);
-    if (index != member_index_.end() && index->second == member_id) {
-      member_index_.erase(index);
-    }
-  }
-  members_.erase(it);
+  v1::Member forgotten = ToMember(*found);
+  members_.Erase(member_id);
   UpdateMemberGauges();
   LogInfo("forgot ", member_id, " (", RoleName(forgotten.role()),
           forgotten.role() == v1::WORKER ? absl::StrCat(" rank ", forgotten.rank())

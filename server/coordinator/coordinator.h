@@ -33,6 +33,7 @@
 #include "recps/v1/coordinator.pb.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
 #include "server/coordinator/coordinator_store.h"
+#include "server/coordinator/member_table.h"
 #include "server/coordinator/move_orchestrator.h"
 
 namespace prometheus {
@@ -254,11 +255,6 @@ class Coordinator {
 
  private:
   struct Metrics;
-  struct MemberEntry {
-    v1::MemberRecord record;
-    absl::Time last_heartbeat;
-    std::string client;  // Caller::client that registered it ("": unchecked)
-  };
   struct KvWaiter {
     std::vector<std::string> keys;
     absl::Time deadline;
@@ -300,8 +296,6 @@ class Coordinator {
   absl::Time Now() const { return options_.clock(); }
   absl::Status PutMember(const v1::MemberRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  MemberEntry* FindSameMember(const v1::RegisterRequest& request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when caller.client holds max_members_per_client
   // members, after forgetting its own expired and left ones.
   absl::Status CheckMemberQuota(const Caller& caller) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -315,8 +309,6 @@ class Coordinator {
   // num_slots or tables differ from the cluster's and the job's.
   absl::Status CheckShardConfig(const v1::RegisterRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds `entry` to members_ and the index.
-  void AddMember(MemberEntry entry) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member ToMember(const MemberEntry& e) const;
   // Builds the first map once enough shard servers are alive.
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -364,14 +356,8 @@ class Coordinator {
   std::unique_ptr<MoveOrchestrator> moves_;
 
   mutable absl::Mutex mu_;
-  // By member id; ordered by MemberRecord.sequence when listed.
-  absl::flat_hash_map<std::string, MemberEntry> members_ ABSL_GUARDED_BY(mu_);
-  // "shard <address>" / "worker <rank>" -> member id: who re-registers as
-  // whom, without a scan of members_.
-  absl::flat_hash_map<std::string, std::string> member_index_ ABSL_GUARDED_BY(mu_);
-  // Next number of a new member id, per role ("shard-<n>", "worker-<n>").
-  absl::flat_hash_map<int, int64_t> next_member_number_ ABSL_GUARDED_BY(mu_);
-  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ordered by MemberRecord.sequence when listed.
+  MemberTable members_ ABSL_GUARDED_BY(mu_);
   int64_t lease_expirations_ ABSL_GUARDED_BY(mu_) = 0;
   v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;
