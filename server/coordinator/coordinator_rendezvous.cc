@@ -131,10 +131,14 @@ absl::Status Coordinator::KvSet(const std::string& key, std::string value,
           kv_bytes_ - old_bytes + new_bytes, " bytes, the limit is ",
           options_.max_kv_bytes, " (--max_kv_bytes)"));
     }
-    // A key counts against the client that created it.
-    std::string owner = caller.client;
-    if (auto o = kv_owner_.find(key); o != kv_owner_.end()) owner = o->second;
-    if (it != kv_.end() && !kv_owner_.contains(key)) owner.clear();
+    // A key counts against the client that created it (nobody's when it
+    // was created unchecked or loaded from the state).
+    std::string owner;
+    if (it == kv_.end()) {
+      owner = caller.client;
+    } else if (auto o = kv_owner_.find(key); o != kv_owner_.end()) {
+      owner = o->second;
+    }
     if (!owner.empty()) {
       const ClientUsage& usage = usage_[owner];
       if (it == kv_.end() && usage.kv_keys >= options_.max_kv_keys_per_client) {

@@ -197,12 +197,11 @@ std::shared_ptr<rpc::Admission> CoordinatorService::Admit(
 }
 
 absl::Status CoordinatorService::ClaimRank(const rpc::Admission& admission,
-                                           const Caller& caller, int64_t rank,
+                                           const Caller& caller, int32_t rank,
                                            const std::string& member_id,
                                            absl::string_view what) const {
   if (rank >= 0) RETURN_IF_ERROR(admission.CheckRank(rank, what));
-  return coordinator_->CheckClaim(caller, static_cast<int32_t>(std::min<int64_t>(rank, INT32_MAX)),
-                                  member_id, what);
+  return coordinator_->CheckClaim(caller, rank, member_id, what);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Register(
@@ -304,13 +303,11 @@ grpc::ServerUnaryReactor* CoordinatorService::KvSet(
 grpc::ServerUnaryReactor* CoordinatorService::KvGet(
     grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
     v1::KvGetResponse* response) {
-  Caller caller;
-  caller.wait_id = coordinator_->NewWaitId();
-  grpc::ServerUnaryReactor* reactor = new ParkedCallReactor(coordinator_, caller.wait_id);
+  const int64_t wait_id = coordinator_->NewWaitId();
+  grpc::ServerUnaryReactor* reactor = new ParkedCallReactor(coordinator_, wait_id);
   std::shared_ptr<rpc::Admission> admission = Admit(context, reactor, "KvGet");
   if (admission == nullptr) return reactor;
-  const int64_t wait_id = caller.wait_id;
-  caller = CallerOf(*admission);
+  Caller caller = CallerOf(*admission);
   caller.wait_id = wait_id;
   coordinator_->KvGet(request->key(), Ms(request->wait_ms()),
                       [this, reactor, response, admission](absl::StatusOr<std::string> v) {

@@ -125,7 +125,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   // binds it to that rank (rpc::Admission::CheckRank) and, for unbound
   // certificates, the coordinator registered them to it (CheckClaim).
   absl::Status ClaimRank(const rpc::Admission& admission, const Caller& caller,
-                         int64_t rank, const std::string& member_id,
+                         int32_t rank, const std::string& member_id,
                          absl::string_view what) const;
 
   Coordinator* const coordinator_;

@@ -7,9 +7,6 @@
 
 namespace recps::server {
 
-ExportGrants::ExportGrants(std::function<absl::Time()> clock)
-    : clock_(clock ? std::move(clock) : [] { return absl::Now(); }) {}
-
 absl::Status ExportGrants::Allow(const v1::AllowExportRequest& request) {
   constexpr int64_t kMaxTtlMs = int64_t{86400} * 1000;
   if (request.move_id().empty() || request.move_id().size() > 256) {
@@ -20,7 +17,7 @@ absl::Status ExportGrants::Allow(const v1::AllowExportRequest& request) {
         "allow export ", request.move_id(), ": ttl_ms ", request.ttl_ms(),
         " is outside 1..", kMaxTtlMs));
   }
-  const absl::Time now = clock_();
+  const absl::Time now = absl::Now();
   Grant grant;
   grant.slots.insert(request.slots().begin(), request.slots().end());
   grant.tables.insert(request.tables().begin(), request.tables().end());
@@ -37,7 +34,7 @@ absl::Status ExportGrants::Allow(const v1::AllowExportRequest& request) {
 }
 
 absl::Status ExportGrants::Check(const v1::ExportRowsRequest& request) const {
-  const absl::Time now = clock_();
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
   auto it = grants_.find(request.move_id());
   if (it == grants_.end() || it->second.expires <= now) {

@@ -11,7 +11,6 @@
 #define RECPS_SERVER_SHARD_EXPORT_GRANTS_H_
 
 #include <cstdint>
-#include <functional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -26,9 +25,6 @@ namespace recps::server {
 
 class ExportGrants {
  public:
-  // `clock` defaults to absl::Now (tests inject a fake).
-  explicit ExportGrants(std::function<absl::Time()> clock = nullptr);
-
   // Grants (or renews) the request's units under its move id.
   // INVALID_ARGUMENT for an empty move id, more than kMaxGrants grants, or
   // a ttl outside 1 ms..1 day.
@@ -45,7 +41,6 @@ class ExportGrants {
     absl::flat_hash_set<std::string> tables;
     absl::Time expires;
   };
-  const std::function<absl::Time()> clock_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Grant> grants_ ABSL_GUARDED_BY(mu_);
 };

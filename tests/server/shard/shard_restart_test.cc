@@ -136,22 +136,19 @@ void TrainThenRestart(int64_t steps, TrainedThenRestarted* t) {
 TEST(ShardRestart, SyncLookupAfterARestartIsDataLossAtOnce) {
   TrainedThenRestarted t;
   ASSERT_NO_FATAL_FAILURE(TrainThenRestart(3, &t));
-  auto* client = &t.client;
-  const std::string& address = t.address;
-  const Restarted& r = t.r;
   // Step 3 waits for step 2, which the fresh clock never applies.
   std::vector<int64_t> ids = {1, 2, 3};
   std::vector<float> rows(ids.size() * kDim), grads(ids.size() * kDim, 0.5f);
   const absl::Time start = absl::Now();
-  const absl::Status s = (*client)->Lookup(3, {{{0, ids, rows.data()}}});
+  const absl::Status s = t.client->Lookup(3, {{{0, ids, rows.data()}}});
   EXPECT_LT(absl::Now() - start, kPrompt) << s;
-  ExpectNamesTheRestart(s, address, r.before, r.after);
+  ExpectNamesTheRestart(s, t.address, t.r.before, t.r.after);
   // Every later call fails the same way, pushes included, without asking.
-  const absl::Status push = (*client)->PushGradients(3, {{{0, ids, grads.data()}}});
+  const absl::Status push = t.client->PushGradients(3, {{{0, ids, grads.data()}}});
   EXPECT_EQ(push.code(), absl::StatusCode::kDataLoss) << push;
   // A new client (the job restored from a checkpoint) works with it.
   auto fresh = EmbeddingClient::Create(
-      {{"user", kDim}}, client::MakeServerShardMapSource({address}), Options());
+      {{"user", kDim}}, client::MakeServerShardMapSource({t.address}), Options());
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE((*fresh)->Lookup(0, {{{0, ids, rows.data()}}}).ok());
 }
@@ -159,17 +156,14 @@ TEST(ShardRestart, SyncLookupAfterARestartIsDataLossAtOnce) {
 TEST(ShardRestart, SyncPushAfterARestartIsDataLossNotAheadOfTheWindow) {
   TrainedThenRestarted t;
   ASSERT_NO_FATAL_FAILURE(TrainThenRestart(3, &t));
-  auto* client = &t.client;
-  const std::string& address = t.address;
-  const Restarted& r = t.r;
   // A worker whose lookup of step 3 was answered before the crash pushes
   // step 3 next: the fresh clock would refuse it as ahead of its window.
   std::vector<int64_t> ids = {1, 2, 3};
   std::vector<float> grads(ids.size() * kDim, 0.5f);
   const absl::Time start = absl::Now();
-  const absl::Status s = (*client)->PushGradients(3, {{{0, ids, grads.data()}}});
+  const absl::Status s = t.client->PushGradients(3, {{{0, ids, grads.data()}}});
   EXPECT_LT(absl::Now() - start, kPrompt) << s;
-  ExpectNamesTheRestart(s, address, r.before, r.after);
+  ExpectNamesTheRestart(s, t.address, t.r.before, t.r.after);
 }
 
 TEST(ShardRestart, RestartedServerWithoutAMapYetIsDataLossAtOnce) {
