@@ -1,6 +1,7 @@
 // Members, leases, the shard map and the job. Key-value store, waits and
 // barriers: coordinator_rendezvous.cc.
 #include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_metrics.h"
 
 #include <algorithm>
 #include <utility>
@@ -43,39 +44,6 @@ absl::Status CheckMemberAddress(const std::string& address) {
 }
 
 
-struct Coordinator::Metrics {
-  explicit Metrics(prometheus::Registry& registry)
-      : members(prometheus::BuildGauge()
-                    .Name("recps_coordinator_members")
-                    .Help("Registered members by role and lease state")
-                    .Register(registry)),
-        expirations(prometheus::BuildCounter()
-                        .Name("recps_coordinator_lease_expirations_total")
-                        .Help("Members whose lease ran out, by role")
-                        .Register(registry)),
-        epoch(prometheus::BuildGauge()
-                  .Name("recps_coordinator_shard_map_epoch")
-                  .Help("Epoch of the current shard map (0: none yet)")
-                  .Register(registry)
-                  .Add({})),
-        push_refusals(prometheus::BuildCounter()
-                          .Name("recps_coordinator_shard_map_push_refusals_total")
-                          .Help("Shard map pushes a shard server refused")
-                          .Register(registry)
-                          .Add({})),
-        kv_pending_waits(prometheus::BuildGauge()
-                             .Name("recps_coordinator_kv_pending_waits")
-                             .Help("KvGet/KvWait calls parked until their keys "
-                                   "are set (updated every tick)")
-                             .Register(registry)
-                             .Add({})) {}
-  prometheus::Family<prometheus::Gauge>& members;
-  prometheus::Family<prometheus::Counter>& expirations;
-  prometheus::Gauge& epoch;
-  prometheus::Counter& push_refusals;
-  prometheus::Gauge& kv_pending_waits;
-};
-
 void Coordinator::Deferred::Run(Coordinator* c) {
   for (auto& call : calls) std::move(call)();
   for (const v1::ShardMap& map : published) c->Publish(map);
@@ -117,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
 Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
                          CoordinatorOptions options, prometheus::Registry* registry)
     : store_(std::move(store)), options_(std::move(options)) {
-  if (registry != nullptr) metrics_ = std::make_unique<Metrics>(*registry);
+  if (registry != nullptr) metrics_ = std::make_unique<CoordinatorMetrics>(*registry);
 }
 
 Coordinator::~Coordinator() {

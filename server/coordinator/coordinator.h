@@ -42,6 +42,8 @@ class Registry;
 
 namespace recps::server {
 
+struct CoordinatorMetrics;
+
 struct CoordinatorOptions {
   // Shard servers to wait for before building the first shard map (epoch 1
   // over their addresses, sorted). 0: never build one automatically.
@@ -254,7 +256,6 @@ class Coordinator {
   void CancelWaits(const absl::Status& status);
 
  private:
-  struct Metrics;
   struct KvWaiter {
     std::vector<std::string> keys;
     absl::Time deadline;
@@ -350,7 +351,7 @@ class Coordinator {
 
   const std::unique_ptr<CoordinatorStore> store_;
   CoordinatorOptions options_;
-  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<CoordinatorMetrics> metrics_;
   // Created last, destroyed first (it calls into the coordinator).
   std::unique_ptr<CheckpointOrchestrator> checkpoints_;
   std::unique_ptr<MoveOrchestrator> moves_;

@@ -1,0 +1,49 @@
+// The coordinator's own Prometheus metrics (members, leases, the shard
+// map's epoch and refused pushes, parked KV waits), registered once per
+// process. The orchestrators register theirs themselves.
+#ifndef RECPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
+#define RECPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
+
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/registry.h"
+
+namespace recps::server {
+
+struct CoordinatorMetrics {
+  explicit CoordinatorMetrics(prometheus::Registry& registry)
+      : members(prometheus::BuildGauge()
+                    .Name("recps_coordinator_members")
+                    .Help("Registered members by role and lease state")
+                    .Register(registry)),
+        expirations(prometheus::BuildCounter()
+                        .Name("recps_coordinator_lease_expirations_total")
+                        .Help("Members whose lease ran out, by role")
+                        .Register(registry)),
+        epoch(prometheus::BuildGauge()
+                  .Name("recps_coordinator_shard_map_epoch")
+                  .Help("Epoch of the current shard map (0: none yet)")
+                  .Register(registry)
+                  .Add({})),
+        push_refusals(prometheus::BuildCounter()
+                          .Name("recps_coordinator_shard_map_push_refusals_total")
+                          .Help("Shard map pushes a shard server refused")
+                          .Register(registry)
+                          .Add({})),
+        kv_pending_waits(prometheus::BuildGauge()
+                             .Name("recps_coordinator_kv_pending_waits")
+                             .Help("KvGet/KvWait calls parked until their keys "
+                                   "are set (updated every tick)")
+                             .Register(registry)
+                             .Add({})) {}
+  prometheus::Family<prometheus::Gauge>& members;
+  prometheus::Family<prometheus::Counter>& expirations;
+  prometheus::Gauge& epoch;
+  prometheus::Counter& push_refusals;
+  prometheus::Gauge& kv_pending_waits;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
