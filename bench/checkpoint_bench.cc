@@ -35,7 +35,7 @@
 #include "common/thread_pool.h"
 #include "server/checkpoint/row_file.h"
 #include "server/checkpoint/store_rows.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 
 namespace recps {
 namespace {
@@ -338,9 +338,8 @@ int Main(int argc, char** argv) {
     double snapshot_write_s = 0;
     std::thread writer([&] {
       const double w0 = Now();
-      server::checkpoint::RowSourceOptions src;
-      src.snapshot = true;
-      auto w = server::checkpoint::RowFileWriter().Write(*source, slots, row_file, src);
+      auto w = server::checkpoint::RowFileWriter().WriteSnapshot(
+          *source, /*since_generation=*/0, slots, row_file);
       snapshot_write_s = Now() - w0;
       if (!w.ok()) std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
       writing = false;

@@ -29,9 +29,9 @@
 #include "absl/strings/str_join.h"
 #include "kernels/cuda_util.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/device_store/device_backend.h"
-#include "server/shard/device_store/device_store.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/device_store/device_backend.h"
+#include "server/store/device_store/device_store.h"
+#include "server/store/embedding_store.h"
 
 namespace recps {
 namespace {

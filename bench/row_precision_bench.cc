@@ -15,7 +15,7 @@
 
 #include "common/thread_pool.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 
 namespace recps {
 namespace {

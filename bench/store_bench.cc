@@ -23,7 +23,7 @@
 
 #include "common/aligned_buffer.h"
 #include "common/thread_pool.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 
 namespace recps {
 namespace {

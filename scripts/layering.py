@@ -33,6 +33,8 @@ MODULES = [
     # recpsctl link alone.
     ("server/checkpoint/store", r"^server/checkpoint/(checkpoint|store_rows)\.(h|cc)$"),
     ("server/checkpoint", r"^server/checkpoint/"),
+    # Where rows live (host, device, layered): no request handling.
+    ("server/store", r"^server/store/"),
     ("server/shard", r"^server/shard/"),
     ("server/coordinator", r"^server/coordinator/"),
     ("server/planner", r"^server/planner/"),
@@ -56,10 +58,13 @@ ALLOWED = {
     "common/security": ["common/base"],
     "proto": [],
     "server/checkpoint": ["common/base", "common/wire", "proto"],
-    "server/checkpoint/store": ["server/checkpoint", "common/base", "common/wire",
-                                "kernels", "proto", "server/shard/embedding_store.h"],
+    "server/store": ["common/base", "common/wire", "common/config", "kernels"],
+    "server/checkpoint/store": ["server/checkpoint", "server/store/embedding_store.h",
+                                "common/base", "common/wire", "common/config",
+                                "kernels", "proto"],
     "server/shard": ["common/base", "common/wire", "common/config", "common/rpc",
-                     "kernels", "proto", "server/checkpoint", "server/checkpoint/store",
+                     "kernels", "proto", "server/store", "server/checkpoint",
+                     "server/checkpoint/store",
                      # Debt (issue 34): the shard process registers with the
                      # coordinator through the client library, and implements
                      # the client's in-process endpoint.
@@ -70,7 +75,7 @@ ALLOWED = {
                            # the kernels until optimizers are a registry.
                            "kernels/embedding_optimizer.h"],
     "server/planner": ["common/base", "common/wire", "common/config", "proto",
-                       "server/shard/store_footprint.h",
+                       "server/store/store_footprint.h",
                        "kernels/embedding_optimizer.h", "kernels/optimizer.h"],
     "client": ["common/base", "common/wire", "common/rpc", "proto"],
     "client/admin": ["client", "common/base", "common/wire", "common/config",
@@ -113,7 +118,8 @@ LIBRARIES = {
     "proto": ["protobuf", "grpc"],
     "server/checkpoint": ["absl", "protobuf", "rocksdb"],
     "server/checkpoint/store": ["absl", "protobuf", "rocksdb"],
-    "server/shard": ["absl", "protobuf", "grpc", "prometheus", "cuda"],
+    "server/store": ["absl", "cuda"],
+    "server/shard": ["absl", "protobuf", "grpc", "prometheus"],
     "server/coordinator": ["absl", "protobuf", "grpc", "prometheus", "rocksdb"],
     "server/planner": ["absl", "protobuf"],
     "client": ["absl", "protobuf", "grpc"],

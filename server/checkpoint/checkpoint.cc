@@ -43,8 +43,7 @@ absl::StatusOr<std::vector<v1::CheckpointTable>> MergedLayout(
       return absl::InvalidArgumentError(
           absl::StrCat("checkpoint shard ", s, " has no store"));
     }
-    const uint32_t slots =
-        static_cast<uint32_t>(shards[s].store->RowsPerSlot().size());
+    const uint32_t slots = shards[s].store->num_slots();
     if (*num_slots != 0 && slots != *num_slots) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint shard ", s, " has ", slots, " slots, shard 0 has ",
@@ -131,7 +130,7 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(
 
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
-    EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    SlotTransfer& store, absl::Span<const uint32_t> slots,
     const ImportOptions& options) {
   const std::vector<uint32_t> all(slots.begin(), slots.end());
   const std::vector<std::vector<uint32_t>> by_table(store.num_tables(), all);
@@ -141,7 +140,7 @@ absl::StatusOr<RestoreStats> RestoreCheckpoint(
 
 absl::StatusOr<RestoreStats> RestoreChain(
     absl::Span<const std::string> dirs, absl::string_view expected_digest,
-    EmbeddingStore& store,
+    SlotTransfer& store,
     absl::Span<const std::vector<uint32_t>> slots_by_table,
     const ImportOptions& options) {
   if (dirs.empty()) {

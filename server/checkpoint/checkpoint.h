@@ -16,13 +16,13 @@
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/row_file.h"
 #include "server/checkpoint/store_rows.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 
 namespace recps::server::checkpoint {
 
 // The rows of one shard server: its store and the slots it owns.
 struct ShardRows {
-  const EmbeddingStore* store = nullptr;
+  const SlotTransfer* store = nullptr;
   std::vector<uint32_t> slots;
 };
 
@@ -64,7 +64,7 @@ struct RestoreStats {
 // options.pool imports slots in parallel.
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
-    EmbeddingStore& store, absl::Span<const uint32_t> slots,
+    SlotTransfer& store, absl::Span<const uint32_t> slots,
     const ImportOptions& options = {});
 
 // RestoreCheckpoint over a chain (`dirs` oldest first: a full checkpoint,
@@ -77,7 +77,7 @@ absl::StatusOr<RestoreStats> RestoreCheckpoint(
 // chain.
 absl::StatusOr<RestoreStats> RestoreChain(
     absl::Span<const std::string> dirs, absl::string_view expected_digest,
-    EmbeddingStore& store,
+    SlotTransfer& store,
     absl::Span<const std::vector<uint32_t>> slots_by_table,
     const ImportOptions& options = {});
 

@@ -7,7 +7,7 @@
 // slot, id) order, so one slot of one table is a contiguous key range.
 // Value: the fused row (CheckpointTable.row_stride floats: weights,
 // optimizer state, padding) as little-endian float32, as
-// EmbeddingStore::ExportSlot gives it. The first key, "\0recps.row_file",
+// SlotTransfer::ExportSlot gives it. The first key, "\0recps.row_file",
 // holds a v1::RowFileHeader (slot count, the tables' layouts, digest, step).
 // Layout: docs/operations.md. The store-facing side (writing a store's rows,
 // importing into a store) is server/checkpoint/store_rows.h.
@@ -57,7 +57,7 @@ struct RowFileInfo {
 };
 
 struct RowFileOptions {
-  // Rows per EmbeddingStore::ExportSlot call (one hold of the slot's lock
+  // Rows per SlotTransfer::ExportSlot call (one hold of the slot's lock
   // each) when a store's rows are written (store_rows.h).
   int64_t chunk_rows = 4096;
   // SST data block size: rows are large, big blocks keep the index small.

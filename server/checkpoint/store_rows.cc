@@ -26,14 +26,15 @@ class ExportAhead {
     absl::Status status;
   };
 
-  ExportAhead(const EmbeddingStore& store, const std::vector<int>& tables,
+  ExportAhead(const RowFileWriter::ExportChunk& export_chunk,
+              const std::vector<int>& tables,
               const std::vector<uint32_t>& slots, int64_t chunk_rows,
-              const RowSourceOptions& source, int nice)
-      : store_(store),
+              const RowSelection& selection, int nice)
+      : export_chunk_(export_chunk),
         tables_(tables),
         slots_(slots),
         chunk_rows_(chunk_rows),
-        source_(source) {
+        selection_(selection) {
     thread_ = std::thread([this, nice] {
       BackgroundThisThread(nice);
       Produce();
@@ -67,6 +68,7 @@ class ExportAhead {
   void Produce() {
     for (int t : tables_) {
       for (uint32_t slot : slots_) {
+        if (selection_.unit && !selection_.unit(t, slot)) continue;
         SlotCursor cursor;
         while (!cursor.done) {
           {
@@ -79,11 +81,7 @@ class ExportAhead {
           item.table = t;
           item.slot = slot;
           item.status =
-              source_.snapshot
-                  ? store_.ExportSnapshotSlot(t, slot, source_.since_generation,
-                                              &cursor, chunk_rows_, &item.chunk)
-                  : store_.ExportSlot(t, slot, &cursor, chunk_rows_,
-                                      &item.chunk);
+              export_chunk_(t, slot, &cursor, chunk_rows_, &item.chunk);
           const bool failed = !item.status.ok();
           if (!failed && item.chunk.ids.empty()) continue;
           absl::MutexLock lock(&mu_);
@@ -99,11 +97,11 @@ class ExportAhead {
     finished_ = true;
   }
 
-  const EmbeddingStore& store_;
+  const RowFileWriter::ExportChunk& export_chunk_;
   const std::vector<int>& tables_;
   const std::vector<uint32_t>& slots_;
   const int64_t chunk_rows_;
-  const RowSourceOptions source_;
+  const RowSelection& selection_;
   Item ring_[kRing];
   absl::Mutex mu_;
   int64_t produced_ = 0;  // items filled
@@ -123,7 +121,7 @@ std::vector<uint32_t> SortedUnique(absl::Span<const uint32_t> slots) {
 
 }  // namespace
 
-std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store) {
+std::vector<v1::CheckpointTable> StoreLayout(const StoreCatalog& store) {
   std::vector<v1::CheckpointTable> out;
   for (int t = 0; t < store.num_tables(); ++t) {
     const config::TableSpec& spec = store.spec(t);
@@ -140,7 +138,7 @@ std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store) {
 
 absl::Status CheckLayout(
     const google::protobuf::RepeatedPtrField<v1::CheckpointTable>& saved,
-    const EmbeddingStore& store, absl::string_view source) {
+    const StoreCatalog& store, absl::string_view source) {
   for (const v1::CheckpointTable& want : StoreLayout(store)) {
     for (const v1::CheckpointTable& got : saved) {
       if (got.name() != want.name()) continue;
@@ -172,8 +170,8 @@ absl::Status CheckLayout(
 }
 
 absl::Status CheckRowFileStore(const RowFileReader& reader,
-                               const EmbeddingStore& store) {
-  const size_t num_slots = store.RowsPerSlot().size();
+                               const StoreCatalog& store) {
+  const uint32_t num_slots = store.num_slots();
   if (reader.header().num_slots() != num_slots) {
     return absl::FailedPreconditionError(absl::StrCat(
         "row file ", reader.path(), " was written with num_slots ",
@@ -185,26 +183,50 @@ absl::Status CheckRowFileStore(const RowFileReader& reader,
 }
 
 absl::StatusOr<RowFileInfo> RowFileWriter::Write(
-    const EmbeddingStore& store, absl::Span<const uint32_t> slots,
-    const std::string& path, const RowSourceOptions& source,
+    const SlotTransfer& store, absl::Span<const uint32_t> slots,
+    const std::string& path, const RowSelection& selection,
     const RowFileMeta& meta) const {
+  const ExportChunk live = [&store](int t, uint32_t slot, SlotCursor* cursor,
+                                    int64_t max_rows, SlotChunk* out) {
+    return store.ExportSlot(t, slot, cursor, max_rows, out);
+  };
+  return WriteFrom(store, live, slots, path, selection, meta);
+}
+
+absl::StatusOr<RowFileInfo> RowFileWriter::WriteSnapshot(
+    const SnapshotSource& store, uint64_t since_generation,
+    absl::Span<const uint32_t> slots, const std::string& path,
+    const RowSelection& selection, const RowFileMeta& meta) const {
+  const ExportChunk at_cut = [&store, since_generation](
+                                 int t, uint32_t slot, SlotCursor* cursor,
+                                 int64_t max_rows, SlotChunk* out) {
+    return store.ExportSnapshotSlot(t, slot, since_generation, cursor,
+                                    max_rows, out);
+  };
+  return WriteFrom(store, at_cut, slots, path, selection, meta);
+}
+
+absl::StatusOr<RowFileInfo> RowFileWriter::WriteFrom(
+    const StoreCatalog& store, const ExportChunk& export_chunk,
+    absl::Span<const uint32_t> slots, const std::string& path,
+    const RowSelection& selection, const RowFileMeta& meta) const {
   // The encoding runs on a thread of its own so that only it is marked as
   // background (a thread cannot raise its priority back without
   // privileges).
   absl::StatusOr<RowFileInfo> result;
   std::thread encoder([&] {
     BackgroundThisThread(options_.thread_nice);
-    result = WriteHere(store, slots, path, source, meta);
+    result = WriteHere(store, export_chunk, slots, path, selection, meta);
   });
   encoder.join();
   return result;
 }
 
 absl::StatusOr<RowFileInfo> RowFileWriter::WriteHere(
-    const EmbeddingStore& store, absl::Span<const uint32_t> slots,
-    const std::string& path, const RowSourceOptions& source,
-    const RowFileMeta& meta) const {
-  const uint32_t num_slots = static_cast<uint32_t>(store.RowsPerSlot().size());
+    const StoreCatalog& store, const ExportChunk& export_chunk,
+    absl::Span<const uint32_t> slots, const std::string& path,
+    const RowSelection& selection, const RowFileMeta& meta) const {
+  const uint32_t num_slots = store.num_slots();
   const std::vector<uint32_t> sorted = SortedUnique(slots);
   if (!sorted.empty() && sorted.back() >= num_slots) {
     return absl::InvalidArgumentError(
@@ -212,7 +234,7 @@ absl::StatusOr<RowFileInfo> RowFileWriter::WriteHere(
                      " is outside the store's ", num_slots, " slots"));
   }
   // Keys go in sorted order: tables by name, then slot, then id.
-  std::vector<int> tables = source.tables;
+  std::vector<int> tables = selection.tables;
   if (tables.empty()) {
     for (int t = 0; t < store.num_tables(); ++t) tables.push_back(t);
   }
@@ -233,8 +255,8 @@ absl::StatusOr<RowFileInfo> RowFileWriter::WriteHere(
   ASSIGN_OR_RETURN(std::unique_ptr<RowFileBuilder> builder,
                    RowFileBuilder::Create(path, header, options_));
   {
-    ExportAhead ahead(store, tables, sorted, options_.chunk_rows, source,
-                      options_.thread_nice);
+    ExportAhead ahead(export_chunk, tables, sorted, options_.chunk_rows,
+                      selection, options_.thread_nice);
     while (const ExportAhead::Item* item = ahead.Next()) {
       const std::string& name = store.spec(item->table).name;
       if (!item->status.ok()) {
@@ -252,7 +274,7 @@ absl::StatusOr<RowFileInfo> RowFileWriter::WriteHere(
 }
 
 absl::StatusOr<int64_t> ImportRowFile(
-    const RowFileReader& reader, EmbeddingStore& store,
+    const RowFileReader& reader, SlotTransfer& store,
     absl::Span<const std::vector<uint32_t>> slots_by_table,
     const ImportOptions& options) {
   if (options.batch_rows < 1) {
@@ -308,7 +330,7 @@ absl::StatusOr<int64_t> ImportRowFile(
 }
 
 absl::StatusOr<int64_t> ImportRowFile(const RowFileReader& reader,
-                                      EmbeddingStore& store,
+                                      SlotTransfer& store,
                                       absl::Span<const uint32_t> slots,
                                       const ImportOptions& options) {
   const std::vector<uint32_t> all(slots.begin(), slots.end());

@@ -6,6 +6,7 @@
 #define RECPS_SERVER_CHECKPOINT_STORE_ROWS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,12 +17,12 @@
 #include "common/thread_pool.h"
 #include "recps/v1/checkpoint.pb.h"
 #include "server/checkpoint/row_file.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 
 namespace recps::server::checkpoint {
 
 // The layout of every table of `store`, as a checkpoint records it.
-std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store);
+std::vector<v1::CheckpointTable> StoreLayout(const StoreCatalog& store);
 
 // OK when every table of `store` that appears in `saved` has the same dim,
 // optimizer, row stride and row count; FAILED_PRECONDITION naming `source`
@@ -29,13 +30,13 @@ std::vector<v1::CheckpointTable> StoreLayout(const EmbeddingStore& store);
 // one of them are not checked here.
 absl::Status CheckLayout(
     const google::protobuf::RepeatedPtrField<v1::CheckpointTable>& saved,
-    const EmbeddingStore& store, absl::string_view source);
+    const StoreCatalog& store, absl::string_view source);
 
 // OK when `store` can take the rows of `reader`'s file: same slot count,
 // and each table in both has the same layout (CheckLayout).
 // FAILED_PRECONDITION naming the file, the table and the field otherwise.
 absl::Status CheckRowFileStore(const RowFileReader& reader,
-                               const EmbeddingStore& store);
+                               const StoreCatalog& store);
 
 // What a row file records besides the rows (RowFileHeader).
 struct RowFileMeta {
@@ -45,15 +46,15 @@ struct RowFileMeta {
   uint64_t base_step = 0;
 };
 
-// Where the rows come from.
-struct RowSourceOptions {
-  // Read from the store's open snapshot (EmbeddingStore::BeginSnapshot)
-  // instead of the live rows.
-  bool snapshot = false;
-  // With snapshot: only rows whose generation is above this (0: all).
-  uint64_t since_generation = 0;
+// Which rows of a store a row file holds.
+struct RowSelection {
   // Only these tables (store indices); empty: every table of the store.
   std::vector<int> tables;
+  // Only the (table, slot) units for which this is true; empty: every
+  // unit of `tables` x the slots given. A shard server's file holds the
+  // units it owned at the cut, not the rows a move copied in or keeps
+  // until its hand-over is written.
+  std::function<bool(int table, uint32_t slot)> unit;
 };
 
 // Writes the rows of a store to a new row file.
@@ -61,54 +62,79 @@ class RowFileWriter {
  public:
   explicit RowFileWriter(RowFileOptions options = {}) : options_(options) {}
 
-  // Every row of every table of `store` in `slots` (any order, duplicates
-  // ignored) to a new file at `path`, synced to disk (fsync) before it
-  // returns; then its size and CRC-32C (computed as the file is written).
-  // Live rows (source.snapshot false) are read with ExportSlot, so a store
-  // that trains meanwhile gives a row-wise fuzzy copy; from a snapshot the
-  // file holds exactly the cut's rows. On error the partial file is
-  // removed: RESOURCE_EXHAUSTED when the disk is full, PERMISSION_DENIED /
-  // NOT_FOUND / FAILED_PRECONDITION naming the path when it cannot be
-  // created, INVALID_ARGUMENT for a slot >= the store's slots.
-  absl::StatusOr<RowFileInfo> Write(const EmbeddingStore& store,
+  // Every row of the selected tables of `store` in `slots` (any order,
+  // duplicates ignored) to a new file at `path`, synced to disk (fsync)
+  // before it returns; then its size and CRC-32C (computed as the file is
+  // written). The live rows are read with SlotTransfer::ExportSlot, so a
+  // store that trains meanwhile gives a row-wise fuzzy copy. On error the
+  // partial file is removed: RESOURCE_EXHAUSTED when the disk is full,
+  // PERMISSION_DENIED / NOT_FOUND / FAILED_PRECONDITION naming the path
+  // when it cannot be created, INVALID_ARGUMENT for a slot >= the store's
+  // slots.
+  absl::StatusOr<RowFileInfo> Write(const SlotTransfer& store,
                                     absl::Span<const uint32_t> slots,
                                     const std::string& path,
-                                    const RowSourceOptions& source = {},
+                                    const RowSelection& selection = {},
                                     const RowFileMeta& meta = {}) const;
 
+  // As Write, from the store's open snapshot (SnapshotSource::
+  // BeginSnapshot): exactly the cut's rows, and of them only those whose
+  // generation is above `since_generation` (0: all; an increment: the
+  // base's cut).
+  absl::StatusOr<RowFileInfo> WriteSnapshot(const SnapshotSource& store,
+                                            uint64_t since_generation,
+                                            absl::Span<const uint32_t> slots,
+                                            const std::string& path,
+                                            const RowSelection& selection = {},
+                                            const RowFileMeta& meta = {}) const;
+
+  // One chunk of a (table, slot) export: SlotTransfer::ExportSlot or
+  // SnapshotSource::ExportSnapshotSlot bound to their arguments.
+  using ExportChunk = std::function<absl::Status(
+      int table, uint32_t slot, SlotCursor* cursor, int64_t max_rows,
+      SlotChunk* out)>;
+
  private:
-  absl::StatusOr<RowFileInfo> WriteHere(const EmbeddingStore& store,
+  // WriteHere on a background thread of its own.
+  absl::StatusOr<RowFileInfo> WriteFrom(const StoreCatalog& store,
+                                        const ExportChunk& export_chunk,
                                         absl::Span<const uint32_t> slots,
                                         const std::string& path,
-                                        const RowSourceOptions& source,
+                                        const RowSelection& selection,
+                                        const RowFileMeta& meta) const;
+  absl::StatusOr<RowFileInfo> WriteHere(const StoreCatalog& store,
+                                        const ExportChunk& export_chunk,
+                                        absl::Span<const uint32_t> slots,
+                                        const std::string& path,
+                                        const RowSelection& selection,
                                         const RowFileMeta& meta) const;
 
   RowFileOptions options_;
 };
 
 struct ImportOptions {
-  // Rows per EmbeddingStore::ImportRows call.
+  // Rows per SlotTransfer::ImportRows call.
   int64_t batch_rows = 4096;
   // Imports slots in parallel when set.
   ThreadPool* pool = nullptr;
 };
 
 // Imports the rows of `slots` (any order) of every table of `store` that
-// the file holds, batch_rows at a time per slot (EmbeddingStore::
+// the file holds, batch_rows at a time per slot (SlotTransfer::
 // ImportRows, which overwrites rows that exist: later files of a chain
 // override earlier ones), on options.pool when given (slots in parallel);
 // returns the rows imported. Call CheckRowFileStore first. A store
 // refusing a batch (e.g. RESOURCE_EXHAUSTED: the table is full) stops the
 // import with the batches before it applied.
 absl::StatusOr<int64_t> ImportRowFile(const RowFileReader& reader,
-                                      EmbeddingStore& store,
+                                      SlotTransfer& store,
                                       absl::Span<const uint32_t> slots,
                                       const ImportOptions& options = {});
 // The same with a slot list per table of the store (slots_by_table[t] for
 // store table t; a table past the end imports nothing): for shard maps
 // that route some tables by their own slot owners.
 absl::StatusOr<int64_t> ImportRowFile(
-    const RowFileReader& reader, EmbeddingStore& store,
+    const RowFileReader& reader, SlotTransfer& store,
     absl::Span<const std::vector<uint32_t>> slots_by_table,
     const ImportOptions& options = {});
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/store_footprint.h"
+#include "server/store/store_footprint.h"
 
 namespace recps::planner {
 namespace {

@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
-#include "server/shard/store_footprint.h"
+#include "server/store/store_footprint.h"
 #include "common/config/table_config.h"
 
 namespace recps::planner {

@@ -24,88 +24,6 @@
 namespace recps::server {
 namespace {
 
-// The store as a checkpoint sees it: only the (table, slot) units this
-// server owned at the cut. A move's target holds copied rows of units it
-// does not own yet, and a source keeps handed-over rows until the file is
-// written; neither belongs in this server's file.
-class OwnedUnitsStore final : public EmbeddingStore {
- public:
-  OwnedUnitsStore(EmbeddingStore* store,
-                  const std::vector<std::vector<uint8_t>>* owned)
-      : s_(store), owned_(owned) {}
-  int num_tables() const override { return s_->num_tables(); }
-  const config::TableSpec& spec(int t) const override { return s_->spec(t); }
-  absl::StatusOr<int> FindTable(absl::string_view name) const override {
-    return s_->FindTable(name);
-  }
-  absl::Status Lookup(int t, absl::Span<const int64_t> ids, float* out) override {
-    return s_->Lookup(t, ids, out);
-  }
-  absl::Status ValidateGradients(int t, absl::Span<const int64_t> ids,
-                                 const float* g) const override {
-    return s_->ValidateGradients(t, ids, g);
-  }
-  absl::Status ApplyGradients(int t, absl::Span<const int64_t> ids,
-                              const float* g) override {
-    return s_->ApplyGradients(t, ids, g);
-  }
-  absl::Status ReadRows(int t, absl::Span<const int64_t> ids,
-                        float* out) const override {
-    return s_->ReadRows(t, ids, out);
-  }
-  TableInfo Info(int t) const override { return s_->Info(t); }
-  std::vector<int64_t> RowsPerSlot() const override { return s_->RowsPerSlot(); }
-  std::vector<int64_t> BytesPerSlot() const override { return s_->BytesPerSlot(); }
-  absl::Status ExportSlot(int t, uint32_t slot, SlotCursor* cursor,
-                          int64_t max_rows, SlotChunk* out) const override {
-    if (!Owned(t, slot)) return Skip(cursor, out);
-    return s_->ExportSlot(t, slot, cursor, max_rows, out);
-  }
-  absl::Status ImportRows(int t, uint32_t slot, absl::Span<const int64_t> ids,
-                          const float* rows) override {
-    return s_->ImportRows(t, slot, ids, rows);
-  }
-  absl::StatusOr<int64_t> DropSlot(int t, uint32_t slot) override {
-    return s_->DropSlot(t, slot);
-  }
-  absl::Status BeginSnapshot(uint64_t cut) override { return s_->BeginSnapshot(cut); }
-  absl::Status ExportSnapshotSlot(int t, uint32_t slot, uint64_t since,
-                                  SlotCursor* cursor, int64_t max_rows,
-                                  SlotChunk* out) const override {
-    if (!Owned(t, slot)) return Skip(cursor, out);
-    return s_->ExportSnapshotSlot(t, slot, since, cursor, max_rows, out);
-  }
-  void EndSnapshot() override { s_->EndSnapshot(); }
-  int64_t SnapshotBytes() const override { return s_->SnapshotBytes(); }
-  absl::Status MarkGeneration(uint64_t mark) override {
-    return s_->MarkGeneration(mark);
-  }
-  absl::Status ExportChangedSlot(int t, uint32_t slot, uint64_t since,
-                                 SlotCursor* cursor, int64_t max_rows,
-                                 SlotChunk* out) const override {
-    if (!Owned(t, slot)) return Skip(cursor, out);
-    return s_->ExportChangedSlot(t, slot, since, cursor, max_rows, out);
-  }
-
- private:
-  bool Owned(int t, uint32_t slot) const {
-    return t < 0 || t >= static_cast<int>(owned_->size()) ||
-           slot >= (*owned_)[t].size() || (*owned_)[t][slot] != 0;
-  }
-  static absl::Status Skip(SlotCursor* cursor, SlotChunk* out) {
-    if (out != nullptr) {
-      out->ids.clear();
-      out->rows.clear();
-    }
-    if (cursor != nullptr) cursor->done = true;
-    return absl::OkStatus();
-  }
-
-  EmbeddingStore* const s_;
-  const std::vector<std::vector<uint8_t>>* const owned_;
-};
-
-
 // Snapshot states kept for SaveRowsStatus, and bases kept for increments.
 constexpr size_t kMaxSaveStates = 64;
 constexpr size_t kMaxBases = 16;
@@ -300,10 +218,17 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
                                 const std::shared_ptr<SaveState>& save,
                                 int num_tables, uint64_t since) {
   const absl::Time start = absl::Now();
-  checkpoint::RowSourceOptions source;
-  source.snapshot = true;
-  source.since_generation = since;
-  for (int t = 0; t < num_tables; ++t) source.tables.push_back(t);
+  // Only the (table, slot) units this server owned at the cut: a move's
+  // target holds copied rows of units it does not own yet, and a source
+  // keeps handed-over rows until the file is written; neither belongs in
+  // this server's file.
+  checkpoint::RowSelection selection;
+  for (int t = 0; t < num_tables; ++t) selection.tables.push_back(t);
+  const std::vector<std::vector<uint8_t>>& owned = save->owned;
+  selection.unit = [&owned](int t, uint32_t slot) {
+    return t >= static_cast<int>(owned.size()) || slot >= owned[t].size() ||
+           owned[t][slot] != 0;
+  };
   std::vector<uint32_t> slots(options_.num_slots);
   for (uint32_t s = 0; s < options_.num_slots; ++s) slots[s] = s;
   checkpoint::RowFileMeta meta;
@@ -316,8 +241,8 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
   file_options.rows_written = &save->rows_written;
   absl::StatusOr<checkpoint::RowFileInfo> info =
       checkpoint::RowFileWriter(file_options)
-          .Write(OwnedUnitsStore(store_.get(), &save->owned), slots,
-                 request.path(), source, meta);
+          .WriteSnapshot(*store_, since, slots, request.path(), selection,
+                         meta);
   store_->EndSnapshot();
   RunDeferredDrops();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);

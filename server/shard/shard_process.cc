@@ -23,13 +23,13 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 #include "server/shard/in_process_shard.h"
 #include "server/shard/shard_metrics.h"
 #include "server/shard/shard_peer_grpc.h"
 #include "server/shard/shard_server.h"
 #include "server/shard/shard_service.h"
-#include "server/shard/store_footprint.h"
+#include "server/store/store_footprint.h"
 
 namespace recps::server {
 

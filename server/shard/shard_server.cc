@@ -22,7 +22,7 @@
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 #include "server/shard/shard_metrics.h"
-#include "server/shard/table_checks.h"
+#include "server/store/table_checks.h"
 
 namespace recps::server {
 namespace {

@@ -36,10 +36,10 @@
 #include "common/work_queue.h"
 #include "recps/v1/shard.pb.h"
 #include "recps/v1/shard_admin.pb.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 #include "server/shard/export_grants.h"
 #include "server/shard/lookup_response.h"
-#include "server/shard/layered_store.h"
+#include "server/store/layered_store.h"
 #include "server/shard/shard_peer.h"
 #include "server/shard/step_clock.h"
 

@@ -17,7 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/hashing.h"
 #include "common/wire/shard_map.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 #include "server/shard/shard_server.h"
 #include "tests/testing/column_groups.h"
 

@@ -29,7 +29,8 @@
 #include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/row_file.h"
-#include "server/shard/embedding_store.h"
+#include "server/checkpoint/store_rows.h"
+#include "server/store/embedding_store.h"
 
 namespace recps::server::checkpoint {
 namespace {
@@ -257,6 +258,50 @@ TEST_F(CheckpointTest, ParallelRestoreMatches) {
   }
   EXPECT_EQ(rows, info->manifest.files(0).rows() + info->manifest.files(1).rows());
   ExpectSameRows(*source_, ptrs, kTrainSteps);
+}
+
+// A shard server's file holds only the (table, slot) units it owned at the
+// cut (RowSelection::unit); the live writer and the snapshot writer agree.
+TEST_F(CheckpointTest, RowSelectionKeepsOnlyTheChosenUnits) {
+  fs::create_directories(root_);
+  auto chosen = [](int t, uint32_t slot) { return t == 0 && slot % 2 == 0; };
+  RowSelection selection;
+  selection.unit = chosen;
+  std::vector<uint32_t> all(kSlots);
+  for (uint32_t s = 0; s < kSlots; ++s) all[s] = s;
+  int64_t want = 0;
+  for (uint32_t slot = 0; slot < kSlots; slot += 2) {
+    SlotCursor cursor;
+    SlotChunk chunk;
+    while (!cursor.done) {
+      ASSERT_TRUE(source_->ExportSlot(0, slot, &cursor, 1 << 20, &chunk).ok());
+      want += static_cast<int64_t>(chunk.ids.size());
+    }
+  }
+  ASSERT_GT(want, 0);
+  ASSERT_TRUE(source_->BeginSnapshot(1).ok());
+  for (bool snapshot : {false, true}) {
+    SCOPED_TRACE(snapshot ? "snapshot" : "live");
+    const std::string path = absl::StrCat(root_, snapshot ? "/snap.sst" : "/live.sst");
+    const RowFileWriter writer;
+    absl::StatusOr<RowFileInfo> info =
+        snapshot ? writer.WriteSnapshot(*source_, 0, all, path, selection)
+                 : writer.Write(*source_, all, path, selection);
+    ASSERT_TRUE(info.ok()) << info.status();
+    auto reader = RowFileReader::Open(path, info->size_bytes, info->crc32c);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::unique_ptr<EmbeddingStore> restored = MakeStore();
+    auto imported = ImportRowFile(**reader, *restored, all);
+    ASSERT_TRUE(imported.ok()) << imported.status();
+    EXPECT_EQ(*imported, want);
+    EXPECT_EQ(restored->Info(0).rows, want);
+    for (int t = 1; t < restored->num_tables(); ++t) {
+      EXPECT_EQ(restored->Info(t).rows, 0) << restored->spec(t).name;
+    }
+    const std::vector<int64_t> per_slot = restored->RowsPerSlot();
+    for (uint32_t slot = 1; slot < kSlots; slot += 2) EXPECT_EQ(per_slot[slot], 0);
+  }
+  source_->EndSnapshot();
 }
 
 TEST_F(CheckpointTest, RowFileKeysSortByTableSlotId) {

@@ -6,8 +6,8 @@
 
 #include "gtest/gtest.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/store_footprint.h"
-#include "server/shard/id_index.h"
+#include "server/store/store_footprint.h"
+#include "server/store/id_index.h"
 #include "server/planner/table_model.h"
 
 namespace recps::planner {

@@ -13,7 +13,7 @@
 #include "google/protobuf/text_format.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/shard/store_footprint.h"
+#include "server/store/store_footprint.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "server/planner/cost_model.h"
 #include "server/planner/planner.h"

@@ -1,0 +1,35 @@
+#include "server/store/store_footprint.h"
+
+#include "server/store/id_index.h"
+
+namespace recps::server {
+
+int64_t HostRowBytes(kernels::OptimizerKind kind, int dim,
+                     kernels::RowPrecision precision) {
+  return kernels::FusedRowStride(kind, dim, precision) *
+         static_cast<int64_t>(sizeof(float));
+}
+
+int64_t HostIndexBytesPerSlot() {
+  return static_cast<int64_t>(sizeof(IdIndex) + sizeof(int64_t));
+}
+
+int64_t HostIndexAllocBytes(int64_t capacity) {
+  return capacity <= 0 ? 0 : IdIndex::AllocBytes(capacity);
+}
+
+int64_t HostRowIdBytes(int64_t rows) {
+  return rows <= 0 ? 0 : rows * static_cast<int64_t>(sizeof(int64_t));
+}
+
+int64_t HostDenseIndexBytes(int64_t num_rows) {
+  return num_rows > 0 && num_rows <= kHostDenseIndexMaxRows
+             ? num_rows * static_cast<int64_t>(sizeof(uint32_t))
+             : 0;
+}
+
+int64_t HostIndexBytesForRows(int64_t rows) {
+  return HostIndexAllocBytes(IdIndex::CapacityForRows(rows));
+}
+
+}  // namespace recps::server
