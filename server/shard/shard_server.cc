@@ -145,16 +145,23 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
   // (shard_server_push.cc, beside the push's checks) applies them.
   clock_ = std::make_unique<StepClock>(
       options_.consistency, [this](GradientPush& push) { return ApplyPush(push); });
+  ShardSnapshots::MapFacts facts;
+  facts.listed = [this] { return CurrentMap()->self >= 0; };
+  facts.owns_anything = [this] {
+    const MapView view = CurrentMap();
+    return view->map.OwnsAnything(view->self);
+  };
+  facts.owned_units = [this] { return OwnedUnitsNow(); };
+  facts.restore_slots = [this] { return RestoreSlotsNow(); };
+  snapshots_ = std::make_unique<ShardSnapshots>(
+      store_.get(), clock_.get(), metrics_, options_.consistency.step_timeout,
+      std::move(facts));
   work_ = std::make_unique<WorkQueue>(options_.work_threads);
 }
 
 ShardServer::~ShardServer() {
   StopMoves();
-  {
-    absl::MutexLock lock(&ckpt_mu_);
-    ckpt_stop_ = true;
-  }
-  if (ckpt_thread_.joinable()) ckpt_thread_.join();
+  snapshots_->Stop();
 }
 
 ShardServer::MapView ShardServer::CurrentMap() const {
@@ -627,6 +634,56 @@ std::string ShardServer::UnitOwner(const ShardMap& map,
                                    const Unit& unit) const {
   const std::string& name = store_->spec(unit.first).name;
   return SlotOwnerOf(map, proto, name, StableNameKey(name), unit.second);
+}
+
+std::vector<std::vector<uint8_t>> ShardServer::OwnedUnitsNow() const {
+  const MapView view = CurrentMap();
+  const v1::ShardMap proto = view->map.ToProto();
+  std::vector<std::vector<uint8_t>> owned(store_->num_tables());
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    owned[t].resize(options_.num_slots);
+    for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
+      const std::string owner = UnitOwner(view->map, proto, {t, slot});
+      // Column groups are routed by group, not by slot: kept whole.
+      owned[t][slot] = owner.empty() || owner == view->self_address ||
+                       t >= store_->num_base_tables();
+    }
+  }
+  return owned;
+}
+
+std::vector<std::vector<uint32_t>> ShardServer::RestoreSlotsNow() const {
+  const MapView view = CurrentMap();
+  const v1::ShardMap proto = view->map.ToProto();
+  const std::vector<uint32_t> global = view->map.SlotsOf(view->self);
+  std::vector<uint32_t> every(options_.num_slots);
+  for (uint32_t s = 0; s < options_.num_slots; ++s) every[s] = s;
+  std::vector<std::vector<uint32_t>> slots_by_table(store_->num_tables());
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const std::string& name = store_->spec(t).name;
+    const TableRoute route = view->map.RouteOf(StableNameKey(name));
+    if (route.column_split()) continue;  // its groups are tables of their own
+    if (route.single_owner() >= 0) {
+      if (route.single_owner() == view->self) slots_by_table[t] = every;
+      continue;
+    }
+    bool own = false;
+    for (const v1::TableRouting& r : proto.tables()) {
+      if (r.table() != name ||
+          r.slot_owner_size() != static_cast<int>(options_.num_slots)) {
+        continue;
+      }
+      own = true;
+      for (uint32_t s = 0; s < options_.num_slots; ++s) {
+        if (r.slot_owner(static_cast<int>(s)) ==
+            static_cast<uint32_t>(view->self)) {
+          slots_by_table[t].push_back(s);
+        }
+      }
+    }
+    if (!own) slots_by_table[t] = global;
+  }
+  return slots_by_table;
 }
 
 void ShardServer::Schedule(absl::AnyInvocable<void() &&> fn) {

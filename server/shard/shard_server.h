@@ -41,6 +41,7 @@
 #include "server/shard/lookup_response.h"
 #include "server/store/layered_store.h"
 #include "server/shard/shard_peer.h"
+#include "server/shard/shard_snapshots.h"
 #include "server/shard/step_clock.h"
 
 namespace recps::server {
@@ -141,18 +142,8 @@ class ShardServer {
   // not have, groups that do not cover the table's dim, no create_store).
   absl::Status SetShardMap(const v1::SetShardMapRequest& request);
 
-  // ---- Checkpoints (ShardAdmin; see shard_admin.proto for the contract) ----
-  // Checkpoint work runs on one thread of the server's own, one request at
-  // a time, never on the caller's: SaveRows waits there (at most the step
-  // timeout) for the cut, takes the snapshot, calls done, then writes the
-  // row file while training goes on; a SaveRows that arrives meanwhile
-  // waits for that write. RestoreRows imports there.
-  void SaveRows(const v1::SaveRowsRequest* request,
-                v1::SaveRowsResponse* response, Done done);
-  absl::Status SaveRowsStatus(const v1::SaveRowsStatusRequest& request,
-                              v1::SaveRowsStatusResponse* response) const;
-  void RestoreRows(const v1::RestoreRowsRequest* request,
-                   v1::RestoreRowsResponse* response, Done done);
+  // Checkpoints (SaveRows, SaveRowsStatus, RestoreRows).
+  ShardSnapshots& snapshots() { return *snapshots_; }
 
   // ---- Slot moves (ShardAdmin; see shard_admin.proto for the contract;
   // docs/operations.md, "Slot migration: the servers") ----
@@ -267,7 +258,7 @@ class ShardServer {
   // ---- Slot moves (slot_migration.cc) ----
   struct Move;
   struct Hold;
-  using Unit = std::pair<int, uint32_t>;  // (table, slot)
+  using Unit = StoreUnit;  // (table, slot)
   // The (table, slot) units of slots (row-wise tables) and whole tables;
   // each must be owned by `owner` in `view`'s map.
   absl::StatusOr<std::vector<Unit>> ResolveUnits(
@@ -282,7 +273,6 @@ class ShardServer {
                                              const ShardMap& next,
                                              const std::string& from,
                                              const std::string& to) const;
-  uint64_t NextMark();
   void StartMoveThread(absl::AnyInvocable<void() &&> fn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_);
   absl::Status RunCopy(const std::shared_ptr<Move>& move);
@@ -297,8 +287,6 @@ class ShardServer {
                          v1::FinishMoveResponse* response);
   absl::Status RunHandOver(const v1::HandOverRequest& request,
                            v1::HandOverResponse* response);
-  // Drops the rows of a target's copy (not owned here).
-  int64_t DropCopy(const std::vector<Unit>& units);
   std::shared_ptr<Move> FindMove(const std::string& id, bool target) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_);
   // Holds: requests touching held units wait for the hand-over's end.
@@ -327,40 +315,9 @@ class ShardServer {
   // `self` and that do not exist yet.
   absl::Status AddColumnGroupTables(const ShardMap& map, int self);
 
-  // One SaveRows, from its snapshot to its file.
-  struct SaveState {
-    uint64_t step = 0;
-    uint64_t cut = 0;
-    v1::SaveRowsStatusResponse::State state =
-        v1::SaveRowsStatusResponse::WRITING;
-    std::string error;
-    absl::StatusCode error_code = absl::StatusCode::kOk;  // FAILED: the code
-    v1::CheckpointFile file;
-    int64_t rows_total = 0;
-    std::atomic<int64_t> rows_written{0};
-    // [table][slot]: 1 when this server owned the unit at the cut (only
-    // those go to the file).
-    std::vector<std::vector<uint8_t>> owned;
-  };
-  // Drops handed-over units now, or after the checkpoint being written
-  // (its snapshot must still read them).
-  void DropHandedOver(std::vector<std::pair<int, uint32_t>> units);
-  void RunDeferredDrops();
-  // Runs task(false) on the checkpoint thread, or task(true) when the
-  // server stops first.
-  void PostCheckpointTask(absl::AnyInvocable<void(bool cancelled) &&> task);
-  void RunCheckpointTasks();
-  // On the checkpoint thread: the cut and the snapshot (SaveRows' reply).
-  absl::StatusOr<std::shared_ptr<SaveState>> TakeSnapshot(
-      const v1::SaveRowsRequest& request, v1::SaveRowsResponse* response);
-  // On the checkpoint thread, after the reply: the row file.
-  void WriteSnapshot(const v1::SaveRowsRequest& request,
-                     const std::shared_ptr<SaveState>& save, int num_tables,
-                     uint64_t since);
-  absl::Status DoRestoreRows(const v1::RestoreRowsRequest& request,
-                             v1::RestoreRowsResponse* response);
-  // Records `cut` as the snapshot of `step` that increments may build on.
-  void AddBase(uint64_t step, uint64_t cut) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ckpt_mu_);
+  // What the snapshot writer reads of the map (ShardSnapshots::MapFacts).
+  std::vector<std::vector<uint8_t>> OwnedUnitsNow() const;
+  std::vector<std::vector<uint32_t>> RestoreSlotsNow() const;
 
   std::unique_ptr<LayeredStore> store_;
   ShardServerOptions options_;
@@ -379,22 +336,6 @@ class ShardServer {
 
   std::atomic<int64_t> lookup_requests_{0};
   std::atomic<int64_t> push_requests_{0};
-
-  // Checkpoint state; the thread is stopped in ~ShardServer before any
-  // member goes.
-  mutable absl::Mutex ckpt_mu_;
-  std::map<uint64_t, std::shared_ptr<SaveState>> saves_ ABSL_GUARDED_BY(ckpt_mu_);
-  // step -> the cut of its snapshot (written or restored): the bases an
-  // incremental SaveRows may name.
-  std::map<uint64_t, uint64_t> bases_ ABSL_GUARDED_BY(ckpt_mu_);
-  uint64_t next_cut_ ABSL_GUARDED_BY(ckpt_mu_) = 1;
-  std::deque<absl::AnyInvocable<void(bool) &&>> ckpt_tasks_ ABSL_GUARDED_BY(ckpt_mu_);
-  bool ckpt_stop_ ABSL_GUARDED_BY(ckpt_mu_) = false;
-  // A snapshot is open (BeginSnapshot to EndSnapshot), and the units
-  // handed over meanwhile, dropped when it ends.
-  bool snapshot_open_ ABSL_GUARDED_BY(ckpt_mu_) = false;
-  std::vector<std::pair<int, uint32_t>> deferred_drops_ ABSL_GUARDED_BY(ckpt_mu_);
-  std::thread ckpt_thread_;
 
   // Sync mode's exact overlap (LookupRequest.updated_only): the ids each
   // table's rows were updated with by the newest applied step, recorded by
@@ -444,6 +385,7 @@ class ShardServer {
 
   // Declared last: destroyed first, so no task outlives the members above.
   std::unique_ptr<StepClock> clock_;
+  std::unique_ptr<ShardSnapshots> snapshots_;  // its thread: stopped first
   std::unique_ptr<WorkQueue> work_;
 };
 

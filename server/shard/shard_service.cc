@@ -268,7 +268,7 @@ grpc::ServerUnaryReactor* ShardAdminService::SaveRows(
   std::optional<rpc::Admission> admission = AdmitOrFinish(
       gate_, "SaveRows", "ShardAdmin.SaveRows", context, reactor, start, metrics_);
   if (!admission.has_value()) return reactor;
-  server_->SaveRows(request, response,
+  server_->snapshots().SaveRows(request, response,
                     [this, context, reactor, start,
                      admission = *std::move(admission)](absl::Status s) mutable {
                       if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
@@ -287,7 +287,7 @@ grpc::ServerUnaryReactor* ShardAdminService::SaveRowsStatus(
       AdmitOrFinish(gate_, "SaveRowsStatus", "ShardAdmin.SaveRowsStatus", context,
                     reactor, start, metrics_);
   if (!admission.has_value()) return reactor;
-  const absl::Status s = server_->SaveRowsStatus(*request, response);
+  const absl::Status s = server_->snapshots().SaveRowsStatus(*request, response);
   if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
   Finish("SaveRowsStatus", context, reactor, s, start, metrics_);
   return reactor;
@@ -302,7 +302,7 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
       AdmitOrFinish(gate_, "RestoreRows", "ShardAdmin.RestoreRows", context, reactor,
                     start, metrics_);
   if (!admission.has_value()) return reactor;
-  server_->RestoreRows(request, response,
+  server_->snapshots().RestoreRows(request, response,
                        [this, context, reactor, start,
                         admission = *std::move(admission)](absl::Status s) mutable {
                          if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();

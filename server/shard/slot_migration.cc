@@ -39,15 +39,6 @@ using slot_migration::kMaxChunkBytes;
 using slot_migration::kMaxMoveRecords;
 using slot_migration::PhaseName;
 
-uint64_t ShardServer::NextMark() {
-  absl::MutexLock lock(&ckpt_mu_);
-  const uint64_t mark = next_cut_++;
-  if (absl::Status s = store_->MarkGeneration(mark); !s.ok()) {
-    LogError("generation mark ", mark, ": ", s.message());
-  }
-  return mark;
-}
-
 void ShardServer::NoteRequestStep(int64_t step) {
   int64_t seen = max_request_step_.load();
   while (step > seen && !max_request_step_.compare_exchange_weak(seen, step)) {
@@ -167,15 +158,6 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::MoveDiff(
         " to ", to));
   }
   return units;
-}
-
-int64_t ShardServer::DropCopy(const std::vector<Unit>& units) {
-  int64_t dropped = 0;
-  for (const Unit& u : units) {
-    absl::StatusOr<int64_t> n = store_->DropSlot(u.first, u.second);
-    if (n.ok()) dropped += *n;
-  }
-  return dropped;
 }
 
 std::shared_ptr<ShardServer::Move> ShardServer::FindMove(const std::string& id,
@@ -339,7 +321,7 @@ void ShardServer::MigrateIn(const v1::MigrateInRequest* request,
       if (status.ok() && !move->abort_requested) {
         move->phase = v1::MoveState::COPIED;
       } else {
-        const int64_t dropped = DropCopy(move->units);
+        const int64_t dropped = DropUnits(*store_, move->units);
         if (move->abort_requested) {
           move->phase = v1::MoveState::ABORTED;
           result = absl::AbortedError(
@@ -502,14 +484,7 @@ absl::Status ShardServer::PullStream(const std::shared_ptr<Move>& move,
 absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
   // Rows left from an earlier, failed copy of these units, or handed over
   // from here earlier and kept for a checkpoint: dropped now, not later.
-  {
-    absl::MutexLock lock(&ckpt_mu_);
-    const absl::flat_hash_set<Unit> mine(move->units.begin(), move->units.end());
-    deferred_drops_.erase(
-        std::remove_if(deferred_drops_.begin(), deferred_drops_.end(),
-                       [&](const Unit& u) { return mine.contains(u); }),
-        deferred_drops_.end());
-  }
+  snapshots_->KeepUnits(move->units);
   const std::vector<int64_t> per_slot = store_->RowsPerSlot();
   for (const Unit& u : move->units) {
     if (per_slot[u.second] > 0) {
@@ -581,7 +556,7 @@ void ShardServer::FinishMove(const v1::FinishMoveRequest* request,
       if (!s.ok()) {
         move->error = std::string(s.message());
         if (move->abort_requested) {
-          const int64_t dropped = DropCopy(move->units);
+          const int64_t dropped = DropUnits(*store_, move->units);
           move->phase = v1::MoveState::ABORTED;
           for (auto& a : move->abort_waiters) a.first->set_rows(dropped);
         }
@@ -680,7 +655,7 @@ void ShardServer::AbortMove(const v1::AbortMoveRequest* request,
     if (move->link != nullptr) move->link->Shutdown();
     return;
   }
-  response->set_rows(DropCopy(move->units));
+  response->set_rows(DropUnits(*store_, move->units));
   move->phase = v1::MoveState::ABORTED;
   LogInfo("move ", move->id, ": aborted, ", response->rows(), " rows dropped");
   std::move(done)(absl::OkStatus());

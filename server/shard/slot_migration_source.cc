@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> ShardServer::StartExport
                                                  : options_.move_chunk_bytes;
   // Taken before any row is read: a row changed while this export runs
   // carries a later generation, so the next export (since = mark) has it.
-  exp->mark = NextMark();
+  exp->mark = snapshots_->NextMark();
   return exp;
 }
 
@@ -357,7 +357,7 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   // drop (a compaction of the arena, about a memcpy of the moved rows).
   ReleaseHold(hold);
   const double hold_seconds = absl::ToDoubleSeconds(absl::Now() - held_at);
-  if (installed.ok()) DropHandedOver(units);
+  if (installed.ok()) snapshots_->DropHandedOver(units);
   if (!installed.ok()) {
     return absl::InternalError(absl::StrCat(
         "move ", request.move_id(), ": the target owns the units at epoch ",

@@ -1,7 +1,5 @@
-// ShardServer's checkpoint RPCs: SaveRows (a snapshot at the cut, the row
-// file written in the background), SaveRowsStatus and RestoreRows (the
-// slots this server owns now, from a whole chain). The row file format and
-// the import are server/checkpoint/.
+#include "server/shard/shard_snapshots.h"
+
 #include <errno.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +8,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
 #include "common/log.h"
@@ -19,7 +18,6 @@
 #include "server/checkpoint/file_util.h"
 #include "server/checkpoint/store_rows.h"
 #include "server/shard/shard_metrics.h"
-#include "server/shard/shard_server.h"
 
 namespace recps::server {
 namespace {
@@ -57,47 +55,93 @@ absl::Status PrepareDir(const std::string& path) {
 
 }  // namespace
 
-void ShardServer::PostCheckpointTask(
+int64_t DropUnits(SlotTransfer& store, absl::Span<const StoreUnit> units) {
+  int64_t dropped = 0;
+  for (const StoreUnit& u : units) {
+    absl::StatusOr<int64_t> n = store.DropSlot(u.first, u.second);
+    if (n.ok()) dropped += *n;
+  }
+  return dropped;
+}
+
+ShardSnapshots::ShardSnapshots(LayeredStore* store, StepClock* clock,
+                               ShardMetrics* metrics,
+                               absl::Duration step_timeout, MapFacts map)
+    : store_(store),
+      clock_(clock),
+      metrics_(metrics),
+      step_timeout_(step_timeout),
+      map_(std::move(map)) {}
+
+ShardSnapshots::~ShardSnapshots() { Stop(); }
+
+void ShardSnapshots::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t ShardSnapshots::NextMark() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t mark = next_cut_++;
+  if (absl::Status s = store_->MarkGeneration(mark); !s.ok()) {
+    LogError("generation mark ", mark, ": ", s.message());
+  }
+  return mark;
+}
+
+void ShardSnapshots::KeepUnits(absl::Span<const StoreUnit> units) {
+  const absl::flat_hash_set<StoreUnit> keep(units.begin(), units.end());
+  absl::MutexLock lock(&mu_);
+  deferred_drops_.erase(
+      std::remove_if(deferred_drops_.begin(), deferred_drops_.end(),
+                     [&](const StoreUnit& u) { return keep.contains(u); }),
+      deferred_drops_.end());
+}
+
+void ShardSnapshots::Post(
     absl::AnyInvocable<void(bool cancelled) &&> task) {
-  absl::MutexLock lock(&ckpt_mu_);
-  if (ckpt_stop_) {
+  absl::MutexLock lock(&mu_);
+  if (stop_) {
     std::move(task)(true);
     return;
   }
-  ckpt_tasks_.push_back(std::move(task));
-  if (!ckpt_thread_.joinable()) {
-    ckpt_thread_ = std::thread([this] { RunCheckpointTasks(); });
+  tasks_.push_back(std::move(task));
+  if (!thread_.joinable()) {
+    thread_ = std::thread([this] { RunTasks(); });
   }
 }
 
-void ShardServer::RunCheckpointTasks() {
+void ShardSnapshots::RunTasks() {
   for (;;) {
     absl::AnyInvocable<void(bool) &&> task;
     bool stop = false;
     {
-      absl::MutexLock lock(&ckpt_mu_);
-      ckpt_mu_.Await(absl::Condition(
-          +[](ShardServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->ckpt_mu_) {
-            return s->ckpt_stop_ || !s->ckpt_tasks_.empty();
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ShardSnapshots* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+            return s->stop_ || !s->tasks_.empty();
           },
           this));
-      if (ckpt_tasks_.empty()) return;  // stopping, nothing left
-      task = std::move(ckpt_tasks_.front());
-      ckpt_tasks_.pop_front();
-      stop = ckpt_stop_;
+      if (tasks_.empty()) return;  // stopping, nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      stop = stop_;
     }
     std::move(task)(stop);
   }
 }
 
-void ShardServer::AddBase(uint64_t step, uint64_t cut) {
+void ShardSnapshots::AddBase(uint64_t step, uint64_t cut) {
   bases_[step] = cut;
   while (bases_.size() > kMaxBases) bases_.erase(bases_.begin());
 }
 
-void ShardServer::SaveRows(const v1::SaveRowsRequest* request,
+void ShardSnapshots::SaveRows(const v1::SaveRowsRequest* request,
                            v1::SaveRowsResponse* response, Done done) {
-  PostCheckpointTask([this, request, response,
+  Post([this, request, response,
                       done = std::move(done)](bool cancelled) mutable {
     if (cancelled) {
       std::move(done)(absl::UnavailableError("shard server is shutting down"));
@@ -109,7 +153,7 @@ void ShardServer::SaveRows(const v1::SaveRowsRequest* request,
         TakeSnapshot(copy, response);
     uint64_t since = 0;
     if (save.ok() && copy.incremental()) {
-      absl::MutexLock lock(&ckpt_mu_);
+      absl::MutexLock lock(&mu_);
       since = bases_.at(copy.base_step());
     }
     std::move(done)(save.status());
@@ -117,8 +161,8 @@ void ShardServer::SaveRows(const v1::SaveRowsRequest* request,
   });
 }
 
-absl::StatusOr<std::shared_ptr<ShardServer::SaveState>>
-ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
+absl::StatusOr<std::shared_ptr<ShardSnapshots::SaveState>>
+ShardSnapshots::TakeSnapshot(const v1::SaveRowsRequest& request,
                           v1::SaveRowsResponse* response) {
   if (request.path().empty()) {
     return absl::InvalidArgumentError("SaveRows: path is empty");
@@ -127,12 +171,12 @@ ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("SaveRows: step ", request.step(), " is out of range"));
   }
-  if (CurrentMap()->self < 0) {
+  if (!map_.listed()) {
     return absl::FailedPreconditionError(
         "SaveRows: this server has no shard map that lists it yet");
   }
   {
-    absl::MutexLock lock(&ckpt_mu_);
+    absl::MutexLock lock(&mu_);
     auto it = saves_.find(request.step());
     if (it != saves_.end() &&
         it->second->state != v1::SaveRowsStatusResponse::FAILED) {
@@ -166,44 +210,31 @@ ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
         const absl::Time start = absl::Now();
         {
           // Cuts and moves' generation marks share next_cut_ (NextMark).
-          absl::MutexLock lock(&ckpt_mu_);
+          absl::MutexLock lock(&mu_);
           save->cut = next_cut_++;
           RETURN_IF_ERROR(store_->BeginSnapshot(save->cut));
           snapshot_open_ = true;
         }
         // What this server owns at the cut (moves change it while the
         // file is written).
-        const MapView view = CurrentMap();
-        const v1::ShardMap proto = view->map.ToProto();
-        save->owned.resize(store_->num_tables());
-        for (int t = 0; t < store_->num_tables(); ++t) {
-          save->owned[t].resize(options_.num_slots);
-          for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
-            const std::string owner = UnitOwner(view->map, proto, {t, slot});
-            // Column groups are routed by group, not by slot: kept whole.
-            save->owned[t][slot] =
-                owner.empty() || owner == view->self_address ||
-                t >= store_->num_base_tables();
-          }
-        }
+        save->owned = map_.owned_units();
         stall = absl::ToDoubleSeconds(absl::Now() - start);
         return absl::OkStatus();
       };
   // A server that owns nothing takes part in no step (workers do not push
   // to it), so its clock would never reach the cut: its file is empty at
   // any step, cut at once.
-  const MapView at_save = CurrentMap();
-  if (!at_save->map.OwnsAnything(at_save->self)) {
+  if (!map_.owns_anything()) {
     RETURN_IF_ERROR(cut());
   } else {
     RETURN_IF_ERROR(clock_->RunAtCut(static_cast<int64_t>(request.step()),
-                                     options_.consistency.step_timeout, cut));
+                                     step_timeout_, cut));
   }
   int64_t rows = 0;
   for (int64_t r : store_->RowsPerSlot()) rows += r;
   save->rows_total = rows;
   {
-    absl::MutexLock lock(&ckpt_mu_);
+    absl::MutexLock lock(&mu_);
     next_cut_ = std::max(next_cut_, save->cut + 1);
     saves_[request.step()] = save;
     while (saves_.size() > kMaxSaveStates) saves_.erase(saves_.begin());
@@ -214,7 +245,7 @@ ShardServer::TakeSnapshot(const v1::SaveRowsRequest& request,
   return save;
 }
 
-void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
+void ShardSnapshots::WriteSnapshot(const v1::SaveRowsRequest& request,
                                 const std::shared_ptr<SaveState>& save,
                                 int num_tables, uint64_t since) {
   const absl::Time start = absl::Now();
@@ -229,8 +260,8 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
     return t >= static_cast<int>(owned.size()) || slot >= owned[t].size() ||
            owned[t][slot] != 0;
   };
-  std::vector<uint32_t> slots(options_.num_slots);
-  for (uint32_t s = 0; s < options_.num_slots; ++s) slots[s] = s;
+  std::vector<uint32_t> slots(store_->num_slots());
+  for (uint32_t s = 0; s < slots.size(); ++s) slots[s] = s;
   checkpoint::RowFileMeta meta;
   meta.job_config_digest = request.job_config_digest();
   meta.step = request.step();
@@ -246,7 +277,7 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
   store_->EndSnapshot();
   RunDeferredDrops();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  absl::MutexLock lock(&ckpt_mu_);
+  absl::MutexLock lock(&mu_);
   if (!info.ok()) {
     save->state = v1::SaveRowsStatusResponse::FAILED;
     save->error = std::string(info.status().message());
@@ -272,10 +303,10 @@ void ShardServer::WriteSnapshot(const v1::SaveRowsRequest& request,
           seconds, " s");
 }
 
-absl::Status ShardServer::SaveRowsStatus(
+absl::Status ShardSnapshots::SaveRowsStatus(
     const v1::SaveRowsStatusRequest& request,
     v1::SaveRowsStatusResponse* response) const {
-  absl::MutexLock lock(&ckpt_mu_);
+  absl::MutexLock lock(&mu_);
   auto it = saves_.find(request.step());
   if (it == saves_.end()) {
     response->set_state(v1::SaveRowsStatusResponse::STATE_UNSPECIFIED);
@@ -291,9 +322,9 @@ absl::Status ShardServer::SaveRowsStatus(
   return absl::OkStatus();
 }
 
-void ShardServer::RestoreRows(const v1::RestoreRowsRequest* request,
+void ShardSnapshots::RestoreRows(const v1::RestoreRowsRequest* request,
                               v1::RestoreRowsResponse* response, Done done) {
-  PostCheckpointTask([this, request, response,
+  Post([this, request, response,
                       done = std::move(done)](bool cancelled) mutable {
     if (cancelled) {
       std::move(done)(absl::UnavailableError("shard server is shutting down"));
@@ -303,7 +334,7 @@ void ShardServer::RestoreRows(const v1::RestoreRowsRequest* request,
   });
 }
 
-absl::Status ShardServer::DoRestoreRows(const v1::RestoreRowsRequest& request,
+absl::Status ShardSnapshots::DoRestoreRows(const v1::RestoreRowsRequest& request,
                                         v1::RestoreRowsResponse* response) {
   const absl::Time start = absl::Now();
   if (request.checkpoint_dirs().empty()) {
@@ -318,8 +349,7 @@ absl::Status ShardServer::DoRestoreRows(const v1::RestoreRowsRequest& request,
         "RestoreRows: this server already applied pushes (up to step ",
         clock_->applied_step(), "); restore into a freshly started server"));
   }
-  const MapView view = CurrentMap();
-  if (view->self < 0) {
+  if (!map_.listed()) {
     return absl::FailedPreconditionError(
         "RestoreRows: this server has no shard map that lists it yet; install "
         "the map first (rows are restored by the slots it gives this server)");
@@ -334,35 +364,7 @@ absl::Status ShardServer::DoRestoreRows(const v1::RestoreRowsRequest& request,
         "checkpoint ", dirs.back(), " is at step ", last.step()));
   }
   // The slots of each table that this server owns in its current map.
-  const v1::ShardMap proto = view->map.ToProto();
-  const std::vector<uint32_t> global = view->map.SlotsOf(view->self);
-  std::vector<uint32_t> every(options_.num_slots);
-  for (uint32_t s = 0; s < options_.num_slots; ++s) every[s] = s;
-  std::vector<std::vector<uint32_t>> slots_by_table(store_->num_tables());
-  for (int t = 0; t < store_->num_tables(); ++t) {
-    const std::string& name = store_->spec(t).name;
-    const TableRoute route = view->map.RouteOf(StableNameKey(name));
-    if (route.column_split()) continue;  // its groups are tables of their own
-    if (route.single_owner() >= 0) {
-      if (route.single_owner() == view->self) slots_by_table[t] = every;
-      continue;
-    }
-    bool own = false;
-    for (const v1::TableRouting& r : proto.tables()) {
-      if (r.table() != name ||
-          r.slot_owner_size() != static_cast<int>(options_.num_slots)) {
-        continue;
-      }
-      own = true;
-      for (uint32_t s = 0; s < options_.num_slots; ++s) {
-        if (r.slot_owner(static_cast<int>(s)) ==
-            static_cast<uint32_t>(view->self)) {
-          slots_by_table[t].push_back(s);
-        }
-      }
-    }
-    if (!own) slots_by_table[t] = global;
-  }
+  const std::vector<std::vector<uint32_t>> slots_by_table = map_.restore_slots();
   ThreadPool pool;
   checkpoint::ImportOptions import;
   import.pool = &pool;
@@ -372,7 +374,7 @@ absl::Status ShardServer::DoRestoreRows(const v1::RestoreRowsRequest& request,
   RETURN_IF_ERROR(clock_->ResumeAt(static_cast<int64_t>(request.step())));
   {
     // The restored state is a base for the next incremental SaveRows.
-    absl::MutexLock lock(&ckpt_mu_);
+    absl::MutexLock lock(&mu_);
     const uint64_t cut = next_cut_++;
     RETURN_IF_ERROR(store_->BeginSnapshot(cut));
     store_->EndSnapshot();
@@ -389,22 +391,22 @@ absl::Status ShardServer::DoRestoreRows(const v1::RestoreRowsRequest& request,
   return absl::OkStatus();
 }
 
-void ShardServer::DropHandedOver(std::vector<std::pair<int, uint32_t>> units) {
-  absl::MutexLock lock(&ckpt_mu_);
+void ShardSnapshots::DropHandedOver(std::vector<StoreUnit> units) {
+  absl::MutexLock lock(&mu_);
   if (snapshot_open_) {
     deferred_drops_.insert(deferred_drops_.end(), units.begin(), units.end());
     return;
   }
-  DropCopy(units);
+  DropUnits(*store_, units);
 }
 
-void ShardServer::RunDeferredDrops() {
-  // Under ckpt_mu_: a copy that takes a unit back first removes it from the
-  // list (RunCopy), so no drop hits rows copied in later.
-  absl::MutexLock lock(&ckpt_mu_);
+void ShardSnapshots::RunDeferredDrops() {
+  // Under mu_: a copy that takes a unit back first removes it from the
+  // list (KeepUnits), so no drop hits rows copied in later.
+  absl::MutexLock lock(&mu_);
   snapshot_open_ = false;
   if (deferred_drops_.empty()) return;
-  const int64_t rows = DropCopy(deferred_drops_);
+  const int64_t rows = DropUnits(*store_, deferred_drops_);
   LogInfo("dropped ", rows, " handed-over rows kept for the checkpoint");
   deferred_drops_.clear();
 }
