@@ -31,17 +31,6 @@ namespace {
 // of the largest batches the benchmarks and the worker send.
 constexpr size_t kMaxFreeResponseBytes = size_t{256} << 20;
 
-// A column group of `table` as a table of its own: the group's columns, the
-// same rows, optimizer and initial values.
-config::TableSpec ColumnGroupSpec(const config::TableSpec& table, const ColumnGroup& group) {
-  config::TableSpec spec = table;
-  spec.name = group.table;
-  spec.dim = group.end - group.begin;
-  if (spec.init.source_key == 0) spec.init.source_key = StableNameKey(table.name);
-  spec.init.column_offset += group.begin;
-  return spec;
-}
-
 uint64_t NewIncarnation() {
   absl::BitGen gen;
   uint64_t v = 0;
@@ -54,22 +43,6 @@ int64_t ResidentBytes() {
   int64_t pages_total = 0, pages_resident = 0;
   if (!(statm >> pages_total >> pages_resident)) return 0;
   return pages_resident * sysconf(_SC_PAGESIZE);
-}
-
-// The address of the server that holds `slot` of table `name` in `map`
-// (`proto` is its proto form: per-table slot owners are not exposed by
-// TableRoute); empty when the table is split column-wise.
-std::string SlotOwnerOf(const ShardMap& map, const v1::ShardMap& proto,
-                        const std::string& name, uint64_t key, uint32_t slot) {
-  const TableRoute route = map.RouteOf(key);
-  if (route.column_split()) return "";
-  if (route.single_owner() >= 0) return map.servers()[route.single_owner()];
-  for (const v1::TableRouting& t : proto.tables()) {
-    if (t.table() == name && static_cast<uint32_t>(t.slot_owner_size()) > slot) {
-      return map.servers()[t.slot_owner(static_cast<int>(slot))];
-    }
-  }
-  return map.servers()[map.OwnerOfSlot(slot)];
 }
 
 }  // namespace
@@ -125,7 +98,7 @@ absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(
       std::move(store), std::move(initial_map), std::move(options), metrics));
   const MapView view = server->CurrentMap();
   if (view->self >= 0) {
-    RETURN_IF_ERROR(server->AddColumnGroupTables(view->map, view->self));
+    RETURN_IF_ERROR(server->map_->AddColumnGroupTables(view->map, view->self));
   }
   return server;
 }
@@ -138,9 +111,9 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       start_time_(absl::Now()),
       incarnation_(NewIncarnation()),
       response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)) {
-  const int self = map.IndexOf(options_.self_address);
-  routing_ = std::make_shared<const Routing>(
-      Routing{std::move(map), self, options_.self_address});
+  map_ = std::make_unique<ShardMapKeeper>(
+      store_.get(), options_.num_slots, std::move(map), options_.self_address,
+      options_.create_store, options_.on_map_installed);
   // The clock decides when a step's pushes apply; ApplyPush
   // (shard_server_push.cc, beside the push's checks) applies them.
   clock_ = std::make_unique<StepClock>(
@@ -151,22 +124,22 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
     const MapView view = CurrentMap();
     return view->map.OwnsAnything(view->self);
   };
-  facts.owned_units = [this] { return OwnedUnitsNow(); };
-  facts.restore_slots = [this] { return RestoreSlotsNow(); };
+  facts.owned_units = [this] { return map_->OwnedUnits(); };
+  facts.restore_slots = [this] { return map_->RestoreSlots(); };
   snapshots_ = std::make_unique<ShardSnapshots>(
       store_.get(), clock_.get(), metrics_, options_.consistency.step_timeout,
       std::move(facts));
   work_ = std::make_unique<WorkQueue>(options_.work_threads);
+  holds_ = std::make_unique<UnitHolds>(store_.get(), options_.num_slots, work_.get());
+  moves_ = std::make_unique<SlotMoves>(store_.get(), &options_, map_.get(),
+                                       holds_.get(), clock_.get(), snapshots_.get());
 }
+
+void ShardServer::StopMoves() { moves_->Stop(); }
 
 ShardServer::~ShardServer() {
   StopMoves();
   snapshots_->Stop();
-}
-
-ShardServer::MapView ShardServer::CurrentMap() const {
-  absl::MutexLock lock(&map_mu_);
-  return routing_;
 }
 
 absl::Status ShardServer::CheckHeader(const v1::RequestHeader& header,
@@ -286,9 +259,9 @@ void ShardServer::StartLookup(const v1::LookupRequest* request, LookupOutput out
     return;
   }
   // Hand-overs: a lookup of a held unit waits for the hand-over's end.
-  NoteRequestStep(request->header().step());
-  if (active_holds_.load() > 0 &&
-      ParkIfHeld(request->header(), &request->tables(), nullptr,
+  holds_->NoteRequestStep(request->header().step());
+  if (holds_->any() &&
+      holds_->ParkIfHeld(request->header(), &request->tables(), nullptr,
                  [&]() -> absl::AnyInvocable<void() &&> {
                    return [this, request, out, done = std::move(done),
                            cancelled = std::move(cancelled)]() mutable {
@@ -534,236 +507,18 @@ void ShardServer::RefreshGauges() const {
   metrics_->SetResidentBytes(ResidentBytes());
 }
 
-absl::Status ShardServer::AddColumnGroupTables(const ShardMap& map, int self) {
-  std::vector<config::TableSpec> specs;
-  for (int t = 0; t < store_->num_base_tables(); ++t) {
-    const config::TableSpec& table = store_->spec(t);
-    const absl::Span<const ColumnGroup> groups =
-        map.ColumnGroupsOf(StableNameKey(table.name));
-    if (groups.empty()) continue;
-    RETURN_IF_ERROR(map.CheckWidth(table.name, table.dim));
-    for (const ColumnGroup& g : groups) {
-      if (g.owner != self) continue;
-      const absl::StatusOr<int> existing = store_->FindTable(g.table);
-      if (existing.ok() && *existing < store_->num_base_tables()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "shard map epoch ", map.epoch(), ": column group ", g.table,
-            " of table ", table.name,
-            " has the name of a configured table; rename that table"));
-      }
-      if (!existing.ok()) specs.push_back(ColumnGroupSpec(table, g));
-    }
-  }
-  if (specs.empty()) return absl::OkStatus();
-  if (!options_.create_store) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard map epoch ", map.epoch(), " gives this server column group ",
-        specs[0].name, ", but it was built without a store factory "
-        "(ShardServerOptions.create_store)"));
-  }
-  absl::StatusOr<std::unique_ptr<EmbeddingStore>> added =
-      options_.create_store(specs);
-  if (!added.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard map epoch ", map.epoch(), ": creating column group table ",
-        specs[0].name, (specs.size() > 1 ? " and others" : ""), ": ",
-        added.status().message()));
-  }
-  RETURN_IF_ERROR(store_->Add(*std::move(added)));
-  for (const config::TableSpec& spec : specs) {
-    LogInfo("created column group table ", spec.name, " (dim ", spec.dim,
-            ", columns from ", spec.init.column_offset, ")");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ShardServer::CheckNoRowsMove(
-    const Routing& current, const v1::ShardMap& next_proto,
-    const ShardMap& next, const std::string& self,
-    const absl::flat_hash_set<std::pair<int, uint32_t>>* handed_over) const {
-  if (current.self < 0 || current.map.num_servers() == 0) return absl::OkStatus();
-  const std::vector<int64_t> per_slot = store_->RowsPerSlot();
-  const v1::ShardMap current_proto = current.map.ToProto();
-  const uint32_t num_slots =
-      std::min<uint32_t>(next.num_slots(), static_cast<uint32_t>(per_slot.size()));
-  // slot -> the new owner (first table found moving it), in slot order.
-  std::map<uint32_t, std::string> moved;
-  for (int t = 0; t < store_->num_tables(); ++t) {
-    const config::TableSpec& spec = store_->spec(t);
-    if (store_->Info(t).rows == 0) continue;
-    const uint64_t key = StableNameKey(spec.name);
-    for (uint32_t slot = 0; slot < num_slots; ++slot) {
-      if (per_slot[slot] == 0 || moved.count(slot) > 0) continue;
-      if (handed_over != nullptr && handed_over->contains({t, slot})) continue;
-      if (SlotOwnerOf(current.map, current_proto, spec.name, key, slot) !=
-          current.self_address) {
-        continue;  // rows of other tables (RowsPerSlot sums every table)
-      }
-      std::string owner = SlotOwnerOf(next, next_proto, spec.name, key, slot);
-      if (owner != self) {
-        moved.emplace(slot, owner.empty()
-                                ? absl::StrCat("the column groups of ", spec.name)
-                                : std::move(owner));
-      }
-    }
-  }
-  if (moved.empty()) return absl::OkStatus();
-  constexpr int kNamed = 5;
-  std::string listed;
-  int named = 0;
-  for (const auto& [slot, owner] : moved) {
-    if (named == kNamed) break;
-    absl::StrAppend(&listed, named++ > 0 ? ", " : "", "slot ", slot, " (",
-                    per_slot[slot], " rows) -> ", owner);
-  }
-  if (moved.size() > kNamed) {
-    absl::StrAppend(&listed, " and ", moved.size() - kNamed, " more");
-  }
-  return absl::FailedPreconditionError(absl::StrCat(
-      "shard map epoch ", next.epoch(), " would move ", moved.size(),
-      " slot(s) holding rows away from this server (", self, "): ", listed,
-      ". Their rows would be lost: the new owner would start them from "
-      "their initial values. Refused; this server keeps epoch ",
-      current.map.epoch(), ". Move slots with rows by a slot move "
-      "(MigrateIn on the new owner, then HandOver here: recpsctl rebalance), "
-      "or restore them from a checkpoint on their new owners"));
-}
-
-std::string ShardServer::UnitOwner(const ShardMap& map,
-                                   const v1::ShardMap& proto,
-                                   const Unit& unit) const {
-  const std::string& name = store_->spec(unit.first).name;
-  return SlotOwnerOf(map, proto, name, StableNameKey(name), unit.second);
-}
-
-std::vector<std::vector<uint8_t>> ShardServer::OwnedUnitsNow() const {
-  const MapView view = CurrentMap();
-  const v1::ShardMap proto = view->map.ToProto();
-  std::vector<std::vector<uint8_t>> owned(store_->num_tables());
-  for (int t = 0; t < store_->num_tables(); ++t) {
-    owned[t].resize(options_.num_slots);
-    for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
-      const std::string owner = UnitOwner(view->map, proto, {t, slot});
-      // Column groups are routed by group, not by slot: kept whole.
-      owned[t][slot] = owner.empty() || owner == view->self_address ||
-                       t >= store_->num_base_tables();
-    }
-  }
-  return owned;
-}
-
-std::vector<std::vector<uint32_t>> ShardServer::RestoreSlotsNow() const {
-  const MapView view = CurrentMap();
-  const v1::ShardMap proto = view->map.ToProto();
-  const std::vector<uint32_t> global = view->map.SlotsOf(view->self);
-  std::vector<uint32_t> every(options_.num_slots);
-  for (uint32_t s = 0; s < options_.num_slots; ++s) every[s] = s;
-  std::vector<std::vector<uint32_t>> slots_by_table(store_->num_tables());
-  for (int t = 0; t < store_->num_tables(); ++t) {
-    const std::string& name = store_->spec(t).name;
-    const TableRoute route = view->map.RouteOf(StableNameKey(name));
-    if (route.column_split()) continue;  // its groups are tables of their own
-    if (route.single_owner() >= 0) {
-      if (route.single_owner() == view->self) slots_by_table[t] = every;
-      continue;
-    }
-    bool own = false;
-    for (const v1::TableRouting& r : proto.tables()) {
-      if (r.table() != name ||
-          r.slot_owner_size() != static_cast<int>(options_.num_slots)) {
-        continue;
-      }
-      own = true;
-      for (uint32_t s = 0; s < options_.num_slots; ++s) {
-        if (r.slot_owner(static_cast<int>(s)) ==
-            static_cast<uint32_t>(view->self)) {
-          slots_by_table[t].push_back(s);
-        }
-      }
-    }
-    if (!own) slots_by_table[t] = global;
-  }
-  return slots_by_table;
-}
-
 void ShardServer::Schedule(absl::AnyInvocable<void() &&> fn) {
   work_->Schedule(std::move(fn));
 }
 
 void ShardServer::SetSelfAddress(std::string address) {
-  absl::MutexLock install(&install_mu_);
-  const MapView view = CurrentMap();
-  const int self = view->map.IndexOf(address);
-  if (self >= 0) {
-    if (absl::Status s = AddColumnGroupTables(view->map, self); !s.ok()) {
-      LogError(s.message());
-    }
-  }
-  {
-    absl::MutexLock lock(&map_mu_);
-    routing_ = std::make_shared<const Routing>(
-        Routing{routing_->map, self, std::move(address)});
-  }
-  if (self >= 0 && options_.on_map_installed) options_.on_map_installed();
+  map_->SetSelfAddress(std::move(address));
 }
 
-v1::ShardMap ShardServer::GetShardMap() const { return CurrentMap()->map.ToProto(); }
+v1::ShardMap ShardServer::GetShardMap() const { return map_->CurrentProto(); }
 
 absl::Status ShardServer::SetShardMap(const v1::SetShardMapRequest& request) {
-  return InstallMap(request, nullptr);
-}
-
-absl::Status ShardServer::InstallMap(
-    const v1::SetShardMapRequest& request,
-    const absl::flat_hash_set<std::pair<int, uint32_t>>* handed_over) {
-  ASSIGN_OR_RETURN(ShardMap map, ShardMap::FromProto(request.shard_map()));
-  if (map.num_slots() != options_.num_slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard map has ", map.num_slots(), " slots; this cluster has ",
-        options_.num_slots));
-  }
-  absl::MutexLock install(&install_mu_);
-  const MapView current = CurrentMap();  // changes only under install_mu_
-  const std::string self =
-      request.self().empty() ? current->self_address : request.self();
-  const int index = map.IndexOf(self);
-  if (index < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard map epoch ", map.epoch(), " does not list this server (",
-        self.empty() ? "address unknown: set SetShardMapRequest.self" : self,
-        ")"));
-  }
-  // Epochs grow by one per map change: a far jump (2^64-1 from a broken or
-  // hostile coordinator) would leave no epoch for any later map.
-  const uint64_t base = current->map.num_servers() > 0 ? current->map.epoch() : 0;
-  if (map.epoch() > base + kMaxShardMapEpochStep) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard map epoch ", map.epoch(), " jumps more than ", kMaxShardMapEpochStep,
-        " past the current ", base, "; epochs grow by one per map change"));
-  }
-  if (current->map.num_servers() > 0 && map.epoch() <= current->map.epoch()) {
-    // Already delivered (a retry, or a late copy): not a refusal. The same
-    // map again is OK; anything else at an epoch not newer ALREADY_EXISTS.
-    if (map.epoch() == current->map.epoch() && index == current->self &&
-        map.ToProto().SerializeAsString() ==
-            current->map.ToProto().SerializeAsString()) {
-      return absl::OkStatus();
-    }
-    return absl::AlreadyExistsError(absl::StrCat(
-        "shard map epoch ", map.epoch(), " is not newer than the current ",
-        current->map.epoch(), "; this server keeps epoch ",
-        current->map.epoch()));
-  }
-  RETURN_IF_ERROR(
-      CheckNoRowsMove(*current, request.shard_map(), map, self, handed_over));
-  // Before the map: a request routed by it finds its tables.
-  RETURN_IF_ERROR(AddColumnGroupTables(map, index));
-  {
-    absl::MutexLock lock(&map_mu_);
-    routing_ = std::make_shared<const Routing>(Routing{std::move(map), index, self});
-  }
-  if (options_.on_map_installed) options_.on_map_installed();
-  return absl::OkStatus();
+  return map_->Install(request);
 }
 
 }  // namespace recps::server

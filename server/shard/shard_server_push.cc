@@ -209,7 +209,7 @@ void ShardServer::RunPush(const v1::PushGradientsRequest* request,
     // taking the gate as a writer once its hold is in place.
     std::optional<absl::Status> applied;
     if (options_.consistency.mode == ConsistencyMode::kAsync) {
-      absl::ReaderMutexLock gate(&push_gate_);
+      absl::ReaderMutexLock gate(&holds_->push_gate());
       applied = HoldOrApply(request, direct, response, *std::move(push), done);
     } else {
       applied = HoldOrApply(request, direct, response, *std::move(push), done);
@@ -229,10 +229,10 @@ std::optional<absl::Status> ShardServer::HoldOrApply(
   // Sync, bounded: a hand-over to a server that owns nothing yet holds every
   // push of a step after the newest step seen (its L); see RunHandOver.
   if (options_.consistency.mode != ConsistencyMode::kAsync) {
-    NoteRequestStep(header.step());
+    holds_->NoteRequestStep(header.step());
   }
-  if (active_holds_.load() > 0 &&
-      ParkIfHeld(header, nullptr, &push, [&]() -> absl::AnyInvocable<void() &&> {
+  if (holds_->any() &&
+      holds_->ParkIfHeld(header, nullptr, &push, [&]() -> absl::AnyInvocable<void() &&> {
         return [this, request, direct, response, done = std::move(done)]() mutable {
           RunPush(request, direct, response, std::move(done));
         };

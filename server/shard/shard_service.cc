@@ -322,7 +322,7 @@ grpc::ServerUnaryReactor* ShardAdminService::RestoreRows(
         AdmitOrFinish(gate_, #Method, "ShardAdmin." #Method, context,      \
                       reactor, start, metrics_);                           \
     if (!admission.has_value()) return reactor;                            \
-    server_->Method(                                                       \
+    server_->moves().Method(                                               \
         request, response,                                                 \
         [this, context, reactor, start,                                    \
          admission = *std::move(admission)](absl::Status s) mutable {      \
@@ -346,7 +346,7 @@ grpc::ServerUnaryReactor* ShardAdminService::AllowExport(
   std::optional<rpc::Admission> admission = AdmitOrFinish(
       gate_, "AllowExport", "ShardAdmin.AllowExport", context, reactor, start, metrics_);
   if (!admission.has_value()) return reactor;
-  const absl::Status s = server_->export_grants().Allow(*request);
+  const absl::Status s = server_->moves().export_grants().Allow(*request);
   if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
   Finish("AllowExport", context, reactor, s, start, metrics_);
   return reactor;
@@ -360,7 +360,7 @@ grpc::ServerUnaryReactor* ShardAdminService::ListMoves(
   std::optional<rpc::Admission> admission = AdmitOrFinish(
       gate_, "ListMoves", "ShardAdmin.ListMoves", context, reactor, start, metrics_);
   if (!admission.has_value()) return reactor;
-  const absl::Status s = server_->ListMoves(*request, response);
+  const absl::Status s = server_->moves().ListMoves(*request, response);
   if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
   Finish("ListMoves", context, reactor, s, start, metrics_);
   return reactor;
@@ -386,8 +386,8 @@ class ExportRowsReactor final
       }
       admission_ = *std::move(admission);
     }
-    absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> exp =
-        server_->StartExport(*request);
+    absl::StatusOr<std::unique_ptr<SlotMoves::RowExport>> exp =
+        server_->moves().StartExport(*request);
     if (!exp.ok()) {
       End(exp.status());
       return;
@@ -408,7 +408,7 @@ class ExportRowsReactor final
  private:
   void ReadNext() {
     server_->Schedule([this] {
-      absl::StatusOr<bool> more = server_->NextExportChunk(*export_, &chunk_);
+      absl::StatusOr<bool> more = server_->moves().NextExportChunk(*export_, &chunk_);
       if (!more.ok()) {
         End(more.status());
       } else if (!*more) {
@@ -431,7 +431,7 @@ class ExportRowsReactor final
   const absl::Time start_;
   // Held for the whole stream: it counts as a call in flight.
   rpc::Admission admission_;
-  std::unique_ptr<ShardServer::RowExport> export_;
+  std::unique_ptr<SlotMoves::RowExport> export_;
   v1::ExportRowsChunk chunk_;
 };
 

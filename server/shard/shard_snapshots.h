@@ -40,9 +40,6 @@ namespace recps::server {
 
 class ShardMetrics;
 
-// A (table, slot) unit of a store.
-using StoreUnit = std::pair<int, uint32_t>;
-
 // Removes the rows of `units` from `store`; returns the rows removed (a
 // unit whose drop fails counts none).
 int64_t DropUnits(SlotTransfer& store, absl::Span<const StoreUnit> units);

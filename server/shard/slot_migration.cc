@@ -1,4 +1,4 @@
-// ShardServer's slot moves (ShardAdmin MigrateIn, HandOver, AbortMove,
+// SlotMoves (ShardAdmin MigrateIn, HandOver, AbortMove,
 // ListMoves, and the shard-to-shard ExportRows and FinishMove). The
 // protocol is in proto/recps/v1/shard_admin.proto; the operator's view in
 // docs/operations.md ("Slot migration: the servers").
@@ -30,7 +30,7 @@
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/shard_server.h"
+#include "server/shard/slot_moves.h"
 #include "server/shard/slot_migration_internal.h"
 
 namespace recps::server {
@@ -39,13 +39,7 @@ using slot_migration::kMaxChunkBytes;
 using slot_migration::kMaxMoveRecords;
 using slot_migration::PhaseName;
 
-void ShardServer::NoteRequestStep(int64_t step) {
-  int64_t seen = max_request_step_.load();
-  while (step > seen && !max_request_step_.compare_exchange_weak(seen, step)) {
-  }
-}
-
-absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
+absl::StatusOr<std::vector<SlotMoves::Unit>> SlotMoves::ResolveUnits(
     const MapView& view, absl::Span<const uint32_t> slots,
     absl::Span<const std::string> tables, const std::string& owner) const {
   const uint32_t num_slots = options_.num_slots;
@@ -71,7 +65,7 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
           view->map.RouteOf(StableNameKey(store_->spec(t).name));
       if (route.column_split() || route.single_owner() >= 0) continue;
       ++row_wise;
-      if (UnitOwner(view->map, proto, {t, slot}) != owner) continue;
+      if (map_->UnitOwner(view->map, proto, {t, slot}) != owner) continue;
       units.emplace_back(t, slot);
       any = true;
     }
@@ -110,7 +104,7 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
   int64_t wrong = 0;
   std::string first;
   for (const Unit& u : units) {
-    const std::string o = UnitOwner(view->map, proto, u);
+    const std::string o = map_->UnitOwner(view->map, proto, u);
     if (o == owner) continue;
     if (wrong++ == 0) {
       first = absl::StrCat("slot ", u.second, " of table ",
@@ -127,7 +121,7 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::ResolveUnits(
   return units;
 }
 
-absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::MoveDiff(
+absl::StatusOr<std::vector<SlotMoves::Unit>> SlotMoves::MoveDiff(
     const ShardMap& current, const ShardMap& next, const std::string& from,
     const std::string& to) const {
   const v1::ShardMap cur_proto = current.ToProto();
@@ -136,8 +130,8 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::MoveDiff(
   for (int t = 0; t < store_->num_base_tables(); ++t) {
     for (uint32_t slot = 0; slot < options_.num_slots; ++slot) {
       const Unit u(t, slot);
-      const std::string a = UnitOwner(current, cur_proto, u);
-      const std::string b = UnitOwner(next, next_proto, u);
+      const std::string a = map_->UnitOwner(current, cur_proto, u);
+      const std::string b = map_->UnitOwner(next, next_proto, u);
       if (a == b) continue;
       if (a == from && b == to) {
         units.push_back(u);
@@ -160,7 +154,9 @@ absl::StatusOr<std::vector<ShardServer::Unit>> ShardServer::MoveDiff(
   return units;
 }
 
-std::shared_ptr<ShardServer::Move> ShardServer::FindMove(const std::string& id,
+SlotMoves::~SlotMoves() { Stop(); }
+
+std::shared_ptr<SlotMoves::Move> SlotMoves::FindMove(const std::string& id,
                                                         bool target) const {
   for (auto it = moves_.rbegin(); it != moves_.rend(); ++it) {
     if ((*it)->id == id && (*it)->target == target) return *it;
@@ -168,7 +164,7 @@ std::shared_ptr<ShardServer::Move> ShardServer::FindMove(const std::string& id,
   return nullptr;
 }
 
-void ShardServer::StartMoveThread(absl::AnyInvocable<void() &&> fn) {
+void SlotMoves::StartMoveThread(absl::AnyInvocable<void() &&> fn) {
   // Joins the threads that ended, so a long job's moves leave none behind.
   for (size_t i = 0; i < move_threads_.size();) {
     if (move_threads_[i].second->load()) {
@@ -188,7 +184,7 @@ void ShardServer::StartMoveThread(absl::AnyInvocable<void() &&> fn) {
       ended);
 }
 
-void ShardServer::StopMoves() {
+void SlotMoves::Stop() {
   std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> threads;
   {
     absl::MutexLock lock(&moves_mu_);
@@ -203,7 +199,7 @@ void ShardServer::StopMoves() {
 
 // ---- Target: MigrateIn, FinishMove, AbortMove ----
 
-void ShardServer::MigrateIn(const v1::MigrateInRequest* request,
+void SlotMoves::MigrateIn(const v1::MigrateInRequest* request,
                             v1::MigrateInResponse* response, Done done) {
   const MapView view = CurrentMap();
   absl::Status s;
@@ -348,7 +344,7 @@ void ShardServer::MigrateIn(const v1::MigrateInRequest* request,
   });
 }
 
-absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
+absl::Status SlotMoves::PullRows(const std::shared_ptr<Move>& move,
                                    uint64_t since, uint64_t* mark,
                                    int64_t* rows, bool rate_limited) {
   // Streams in parallel, each over every k-th slot (whole tables go with
@@ -393,7 +389,7 @@ absl::Status ShardServer::PullRows(const std::shared_ptr<Move>& move,
   return absl::OkStatus();
 }
 
-absl::Status ShardServer::PullStream(const std::shared_ptr<Move>& move,
+absl::Status SlotMoves::PullStream(const std::shared_ptr<Move>& move,
                                      const v1::ExportRowsRequest& request,
                                      absl::Time start,
                                      std::atomic<int64_t>* pulled,
@@ -481,7 +477,7 @@ absl::Status ShardServer::PullStream(const std::shared_ptr<Move>& move,
       });
 }
 
-absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
+absl::Status SlotMoves::RunCopy(const std::shared_ptr<Move>& move) {
   // Rows left from an earlier, failed copy of these units, or handed over
   // from here earlier and kept for a checkpoint: dropped now, not later.
   snapshots_->KeepUnits(move->units);
@@ -520,7 +516,7 @@ absl::Status ShardServer::RunCopy(const std::shared_ptr<Move>& move) {
   return absl::OkStatus();
 }
 
-void ShardServer::FinishMove(const v1::FinishMoveRequest* request,
+void SlotMoves::FinishMove(const v1::FinishMoveRequest* request,
                              v1::FinishMoveResponse* response, Done done) {
   absl::MutexLock lock(&moves_mu_);
   const std::shared_ptr<Move> move = FindMove(request->move_id(), true);
@@ -570,7 +566,7 @@ void ShardServer::FinishMove(const v1::FinishMoveRequest* request,
   });
 }
 
-absl::Status ShardServer::RunFinish(const std::shared_ptr<Move>& move,
+absl::Status SlotMoves::RunFinish(const std::shared_ptr<Move>& move,
                                     const v1::FinishMoveRequest& request,
                                     v1::FinishMoveResponse* response) {
   const MapView view = CurrentMap();
@@ -614,14 +610,14 @@ absl::Status ShardServer::RunFinish(const std::shared_ptr<Move>& move,
   v1::SetShardMapRequest set;
   *set.mutable_shard_map() = request.new_map();
   set.set_self(view->self_address);
-  RETURN_IF_ERROR(InstallMap(set, nullptr));
+  RETURN_IF_ERROR(map_->Install(set, nullptr));
   move->phase = v1::MoveState::HANDED_OVER;
   move->new_epoch = next.epoch();
   move->last_mark = mark;
   return absl::OkStatus();
 }
 
-void ShardServer::AbortMove(const v1::AbortMoveRequest* request,
+void SlotMoves::AbortMove(const v1::AbortMoveRequest* request,
                             v1::AbortMoveResponse* response, Done done) {
   absl::MutexLock lock(&moves_mu_);
   const std::shared_ptr<Move> move = FindMove(request->move_id(), true);
@@ -661,7 +657,7 @@ void ShardServer::AbortMove(const v1::AbortMoveRequest* request,
   std::move(done)(absl::OkStatus());
 }
 
-absl::Status ShardServer::ListMoves(const v1::ListMovesRequest&,
+absl::Status SlotMoves::ListMoves(const v1::ListMovesRequest&,
                                     v1::ListMovesResponse* response) const {
   absl::MutexLock lock(&moves_mu_);
   for (const auto& m : moves_) {

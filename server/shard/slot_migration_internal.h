@@ -1,4 +1,4 @@
-// What the two halves of ShardServer's slot moves share (slot_migration.cc:
+// What the two halves of SlotMoves share (slot_migration.cc:
 // the target side and the bookkeeping; slot_migration_source.cc: ExportRows
 // and HandOver). Included by those two files only.
 #ifndef RECPS_SERVER_SHARD_SLOT_MIGRATION_INTERNAL_H_
@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "server/shard/shard_server.h"
+#include "server/shard/slot_moves.h"
 
 namespace recps::server {
 
-struct ShardServer::Move {
+struct SlotMoves::Move {
   std::string id;
   bool target = true;  // this server's role
   std::string peer;
@@ -35,18 +35,6 @@ struct ShardServer::Move {
   std::shared_ptr<ShardPeer> link;
   std::vector<std::pair<v1::MigrateInResponse*, Done>> copy_waiters;
   std::vector<std::pair<v1::AbortMoveResponse*, Done>> abort_waiters;
-};
-
-struct ShardServer::Hold {
-  // [table][slot]: 1 when held (tables not in the move: empty).
-  std::vector<std::vector<uint8_t>> held;
-  // Sync and bounded: lookups (and pushes) of this step and later wait;
-  // async: every step (0).
-  int64_t from_step = 0;
-  // Sync and bounded, a target that owns nothing yet: every push of
-  // from_step or later waits, whatever its ids (see RunHandOver).
-  bool all_pushes = false;
-  std::vector<absl::AnyInvocable<void() &&>> parked;
 };
 
 namespace slot_migration {

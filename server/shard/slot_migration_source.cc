@@ -1,4 +1,4 @@
-// ShardServer's slot moves, the source's side: ExportRows (the rows of the
+// SlotMoves, the source's side: ExportRows (the rows of the
 // moving units, chunk by chunk, from a generation mark) and HandOver (hold
 // the units at a step boundary, have the target finish, install the new map,
 // drop the rows, release the held requests). The target's side and the
@@ -21,7 +21,7 @@
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 #include "kernels/embedding_optimizer.h"
-#include "server/shard/shard_server.h"
+#include "server/shard/slot_moves.h"
 #include "server/shard/slot_migration_internal.h"
 
 namespace recps::server {
@@ -32,7 +32,7 @@ using slot_migration::PhaseName;
 
 // ---- Source: ExportRows ----
 
-absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> ShardServer::StartExport(
+absl::StatusOr<std::unique_ptr<SlotMoves::RowExport>> SlotMoves::StartExport(
     const v1::ExportRowsRequest& request) {
   RETURN_IF_ERROR(export_grants_.Check(request));
   const MapView view = CurrentMap();
@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<ShardServer::RowExport>> ShardServer::StartExport
   return exp;
 }
 
-absl::StatusOr<bool> ShardServer::NextExportChunk(RowExport& exp,
+absl::StatusOr<bool> SlotMoves::NextExportChunk(RowExport& exp,
                                                   v1::ExportRowsChunk* chunk) {
   chunk->Clear();
   chunk->set_mark(exp.mark);
@@ -99,68 +99,7 @@ absl::StatusOr<bool> ShardServer::NextExportChunk(RowExport& exp,
 
 // ---- Source: HandOver ----
 
-bool ShardServer::ParkIfHeld(
-    const v1::RequestHeader& header,
-    const google::protobuf::RepeatedPtrField<v1::TableIds>* lookup,
-    const GradientPush* push,
-    absl::FunctionRef<absl::AnyInvocable<void() &&>()> make_resume) {
-  const uint32_t num_slots = options_.num_slots;
-  std::vector<int64_t> scratch;
-  absl::MutexLock lock(&hold_mu_);
-  for (const std::shared_ptr<Hold>& hold : holds_) {
-    if (header.step() < hold->from_step) continue;
-    auto touches = [&](int table, absl::Span<const int64_t> ids) {
-      if (table < 0 || table >= static_cast<int>(hold->held.size()) ||
-          hold->held[table].empty()) {
-        return false;
-      }
-      const uint64_t key = StableNameKey(store_->spec(table).name);
-      for (int64_t id : ids) {
-        if (hold->held[table][SlotOf(key, id, num_slots)]) return true;
-      }
-      return false;
-    };
-    bool held = false;
-    if (lookup != nullptr) {
-      for (const v1::TableIds& t : *lookup) {
-        const absl::StatusOr<int> table = store_->FindTable(t.table());
-        absl::Span<const int64_t> ids;
-        if (!table.ok() || !DecodeIds(t.ids(), "ids", &scratch, &ids).ok()) continue;
-        if (touches(*table, ids)) {
-          held = true;
-          break;
-        }
-      }
-    }
-    if (push != nullptr && hold->all_pushes) held = true;
-    if (push != nullptr && !held) {
-      for (const TableGradients& tg : *push) {
-        if (touches(tg.table, tg.ids)) {
-          held = true;
-          break;
-        }
-      }
-    }
-    if (held) {
-      hold->parked.push_back(make_resume());
-      return true;
-    }
-  }
-  return false;
-}
-
-void ShardServer::ReleaseHold(const std::shared_ptr<Hold>& hold) {
-  std::vector<absl::AnyInvocable<void() &&>> parked;
-  {
-    absl::MutexLock lock(&hold_mu_);
-    holds_.erase(std::find(holds_.begin(), holds_.end(), hold));
-    active_holds_.fetch_sub(1);
-    parked.swap(hold->parked);
-  }
-  for (auto& p : parked) work_->Schedule(std::move(p));
-}
-
-void ShardServer::HandOver(const v1::HandOverRequest* request,
+void SlotMoves::HandOver(const v1::HandOverRequest* request,
                            v1::HandOverResponse* response, Done done) {
   if (request->move_id().empty() || request->target().empty()) {
     std::move(done)(absl::InvalidArgumentError("move_id and target are required"));
@@ -222,7 +161,7 @@ void ShardServer::HandOver(const v1::HandOverRequest* request,
   });
 }
 
-absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
+absl::Status SlotMoves::RunHandOver(const v1::HandOverRequest& request,
                                       v1::HandOverResponse* response) {
   const MapView view = CurrentMap();
   const std::string self =
@@ -250,7 +189,7 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   // The hold: requests touching the units from now on wait. In sync and
   // bounded modes only lookups of steps after every lookup already seen
   // (and pushes of those steps); pushes of earlier steps must still come.
-  auto hold = std::make_shared<Hold>();
+  auto hold = std::make_shared<UnitHolds::Hold>();
   hold->held.resize(store_->num_tables());
   for (const Unit& u : units) {
     if (hold->held[u.first].empty()) hold->held[u.first].assign(options_.num_slots, 0);
@@ -268,21 +207,13 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   // servers).
   hold->all_pushes =
       !async && !view->map.OwnsAnything(view->map.IndexOf(request.target()));
-  int64_t last_step = -1;
-  {
-    absl::MutexLock lock(&hold_mu_);
-    active_holds_.fetch_add(1);
-    last_step = max_request_step_.load();
-    hold->from_step = async ? 0 : last_step + 1;
-    holds_.push_back(hold);
-  }
+  const int64_t last_step = holds_->Add(hold, async);
   const absl::Time held_at = absl::Now();
   // Nothing pending for the units after this: async, the pushes in flight
   // finish (the gate); sync/bounded, every step a served lookup belongs to
   // is applied.
   if (async) {
-    push_gate_.WriterLock();
-    push_gate_.WriterUnlock();
+    holds_->WaitForPushesInFlight();
   } else {
     // In slices, so that a shutdown does not wait for the step timeout.
     const absl::Time give_up = absl::Now() + options_.consistency.step_timeout;
@@ -300,7 +231,7 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
       }
     }
     if (!s.ok()) {
-      ReleaseHold(hold);
+      holds_->Release(hold);
       return absl::Status(s.code(), absl::StrCat(
           "hand-over of move ", request.move_id(), ": ", s.message(),
           "; this server keeps the slots"));
@@ -329,7 +260,7 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
     absl::StatusOr<v1::AbortMoveResponse> aborted =
         link->AbortMove(abort, absl::Seconds(10));
     if (!absl::IsFailedPrecondition(aborted.status())) {
-      ReleaseHold(hold);
+      holds_->Release(hold);
       return absl::Status(
           finished.status().code(),
           absl::StrCat("hand-over of move ", request.move_id(), " to ",
@@ -352,10 +283,10 @@ absl::Status ShardServer::RunHandOver(const v1::HandOverRequest& request,
   *set.mutable_shard_map() = request.new_map();
   set.set_self(self);
   const absl::flat_hash_set<Unit> handed(units.begin(), units.end());
-  absl::Status installed = InstallMap(set, &handed);
+  absl::Status installed = map_->Install(set, &handed);
   // Held requests now get the stale-epoch error: release them before the
   // drop (a compaction of the arena, about a memcpy of the moved rows).
-  ReleaseHold(hold);
+  holds_->Release(hold);
   const double hold_seconds = absl::ToDoubleSeconds(absl::Now() - held_at);
   if (installed.ok()) snapshots_->DropHandedOver(units);
   if (!installed.ok()) {

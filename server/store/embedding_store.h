@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -70,6 +71,10 @@ struct SlotChunk {
   std::vector<int64_t> ids;  // ascending
   std::vector<float> rows;   // ids.size() x row_stride
 };
+
+// A (table, slot) unit of a store: what slot moves, holds and checkpoint
+// selections name.
+using StoreUnit = std::pair<int, uint32_t>;
 
 struct TableInfo {
   std::string name;
