@@ -1,19 +1,19 @@
 #include "client/embedding_client.h"
 
 #include <algorithm>
-#include <optional>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/in_process_shard.h"
 #include "client/routed_batch.h"
 #include "client/shard_fanout.h"
+#include "client/shard_transport.h"
 #include "common/rpc/retry.h"
-#include "common/rpc/status_conversion.h"
 #include "common/hashing.h"
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
@@ -21,24 +21,18 @@
 namespace recps::client {
 namespace {
 
+using internal::CallPart;
+using internal::CallResult;
 using internal::RoutedBatch;
+using internal::ShardCall;
+using internal::ShardTransport;
 
 // Most ids one call may carry: Dedup's inverse indices are int32.
 constexpr size_t kMaxIdsPerCall = size_t{1} << 30;
 
-// An in-process call's rows that the server reads or writes in place
-// (InProcessShard::LookupInto, PushGradientsFrom).
-struct InProcessRows {
-  bool lookup = false;  // the lookup's rows go to `rows`, one per table
-  std::vector<float*> rows;
-  std::vector<const float*> grads;  // per table of the push; null: in bytes
-};
-
 // The two RPCs as the round loop sees them. A "part" is positions
 // [begin, end) of one server's ids of the round (RoutedBatch).
 struct LookupRpc {
-  using Request = v1::LookupRequest;
-  using Response = grpc::ByteBuffer;  // parsed by RoutedBatch::ConsumeLookup
   static constexpr char kName[] = "Lookup";
   // Only servers that own some id get a lookup.
   static constexpr bool kEveryServer = false;
@@ -48,50 +42,12 @@ struct LookupRpc {
   // max_ids_per_lookup_request ids.
   static constexpr bool kChunked = true;
 
-  static void Start(const internal::ServerStubs& stubs,
-                    grpc::ClientContext* ctx, const Request* request,
-                    Response* response,
-                    std::function<void(grpc::Status)> done) {
-    stubs.raw_lookup->UnaryCall(ctx, internal::LookupMethodName(),
-                                grpc::StubOptions(), request, response,
-                                std::move(done));
-  }
-  static void StartInProcess(InProcessShard& shard, absl::Time deadline,
-                             const Request* request, Response* response,
-                             InProcessRows* direct, uint64_t* incarnation,
-                             InProcessShard::Done done) {
-    if (direct->lookup) {
-      shard.LookupInto(request, direct->rows, incarnation, deadline, std::move(done));
-    } else {
-      shard.Lookup(request, response, deadline, std::move(done));
-    }
-  }
-  static void Build(RoutedBatch& batch, int server, int32_t begin,
-                    int32_t end, v1::RowEncoding encoding, Request* request) {
-    request->set_row_encoding(encoding);
-    batch.BuildLookup(server, begin, end, request);
-  }
-  static void BuildInProcess(RoutedBatch& batch, int server, int32_t begin,
-                             int32_t end, v1::RowEncoding encoding,
-                             Request* request, InProcessRows* direct) {
-    Build(batch, server, begin, end, encoding, request);
-    direct->lookup = encoding == v1::ROW_ENCODING_FLOAT32 &&
-                     batch.DirectLookupRows(server, begin, end, &direct->rows);
-  }
-  // Rows written in place leave no response to consume.
-  static bool ConsumedInPlace(const InProcessRows& direct) { return direct.lookup; }
-  static absl::Status Consume(const RoutedBatch& batch, int server,
-                              int32_t begin, int32_t end,
-                              v1::RowEncoding encoding, Response* response,
-                              uint64_t* incarnation) {
-    return batch.ConsumeLookup(server, begin, end, encoding, response,
-                               incarnation);
+  static std::unique_ptr<ShardCall> New(ShardTransport& transport) {
+    return transport.NewLookup();
   }
 };
 
 struct PushRpc {
-  using Request = v1::PushGradientsRequest;
-  using Response = v1::PushGradientsResponse;
   static constexpr char kName[] = "PushGradients";
   // Sync servers count a step done once every rank pushed, ids or not:
   // every server that owns something in the map gets a push.
@@ -105,40 +61,8 @@ struct PushRpc {
   static constexpr bool kChunked = false;
   static constexpr bool kParts = true;
 
-  static void Start(const internal::ServerStubs& stubs,
-                    grpc::ClientContext* ctx, const Request* request,
-                    Response* response,
-                    std::function<void(grpc::Status)> done) {
-    stubs.shard->async()->PushGradients(ctx, request, response,
-                                        std::move(done));
-  }
-  // Accepted pushes return at once; no deadline to pass.
-  static void StartInProcess(InProcessShard& shard, absl::Time,
-                             const Request* request, Response* response,
-                             InProcessRows* direct, uint64_t*,
-                             InProcessShard::Done done) {
-    if (std::any_of(direct->grads.begin(), direct->grads.end(),
-                    [](const float* g) { return g != nullptr; })) {
-      shard.PushGradientsFrom(request, direct->grads, response, std::move(done));
-    } else {
-      shard.PushGradients(request, response, std::move(done));
-    }
-  }
-  static void Build(RoutedBatch& batch, int server, int32_t, int32_t,
-                    v1::RowEncoding encoding, Request* request) {
-    batch.BuildPush(server, encoding, request);
-  }
-  static void BuildInProcess(RoutedBatch& batch, int server, int32_t,
-                             int32_t, v1::RowEncoding encoding,
-                             Request* request, InProcessRows* direct) {
-    batch.BuildPush(server, encoding, request, &direct->grads);
-  }
-  static bool ConsumedInPlace(const InProcessRows&) { return false; }
-  static absl::Status Consume(const RoutedBatch&, int, int32_t, int32_t,
-                              v1::RowEncoding, Response* response,
-                              uint64_t* incarnation) {
-    *incarnation = response->incarnation();
-    return absl::OkStatus();
+  static std::unique_ptr<ShardCall> New(ShardTransport& transport) {
+    return transport.NewPush();
   }
 };
 
@@ -215,6 +139,38 @@ absl::Status CheckBatch(int64_t step, absl::Span<const Spec> batch,
 
 }  // namespace
 
+struct EmbeddingClient::Routing {
+  ShardMap map;
+  // Of map.servers()[s], chosen when the map is installed; owned by
+  // transports_.
+  std::vector<ShardTransport*> transports;
+};
+
+struct EmbeddingClient::Rounds {
+  Rounds(const EmbeddingClientOptions& options, const char* rpc)
+      : retry(options, rpc) {}
+
+  internal::RetryState retry;
+  // Push: servers that accepted this step's push; the others get one (empty
+  // if need be) in the next round, also servers new in a refreshed map.
+  absl::flat_hash_set<std::string> accepted;
+  // Push: the part id of each server's last request whose outcome is
+  // unknown (UNAVAILABLE, CANCELLED by the server): its retry keeps the id.
+  absl::flat_hash_map<std::string, uint64_t> unsure_parts;
+
+  // A server's requests of the round: `parts` near-equal parts of its
+  // `count` ids.
+  struct Server {
+    int index;
+    int32_t count;
+    int32_t parts;
+  };
+  std::vector<Server> servers;
+  std::vector<std::unique_ptr<ShardCall>> calls;
+  bool failed = false;  // a call failed: the round ends the call
+  bool again = false;   // some ids go out again next round
+};
+
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
     std::vector<TableSchema> tables, std::unique_ptr<ShardMapSource> source,
     EmbeddingClientOptions options) {
@@ -262,8 +218,9 @@ EmbeddingClient::EmbeddingClient(std::vector<TableSchema> tables,
     : tables_(std::move(tables)),
       options_(std::move(options)),
       source_(std::move(source)),
-      map_(std::make_shared<const ShardMap>(std::move(map))),
-      stubs_(std::make_unique<internal::StubCache>(options_.security)),
+      transports_(std::make_unique<internal::Transports>(
+          options_.security, options_.in_process_shard)),
+      routing_(MakeRouting(std::move(map))),
       next_push_part_(absl::Uniform<uint64_t>(absl::BitGen()) | 1) {
   for (size_t i = 0; i < tables_.size(); ++i) {
     table_index_[tables_[i].name] = static_cast<int>(i);
@@ -279,12 +236,24 @@ int EmbeddingClient::FindTable(std::string_view name) const {
 }
 
 uint64_t EmbeddingClient::shard_map_epoch() const {
-  return CurrentMap()->epoch();
+  return CurrentRouting()->map.epoch();
 }
 
-std::shared_ptr<const ShardMap> EmbeddingClient::CurrentMap() const {
+std::shared_ptr<const EmbeddingClient::Routing>
+EmbeddingClient::CurrentRouting() const {
   absl::MutexLock lock(&map_mu_);
-  return map_;
+  return routing_;
+}
+
+std::shared_ptr<const EmbeddingClient::Routing> EmbeddingClient::MakeRouting(
+    ShardMap map) {
+  auto routing = std::make_shared<Routing>();
+  routing->transports.reserve(map.num_servers());
+  for (const std::string& address : map.servers()) {
+    routing->transports.push_back(transports_->For(address));
+  }
+  routing->map = std::move(map);
+  return routing;
 }
 
 absl::StatusOr<uint64_t> EmbeddingClient::RefreshMap(uint64_t wanted_epoch) {
@@ -298,11 +267,11 @@ absl::StatusOr<uint64_t> EmbeddingClient::RefreshMap(uint64_t wanted_epoch) {
 }
 
 uint64_t EmbeddingClient::InstallIfNewer(ShardMap map) {
-  auto next = std::make_shared<const ShardMap>(std::move(map));
+  std::shared_ptr<const Routing> next = MakeRouting(std::move(map));
   absl::MutexLock lock(&map_mu_);
   // Re-checked under the lock: a watcher and a refresh may race.
-  if (next->epoch() > map_->epoch()) map_ = std::move(next);
-  return map_->epoch();
+  if (next->map.epoch() > routing_->map.epoch()) routing_ = std::move(next);
+  return routing_->map.epoch();
 }
 
 absl::Status EmbeddingClient::OfferShardMap(ShardMap map) {
@@ -395,8 +364,8 @@ absl::Status EmbeddingClient::LookupImpl(int64_t step,
   }
   std::unique_ptr<RoutedBatch> routed = AcquireBatch();
   // Column groups come from this map; it lives until the call ends.
-  const std::shared_ptr<const ShardMap> map = CurrentMap();
-  routed->PrepareLookup(batch, tables_, table_keys_, *map);
+  const std::shared_ptr<const Routing> routing = CurrentRouting();
+  routed->PrepareLookup(batch, tables_, table_keys_, routing->map);
   routed->updated_only = updated_only;
   absl::Status status = Run<LookupRpc>(step, *routed);
   ReleaseBatch(std::move(routed));
@@ -414,8 +383,8 @@ absl::Status EmbeddingClient::PushGradients(int64_t step,
     }
   }
   std::unique_ptr<RoutedBatch> routed = AcquireBatch();
-  const std::shared_ptr<const ShardMap> map = CurrentMap();
-  routed->PreparePush(batch, tables_, table_keys_, *map);
+  const std::shared_ptr<const Routing> routing = CurrentRouting();
+  routed->PreparePush(batch, tables_, table_keys_, routing->map);
   absl::Status status = Run<PushRpc>(step, *routed);
   ReleaseBatch(std::move(routed));
   return status;
@@ -430,223 +399,164 @@ absl::Status EmbeddingClient::PushGradients(int64_t step,
 // decides), where they are routed again; any other error ends the call.
 template <typename Rpc>
 absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
-  struct Call {
-    int server = -1;
-    int32_t begin = 0;  // the part of the server's ids this call carries
-    int32_t end = 0;
-    const std::string* address = nullptr;
-    // Handed to options_.in_process_shard instead of sent over gRPC.
-    bool in_process = false;
-    InProcessRows direct;  // in process: rows read or written in place
-    std::optional<uint64_t> server_epoch;  // of an in-process refusal
-    grpc::ClientContext ctx;
-    typename Rpc::Request request;
-    typename Rpc::Response response;
-    grpc::Status status;
-    uint64_t part = 0;      // push part id (Rpc::kParts)
-    absl::Status consumed;  // Rpc::Consume's verdict on an OK response
-    uint64_t incarnation = 0;  // of the server that answered (0: unknown)
-    // The incarnation the request named (RequestHeader.incarnation; 0: none).
-    uint64_t sent_incarnation = 0;
-  };
-  // A server's requests of the round: `parts` near-equal parts of its
-  // `count` ids.
-  struct Server {
-    int index;
-    int32_t count;
-    int32_t parts;
-  };
-  internal::RetryState retry(options_, Rpc::kName);
-  // Push: servers that accepted this step's push; the others get one (empty
-  // if need be) in the next round, also servers new in a refreshed map.
-  absl::flat_hash_set<std::string> accepted;
-  // Push: the part id of each server's last request whose outcome is
-  // unknown (UNAVAILABLE, CANCELLED by the server): its retry keeps the id.
-  absl::flat_hash_map<std::string, uint64_t> unsure_parts;
-  std::vector<std::unique_ptr<Call>> calls;
-  std::vector<Server> servers;
+  Rounds rounds(options_, Rpc::kName);
   for (;;) {
-    const std::shared_ptr<const ShardMap> map = CurrentMap();
-    RETURN_IF_ERROR(batch.Route(*map));
-    calls.clear();
-    servers.clear();
-    int32_t most_parts = 0;
-    for (int s = 0; s < map->num_servers(); ++s) {
-      const int32_t count = batch.CountFor(s);
-      // Pushes: also an empty one to every server that owns something and
-      // has not accepted this step's push, never to one that owns nothing
-      // (joined and not given a share yet, or drained): it takes part in no
-      // step, and one started while the job trains would refuse the step.
-      if (count == 0 &&
-          !(Rpc::kEveryServer && map->OwnsAnything(s) &&
-            !accepted.contains(map->servers()[s]))) {
+    const std::shared_ptr<const Routing> routing = CurrentRouting();
+    RETURN_IF_ERROR(batch.Route(routing->map));
+    MakeCalls<Rpc>(step, *routing, batch, rounds);
+    if (rounds.calls.empty()) return absl::OkStatus();
+    internal::DoneQueue done(static_cast<int>(rounds.calls.size()));
+    StartCalls(*routing, rounds, done);
+    JudgeCalls<Rpc>(routing->map, batch, done, rounds);
+    if (rounds.failed) {
+      absl::Status lost = LostStatus();
+      return lost.ok() ? rounds.retry.error() : lost;
+    }
+    if (!rounds.again) return absl::OkStatus();
+    RETURN_IF_ERROR(rounds.retry.BeforeNextRound(
+        routing->map.epoch(),
+        [this](uint64_t wanted) { return RefreshMap(wanted); }));
+    batch.NextRound();
+  }
+}
+
+// The servers that get a request this round, and in how many parts; then
+// the calls, chunk k of every server before chunk k + 1 of any, so that
+// every server starts working at once. All chunks are sent together: a
+// server looks up chunk k + 1 while chunk k is on the wire or being copied
+// out here.
+template <typename Rpc>
+void EmbeddingClient::MakeCalls(int64_t step, const Routing& routing,
+                                RoutedBatch& batch, Rounds& rounds) {
+  const ShardMap& map = routing.map;
+  rounds.calls.clear();
+  rounds.servers.clear();
+  int32_t most_parts = 0;
+  for (int s = 0; s < map.num_servers(); ++s) {
+    const int32_t count = batch.CountFor(s);
+    // Pushes: also an empty one to every server that owns something and
+    // has not accepted this step's push, never to one that owns nothing
+    // (joined and not given a share yet, or drained): it takes part in no
+    // step, and one started while the job trains would refuse the step.
+    if (count == 0 &&
+        !(Rpc::kEveryServer && map.OwnsAnything(s) &&
+          !rounds.accepted.contains(map.servers()[s]))) {
+      continue;
+    }
+    int32_t parts = 1;
+    if (Rpc::kChunked) {
+      const int64_t chunk = options_.max_ids_per_lookup_request;
+      parts = static_cast<int32_t>(
+          std::max<int64_t>(1, (int64_t{count} + chunk - 1) / chunk));
+    }
+    rounds.servers.push_back({s, count, parts});
+    most_parts = std::max(most_parts, parts);
+  }
+  for (int32_t k = 0; k < most_parts; ++k) {
+    for (const Rounds::Server& sv : rounds.servers) {
+      if (k >= sv.parts) continue;
+      const CallPart part{
+          sv.index, static_cast<int32_t>(int64_t{sv.count} * k / sv.parts),
+          static_cast<int32_t>(int64_t{sv.count} * (k + 1) / sv.parts)};
+      std::unique_ptr<ShardCall> call = Rpc::New(*routing.transports[sv.index]);
+      FillHeader(step, map.epoch(), map.servers()[sv.index], Rpc::kParts,
+                 rounds, call->header());
+      call->Build(batch, part, options_.encoding);
+      rounds.calls.push_back(std::move(call));
+    }
+  }
+}
+
+void EmbeddingClient::FillHeader(int64_t step, uint64_t epoch,
+                                 const std::string& address, bool with_part,
+                                 const Rounds& rounds,
+                                 v1::RequestHeader& header) {
+  header.set_shard_map_epoch(epoch);
+  header.set_step(step);
+  header.set_worker_rank(options_.worker_rank);
+  // A restarted server refuses this at once with DATA_LOSS; without it a
+  // sync-mode lookup would wait there for a step its fresh clock never
+  // reaches (until the step timeout).
+  header.set_incarnation(KnownIncarnation(address));
+  if (with_part) {
+    const auto unsure = rounds.unsure_parts.find(address);
+    uint64_t part = unsure != rounds.unsure_parts.end()
+                        ? unsure->second
+                        : next_push_part_.fetch_add(1);
+    if (part == 0) part = next_push_part_.fetch_add(1);
+    header.set_push_part(part);
+  }
+}
+
+void EmbeddingClient::StartCalls(const Routing& routing, Rounds& rounds,
+                                 internal::DoneQueue& done) {
+  // Calls that may run to completion on this thread go last, so that the
+  // other servers work meanwhile.
+  for (const bool last : {false, true}) {
+    for (size_t i = 0; i < rounds.calls.size(); ++i) {
+      ShardCall& call = *rounds.calls[i];
+      if (routing.transports[call.part().server]->works_on_caller_thread() !=
+          last) {
         continue;
       }
-      int32_t parts = 1;
-      if (Rpc::kChunked) {
-        const int64_t chunk = options_.max_ids_per_lookup_request;
-        parts = static_cast<int32_t>(std::max<int64_t>(
-            1, (int64_t{count} + chunk - 1) / chunk));
-      }
-      servers.push_back({s, count, parts});
-      most_parts = std::max(most_parts, parts);
+      call.Start(absl::Now() + options_.rpc_timeout,
+                 [&done, i] { done.Push(static_cast<int>(i)); });
     }
-    if (servers.empty()) return absl::OkStatus();
+  }
+}
 
-    // Chunk k of every server before chunk k + 1 of any, so that every
-    // server starts working at once. All chunks are sent together: a server
-    // looks up chunk k + 1 while chunk k is on the wire or being copied out
-    // here.
-    for (int32_t k = 0; k < most_parts; ++k) {
-      for (const Server& sv : servers) {
-        if (k >= sv.parts) continue;
-        auto call = std::make_unique<Call>();
-        call->server = sv.index;
-        call->begin = static_cast<int32_t>(int64_t{sv.count} * k / sv.parts);
-        call->end =
-            static_cast<int32_t>(int64_t{sv.count} * (k + 1) / sv.parts);
-        call->address = &map->servers()[sv.index];
-        call->in_process = options_.in_process_shard != nullptr &&
-                           *call->address == options_.in_process_shard->address();
-        v1::RequestHeader* header = call->request.mutable_header();
-        header->set_shard_map_epoch(map->epoch());
-        header->set_step(step);
-        header->set_worker_rank(options_.worker_rank);
-        // A restarted server refuses this at once with DATA_LOSS; without it
-        // a sync-mode lookup would wait there for a step its fresh clock
-        // never reaches (until the step timeout).
-        call->sent_incarnation = KnownIncarnation(*call->address);
-        header->set_incarnation(call->sent_incarnation);
-        if (Rpc::kParts) {
-          const auto unsure = unsure_parts.find(*call->address);
-          call->part = unsure != unsure_parts.end()
-                           ? unsure->second
-                           : next_push_part_.fetch_add(1);
-          if (call->part == 0) call->part = next_push_part_.fetch_add(1);
-          header->set_push_part(call->part);
+// Drains every call, even after a failure: they own their buffers.
+template <typename Rpc>
+void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
+                                 internal::DoneQueue& done, Rounds& rounds) {
+  rounds.failed = false;
+  rounds.again = false;
+  rounds.unsure_parts.clear();
+  for (int i = done.Next(); i >= 0; i = done.Next()) {
+    if (rounds.failed) continue;
+    ShardCall& c = *rounds.calls[i];
+    const CallResult& r = c.result();
+    const std::string& address = map.servers()[c.part().server];
+    switch (rounds.retry.Judge(address, r.status, r.server_epoch, r.deadline)) {
+      case internal::CallVerdict::kOk:
+        if (!r.consumed.ok()) {
+          rounds.retry.FailResponse(address, r.consumed);
+          rounds.failed = true;
+        } else if (absl::Status lost = CheckIncarnation(address, r.incarnation);
+                   !lost.ok()) {
+          rounds.retry.FailResponse(address, lost);
+          rounds.failed = true;
+        } else if (Rpc::kEveryServer) {
+          rounds.accepted.insert(address);
         }
-        if (call->in_process) {
-          Rpc::BuildInProcess(batch, sv.index, call->begin, call->end,
-                              options_.encoding, &call->request, &call->direct);
-        } else {
-          Rpc::Build(batch, sv.index, call->begin, call->end, options_.encoding,
-                     &call->request);
+        break;
+      case internal::CallVerdict::kRetry:
+        // Only this request's ids; the next map may send them elsewhere.
+        batch.Requeue(c.part().server, c.part().begin, c.part().end);
+        rounds.again = true;
+        // ABORTED (stale map) is a refusal: the server took nothing.
+        if (Rpc::kParts &&
+            r.status.error_code() != grpc::StatusCode::ABORTED) {
+          rounds.unsure_parts[address] = c.header().push_part();
         }
-        calls.push_back(std::move(call));
+        break;
+      case internal::CallVerdict::kFail:
+        // The server's own incarnation check (RequestHeader.incarnation):
+        // it is a new process at this address. Fails every later call too.
+        if (c.header().incarnation() != 0 &&
+            r.status.error_code() == grpc::StatusCode::DATA_LOSS) {
+          (void)NoteRefusedIncarnation(address, c.header().incarnation(),
+                                       r.status.error_message());
+        }
+        rounds.failed = true;
+        break;
+    }
+    // No point waiting for the rest; cancelling a finished call is a no-op.
+    if (rounds.failed) {
+      for (const std::unique_ptr<ShardCall>& other : rounds.calls) {
+        other->Cancel();
       }
     }
-
-    internal::DoneQueue done(static_cast<int>(calls.size()));
-    // Remote calls first: an in-process call may run to completion on this
-    // thread before it returns, and the remote servers work meanwhile.
-    for (size_t i = 0; i < calls.size(); ++i) {
-      Call& c = *calls[i];
-      if (c.in_process) continue;
-      rpc::SetTimeout(options_.rpc_timeout, &c.ctx);
-      // An OK response is consumed (rows copied out) on the gRPC thread that
-      // received it, while its bytes are still in that core's cache and
-      // while other responses are in flight, not after a hop to this
-      // thread. Shard bench, 16k ids, 17 interleaved pairs: median +10% ids/s
-      // (-18% to +33%), client CPU per call 0-16% lower.
-      Rpc::Start(stubs_->Get(*c.address), &c.ctx, &c.request, &c.response,
-                 [this, &c, &batch,
-                  queued = done.Callback(static_cast<int>(i), &c.status)](
-                     grpc::Status status) {
-                   if (status.ok()) {
-                     c.consumed = Rpc::Consume(batch, c.server, c.begin, c.end,
-                                               options_.encoding, &c.response,
-                                               &c.incarnation);
-                   }
-                   queued(std::move(status));
-                 });
-    }
-    const absl::Time deadline = absl::Now() + options_.rpc_timeout;
-    for (size_t i = 0; i < calls.size(); ++i) {
-      Call& c = *calls[i];
-      if (!c.in_process) continue;
-      // The same status the gRPC path would see (codes and messages), and
-      // the epoch of a stale-map refusal, which gRPC sends as a trailer.
-      Rpc::StartInProcess(
-          *options_.in_process_shard, deadline, &c.request, &c.response,
-          &c.direct, &c.incarnation,
-          [this, &c, &batch,
-           queued = done.Callback(static_cast<int>(i), &c.status)](
-              absl::Status status) {
-            if (status.ok()) {
-              c.consumed = Rpc::ConsumedInPlace(c.direct)
-                               ? absl::OkStatus()
-                               : Rpc::Consume(batch, c.server, c.begin, c.end,
-                                              options_.encoding, &c.response,
-                                              &c.incarnation);
-            } else if (auto epoch =
-                           status.GetPayload(kShardMapEpochKey)) {
-              c.server_epoch = rpc::ParseShardMapEpoch(std::string(*epoch));
-            }
-            queued(rpc::ToGrpcStatus(status));
-          });
-    }
-    bool failed = false;
-    bool again = false;
-    unsure_parts.clear();
-    // Drain every call, even after a failure: they own their buffers.
-    for (int i = done.Next(); i >= 0; i = done.Next()) {
-      Call& c = *calls[i];
-      if (failed) continue;
-      const internal::CallVerdict verdict =
-          c.in_process
-              ? retry.Judge(*c.address, c.status, c.server_epoch, deadline)
-              : retry.Judge(*c.address, c.status, c.ctx);
-      switch (verdict) {
-        case internal::CallVerdict::kOk: {
-          if (!c.consumed.ok()) {
-            retry.FailResponse(*c.address, c.consumed);
-            failed = true;
-          } else if (absl::Status lost = CheckIncarnation(*c.address, c.incarnation);
-                     !lost.ok()) {
-            retry.FailResponse(*c.address, lost);
-            failed = true;
-          } else if (Rpc::kEveryServer) {
-            accepted.insert(*c.address);
-          }
-          break;
-        }
-        case internal::CallVerdict::kRetry:
-          // Only this request's ids; the next map may send them elsewhere.
-          batch.Requeue(c.server, c.begin, c.end);
-          again = true;
-          // ABORTED (stale map) is a refusal: the server took nothing.
-          if (Rpc::kParts &&
-              c.status.error_code() != grpc::StatusCode::ABORTED) {
-            unsure_parts[*c.address] = c.part;
-          }
-          break;
-        case internal::CallVerdict::kFail:
-          // The server's own incarnation check (RequestHeader.incarnation):
-          // it is a new process at this address. Fails every later call too.
-          if (c.sent_incarnation != 0 &&
-              c.status.error_code() == grpc::StatusCode::DATA_LOSS) {
-            (void)NoteRefusedIncarnation(*c.address, c.sent_incarnation,
-                                         c.status.error_message());
-          }
-          failed = true;
-          break;
-      }
-      // No point waiting for the rest; cancelling a finished call is a no-op.
-      // An in-process call cannot be cancelled: it ends by its deadline.
-      if (failed) {
-        for (const std::unique_ptr<Call>& other : calls) {
-          if (!other->in_process) other->ctx.TryCancel();
-        }
-      }
-    }
-    if (failed) {
-      absl::Status lost = LostStatus();
-      return lost.ok() ? retry.error() : lost;
-    }
-    if (!again) return absl::OkStatus();
-    RETURN_IF_ERROR(retry.BeforeNextRound(
-        map->epoch(), [this](uint64_t wanted) { return RefreshMap(wanted); }));
-    batch.NextRound();
   }
 }
 

@@ -33,7 +33,8 @@ namespace recps::client {
 class InProcessShard;
 
 namespace internal {
-class StubCache;
+class DoneQueue;
+class Transports;
 struct RoutedBatch;
 }  // namespace internal
 
@@ -186,7 +187,15 @@ class EmbeddingClient {
                   std::unique_ptr<ShardMapSource> source,
                   EmbeddingClientOptions options, ShardMap map);
 
-  std::shared_ptr<const ShardMap> CurrentMap() const;
+  // A shard map with the transport of each of its servers (see the .cc).
+  struct Routing;
+  // What one Lookup or PushGradients keeps across its rounds (see the .cc).
+  struct Rounds;
+
+  std::shared_ptr<const Routing> CurrentRouting() const;
+  // `map` with each server's transport: in process for
+  // options_.in_process_shard's address, gRPC for the others.
+  std::shared_ptr<const Routing> MakeRouting(ShardMap map);
   // Installs `map` if it is newer than the current one; returns the epoch
   // routed by afterwards. REQUIRES: CheckMap passed.
   uint64_t InstallIfNewer(ShardMap map);
@@ -217,6 +226,19 @@ class EmbeddingClient {
   // Sends `batch` in rounds until every part is accepted (see the .cc).
   template <typename Rpc>
   absl::Status Run(int64_t step, internal::RoutedBatch& batch);
+  // A round's steps: make and build its calls, start them, and judge them
+  // as they finish.
+  template <typename Rpc>
+  void MakeCalls(int64_t step, const Routing& routing,
+                 internal::RoutedBatch& batch, Rounds& rounds);
+  void FillHeader(int64_t step, uint64_t epoch, const std::string& address,
+                  bool with_part, const Rounds& rounds,
+                  v1::RequestHeader& header);
+  void StartCalls(const Routing& routing, Rounds& rounds,
+                  internal::DoneQueue& done);
+  template <typename Rpc>
+  void JudgeCalls(const ShardMap& map, internal::RoutedBatch& batch,
+                  internal::DoneQueue& done, Rounds& rounds);
 
   // Reuses routing buffers across calls, so a steady training loop does
   // not allocate them per step.
@@ -230,10 +252,10 @@ class EmbeddingClient {
 
   std::unique_ptr<ShardMapSource> source_ ABSL_PT_GUARDED_BY(refresh_mu_);
   absl::Mutex refresh_mu_;  // held while fetching from source_
+  // Before routing_: every Routing points into it.
+  std::unique_ptr<internal::Transports> transports_;
   mutable absl::Mutex map_mu_;
-  std::shared_ptr<const ShardMap> map_ ABSL_GUARDED_BY(map_mu_);
-
-  std::unique_ptr<internal::StubCache> stubs_;
+  std::shared_ptr<const Routing> routing_ ABSL_GUARDED_BY(map_mu_);
 
   // Push part ids (RequestHeader.push_part): a random base per client, so
   // a restarted worker never repeats an id a server remembers, plus a count.

@@ -10,6 +10,7 @@
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/support/proto_buffer_reader.h"
 #include "common/half.h"
+#include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 
 namespace recps::client::internal {
@@ -368,6 +369,242 @@ absl::Status Malformed(const char* what) {
       absl::StrCat("malformed lookup response: ", what));
 }
 
+// Where one response table's rows go: the part's ids of `plan`, whose
+// output rows `data` holds; `index` is the table's place in the response.
+struct RowsTarget {
+  const TablePlan& plan;
+  const TablePlan& data;
+  const int32_t* routed;  // unique ids, in the request's order
+  int32_t n;
+  int index;
+};
+
+// Reads the TableRows of one response into the caller's buffers. Holds this
+// call's scratch only: parts are consumed concurrently.
+class TableRowsReader {
+ public:
+  TableRowsReader(google::protobuf::io::CodedInputStream* in,
+                  v1::RowEncoding encoding, bool updated_only_asked)
+      : in_(*in),
+        encoding_(encoding),
+        width_(BytesPerElement(encoding)),
+        updated_only_asked_(updated_only_asked) {}
+
+  // Reads a length-delimited TableRows (its tag already read) for `t`.
+  absl::Status Read(const RowsTarget& t);
+
+ private:
+  // One field of the table, tag `tag`.
+  absl::Status ReadField(uint32_t tag, const RowsTarget& t);
+  absl::Status ReadPositions(const RowsTarget& t);
+  // The rows field: every id's row, or with updated_only only those at
+  // positions_.
+  absl::Status ReadRows(const RowsTarget& t);
+  // fp32 rows that lie whole in the stream's current buffer, from the k-th
+  // id on; returns how many were copied (0: none lie whole there).
+  int32_t CopyDirectRows(const RowsTarget& t, int32_t k);
+  // The row of unique id u: into its first output row (the plan's columns),
+  // decoded when 16-bit, then to its other output rows. False when the
+  // stream ends first.
+  bool ReadRow(const RowsTarget& t, int32_t u);
+  // Copies u's first output row, at `row`, to its other output rows: a
+  // repeated id's row goes to every position it was asked at.
+  static void CopyToRepeats(const RowsTarget& t, int32_t u, const void* row);
+  absl::Status WrongTable(const RowsTarget& t) const;
+
+  google::protobuf::io::CodedInputStream& in_;
+  const v1::RowEncoding encoding_;
+  const size_t width_;  // bytes per value on the wire
+  const bool updated_only_asked_;
+
+  // Of the table being read (proto3 defaults until its fields come).
+  size_t row_bytes_ = 0;
+  std::string name_;
+  int32_t dim_ = 0;
+  bool have_name_ = false;
+  bool have_dim_ = false;
+  uint64_t rows_bytes_ = 0;
+  // An updated_only answer: rows only for these positions of the part's
+  // ids (sent before the rows); the other rows stay as the caller has them.
+  bool partial_ = false;
+  std::vector<int32_t> positions_;
+  std::vector<char> row_scratch_;  // a row to decode (fp16 / bf16)
+};
+
+absl::Status TableRowsReader::Read(const RowsTarget& t) {
+  uint32_t length;
+  if (!in_.ReadVarint32(&length)) return Malformed("bad table length");
+  const auto limit = in_.PushLimit(static_cast<int>(length));
+  row_bytes_ = static_cast<size_t>(t.plan.dim) * width_;
+  name_.clear();
+  dim_ = 0;
+  have_name_ = have_dim_ = partial_ = false;
+  rows_bytes_ = 0;
+  positions_.clear();
+  for (uint32_t tag = in_.ReadTag(); tag != 0; tag = in_.ReadTag()) {
+    RETURN_IF_ERROR(ReadField(tag, t));
+  }
+  if (!in_.ConsumedEntireMessage()) return Malformed("bad table");
+  in_.PopLimit(limit);
+  if (name_ != *t.plan.name || dim_ != t.plan.dim) return WrongTable(t);
+  if (partial_ ? rows_bytes_ != row_bytes_ * positions_.size()
+               : rows_bytes_ != row_bytes_ * t.n) {  // no rows field at all
+    return absl::InternalError(absl::StrCat(
+        "table '", *t.plan.name, "': ", rows_bytes_, " bytes of rows for ",
+        t.n, " ids of ", row_bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TableRowsReader::ReadField(uint32_t tag, const RowsTarget& t) {
+  if (tag == kTableTag) {
+    if (!WireFormatLite::ReadString(&in_, &name_)) {
+      return Malformed("bad table name");
+    }
+    have_name_ = true;
+  } else if (tag == kDimTag) {
+    uint32_t v;
+    if (!in_.ReadVarint32(&v)) return Malformed("bad dim");
+    dim_ = static_cast<int32_t>(v);
+    have_dim_ = true;
+  } else if (tag == kUpdatedOnlyTag) {
+    uint64_t v;
+    if (!in_.ReadVarint64(&v)) return Malformed("bad updated_only");
+    if (!updated_only_asked_ && v != 0) {
+      return Malformed("updated_only not asked for");
+    }
+    partial_ = v != 0;
+  } else if (tag == kPositionsTag) {
+    return ReadPositions(t);
+  } else if (tag == kRowsTag) {
+    return ReadRows(t);
+  } else if (!WireFormatLite::SkipField(&in_, tag)) {
+    return Malformed("bad field in a table");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TableRowsReader::ReadPositions(const RowsTarget& t) {
+  uint32_t size;
+  if (!in_.ReadVarint32(&size) || size % sizeof(int32_t) != 0 ||
+      size / sizeof(int32_t) > static_cast<uint32_t>(t.n)) {
+    return Malformed("bad positions");
+  }
+  positions_.resize(size / sizeof(int32_t));
+  if (!in_.ReadRaw(positions_.data(), static_cast<int>(size))) {
+    return Malformed("truncated positions");
+  }
+  for (const int32_t q : positions_) {
+    if (q < 0 || q >= t.n) return Malformed("position out of range");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TableRowsReader::ReadRows(const RowsTarget& t) {
+  // Name and dim come first from a real server (fields in number order):
+  // refuse a wrong table before writing any of its rows.
+  if ((have_name_ && name_ != *t.plan.name) ||
+      (have_dim_ && dim_ != t.plan.dim)) {
+    return WrongTable(t);
+  }
+  uint32_t size;
+  if (!in_.ReadVarint32(&size)) return Malformed("bad rows length");
+  rows_bytes_ = size;
+  if (width_ != sizeof(float)) row_scratch_.resize(row_bytes_);
+  if (partial_) {
+    if (rows_bytes_ != row_bytes_ * positions_.size()) {
+      return absl::InternalError(absl::StrCat(
+          "table '", *t.plan.name, "': ", rows_bytes_, " bytes of rows for ",
+          positions_.size(), " updated positions of ", row_bytes_, " bytes"));
+    }
+    // Only the updated rows, one per position, one at a time.
+    for (const int32_t q : positions_) {
+      if (!ReadRow(t, t.routed[q])) return Malformed("truncated rows");
+    }
+    return absl::OkStatus();
+  }
+  if (rows_bytes_ != row_bytes_ * t.n) {
+    return absl::InternalError(absl::StrCat(
+        "table '", *t.plan.name, "': ", rows_bytes_, " bytes of rows for ",
+        t.n, " ids of ", row_bytes_, " bytes"));
+  }
+  for (int32_t k = 0; k < t.n;) {
+    if (const int32_t copied = CopyDirectRows(t, k); copied > 0) {
+      k += copied;
+      continue;
+    }
+    // A row split across slices, or rows to decode: one at a time.
+    if (!ReadRow(t, t.routed[k++])) return Malformed("truncated rows");
+  }
+  return absl::OkStatus();
+}
+
+int32_t TableRowsReader::CopyDirectRows(const RowsTarget& t, int32_t k) {
+  // float32 rows are copied straight from gRPC's slice, in runs:
+  // consecutive rows that land consecutively in the caller's buffer (one
+  // table looked up into one array, the usual case) take one memcpy, not
+  // one ReadRaw each.
+  const void* direct = nullptr;
+  int avail = 0;
+  if (width_ != sizeof(float) || !in_.GetDirectBufferPointer(&direct, &avail) ||
+      static_cast<size_t>(avail) < row_bytes_) {
+    return 0;
+  }
+  const auto here = static_cast<int32_t>(
+      std::min<size_t>(t.n - k, static_cast<size_t>(avail) / row_bytes_));
+  const char* src = static_cast<const char*>(direct);
+  char* run_dst = nullptr;
+  const char* run_src = nullptr;
+  size_t run = 0;
+  for (int32_t r = 0; r < here; ++r) {
+    const int32_t u = t.routed[k + r];
+    const char* row = src + r * row_bytes_;
+    // Every unique id has at least one position. The plan's columns start
+    // at column_offset.
+    char* dst = reinterpret_cast<char*>(t.data.dst[t.data.dst_begin[u]] +
+                                        t.plan.column_offset);
+    if (dst != run_dst + run) {
+      if (run > 0) std::memcpy(run_dst, run_src, run);
+      run_dst = dst;
+      run_src = row;
+      run = 0;
+    }
+    run += row_bytes_;
+    CopyToRepeats(t, u, row);
+  }
+  if (run > 0) std::memcpy(run_dst, run_src, run);
+  in_.Skip(static_cast<int>(static_cast<size_t>(here) * row_bytes_));
+  return here;
+}
+
+bool TableRowsReader::ReadRow(const RowsTarget& t, int32_t u) {
+  float* first = t.data.dst[t.data.dst_begin[u]] + t.plan.column_offset;
+  if (width_ == sizeof(float)) {
+    if (!in_.ReadRaw(first, static_cast<int>(row_bytes_))) return false;
+  } else {
+    if (!in_.ReadRaw(row_scratch_.data(), static_cast<int>(row_bytes_))) {
+      return false;
+    }
+    DecodeRow(row_scratch_.data(), t.plan.dim, encoding_, first);
+  }
+  CopyToRepeats(t, u, first);
+  return true;
+}
+
+void TableRowsReader::CopyToRepeats(const RowsTarget& t, int32_t u,
+                                    const void* row) {
+  for (int32_t d = t.data.dst_begin[u] + 1; d < t.data.dst_begin[u + 1]; ++d) {
+    std::memcpy(t.data.dst[d] + t.plan.column_offset, row,
+                sizeof(float) * t.plan.dim);
+  }
+}
+
+absl::Status TableRowsReader::WrongTable(const RowsTarget& t) const {
+  return absl::InternalError(absl::StrCat(
+      "response table ", t.index, " is '", name_, "' of dim ", dim_,
+      ", expected '", *t.plan.name, "' of dim ", t.plan.dim));
+}
+
 }  // namespace
 
 absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
@@ -378,17 +615,12 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
   grpc::ProtoBufferReader reader(response);
   if (!reader.status().ok()) return Malformed("unreadable buffer");
   google::protobuf::io::CodedInputStream in(&reader);
-  const size_t width = BytesPerElement(encoding);
-
-  // Scratch of this call only: parts are consumed concurrently.
   absl::InlinedVector<TableShare, 4> shares;  // the part's tables, in order
-  std::string name_scratch;                   // a response's table name
-  std::vector<char> row_scratch;  // a row to decode (fp16 / bf16)
-  std::vector<int32_t> positions_scratch;  // an updated_only table's positions
   ForEachTableOf(server, begin, end, [&](int p, int32_t first, int32_t n) {
     shares.push_back({p, first, n});
   });
   const int expected = static_cast<int>(shares.size());
+  TableRowsReader tables(&in, encoding, updated_only);
 
   int j = 0;  // response table, in request order
   for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
@@ -407,179 +639,10 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
           "response has more tables than the request's ", expected));
     }
     const TablePlan& plan = plans[shares[j].plan];
-    const TablePlan& data = plans[plan.data];  // where its rows go
-    const int32_t n = shares[j].n;
-    const int32_t* routed = plan.routed.data() + shares[j].first;
+    RETURN_IF_ERROR(tables.Read({plan, plans[plan.data],
+                                 plan.routed.data() + shares[j].first,
+                                 shares[j].n, j}));
     ++j;
-    uint32_t length;
-    if (!in.ReadVarint32(&length)) return Malformed("bad table length");
-    const auto limit = in.PushLimit(static_cast<int>(length));
-    name_scratch.clear();
-    int32_t dim = 0;  // proto3 defaults
-    bool have_name = false;
-    bool have_dim = false;
-    uint64_t rows_bytes = 0;
-    // An updated_only answer: rows only for these positions of the part's
-    // ids (sent before the rows); the other rows stay as the caller has them.
-    bool partial = false;
-    positions_scratch.clear();
-    const size_t row_bytes = static_cast<size_t>(plan.dim) * width;
-    auto wrong_table = [&] {
-      return absl::InternalError(absl::StrCat(
-          "response table ", j - 1, " is '", name_scratch, "' of dim ", dim,
-          ", expected '", *plan.name, "' of dim ", plan.dim));
-    };
-    for (uint32_t t = in.ReadTag(); t != 0; t = in.ReadTag()) {
-      if (t == kTableTag) {
-        if (!WireFormatLite::ReadString(&in, &name_scratch)) {
-          return Malformed("bad table name");
-        }
-        have_name = true;
-      } else if (t == kDimTag) {
-        uint32_t v;
-        if (!in.ReadVarint32(&v)) return Malformed("bad dim");
-        dim = static_cast<int32_t>(v);
-        have_dim = true;
-      } else if (t == kUpdatedOnlyTag) {
-        uint64_t v;
-        if (!in.ReadVarint64(&v)) return Malformed("bad updated_only");
-        if (!updated_only && v != 0) return Malformed("updated_only not asked for");
-        partial = v != 0;
-      } else if (t == kPositionsTag) {
-        uint32_t size;
-        if (!in.ReadVarint32(&size) || size % sizeof(int32_t) != 0 ||
-            size / sizeof(int32_t) > static_cast<uint32_t>(n)) {
-          return Malformed("bad positions");
-        }
-        positions_scratch.resize(size / sizeof(int32_t));
-        if (!in.ReadRaw(positions_scratch.data(), static_cast<int>(size))) {
-          return Malformed("truncated positions");
-        }
-        for (const int32_t q : positions_scratch) {
-          if (q < 0 || q >= n) return Malformed("position out of range");
-        }
-      } else if (t == kRowsTag && partial) {
-        // Only the updated rows, one per position, one at a time.
-        if ((have_name && name_scratch != *plan.name) ||
-            (have_dim && dim != plan.dim)) {
-          return wrong_table();
-        }
-        uint32_t size;
-        if (!in.ReadVarint32(&size)) return Malformed("bad rows length");
-        rows_bytes = size;
-        if (rows_bytes != row_bytes * positions_scratch.size()) {
-          return absl::InternalError(absl::StrCat(
-              "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ",
-              positions_scratch.size(), " updated positions of ", row_bytes,
-              " bytes"));
-        }
-        row_scratch.resize(row_bytes);
-        for (const int32_t q : positions_scratch) {
-          const int32_t u = routed[q];
-          float* first = data.dst[data.dst_begin[u]] + plan.column_offset;
-          if (width == sizeof(float)) {
-            if (!in.ReadRaw(first, static_cast<int>(row_bytes))) {
-              return Malformed("truncated rows");
-            }
-          } else {
-            if (!in.ReadRaw(row_scratch.data(), static_cast<int>(row_bytes))) {
-              return Malformed("truncated rows");
-            }
-            DecodeRow(row_scratch.data(), plan.dim, encoding, first);
-          }
-          for (int32_t d = data.dst_begin[u] + 1; d < data.dst_begin[u + 1]; ++d) {
-            std::memcpy(data.dst[d] + plan.column_offset, first,
-                        sizeof(float) * plan.dim);
-          }
-        }
-      } else if (t == kRowsTag) {
-        // Name and dim come first from a real server (fields in number
-        // order): refuse a wrong table before writing any of its rows.
-        if ((have_name && name_scratch != *plan.name) ||
-            (have_dim && dim != plan.dim)) {
-          return wrong_table();
-        }
-        uint32_t size;
-        if (!in.ReadVarint32(&size)) return Malformed("bad rows length");
-        rows_bytes = size;
-        if (rows_bytes != row_bytes * n) {
-          return absl::InternalError(absl::StrCat(
-              "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ",
-              n, " ids of ", row_bytes, " bytes"));
-        }
-        if (width != sizeof(float)) row_scratch.resize(row_bytes);
-        int32_t k = 0;
-        while (k < n) {
-          // float32 rows are copied straight from gRPC's slice, in runs:
-          // consecutive rows that land consecutively in the caller's buffer
-          // (one table looked up into one array, the usual case) take one
-          // memcpy, not one ReadRaw each.
-          const void* direct = nullptr;
-          int avail = 0;
-          if (width == sizeof(float) &&
-              in.GetDirectBufferPointer(&direct, &avail) &&
-              static_cast<size_t>(avail) >= row_bytes) {
-            const auto here = static_cast<int32_t>(
-                std::min<size_t>(n - k, static_cast<size_t>(avail) / row_bytes));
-            const char* src = static_cast<const char*>(direct);
-            char* run_dst = nullptr;
-            const char* run_src = nullptr;
-            size_t run = 0;
-            for (int32_t r = 0; r < here; ++r, ++k) {
-              const int32_t u = routed[k];
-              const char* row = src + r * row_bytes;
-              // Every unique id has at least one position; repeats copy the
-              // row too. The plan's columns start at column_offset.
-              char* dst = reinterpret_cast<char*>(data.dst[data.dst_begin[u]] +
-                                                  plan.column_offset);
-              if (dst != run_dst + run) {
-                if (run > 0) std::memcpy(run_dst, run_src, run);
-                run_dst = dst;
-                run_src = row;
-                run = 0;
-              }
-              run += row_bytes;
-              for (int32_t d = data.dst_begin[u] + 1; d < data.dst_begin[u + 1];
-                   ++d) {
-                std::memcpy(data.dst[d] + plan.column_offset, row, row_bytes);
-              }
-            }
-            if (run > 0) std::memcpy(run_dst, run_src, run);
-            in.Skip(static_cast<int>(static_cast<size_t>(here) * row_bytes));
-            continue;
-          }
-          // A row split across slices, or rows to decode: one at a time.
-          const int32_t u = routed[k++];
-          float* first = data.dst[data.dst_begin[u]] + plan.column_offset;
-          if (width == sizeof(float)) {
-            if (!in.ReadRaw(first, static_cast<int>(row_bytes))) {
-              return Malformed("truncated rows");
-            }
-          } else {
-            if (!in.ReadRaw(row_scratch.data(), static_cast<int>(row_bytes))) {
-              return Malformed("truncated rows");
-            }
-            DecodeRow(row_scratch.data(), plan.dim, encoding, first);
-          }
-          for (int32_t d = data.dst_begin[u] + 1; d < data.dst_begin[u + 1];
-               ++d) {
-            std::memcpy(data.dst[d] + plan.column_offset, first,
-                        sizeof(float) * plan.dim);
-          }
-        }
-      } else if (!WireFormatLite::SkipField(&in, t)) {
-        return Malformed("bad field in a table");
-      }
-    }
-    if (!in.ConsumedEntireMessage()) return Malformed("bad table");
-    in.PopLimit(limit);
-    if (name_scratch != *plan.name || dim != plan.dim) return wrong_table();
-    if (partial ? rows_bytes != row_bytes * positions_scratch.size()
-                : rows_bytes != row_bytes * n) {  // no rows field at all
-      return absl::InternalError(absl::StrCat(
-          "table '", *plan.name, "': ", rows_bytes, " bytes of rows for ", n,
-          " ids of ", row_bytes, " bytes"));
-    }
   }
   if (!in.ConsumedEntireMessage()) return Malformed("bad message");
   if (j != expected) {

@@ -6,9 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "grpcpp/create_channel.h"
 #include "common/rpc/status_conversion.h"
-#include "grpcpp/support/channel_arguments.h"
 
 namespace recps::client::internal {
 namespace {
@@ -21,34 +19,17 @@ absl::Status ServerError(const std::string& address, const char* rpc_name,
 
 }  // namespace
 
-StubCache::StubCache(rpc::TransportSecurity security)
-    : security_(std::move(security)) {}
-
-const std::string& LookupMethodName() {
-  static const std::string* const kName = new std::string(
-      absl::StrCat("/", v1::EmbeddingShard::service_full_name(), "/Lookup"));
-  return *kName;
-}
-
-const ServerStubs& StubCache::Get(const std::string& address) {
-  absl::MutexLock lock(&mu_);
-  std::unique_ptr<ServerStubs>& stubs = stubs_[address];
-  if (stubs == nullptr) {
-    std::shared_ptr<grpc::Channel> channel = rpc::MakeChannel(address, rpc::ChannelKind::kData, security_);
-    stubs = std::make_unique<ServerStubs>();
-    stubs->shard = v1::EmbeddingShard::NewStub(channel);
-    stubs->raw_lookup = std::make_unique<RawLookupStub>(std::move(channel));
-  }
-  return *stubs;
-}
-
 std::function<void(grpc::Status)> DoneQueue::Callback(int index,
                                                       grpc::Status* status) {
   return [this, index, status](grpc::Status s) {
     *status = std::move(s);
-    absl::MutexLock lock(&mu_);
-    done_.push_back(index);
+    Push(index);
   };
+}
+
+void DoneQueue::Push(int index) {
+  absl::MutexLock lock(&mu_);
+  done_.push_back(index);
 }
 
 int DoneQueue::Next(absl::Time deadline) {
@@ -75,17 +56,6 @@ RetryState::RetryState(const EmbeddingClientOptions& options, const char* rpc)
 void RetryState::Remember(const std::string& address,
                           const grpc::Status& status) {
   last_retryable_ = ServerError(address, rpc_, status);
-}
-
-CallVerdict RetryState::Judge(const std::string& address,
-                              const grpc::Status& status,
-                              const grpc::ClientContext& ctx) {
-  // The trailers are read only for a refusal that may carry an epoch.
-  return Judge(address, status,
-               status.error_code() == grpc::StatusCode::ABORTED
-                   ? rpc::ShardMapEpochOf(ctx)
-                   : std::nullopt,
-               absl::FromChrono(ctx.deadline()));
 }
 
 CallVerdict RetryState::Judge(const std::string& address,

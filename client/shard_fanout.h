@@ -1,5 +1,6 @@
-// The RPC plumbing of the embedding client: channels, waiting for a round of
-// concurrent callback calls, and the retry policy between rounds.
+// The RPC plumbing of the embedding client: waiting for a round of
+// concurrent callback calls, and the retry policy between rounds. The calls
+// themselves go through each server's transport (shard_transport.h).
 #ifndef RECPS_CLIENT_SHARD_FANOUT_H_
 #define RECPS_CLIENT_SHARD_FANOUT_H_
 
@@ -11,51 +12,16 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/embedding_client.h"
-#include "common/rpc/channels.h"
 #include "common/rpc/retry.h"
-#include "grpcpp/channel.h"
-#include "grpcpp/client_context.h"
-#include "grpcpp/generic/generic_stub.h"
-#include "grpcpp/support/byte_buffer.h"
-#include "recps/v1/shard.grpc.pb.h"
+#include "grpcpp/support/status.h"
 
 namespace recps::client::internal {
-
-// A stub for EmbeddingShard.Lookup that hands back the serialized response,
-// which the client parses itself (RoutedBatch::ConsumeLookup) so that rows are
-// copied once, from gRPC's buffers to the caller's.
-using RawLookupStub =
-    grpc::TemplatedGenericStub<v1::LookupRequest, grpc::ByteBuffer>;
-// The full method name RawLookupStub calls.
-const std::string& LookupMethodName();
-
-// The stubs of one server, sharing one channel.
-struct ServerStubs {
-  std::unique_ptr<v1::EmbeddingShard::Stub> shard;
-  std::unique_ptr<RawLookupStub> raw_lookup;
-};
-
-// Stubs per server address, made on first use and kept for the client's
-// life, across shard-map changes. Thread-safe.
-class StubCache {
- public:
-  explicit StubCache(rpc::TransportSecurity security);
-  // The returned stubs live as long as the cache.
-  const ServerStubs& Get(const std::string& address);
-
- private:
-  const rpc::TransportSecurity security_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::unique_ptr<ServerStubs>> stubs_
-      ABSL_GUARDED_BY(mu_);
-};
 
 // Collects the completions of a round of `n` callback calls, so the calling
 // thread handles them one by one as they arrive while the rest are in
@@ -66,6 +32,8 @@ class DoneQueue {
   // The completion callback of call `index`: stores its status in `*status`
   // (which must outlive the call) and queues the index.
   std::function<void(grpc::Status)> Callback(int index, grpc::Status* status);
+  // Queues call `index` as done, for a call that records its own result.
+  void Push(int index);
   static constexpr int kAllReturned = -1;
   static constexpr int kTimedOut = -2;
 
@@ -91,16 +59,11 @@ class RetryState {
 
   // Classifies a finished call to `address`; the one place that decides
   // which codes are retried. UNAVAILABLE asks for a backoff; CANCELLED that
-  // this client did not cause (its deadline had not passed: the server
+  // this client did not cause (before the call's `deadline`: the server
   // dropped the call, e.g. while stopping after a drain) for a backoff and a
-  // refresh to any newer map; ABORTED with an epoch for a map refresh. All
-  // three are retried. Any other error is returned by error(), prefixed
-  // with the address.
-  CallVerdict Judge(const std::string& address, const grpc::Status& status,
-                    const grpc::ClientContext& ctx);
-  // The same, for a call whose server epoch (sent with a stale-map
-  // refusal) and deadline are known without a gRPC context: an in-process
-  // server's.
+  // refresh to any newer map; ABORTED with the server's epoch (sent with a
+  // stale-map refusal) for a map refresh. All three are retried. Any other
+  // error is returned by error(), prefixed with the address.
   CallVerdict Judge(const std::string& address, const grpc::Status& status,
                     std::optional<uint64_t> server_epoch, absl::Time deadline);
   // The error of the last kFail verdict (or a response the caller rejected).

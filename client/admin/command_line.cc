@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -45,7 +47,6 @@ constexpr char kConnectionHelp[] =
 
 constexpr absl::Duration kMaxDurationFlag = absl::Hours(1);
 
-
 }  // namespace
 
 absl::Status CheckAddressFlag(const std::string& flag, const std::string& address) {
@@ -74,13 +75,16 @@ absl::StatusOr<std::string> RequiredCoordinatorAddress(const ParsedArgs& parsed)
   return address;
 }
 
-const std::vector<CommandSpec>& Commands() {
-  static const auto* commands = new std::vector<CommandSpec>{
-      {"status",
-       "recpsctl status [--interval=1s] [--json]",
-       "members, health, shard map epoch, per-server rows, memory, request "
-       "rate and latency, imbalance",
-       R"(Asks the coordinator for its members and shard map, then every shard
+namespace {
+
+// What the cluster holds and who is in it.
+std::vector<CommandSpec> ClusterCommands() {
+  return {
+    {"status",
+     "recpsctl status [--interval=1s] [--json]",
+     "members, health, shard map epoch, per-server rows, memory, request "
+     "rate and latency, imbalance",
+     R"(Asks the coordinator for its members and shard map, then every shard
 server for its statistics, twice --interval apart: request rates and
 latency percentiles (p50, p99; estimated from each server's latency
 histogram) cover that interval. --interval=0 takes one sample and reports
@@ -88,49 +92,55 @@ averages since each server started. Imbalance is max/mean over the servers
 in the shard map, of rows and of lookup ids per second.
 Exits 3 when the cluster is unhealthy (the problems are listed).
 )",
-       {{"interval", true}}},
-      {"tables",
-       "recpsctl tables [--json]",
-       "embedding tables: rows, bytes, traffic, and each server's share",
-       R"(Sums every shard server's table statistics: rows, bytes of rows
+     {{"interval", true}}},
+    {"tables",
+     "recpsctl tables [--json]",
+     "embedding tables: rows, bytes, traffic, and each server's share",
+     R"(Sums every shard server's table statistics: rows, bytes of rows
 (weights and optimizer state), ids looked up and gradient rows applied since
 the servers started, and the rows each server holds. Exits 3 when a server
 does not answer (its rows are missing from the sums).
 )",
-       {}},
-      {"shards",
-       "recpsctl shards [--slots] [--json]",
-       "the shard map: which server owns which slots, with rows",
-       R"(Per server: its index in the shard map, the slots it owns (count and
+     {}},
+    {"shards",
+     "recpsctl shards [--slots] [--json]",
+     "the shard map: which server owns which slots, with rows",
+     R"(Per server: its index in the shard map, the slots it owns (count and
 ranges) and its rows. --slots adds the rows of every slot. Exits 3 when a
 server does not answer.
 )",
-       {{"slots", false}}},
-      {"members",
-       "recpsctl members forget MEMBER_ID [--json]",
-       "remove an expired or left member from the coordinator",
-       R"(`members forget MEMBER_ID` removes a member the coordinator lists as
+     {{"slots", false}}},
+    {"members",
+     "recpsctl members forget MEMBER_ID [--json]",
+     "remove an expired or left member from the coordinator",
+     R"(`members forget MEMBER_ID` removes a member the coordinator lists as
 expired or left (see `recpsctl status`) from its member table and its state:
 it no longer makes status unhealthy nor counts against the coordinator's
 --max_members. A live member is refused (exit 1): stop the process first and
 wait for its lease to run out. A process that registers again later gets a
 new member id. Needs --coordinator.
 )",
-       {},
-       2,
-       2},
-      {"checkpoint",
-       "recpsctl checkpoint now [--wait] [--timeout=DURATION] [--reason=TEXT] [--json]\n"
-       "       recpsctl checkpoint compact --dir=ROOT [--step=N] [--json]",
-       "take a checkpoint now, or fold a chain into a full one (compact, offline)",
-       R"(`checkpoint now` asks the coordinator for a checkpoint; the workers take
+     {},
+     2,
+     2},
+  };
+}
+
+// Checkpoints: take one, list them, compact a chain.
+std::vector<CommandSpec> CheckpointCommands() {
+  return {
+    {"checkpoint",
+     "recpsctl checkpoint now [--wait] [--timeout=DURATION] [--reason=TEXT] [--json]\n"
+     "       recpsctl checkpoint compact --dir=ROOT [--step=N] [--json]",
+     "take a checkpoint now, or fold a chain into a full one (compact, offline)",
+     R"(`checkpoint now` asks the coordinator for a checkpoint; the workers take
 it at their next step boundary. With --wait it returns once a checkpoint
 newer than the newest one before is complete and prints its step and
 directory; --timeout then bounds the wait (default 10m) and each RPC takes
 at most 5s. Exits 1 when checkpoints are off, the coordinator cannot be
 reached, or (--wait) the checkpoint failed or did not complete in time.
 Needs --coordinator.
-  --reason=TEXT     recorded in the manifest (default "requested")
+--reason=TEXT     recorded in the manifest (default "requested")
 
 `checkpoint compact` folds the chain of the checkpoint at --step under
 --dir (the newest complete one by default: a full checkpoint and its
@@ -141,26 +151,32 @@ checkpoints stay until pruned. Progress goes to stderr. Reads and writes
 files only: run it where the checkpoint directory is mounted; needs no
 cluster.
 )",
-       {{"wait", false}, {"reason", true}, {"dir", true}, {"step", true}},
-       1,
-       1},
-      {"checkpoints",
-       "recpsctl checkpoints [--json]",
-       "list the complete checkpoints and the one being written",
-       R"(Step, kind (full or incremental), base step, size (row files, dense
+     {{"wait", false}, {"reason", true}, {"dir", true}, {"step", true}},
+     1,
+     1},
+    {"checkpoints",
+     "recpsctl checkpoints [--json]",
+     "list the complete checkpoints and the one being written",
+     R"(Step, kind (full or incremental), base step, size (row files, dense
 state and manifest), rows, age and reason of every complete checkpoint in the
 job's training.checkpoint.dir, oldest first; then the checkpoint being
 written, the step this run was restored from, and the last error. Needs
 --coordinator.
 )",
-       {},
-       0,
-       0},
-      {"rebalance",
-       "recpsctl rebalance [--max_bytes=BYTES] [--max_moves=N] [--apply] "
-       "[--max_bytes_per_second=BYTES] [--json]",
-       "plan (and with --apply carry out) slot moves that even out rows and load",
-       R"(Asks the coordinator for a rebalance plan from the shard servers' live
+     {},
+     0,
+     0},
+  };
+}
+
+// Moving slots between shard servers.
+std::vector<CommandSpec> SlotMoveCommands() {
+  return {
+    {"rebalance",
+     "recpsctl rebalance [--max_bytes=BYTES] [--max_moves=N] [--apply] "
+     "[--max_bytes_per_second=BYTES] [--json]",
+     "plan (and with --apply carry out) slot moves that even out rows and load",
+     R"(Asks the coordinator for a rebalance plan from the shard servers' live
 load (per-slot rows, bytes, lookup and update rates): which slots and whole
 tables (table-wise tables, column groups) move where, the bytes to move, the
 max/mean imbalance of rows, bytes and load before and after, and the
@@ -169,37 +185,37 @@ nothing yet: the plan gives them their share. Nothing moves without --apply;
 with it the coordinator carries the plan out while training goes on (copy,
 then a short hand-over at a step boundary, one new shard map epoch per move)
 and recpsctl waits, with a progress bar on stderr, then lists the moves.
-  --max_bytes=BYTES   move at most this many bytes of rows (64GiB, 1e9, ...)
-  --max_moves=N       move at most N slots and whole tables
-  --max_bytes_per_second=BYTES  bandwidth of the copies together
-                      (default: the coordinator's --move_max_bytes_per_second)
-  --timeout=DURATION  with --apply: how long to wait (default 1h; the
-                      rebalance goes on after recpsctl gives up)
+--max_bytes=BYTES   move at most this many bytes of rows (64GiB, 1e9, ...)
+--max_moves=N       move at most N slots and whole tables
+--max_bytes_per_second=BYTES  bandwidth of the copies together
+                    (default: the coordinator's --move_max_bytes_per_second)
+--timeout=DURATION  with --apply: how long to wait (default 1h; the
+                    rebalance goes on after recpsctl gives up)
 Exits 1 when the coordinator refuses (a rebalance already runs, the map
 changed since the plan) or cannot plan (a server does not answer), or when a
 move was rolled back. Needs --coordinator.
 )",
-       {{"max_bytes", true}, {"max_moves", true}, {"apply", false},
-        {"max_bytes_per_second", true}},
-       0,
-       0},
-      {"drain",
-       "recpsctl drain SERVER [--max_bytes=BYTES] [--max_moves=N] [--apply] [--json]",
-       "plan (and with --apply carry out) moving every slot off SERVER",
-       R"(A rebalance plan that moves every slot and whole table off SERVER (its
+     {{"max_bytes", true}, {"max_moves", true}, {"apply", false},
+      {"max_bytes_per_second", true}},
+     0,
+     0},
+    {"drain",
+     "recpsctl drain SERVER [--max_bytes=BYTES] [--max_moves=N] [--apply] [--json]",
+     "plan (and with --apply carry out) moving every slot off SERVER",
+     R"(A rebalance plan that moves every slot and whole table off SERVER (its
 address as in the shard map) to the other servers, evenly by bytes and load,
 so SERVER can be stopped once the moves are done (it stays in the map's
 server list, owning nothing). Refused: a server not in the map, the last
 server. Flags as for rebalance. Needs --coordinator.
 )",
-       {{"max_bytes", true}, {"max_moves", true}, {"apply", false},
-        {"max_bytes_per_second", true}},
-       1,
-       1},
-      {"moves",
-       "recpsctl moves [--json]",
-       "slot moves in flight and done",
-       R"(Every slot move the coordinator keeps (the last --max_kept_moves):
+     {{"max_bytes", true}, {"max_moves", true}, {"apply", false},
+      {"max_bytes_per_second", true}},
+     1,
+     1},
+    {"moves",
+     "recpsctl moves [--json]",
+     "slot moves in flight and done",
+     R"(Every slot move the coordinator keeps (the last --max_kept_moves):
 its id, state (pending, copying, copied, handing over, done, aborted,
 failed), source, target, slots and tables, bytes, the shard map epoch that
 gave them to the target, and how it ended (copy time, rows sent at the
@@ -208,69 +224,90 @@ in flight by a coordinator restart was resolved). Then the rebalance
 running, the last one's outcome and the measured move rate. Needs
 --coordinator.
 )",
-       {},
-       0,
-       0},
-      {"plan",
-       "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
-       "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
-       "the sharding plan the planner would make, with its cost estimates "
-       "(offline)",
-       R"(Runs the sharding planner on the tables of JOB (a text-format
+     {},
+     0,
+     0},
+  };
+}
+
+// Commands that need no cluster: files and plans only.
+std::vector<CommandSpec> OfflineCommands() {
+  return {
+    {"plan",
+     "recpsctl plan JOB [--spec=PLAN_SPEC] [--servers=N] [--memory=BYTES] "
+     "[--workers=W] [--batch_size=B] [--device=cpu|gpu] [--json]",
+     "the sharding plan the planner would make, with its cost estimates "
+     "(offline)",
+     R"(Runs the sharding planner on the tables of JOB (a text-format
 recps.v1.JobConfig) without touching a cluster, and prints per table its
 sharding type, placement, rows and bytes, and per server its bytes, traffic
 and predicted step time (cost model: docs/planner.md).
 
 The cluster comes from --spec (a text-format recps.v1.PlanSpec: topology and
 per-table hints, as recps-coordinator --plan_spec reads it) and the flags:
-  --servers=N       plan for N servers ("server-0" ...), each like the spec's
-                    entry without an address (or the defaults)
-  --memory=BYTES    memory for rows on each server: 64GiB, 512MiB, 1e9, ...
-  --workers=W       dense workers (default: the spec's, else 1)
-  --batch_size=B    samples per worker per step (default: the spec's, else
-                    the job's training.batch_size)
-  --device=cpu|gpu  where the servers keep rows (sets the default row cost)
-  --json            print the recps.v1.ShardingPlan as JSON
+--servers=N       plan for N servers ("server-0" ...), each like the spec's
+                  entry without an address (or the defaults)
+--memory=BYTES    memory for rows on each server: 64GiB, 512MiB, 1e9, ...
+--workers=W       dense workers (default: the spec's, else 1)
+--batch_size=B    samples per worker per step (default: the spec's, else
+                  the job's training.batch_size)
+--device=cpu|gpu  where the servers keep rows (sets the default row cost)
+--json            print the recps.v1.ShardingPlan as JSON
 A plan that the shard servers cannot serve yet (column-wise, fp16) is
 printed with a note saying so.
 )",
-       {{"spec", true},
-        {"servers", true},
-        {"memory", true},
-        {"workers", true},
-        {"batch_size", true},
-        {"device", true}},
-       1,
-       1,
-       false},
-      {"export",
-       "recpsctl export OUT_DIR --table=T --dir=ROOT[@STEP] [--json]",
-       "write a table's weights from a checkpoint (offline)",
-       R"(Writes the weights of table T (no optimizer state) at the checkpoint
+     {{"spec", true},
+      {"servers", true},
+      {"memory", true},
+      {"workers", true},
+      {"batch_size", true},
+      {"device", true}},
+     1,
+     1,
+     false},
+    {"export",
+     "recpsctl export OUT_DIR --table=T --dir=ROOT[@STEP] [--json]",
+     "write a table's weights from a checkpoint (offline)",
+     R"(Writes the weights of table T (no optimizer state) at the checkpoint
 ROOT@STEP (the newest complete one when @STEP is left out; its whole chain is
 read) to OUT_DIR as T.ids (int64 little-endian, ascending), T.weights
 (float32 little-endian, rows x dim) and T.meta.json (name, dim, rows, dtype,
 step, digest, CRC-32C of both files). docs/operations.md has the format.
 )",
-       {{"dir", true}, {"table", true}},
-       1,
-       1,
-       false},
-      {"certs",
-       kCertsSynopsis,
-       "create a CA and certificates for a cluster's roles (offline)",
-       kCertsDetails,
-       {{"cluster", true},
-        {"hosts", true},
-        {"days", true},
-        {"role", true},
-        {"name", true},
-        {"ca", true},
-        {"out", true}},
-       1,
-       2,
-       false},
+     {{"dir", true}, {"table", true}},
+     1,
+     1,
+     false},
+    {"certs",
+     kCertsSynopsis,
+     "create a CA and certificates for a cluster's roles (offline)",
+     kCertsDetails,
+     {{"cluster", true},
+      {"hosts", true},
+      {"days", true},
+      {"role", true},
+      {"name", true},
+      {"ca", true},
+      {"out", true}},
+     1,
+     2,
+     false},
   };
+}
+
+}  // namespace
+
+const std::vector<CommandSpec>& Commands() {
+  static const auto* commands = [] {
+    auto* all = new std::vector<CommandSpec>;
+    for (std::vector<CommandSpec> (*group)() :
+         {ClusterCommands, CheckpointCommands, SlotMoveCommands, OfflineCommands}) {
+      std::vector<CommandSpec> specs = group();
+      all->insert(all->end(), std::make_move_iterator(specs.begin()),
+                  std::make_move_iterator(specs.end()));
+    }
+    return all;
+  }();
   return *commands;
 }
 
