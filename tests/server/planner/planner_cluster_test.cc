@@ -19,6 +19,7 @@
 #include "server/planner/planner.h"
 #include "common/config/table_config.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/shard_cluster.h"
 
 namespace recps {
 namespace {
@@ -66,35 +67,25 @@ const v1::TableStats* TableStatsOf(const v1::StatsResponse& stats,
   return nullptr;
 }
 
-struct Cluster {
-  TempDir dir;
+struct Cluster : testing::ShardCluster {
   v1::TablesConfig tables;
-  std::vector<std::unique_ptr<LocalShard>> shards;
   std::vector<std::string> addresses;
 
-  Cluster(const std::string& tables_text, int count, uint32_t num_slots) {
+  Cluster(const std::string& tables_text, int count, uint32_t num_slots)
+      : ShardCluster(RECPS_SHARD_BINARY, tables_text,
+                     {"--world_size=1", "--consistency=async", "--seed=3",
+                      "--threads=2"},
+                     count, num_slots),
+        addresses(ShardCluster::addresses()) {
     EXPECT_TRUE(
         google::protobuf::TextFormat::ParseFromString(tables_text, &tables));
-    const std::string path = dir.WriteFile("tables.textproto", tables_text);
-    auto started = testing::StartShardCluster(
-        RECPS_SHARD_BINARY,
-        {"--tables=" + path, "--world_size=1", "--consistency=async",
-         "--seed=3", "--threads=2"},
-        count, num_slots);
-    EXPECT_TRUE(started.ok()) << started.status();
-    if (!started.ok()) return;
-    shards = *std::move(started);
-    for (const auto& s : shards) addresses.push_back(s->address());
   }
 
   std::unique_ptr<client::EmbeddingClient> NewClient() {
     std::vector<client::TableSchema> schemas;
     for (const v1::TableConfig& t : tables.tables())
       schemas.push_back({t.name(), t.dim()});
-    auto c = client::EmbeddingClient::Create(
-        schemas, client::MakeServerShardMapSource(addresses), {});
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : nullptr;
+    return ShardCluster::NewClient(std::move(schemas));
   }
 };
 
@@ -126,7 +117,7 @@ tables { name: "item" dim: 8 num_rows: 1000 optimizer { kind: SGD learning_rate:
 TEST(PlannerCluster, TableWiseTableIsServedByItsOneServer) {
   constexpr uint32_t kSlots = 128;
   Cluster cluster(kRoutingTables, 3, kSlots);
-  ASSERT_EQ(cluster.shards.size(), 3u);
+  ASSERT_EQ(cluster.shards().size(), 3u);
   planner::PlannerInput in;
   in.tables.assign(cluster.tables.tables().begin(),
                    cluster.tables.tables().end());
@@ -151,7 +142,7 @@ TEST(PlannerCluster, TableWiseTableIsServedByItsOneServer) {
   absl::StatusOr<v1::ShardMap> map = planner::PlanToShardMap(*plan, 2);
   ASSERT_TRUE(map.ok()) << map.status();
   ASSERT_EQ(map->tables_size(), 1);
-  Install(cluster.shards, *map);
+  Install(cluster.shards(), *map);
 
   auto c = cluster.NewClient();
   ASSERT_NE(c, nullptr);
@@ -183,7 +174,7 @@ TEST(PlannerCluster, BytesStoredEstimateIsWithinTenPercentOfTheServersStats) {
   constexpr uint32_t kSlots = 1024;
   constexpr int64_t kIds = 30000;
   Cluster cluster(kByteTables, 1, kSlots);
-  ASSERT_EQ(cluster.shards.size(), 1u);
+  ASSERT_EQ(cluster.shards().size(), 1u);
   auto c = cluster.NewClient();
   ASSERT_NE(c, nullptr);
   for (int t = 0; t < cluster.tables.tables_size(); ++t) {

@@ -2,11 +2,6 @@
 
 namespace recps::testing {
 
-std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
-  return v1::ShardAdmin::NewStub(
-      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
-}
-
 grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& request,
                        v1::MigrateInResponse* response) {
   // As the coordinator does: the source may export these units first. A
@@ -20,12 +15,12 @@ grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& re
     v1::AllowExportResponse granted;
     grpc::ClientContext ctx;
     ctx.set_deadline(In(absl::Seconds(10)));
-    (void)Admin(request.source())->AllowExport(&ctx, grant, &granted);
+    (void)ShardAdminStub(request.source())->AllowExport(&ctx, grant, &granted);
   }
   v1::MigrateInResponse ignored;
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(60)));
-  return Admin(target)->MigrateIn(&ctx, request, response ? response : &ignored);
+  return ShardAdminStub(target)->MigrateIn(&ctx, request, response ? response : &ignored);
 }
 
 grpc::Status HandOver(const std::string& source, const v1::HandOverRequest& request,
@@ -33,7 +28,7 @@ grpc::Status HandOver(const std::string& source, const v1::HandOverRequest& requ
   v1::HandOverResponse ignored;
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(60)));
-  return Admin(source)->HandOver(&ctx, request, response ? response : &ignored);
+  return ShardAdminStub(source)->HandOver(&ctx, request, response ? response : &ignored);
 }
 
 grpc::Status AbortMove(const std::string& target, const std::string& id,
@@ -43,14 +38,14 @@ grpc::Status AbortMove(const std::string& target, const std::string& id,
   request.set_move_id(id);
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(30)));
-  return Admin(target)->AbortMove(&ctx, request, response ? response : &ignored);
+  return ShardAdminStub(target)->AbortMove(&ctx, request, response ? response : &ignored);
 }
 
 std::vector<v1::MoveState> ListMoves(const std::string& address) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(10)));
   v1::ListMovesResponse response;
-  const grpc::Status s = Admin(address)->ListMoves(&ctx, v1::ListMovesRequest(), &response);
+  const grpc::Status s = ShardAdminStub(address)->ListMoves(&ctx, v1::ListMovesRequest(), &response);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return {response.moves().begin(), response.moves().end()};
 }
@@ -59,7 +54,7 @@ uint64_t EpochOf(const std::string& address) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(absl::Seconds(10)));
   v1::ShardMap map;
-  EXPECT_TRUE(Admin(address)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok());
+  EXPECT_TRUE(ShardAdminStub(address)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok());
   return map.epoch();
 }
 

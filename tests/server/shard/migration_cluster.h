@@ -20,6 +20,7 @@
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/server/shard/shard_stats.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/shard_cluster.h"
 
 namespace recps::testing {
 
@@ -39,8 +40,6 @@ tables {
   optimizer { kind: ADAM learning_rate: 0.05 }
 }
 )";
-
-std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address);
 
 grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& request,
                        v1::MigrateInResponse* response = nullptr);
@@ -66,73 +65,30 @@ v1::ShardMap Moved(const v1::ShardMap& map, const std::vector<uint32_t>& slots,
 // Slots of `map` owned by server index `owner`: every `every`-th of them.
 std::vector<uint32_t> SlotsOf(const v1::ShardMap& map, uint32_t owner, int every);
 
-class Cluster {
+class Cluster : public ShardCluster {
  public:
   Cluster(int num_servers, int world_size, const std::string& consistency,
-          std::vector<std::string> extra = {}) {
-    args_ = {"--tables=" + dir_.WriteFile("tables.textproto", kTables),
-             absl::StrCat("--world_size=", world_size),
-             "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
-             "--seed=7", "--step_timeout=20s", "--threads=2"};
-    args_.insert(args_.end(), extra.begin(), extra.end());
-    std::vector<std::string> addresses;
-    for (int i = 0; i < num_servers; ++i) {
-      auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
-      EXPECT_TRUE(shard.ok()) << shard.status();
-      if (!shard.ok()) return;
-      addresses.push_back((*shard)->address());
-      shards_.push_back(*std::move(shard));
-    }
-    map_ = ShardMap::Uniform(1, kSlots, addresses).ToProto();
-    for (const auto& s : shards_) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(absl::Seconds(10)));
-      v1::SetShardMapRequest req;
-      *req.mutable_shard_map() = map_;
-      req.set_self(s->address());
-      v1::SetShardMapResponse resp;
-      const grpc::Status st = Admin(s->address())->SetShardMap(&ctx, req, &resp);
-      EXPECT_TRUE(st.ok()) << st.error_message();
-    }
-  }
+          std::vector<std::string> extra = {})
+      : ShardCluster(RECPS_SHARD_BINARY, kTables,
+                     Flags(world_size, consistency, std::move(extra)), num_servers,
+                     kSlots),
+        map_(shard_map().ToProto()) {}
 
   std::unique_ptr<client::EmbeddingClient> NewClient(int rank) {
-    std::vector<std::string> addresses;
-    for (const auto& s : shards_) addresses.push_back(s->address());
     client::EmbeddingClientOptions options;
     options.worker_rank = rank;
     options.rpc_timeout = absl::Seconds(30);
     options.max_attempts = 50;
-    auto c = client::EmbeddingClient::Create({{"user", kDim}, {"item", kDim}},
-                                     client::MakeServerShardMapSource(addresses),
-                                     options);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : nullptr;
+    return ShardCluster::NewClient({{"user", kDim}, {"item", kDim}}, options);
   }
 
-  // Starts one more server with the same flags; it is in no map yet.
-  // Returns its index.
-  int AddServer() {
-    auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    if (!shard.ok()) return -1;
-    shards_.push_back(*std::move(shard));
-    return static_cast<int>(shards_.size()) - 1;
-  }
-  // SetShardMap(`map`) on server index `i`.
+  // SetShardMap(`map`) on server index `i`; a refusal is a test failure.
   void Install(int i, const v1::ShardMap& map) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(10)));
-    v1::SetShardMapRequest req;
-    *req.mutable_shard_map() = map;
-    req.set_self(address(i));
-    v1::SetShardMapResponse resp;
-    const grpc::Status st = Admin(address(i))->SetShardMap(&ctx, req, &resp);
+    const grpc::Status st = SetMapOn(i, map);
     EXPECT_TRUE(st.ok()) << address(i) << ": " << st.error_message();
   }
 
-  const std::string& address(int i) const { return shards_[i]->address(); }
-  LocalShard& shard(int i) { return *shards_[i]; }
+  // The first map, in proto form (moves build the next ones from it).
   const v1::ShardMap& map() const { return map_; }
 
   // MigrateIn on `to` of `slots` from `from`, then HandOver on `from` with
@@ -160,10 +116,16 @@ class Cluster {
   }
 
  private:
-  TempDir dir_;
-  std::vector<std::string> args_;
-  std::vector<std::unique_ptr<LocalShard>> shards_;
-  v1::ShardMap map_;
+  static std::vector<std::string> Flags(int world_size, const std::string& consistency,
+                                        std::vector<std::string> extra) {
+    std::vector<std::string> flags = {absl::StrCat("--world_size=", world_size),
+                                      "--consistency=" + consistency, "--seed=7",
+                                      "--step_timeout=20s", "--threads=2"};
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    return flags;
+  }
+
+  const v1::ShardMap map_;
 };
 
 }  // namespace recps::testing

@@ -30,6 +30,7 @@
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/column_groups.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/shard_cluster.h"
 #include "tests/server/shard/shard_stats.h"
 
 namespace recps {
@@ -60,83 +61,22 @@ tables {
 )";
 
 // S shard servers sharing one shard map, and clients for them.
-class Cluster {
+class Cluster : public testing::ShardCluster {
  public:
-  Cluster(int num_servers, int world_size, const std::string& consistency = "sync") {
-    args_ = {"--tables=" + dir_.WriteFile("tables.textproto", kTables),
-             absl::StrCat("--world_size=", world_size),
-             "--consistency=" + consistency, absl::StrCat("--num_slots=", kSlots),
-             "--seed=7", "--step_timeout=20s", "--threads=2"};
-    std::vector<std::string> addresses;
-    for (int i = 0; i < num_servers; ++i) {
-      if (!AddServer()) return;
-      addresses.push_back(shards_.back()->address());
-    }
-    map_ = ShardMap::Uniform(1, kSlots, addresses);
-    SetMap(map_);
-  }
-
-  // Starts one more server (not in any map yet); false when it fails.
-  bool AddServer() {
-    auto shard = LocalShard::Start(RECPS_SHARD_BINARY, args_);
-    EXPECT_TRUE(shard.ok()) << shard.status();
-    if (!shard.ok()) return false;
-    shards_.push_back(*std::move(shard));
-    return true;
-  }
-
-  // Installs `map` on every server.
-  void SetMap(const ShardMap& map) {
-    for (size_t i = 0; i < shards_.size(); ++i) {
-      const grpc::Status s = SetMapOn(i, map.ToProto());
-      EXPECT_TRUE(s.ok()) << s.error_message();
-    }
-  }
-
-  // Sends `map` to server i.
-  grpc::Status SetMapOn(size_t i, const v1::ShardMap& map) {
-    auto stub = v1::ShardAdmin::NewStub(
-        rpc::MakeChannel(shards_[i]->address(), rpc::ChannelKind::kControl));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::SetShardMapRequest req;
-    *req.mutable_shard_map() = map;
-    req.set_self(shards_[i]->address());
-    v1::SetShardMapResponse resp;
-    return stub->SetShardMap(&ctx, req, &resp);
-  }
-
-  uint64_t EpochOn(size_t i) {
-    auto stub = v1::ShardAdmin::NewStub(
-        rpc::MakeChannel(shards_[i]->address(), rpc::ChannelKind::kControl));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::ShardMap map;
-    EXPECT_TRUE(stub->GetShardMap(&ctx, v1::GetShardMapRequest(), &map).ok());
-    return map.epoch();
-  }
+  Cluster(int num_servers, int world_size, const std::string& consistency = "sync")
+      : ShardCluster(RECPS_SHARD_BINARY, kTables,
+                     {absl::StrCat("--world_size=", world_size),
+                      "--consistency=" + consistency, "--seed=7",
+                      "--step_timeout=20s", "--threads=2"},
+                     num_servers, kSlots) {}
 
   std::unique_ptr<EmbeddingClient> NewClient(int rank) {
-    std::vector<std::string> addresses;
-    for (const auto& s : shards_) addresses.push_back(s->address());
     client::EmbeddingClientOptions options;
     options.worker_rank = rank;
     options.rpc_timeout = absl::Seconds(30);
-    auto c = EmbeddingClient::Create({{"user", kDim}, {"item", kDim}},
-                                     client::MakeServerShardMapSource(addresses),
-                                     options);
-    EXPECT_TRUE(c.ok()) << c.status();
-    return c.ok() ? *std::move(c) : nullptr;
+    return ShardCluster::NewClient({{"user", kDim}, {"item", kDim}}, options);
   }
-
-  std::vector<std::unique_ptr<LocalShard>>& shards() { return shards_; }
-  const ShardMap& map() const { return map_; }
-
- private:
-  TempDir dir_;
-  std::vector<std::string> args_;
-  std::vector<std::unique_ptr<LocalShard>> shards_;
-  ShardMap map_;
+  const ShardMap& map() const { return shard_map(); }
 };
 
 // Ids of a deterministic toy job: step s, worker r.
@@ -408,7 +348,7 @@ TEST(ShardCluster, MapMovingSlotsWithRowsIsRefusedAndRowsStay) {
   EXPECT_EQ(cluster.EpochOn(0), 1u);
 
   // Epoch 2 adds a third server that takes only slots without rows.
-  ASSERT_TRUE(cluster.AddServer());
+  ASSERT_GE(cluster.AddServer(), 0);
   const std::string& s2 = cluster.shards()[2]->address();
   v1::ShardMap grown = cluster.map().ToProto();
   grown.set_epoch(2);

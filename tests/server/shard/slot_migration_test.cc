@@ -39,7 +39,7 @@ using testing::LocalShard;
 using testing::StatsOf;
 using testing::TempDir;
 using testing::AbortMove;
-using testing::Admin;
+using testing::ShardAdminStub;
 using testing::Cluster;
 using testing::EpochOf;
 using testing::HandOver;
@@ -310,7 +310,7 @@ TEST(SlotMigration, MovedRowsLiveOnlyOnTheTargetAfterwards) {
   v1::StatsRequest with_slots;
   with_slots.set_include_slots(true);
   v1::StatsResponse stats;
-  ASSERT_TRUE(Admin(cluster.address(1))->Stats(&ctx, with_slots, &stats).ok());
+  ASSERT_TRUE(ShardAdminStub(cluster.address(1))->Stats(&ctx, with_slots, &stats).ok());
   int64_t slot_bytes = 0;
   for (const auto& slot : stats.slots()) slot_bytes += slot.bytes();
   EXPECT_GT(slot_bytes, 0);
@@ -551,7 +551,7 @@ TEST(SlotMigration, BadMoveRequestsAreRefusedAndChangeNothing) {
   *set.mutable_shard_map() = Moved(cluster.map(), mine, 1, 2);
   set.set_self(cluster.address(0));
   v1::SetShardMapResponse resp;
-  EXPECT_EQ(Admin(cluster.address(0))->SetShardMap(&ctx, set, &resp).error_code(),
+  EXPECT_EQ(ShardAdminStub(cluster.address(0))->SetShardMap(&ctx, set, &resp).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
@@ -580,7 +580,7 @@ TEST(SlotMigration, ATableWiseTableMovesWhole) {
     *set.mutable_shard_map() = table_wise;
     set.set_self(cluster.address(i));
     v1::SetShardMapResponse resp;
-    ASSERT_TRUE(Admin(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
+    ASSERT_TRUE(ShardAdminStub(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
   }
   auto client = cluster.NewClient(0);
   for (int s = 0; s < 3; ++s) Step(*client, 0, s);
@@ -620,7 +620,7 @@ int64_t CheckpointRows(const std::string& server, uint64_t step,
     request.set_step(step);
     request.set_path(path);
     v1::SaveRowsResponse response;
-    const grpc::Status s = Admin(server)->SaveRows(&ctx, request, &response);
+    const grpc::Status s = ShardAdminStub(server)->SaveRows(&ctx, request, &response);
     EXPECT_TRUE(s.ok()) << s.error_message();
     if (!s.ok()) return -1;
   }
@@ -630,7 +630,7 @@ int64_t CheckpointRows(const std::string& server, uint64_t step,
     ctx.set_deadline(In(absl::Seconds(10)));
     v1::SaveRowsStatusRequest request;
     request.set_step(step);
-    return Admin(server)->SaveRowsStatus(&ctx, request, &status).ok() &&
+    return ShardAdminStub(server)->SaveRowsStatus(&ctx, request, &status).ok() &&
            status.state() == v1::SaveRowsStatusResponse::DONE;
   }));
   return status.file().rows();
