@@ -74,7 +74,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
  public:
   HostEmbeddingStore(const StoreOptions& options,
                      std::vector<std::unique_ptr<Table>> tables)
-      : TableStoreBase(std::move(tables), options.num_slots), options_(options) {}
+      : TableStoreBase(std::move(tables), options.num_slots, options.pool), options_(options) {}
 
   absl::Status Lookup(int table, absl::Span<const int64_t> ids,
                       float* out) override {
@@ -107,42 +107,6 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     }
     t->lookup_ids.fetch_add(n, std::memory_order_relaxed);
     return absl::OkStatus();
-  }
-
-  absl::Status ValidateGradients(int table, absl::Span<const int64_t> ids,
-                                 const float* grads) const override {
-    ASSIGN_OR_RETURN(const Table* t, Get(table));
-    RETURN_IF_ERROR(t->CheckRange(ids));
-    const int dim = t->spec.dim;
-    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, grads, "gradients"));
-    // The finite test is a pass over every gradient byte: split over the
-    // store's threads for large pushes (the first bad row found is the
-    // lowest position, so the error does not depend on the split).
-    const auto n = static_cast<int64_t>(ids.size());
-    std::atomic<int64_t> first_bad{n};
-    ThreadPool* pool = n >= kParallelMinIds ? options_.pool : nullptr;
-    const int64_t parts = pool == nullptr ? 1 : pool->num_threads();
-    ParallelForOrInline(pool, n, (n + parts - 1) / parts, [&](int64_t lo, int64_t hi) {
-      for (int64_t p = lo; p < hi; ++p) {
-        const float* g = grads + p * dim;
-        // Branch-free exponent test per row (vectorises).
-        uint32_t bad = 0;
-        for (int j = 0; j < dim; ++j) {
-          uint32_t bits;
-          std::memcpy(&bits, &g[j], sizeof(bits));
-          bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
-        }
-        if (bad == 0) continue;
-        int64_t seen = first_bad.load(std::memory_order_relaxed);
-        while (p < seen && !first_bad.compare_exchange_weak(seen, p)) {
-        }
-        return;
-      }
-    });
-    if (const int64_t p = first_bad.load(); p < n) {
-      RETURN_IF_ERROR(CheckFiniteGradients(t->spec.name, ids, grads, dim, p));
-    }
-    return CheckNoRepeatedId(t->spec.name, ids, "one gradient push");
   }
 
   absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
@@ -332,21 +296,11 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     ASSIGN_OR_RETURN(Table * t, Get(table));
     RETURN_IF_ERROR(CheckSlot(slot, t->num_slots));
     if (ids.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, rows, "rows"));
     // Everything is checked before the lock: a refused import changes
     // nothing.
-    RETURN_IF_ERROR(t->CheckRange(ids));
-    for (size_t p = 0; p < ids.size(); ++p) {
-      const uint32_t s = SlotOf(t->key, ids[p], t->num_slots);
-      if (s != slot) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", t->spec.name, "': id ", ids[p], " (position ", p,
-            ") belongs to slot ", s, ", not to slot ", slot));
-      }
-      RETURN_IF_ERROR(
-          ValidateImportedRow(t->spec, rows + p * t->stride, ids[p], p));
-    }
-    RETURN_IF_ERROR(CheckNoRepeatedId(t->spec.name, ids, "one import"));
+    RETURN_IF_ERROR(CheckImport(t->spec, slot, ids, rows, t->stride, [t](int64_t id) {
+      return SlotOf(t->key, id, t->num_slots);
+    }));
     absl::MutexLock lock(&t->stripes[slot % kStripes]);
     IdIndex& index = t->index[slot];
     int64_t fresh = 0;
@@ -356,10 +310,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     int64_t next = t->next_row.load(std::memory_order_relaxed);
     do {
       if (fresh > t->capacity - next) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            t->FullError().message(), "; importing ", fresh,
-            " new rows into slot ", slot, " needs ",
-            fresh - (t->capacity - next), " more"));
+        return ImportFullError(t->spec, t->capacity, fresh, t->capacity - next, slot);
       }
     } while (!t->next_row.compare_exchange_weak(next, next + fresh,
                                                 std::memory_order_relaxed));

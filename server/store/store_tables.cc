@@ -1,6 +1,8 @@
 #include "server/store/store_tables.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -8,9 +10,14 @@
 #include "common/row_init.h"
 #include "common/status_macros.h"
 #include "kernels/embedding_optimizer.h"
+#include "server/store/stored_row.h"
+#include "server/store/table_checks.h"
 
 namespace recps::server {
 namespace {
+
+// Pushes of fewer ids check their gradients on the calling thread.
+constexpr int64_t kParallelCheckMinIds = 4096;
 
 constexpr int kMaxDim = 4096;
 constexpr size_t kMaxNameLength = 64;
@@ -143,6 +150,64 @@ absl::Status CheckFiniteGradients(const std::string& table,
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckGradientPush(const config::TableSpec& spec,
+                               absl::Span<const int64_t> ids,
+                               const float* grads, ThreadPool* pool) {
+  RETURN_IF_ERROR(CheckIdsInRange(spec, ids));
+  RETURN_IF_ERROR(CheckDataGiven(spec.name, ids, grads, "gradients"));
+  const int dim = spec.dim;
+  const auto n = static_cast<int64_t>(ids.size());
+  std::atomic<int64_t> first_bad{n};
+  if (n < kParallelCheckMinIds) pool = nullptr;
+  const int64_t parts = pool == nullptr ? 1 : pool->num_threads();
+  ParallelForOrInline(pool, n, (n + parts - 1) / parts, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const float* g = grads + p * dim;
+      // Branch-free exponent test per row (vectorises).
+      uint32_t bad = 0;
+      for (int j = 0; j < dim; ++j) {
+        uint32_t bits;
+        std::memcpy(&bits, &g[j], sizeof(bits));
+        bad |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+      }
+      if (bad == 0) continue;
+      int64_t seen = first_bad.load(std::memory_order_relaxed);
+      while (p < seen && !first_bad.compare_exchange_weak(seen, p)) {
+      }
+      return;
+    }
+  });
+  if (const int64_t p = first_bad.load(); p < n) {
+    RETURN_IF_ERROR(CheckFiniteGradients(spec.name, ids, grads, dim, p));
+  }
+  return CheckNoRepeatedId(spec.name, ids, "one gradient push");
+}
+
+absl::Status CheckImport(const config::TableSpec& spec, uint32_t slot,
+                         absl::Span<const int64_t> ids, const float* rows,
+                         int64_t stride,
+                         absl::FunctionRef<uint32_t(int64_t)> slot_of) {
+  RETURN_IF_ERROR(CheckDataGiven(spec.name, ids, rows, "rows"));
+  RETURN_IF_ERROR(CheckIdsInRange(spec, ids));
+  for (size_t p = 0; p < ids.size(); ++p) {
+    const uint32_t s = slot_of(ids[p]);
+    if (s != slot) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table '", spec.name, "': id ", ids[p], " (position ", p,
+          ") belongs to slot ", s, ", not to slot ", slot));
+    }
+    RETURN_IF_ERROR(ValidateImportedRow(spec, rows + p * stride, ids[p], p));
+  }
+  return CheckNoRepeatedId(spec.name, ids, "one import");
+}
+
+absl::Status ImportFullError(const config::TableSpec& spec, int64_t capacity,
+                             int64_t fresh, int64_t free, uint32_t slot) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      TableFullError(spec, capacity).message(), "; importing ", fresh,
+      " new rows into slot ", slot, " needs ", fresh - free, " more"));
 }
 
 absl::Status CheckSlot(uint32_t slot, uint32_t num_slots) {

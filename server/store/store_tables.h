@@ -23,6 +23,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/config/table_spec.h"
+#include "common/status_macros.h"
+#include "common/thread_pool.h"
 #include "server/store/embedding_store.h"
 
 namespace recps::server {
@@ -62,6 +64,26 @@ absl::Status CheckNoRepeatedId(const std::string& table,
 absl::Status CheckFiniteGradients(const std::string& table,
                                   absl::Span<const int64_t> ids,
                                   const float* grads, int dim, int64_t from = 0);
+// The whole check of a gradient push (ValidateGradients of every store),
+// each with its message: ids inside a fixed table, gradients given, every
+// value finite, ids distinct. The finite test passes over every gradient
+// byte, so large pushes split it over `pool` (may be null); the error names
+// the lowest bad position whatever the split.
+absl::Status CheckGradientPush(const config::TableSpec& spec,
+                               absl::Span<const int64_t> ids,
+                               const float* grads, ThreadPool* pool);
+// The checks of ImportRows before anything changes (INVALID_ARGUMENT naming
+// the table, the id, its position and what is wrong): ids inside a fixed
+// table, each in `slot` (slot_of(id)), rows given and valid
+// (ValidateImportedRow: finite, second moments >= 0), ids distinct.
+absl::Status CheckImport(const config::TableSpec& spec, uint32_t slot,
+                         absl::Span<const int64_t> ids, const float* rows,
+                         int64_t stride,
+                         absl::FunctionRef<uint32_t(int64_t)> slot_of);
+// RESOURCE_EXHAUSTED: `fresh` new rows of an import into `slot` do not fit
+// in the `free` rows left of a table of `capacity`.
+absl::Status ImportFullError(const config::TableSpec& spec, int64_t capacity,
+                             int64_t fresh, int64_t free, uint32_t slot);
 // INVALID_ARGUMENT unless slot < num_slots.
 absl::Status CheckSlot(uint32_t slot, uint32_t num_slots);
 // The argument checks of a slot export (`what`: the method's name).
@@ -186,14 +208,22 @@ class TableStoreBase : public EmbeddingStore {
     return tables_.Find(name);
   }
   uint32_t num_slots() const override { return num_slots_; }
+  absl::Status ValidateGradients(int table, absl::Span<const int64_t> ids,
+                                 const float* grads) const override {
+    ASSIGN_OR_RETURN(const T* t, Get(table));
+    return CheckGradientPush(t->spec, ids, grads, pool_);
+  }
 
  protected:
-  TableStoreBase(std::vector<std::unique_ptr<T>> tables, uint32_t num_slots)
-      : tables_(std::move(tables)), num_slots_(num_slots) {}
+  // `pool` (may be null) splits the checks of large pushes.
+  TableStoreBase(std::vector<std::unique_ptr<T>> tables, uint32_t num_slots,
+                 ThreadPool* pool)
+      : tables_(std::move(tables)), num_slots_(num_slots), pool_(pool) {}
   absl::StatusOr<T*> Get(int table) const { return tables_.Get(table); }
 
   const TableRegistry<T> tables_;
   const uint32_t num_slots_;
+  ThreadPool* const pool_;
   SnapshotCuts cuts_;
 };
 

@@ -169,7 +169,7 @@ class DeviceEmbeddingStore final : private BackendHolder,
                        std::unique_ptr<DeviceBackend> backend,
                        std::vector<std::unique_ptr<Table>> tables)
       : BackendHolder(std::move(backend)),
-        TableStoreBase(std::move(tables), options.num_slots),
+        TableStoreBase(std::move(tables), options.num_slots, options.pool),
         options_(options) {}
 
   absl::Status Lookup(int table, absl::Span<const int64_t> ids,
@@ -205,16 +205,6 @@ class DeviceEmbeddingStore final : private BackendHolder,
     }
     t->lookup_ids.fetch_add(n, std::memory_order_relaxed);
     return absl::OkStatus();
-  }
-
-  absl::Status ValidateGradients(int table, absl::Span<const int64_t> ids,
-                                 const float* grads) const override {
-    ASSIGN_OR_RETURN(const Table* t, Get(table));
-    RETURN_IF_ERROR(t->CheckRange(ids));
-    const int dim = t->spec.dim;
-    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, grads, "gradients"));
-    RETURN_IF_ERROR(CheckFiniteGradients(t->spec.name, ids, grads, dim));
-    return CheckNoRepeatedId(t->spec.name, ids, "one gradient push");
   }
 
   absl::Status ApplyGradients(int table, absl::Span<const int64_t> ids,
@@ -322,19 +312,8 @@ class DeviceEmbeddingStore final : private BackendHolder,
     ASSIGN_OR_RETURN(Table * t, Get(table));
     RETURN_IF_ERROR(CheckSlot(slot, options_.num_slots));
     if (ids.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(CheckDataGiven(t->spec.name, ids, rows, "rows"));
-    RETURN_IF_ERROR(t->CheckRange(ids));
-    for (size_t p = 0; p < ids.size(); ++p) {
-      const uint32_t s = t->Slot(ids[p]);
-      if (s != slot) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "table '", t->spec.name, "': id ", ids[p], " (position ", p,
-            ") belongs to slot ", s, ", not to slot ", slot));
-      }
-      RETURN_IF_ERROR(
-          ValidateImportedRow(t->spec, rows + p * t->stride, ids[p], p));
-    }
-    RETURN_IF_ERROR(CheckNoRepeatedId(t->spec.name, ids, "one import"));
+    RETURN_IF_ERROR(CheckImport(t->spec, slot, ids, rows, t->stride,
+                                [t](int64_t id) { return t->Slot(id); }));
     const size_t n = ids.size();
     // Stored rows; padding is stored as 0, whatever the sender had there.
     std::vector<float> data(n * t->row_words);
@@ -351,10 +330,7 @@ class DeviceEmbeddingStore final : private BackendHolder,
     const int64_t fresh = static_cast<int64_t>(n - existing.size());
     const int64_t next = t->rows.load(std::memory_order_relaxed);
     if (fresh > t->capacity - next) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          t->FullError().message(), "; importing ", fresh,
-          " new rows into slot ", slot, " needs ",
-          fresh - (t->capacity - next), " more"));
+      return ImportFullError(t->spec, t->capacity, fresh, t->capacity - next, slot);
     }
     RETURN_IF_ERROR(t->Touch(existing));
     int64_t r = next;
