@@ -22,6 +22,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config/job_config.h"
@@ -158,41 +159,9 @@ ABSL_FLAG(std::string, port_file, "",
 namespace recps::server {
 namespace {
 
-int Run() {
-  // Signals are taken by sigwait below; block them before any thread starts
-  // so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
-  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
-  if (state_dir.empty()) {
-    LogError("--state_dir is required (the directory of the coordinator's state)");
-    return 2;
-  }
-  v1::JobConfig job;
-  const std::string job_path = absl::GetFlag(FLAGS_job);
-  if (!job_path.empty()) {
-    if (absl::Status s = ReadTextProto(job_path, &job); !s.ok()) {
-      LogError(s.message());
-      return 2;
-    }
-    // The workers' own check: a job they would refuse is never stored.
-    if (absl::Status s = config::ValidateJobConfig(job); !s.ok()) {
-      LogError("--job=", job_path, ": ", s.message());
-      return 2;
-    }
-  }
-  absl::StatusOr<std::unique_ptr<CoordinatorStore>> store =
-      CoordinatorStore::Open(state_dir);
-  if (!store.ok()) {
-    LogError(store.status().message());
-    return 2;
-  }
-
-  auto registry = std::make_shared<prometheus::Registry>();
+// The coordinator's options from its flags; INVALID_ARGUMENT naming the
+// flags out of range.
+absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
   CoordinatorOptions options;
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_slots = absl::GetFlag(FLAGS_num_slots);
@@ -211,10 +180,10 @@ int Run() {
   if (options.max_members_per_client < 1 || options.max_waits_per_client < 1 ||
       options.max_kv_keys_per_client < 1 || options.max_kv_bytes_per_client < 1 ||
       options.max_wait < absl::Seconds(1)) {
-    LogError("--max_members_per_client, --max_waits_per_client, "
-             "--max_kv_keys_per_client and --max_kv_bytes_per_client must be >= 1, "
-             "--max_wait >= 1s");
-    return 2;
+    return absl::InvalidArgumentError(
+        "--max_members_per_client, --max_waits_per_client, "
+        "--max_kv_keys_per_client and --max_kv_bytes_per_client must be >= 1, "
+        "--max_wait >= 1s");
   }
   options.checkpoint.restore = absl::GetFlag(FLAGS_restore);
   options.checkpoint.cut_timeout = absl::GetFlag(FLAGS_checkpoint_cut_timeout);
@@ -228,23 +197,132 @@ int Run() {
   options.moves.max_kept_moves = absl::GetFlag(FLAGS_max_kept_moves);
   if (options.moves.max_parallel_copies < 1 || options.moves.max_bytes_per_second < 0 ||
       options.moves.move_rate_estimate <= 0 || options.moves.max_kept_moves < 1) {
-    LogError("--max_parallel_moves and --max_kept_moves must be >= 1, "
-             "--move_max_bytes_per_second >= 0, --move_rate_estimate > 0");
-    return 2;
+    return absl::InvalidArgumentError(
+        "--max_parallel_moves and --max_kept_moves must be >= 1, "
+        "--move_max_bytes_per_second >= 0, --move_rate_estimate > 0");
   }
-  const int64_t max_dense_state_bytes = absl::GetFlag(FLAGS_max_dense_state_bytes);
-  if (max_dense_state_bytes < 0) {
-    LogError("--max_dense_state_bytes must be >= 0");
-    return 2;
+  if (absl::GetFlag(FLAGS_max_dense_state_bytes) < 0) {
+    return absl::InvalidArgumentError("--max_dense_state_bytes must be >= 0");
   }
   if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
     v1::PlanSpec spec;
-    if (absl::Status s = ReadTextProto(path, &spec); !s.ok()) {
-      LogError(s.message());
-      return 2;
-    }
+    RETURN_IF_ERROR(ReadTextProto(path, &spec));
     options.plan_spec = std::move(spec);
   }
+  return options;
+}
+
+// --job, read and checked as the workers check it (a job they would refuse
+// is never stored); an empty job when the flag is not set.
+absl::StatusOr<v1::JobConfig> JobFromFlags() {
+  v1::JobConfig job;
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  if (job_path.empty()) return job;
+  RETURN_IF_ERROR(ReadTextProto(job_path, &job));
+  if (absl::Status s = config::ValidateJobConfig(job); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--job=", job_path, ": ", s.message()));
+  }
+  return job;
+}
+
+// What serves the coordinator: the metrics exposer, the call gate, the
+// gRPC service and server, and the plaintext health port.
+struct Serving {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = 0;
+  std::unique_ptr<rpc::CallGate> gate;
+  std::unique_ptr<CoordinatorService> service;
+  std::unique_ptr<grpc::Server> server;
+  int grpc_port = 0;
+  std::unique_ptr<rpc::HealthPort> health_port;
+};
+
+// Starts serving `coordinator` on --listen (and --metrics_listen,
+// --health_listen). INVALID_ARGUMENT for bad flags, UNAVAILABLE when a port
+// cannot be taken.
+absl::StatusOr<std::unique_ptr<Serving>> StartServing(
+    Coordinator* coordinator, const std::shared_ptr<prometheus::Registry>& registry,
+    const CoordinatorOptions& options, int64_t max_dense_state_bytes) {
+  auto serving = std::make_unique<Serving>();
+  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
+    serving->exposer = std::make_unique<prometheus::Exposer>(addr);
+    serving->exposer->RegisterCollectable(registry);
+    const std::vector<int> ports = serving->exposer->GetListeningPorts();
+    serving->metrics_port = ports.empty() ? 0 : ports[0];
+  }
+  absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
+  if (!gate_options.ok()) {
+    return absl::InvalidArgumentError(gate_options.status().message());  // exit 2
+  }
+  serving->gate = std::make_unique<rpc::CallGate>(*gate_options, registry.get());
+  serving->service = std::make_unique<CoordinatorService>(coordinator, registry.get());
+  serving->service->set_gate(serving->gate.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(
+      listen, rpc::ServerCredentials(rpc::TransportSecurity(), serving->gate.get()),
+      &serving->grpc_port);
+  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
+  // a port another process of the same user listens on (a restart on its
+  // old port) silently shares it, the kernel splitting connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(serving->service.get());
+  // Room for the largest value a KvSet may carry and the largest dense
+  // state a checkpoint cut may carry, and not much more: a bigger request is
+  // refused by gRPC before it is parsed.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
+      std::max({options.max_kv_value_bytes + (1 << 20),
+                max_dense_state_bytes + (1 << 20), int64_t{4} << 20}),
+      INT32_MAX)));
+  serving->server = builder.BuildAndStart();
+  if (serving->server == nullptr || serving->grpc_port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
+    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
+    if (!started.ok()) return absl::UnavailableError(started.status().message());
+    serving->health_port = *std::move(started);
+    serving->health_port->SetServing(true);
+  }
+  return serving;
+}
+
+int Run() {
+  // Signals are taken by sigwait below; block them before any thread starts
+  // so every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (state_dir.empty()) {
+    LogError("--state_dir is required (the directory of the coordinator's state)");
+    return 2;
+  }
+  const std::string job_path = absl::GetFlag(FLAGS_job);
+  absl::StatusOr<v1::JobConfig> job = JobFromFlags();
+  if (!job.ok()) {
+    LogError(job.status().message());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<CoordinatorStore>> store =
+      CoordinatorStore::Open(state_dir);
+  if (!store.ok()) {
+    LogError(store.status().message());
+    return 2;
+  }
+  absl::StatusOr<CoordinatorOptions> flag_options = OptionsFromFlags();
+  if (!flag_options.ok()) {
+    LogError(flag_options.status().message());
+    return 2;
+  }
+  const CoordinatorOptions& options = *flag_options;
+  const int64_t max_dense_state_bytes = absl::GetFlag(FLAGS_max_dense_state_bytes);
+  auto registry = std::make_shared<prometheus::Registry>();
   absl::StatusOr<std::unique_ptr<Coordinator>> coordinator =
       Coordinator::Create(*std::move(store), options, registry.get());
   if (!coordinator.ok()) {
@@ -252,7 +330,7 @@ int Run() {
     return 2;
   }
   if (!job_path.empty()) {
-    if (absl::Status s = (*coordinator)->SetJob(job, absl::GetFlag(FLAGS_replace_job));
+    if (absl::Status s = (*coordinator)->SetJob(*job, absl::GetFlag(FLAGS_replace_job));
         !s.ok()) {
       LogError(s.message());
       return 2;
@@ -299,57 +377,14 @@ int Run() {
     return 2;
   }
 
-  std::unique_ptr<prometheus::Exposer> exposer;
-  int metrics_port = 0;
-  if (const std::string addr = absl::GetFlag(FLAGS_metrics_listen); !addr.empty()) {
-    exposer = std::make_unique<prometheus::Exposer>(addr);
-    exposer->RegisterCollectable(registry);
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    metrics_port = ports.empty() ? 0 : ports[0];
+  absl::StatusOr<std::unique_ptr<Serving>> serving =
+      StartServing(coordinator->get(), registry, options, max_dense_state_bytes);
+  if (!serving.ok()) {
+    LogError(serving.status().message());
+    return absl::IsInvalidArgument(serving.status()) ? 2 : 1;
   }
-
-  absl::StatusOr<rpc::CallGateOptions> gate_options = rpc::CallGateOptionsFromFlags();
-  if (!gate_options.ok()) {
-    LogError(gate_options.status().message());
-    return 2;
-  }
-  rpc::CallGate gate(*gate_options, registry.get());
-  CoordinatorService service(coordinator->get(), registry.get());
-  service.set_gate(&gate);
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, rpc::ServerCredentials(rpc::TransportSecurity(), &gate),
-                           &grpc_port);
-  // No SO_REUSEPORT: gRPC sets it by default, and then a server started on
-  // a port another process of the same user listens on (a restart on its
-  // old port) silently shares it, the kernel splitting connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.RegisterService(&service);
-  // Room for the largest value a KvSet may carry and the largest dense
-  // state a checkpoint cut may carry, and not much more: a bigger request is
-  // refused by gRPC before it is parsed.
-  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
-      std::max({options.max_kv_value_bytes + (1 << 20),
-                max_dense_state_bytes + (1 << 20), int64_t{4} << 20}),
-      INT32_MAX)));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    LogError("cannot listen on ", listen);
-    return 1;
-  }
-  std::unique_ptr<rpc::HealthPort> health_port;
-  if (const std::string h = absl::GetFlag(FLAGS_health_listen); !h.empty()) {
-    absl::StatusOr<std::unique_ptr<rpc::HealthPort>> started = rpc::HealthPort::Start(h);
-    if (!started.ok()) {
-      LogError(started.status().message());
-      return 1;
-    }
-    health_port = *std::move(started);
-    health_port->SetServing(true);
-  }
+  const int grpc_port = (*serving)->grpc_port;
+  const int metrics_port = (*serving)->metrics_port;
   auto ticker =
       std::make_unique<CoordinatorTicker>(coordinator->get(), absl::GetFlag(FLAGS_tick));
   LogInfo("serving on port ", grpc_port, ", metrics on port ", metrics_port,
@@ -367,10 +402,11 @@ int Run() {
   sigwait(&stop_signals, &signal_number);
   LogInfo("received signal ", signal_number, "; stopping");
   ticker.reset();
-  service.Stop();  // ends watch streams and waits, which would never finish
-  server->Shutdown(std::chrono::system_clock::now() +
-                   absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
-  server->Wait();
+  // Ends watch streams and waits, which would never finish.
+  (*serving)->service->Stop();
+  (*serving)->server->Shutdown(std::chrono::system_clock::now() +
+                               absl::ToChronoSeconds(absl::GetFlag(FLAGS_grace_period)));
+  (*serving)->server->Wait();
   {
     absl::MutexLock lock(&sink->mu);
     sink->coordinator = nullptr;
