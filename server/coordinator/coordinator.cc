@@ -84,8 +84,15 @@ absl::StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
 
 Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
                          CoordinatorOptions options, prometheus::Registry* registry)
-    : store_(std::move(store)), options_(std::move(options)) {
+    : store_(std::move(store)),
+      options_(std::move(options)),
+      plans_(store_.get(), options_.plan_spec, options_.num_slots) {
   if (registry != nullptr) metrics_ = std::make_unique<CoordinatorMetrics>(*registry);
+}
+
+absl::StatusOr<v1::ShardingPlan> Coordinator::GetPlan() const {
+  absl::MutexLock lock(&mu_);
+  return plans_.Get();
 }
 
 Coordinator::~Coordinator() {
@@ -138,7 +145,7 @@ absl::Status Coordinator::Load() {
   } else if (!absl::IsNotFound(started.status())) {
     return started.status();
   }
-  RETURN_IF_ERROR(LoadPlan());
+  RETURN_IF_ERROR(plans_.Load());
   RETURN_IF_ERROR(LoadKv());
   if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map_.epoch()));
   UpdateMemberGauges();
@@ -394,13 +401,14 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   std::sort(servers.begin(), servers.end());
   servers.resize(options_.num_shards);
   v1::ShardMap map;
-  if (options_.plan_spec.has_value()) {
-    absl::StatusOr<v1::ShardMap> planned = BuildPlannedMap(servers);
+  if (plans_.enabled()) {
+    absl::StatusOr<v1::ShardMap> planned =
+        plans_.Build(servers, has_job_ ? &job_ : nullptr);
     if (!planned.ok()) {
       // No map until the spec or the cluster changes: a member's Register
       // must not fail for it; GetShardMap and GetPlan say why.
-      plan_error_ = std::string(planned.status().message());
-      LogError("cannot plan the shard map: ", plan_error_);
+      plans_.SetError(std::string(planned.status().message()));
+      LogError("cannot plan the shard map: ", plans_.error());
       return absl::OkStatus();
     }
     map = *std::move(planned);
@@ -610,9 +618,9 @@ absl::StatusOr<v1::ShardMap> Coordinator::GetShardMap() const {
     for (const auto& [id, e] : members_) {
       alive += e.record.role() == v1::SHARD_SERVER && e.record.state() == v1::ALIVE;
     }
-    if (!plan_error_.empty()) {
+    if (!plans_.error().empty()) {
       return absl::UnavailableError(absl::StrCat(
-          "no shard map yet: the sharding planner failed: ", plan_error_));
+          "no shard map yet: the sharding planner failed: ", plans_.error()));
     }
     return absl::UnavailableError(absl::StrCat(
         "no shard map yet: ", alive, " of ", options_.num_shards,

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "recps/v1/coordinator.pb.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
+#include "server/coordinator/coordinator_plan.h"
 #include "server/coordinator/coordinator_store.h"
 #include "server/coordinator/member_table.h"
 #include "server/coordinator/move_orchestrator.h"
@@ -313,11 +314,6 @@ class Coordinator {
   v1::Member ToMember(const MemberEntry& e) const;
   // Builds the first map once enough shard servers are alive.
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The planned map over `servers` (sorted addresses); stores the plan
-  // (coordinator_plan.cc).
-  absl::StatusOr<v1::ShardMap> BuildPlannedMap(const std::vector<std::string>& servers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status LoadPlan() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
   std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loads the current job's KV entries and deletes any other job's.
@@ -376,10 +372,8 @@ class Coordinator {
   std::vector<KvWaiter> kv_waiters_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, BarrierState> barriers_ ABSL_GUARDED_BY(mu_);
   MapPusher pusher_ ABSL_GUARDED_BY(mu_);
-  // The plan the map was built from (plan_id 0: none), and why the last
-  // planning failed.
-  v1::ShardingPlan plan_ ABSL_GUARDED_BY(mu_);
-  std::string plan_error_ ABSL_GUARDED_BY(mu_);
+  // The plan the map was built from, and why the last planning failed.
+  CoordinatorPlans plans_ ABSL_GUARDED_BY(mu_);
   // The latest refused push per server address (only servers of a map).
   std::map<std::string, v1::MapPushRefusal> push_refusals_ ABSL_GUARDED_BY(mu_);
 

@@ -1,12 +1,11 @@
-// The coordinator's use of the sharding planner: plan the first shard map
-// from the job's tables and the plan spec, store the plan, serve it.
+#include "server/coordinator/coordinator_plan.h"
+
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
-#include "server/coordinator/coordinator.h"
 #include "server/planner/planner.h"
 
 namespace recps::server {
@@ -48,24 +47,24 @@ absl::StatusOr<v1::Topology> TopologyFor(
 
 }  // namespace
 
-absl::StatusOr<v1::ShardMap> Coordinator::BuildPlannedMap(
-    const std::vector<std::string>& servers) {
-  if (!has_job_) {
+absl::StatusOr<v1::ShardMap> CoordinatorPlans::Build(
+    const std::vector<std::string>& servers, const v1::JobConfig* job) {
+  if (job == nullptr) {
     return absl::FailedPreconditionError(
         "planning needs the job's tables: start the coordinator with "
         "--job=FILE");
   }
-  v1::PlanSpec spec = *options_.plan_spec;
+  v1::PlanSpec spec = *spec_;
   ASSIGN_OR_RETURN(*spec.mutable_topology(),
-                   TopologyFor(spec, servers, job_, options_.num_slots));
+                   TopologyFor(spec, servers, *job, num_slots_));
   ASSIGN_OR_RETURN(
       v1::ShardingPlan plan,
-      planner::PlanSharding(planner::PlannerInputFromJob(job_, spec)));
+      planner::PlanSharding(planner::PlannerInputFromJob(*job, spec)));
   plan.set_plan_id(plan_.plan_id() + 1);
   ASSIGN_OR_RETURN(v1::ShardMap map, planner::PlanToShardMap(plan, 1));
   RETURN_IF_ERROR(store_->Put(kPlanKey, plan.SerializeAsString()));
   plan_ = std::move(plan);
-  plan_error_.clear();
+  error_.clear();
   LogInfo("planned the shard map (plan ", plan_.plan_id(), ", ",
           plan_.proposer(), "): predicted step ",
           plan_.predicted_step_seconds() * 1e3, " ms\n",
@@ -73,7 +72,7 @@ absl::StatusOr<v1::ShardMap> Coordinator::BuildPlannedMap(
   return map;
 }
 
-absl::Status Coordinator::LoadPlan() {
+absl::Status CoordinatorPlans::Load() {
   absl::StatusOr<std::string> stored = store_->Get(kPlanKey);
   if (absl::IsNotFound(stored.status())) return absl::OkStatus();
   RETURN_IF_ERROR(stored.status());
@@ -85,18 +84,17 @@ absl::Status Coordinator::LoadPlan() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ShardingPlan> Coordinator::GetPlan() const {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<v1::ShardingPlan> CoordinatorPlans::Get() const {
   if (plan_.plan_id() != 0) return plan_;
-  if (!options_.plan_spec.has_value()) {
+  if (!spec_.has_value()) {
     return absl::NotFoundError(
         "no sharding plan: the coordinator builds a uniform row-wise map "
         "(start it "
         "with --plan_spec=FILE to plan)");
   }
-  if (!plan_error_.empty()) {
+  if (!error_.empty()) {
     return absl::UnavailableError(
-        absl::StrCat("the sharding planner failed: ", plan_error_));
+        absl::StrCat("the sharding planner failed: ", error_));
   }
   return absl::UnavailableError(
       "no plan yet: the coordinator plans once enough shard servers "
