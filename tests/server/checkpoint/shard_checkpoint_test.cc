@@ -29,7 +29,7 @@
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/row_file.h"
 #include "server/checkpoint/store_rows.h"
-#include "server/shard/embedding_store.h"
+#include "server/store/embedding_store.h"
 #include "tests/server/shard/shard_stats.h"
 #include "tests/testing/local_shard.h"
 
