@@ -113,9 +113,9 @@ absl::StatusOr<std::vector<CheckpointInfo>> ChainOf(
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> ResolveChain(
-    const std::string& root, std::optional<uint64_t> step) {
+    const std::string& root, std::optional<uint64_t> step, FileSystem* fs) {
   ASSIGN_OR_RETURN(const std::vector<CheckpointInfo> complete,
-                   ListCheckpoints(root));
+                   ListCheckpoints(root, fs));
   if (!step.has_value()) {
     if (complete.empty()) {
       return absl::NotFoundError(absl::StrCat(
@@ -128,8 +128,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> ResolveChain(
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> ResolveChain(
-    const CheckpointRef& ref) {
-  return ResolveChain(ref.root, ref.step);
+    const CheckpointRef& ref, FileSystem* fs) {
+  return ResolveChain(ref.root, ref.step, fs);
 }
 
 std::vector<std::string> ChainDirs(const std::vector<CheckpointInfo>& chain) {

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file_system.h"
 #include "server/checkpoint/manifest.h"
 
 namespace recps::server::checkpoint {
@@ -39,12 +40,14 @@ absl::StatusOr<std::vector<CheckpointInfo>> ChainOf(
     const std::vector<CheckpointInfo>& complete, uint64_t step,
     absl::string_view root);
 
-// Lists `root` and resolves the chain of `step`, or of the newest complete
-// checkpoint when unset (NOT_FOUND naming root when there is none).
+// Lists `root` (ListCheckpoints, through `fs`) and resolves the chain of
+// `step`, or of the newest complete checkpoint when unset (NOT_FOUND naming
+// root when there is none).
 absl::StatusOr<std::vector<CheckpointInfo>> ResolveChain(
-    const std::string& root, std::optional<uint64_t> step = std::nullopt);
+    const std::string& root, std::optional<uint64_t> step = std::nullopt,
+    FileSystem* fs = FileSystem::Default());
 absl::StatusOr<std::vector<CheckpointInfo>> ResolveChain(
-    const CheckpointRef& ref);
+    const CheckpointRef& ref, FileSystem* fs = FileSystem::Default());
 
 // The checkpoint directories of a chain, oldest first (what
 // RestoreRowsRequest.checkpoint_dirs takes).

@@ -1,37 +1,15 @@
 #include "server/checkpoint/checkpoint.h"
 
-#include <errno.h>
-#include <sys/stat.h>
-
-#include <filesystem>
 #include <memory>
-#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/status_macros.h"
-#include "server/checkpoint/file_util.h"
 
 namespace recps::server::checkpoint {
 namespace {
-
-namespace fs = std::filesystem;
-
-absl::Status MakeDir(const std::string& path) {
-  if (mkdir(path.c_str(), 0755) == 0) return absl::OkStatus();
-  const int err = errno;
-  if (err == EEXIST) {
-    struct stat st;
-    if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-      return absl::OkStatus();
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint directory ", path, " exists and is not a directory"));
-  }
-  return ErrnoStatus(err, "cannot create checkpoint directory", path);
-}
 
 // Every table layout of all shards, once; stores must agree.
 absl::StatusOr<std::vector<v1::CheckpointTable>> MergedLayout(
@@ -71,28 +49,26 @@ absl::StatusOr<std::vector<v1::CheckpointTable>> MergedLayout(
 
 absl::StatusOr<CheckpointInfo> WriteCheckpoint(
     const std::string& root, const CheckpointSpec& spec,
-    absl::Span<const ShardRows> shards, const RowFileOptions& options) {
+    absl::Span<const ShardRows> shards, const RowFileOptions& options,
+    FileSystem* fs) {
   if (shards.empty()) {
     return absl::InvalidArgumentError("a checkpoint needs at least one shard");
   }
   uint32_t num_slots = 0;
   ASSIGN_OR_RETURN(std::vector<v1::CheckpointTable> tables,
                    MergedLayout(shards, &num_slots));
-  RETURN_IF_ERROR(MakeDir(root));
+  RETURN_IF_ERROR(fs->CreateDir(root));
   const std::string dir = absl::StrCat(root, "/", CheckpointDirName(spec.step));
-  if (ReadManifest(dir).ok()) {
+  if (ReadManifest(dir, fs).ok()) {
     return absl::AlreadyExistsError(absl::StrCat(
         "checkpoint ", dir, " is already complete; remove it to write step ",
         spec.step, " again"));
   }
-  std::error_code ec;
-  fs::remove_all(dir, ec);  // a partial leftover of the same step
-  if (ec) return ErrnoStatus(ec.value(), "cannot remove partial checkpoint", dir);
-  RETURN_IF_ERROR(MakeDir(dir));
+  RETURN_IF_ERROR(fs->RemoveTree(dir));  // a partial leftover of the same step
+  RETURN_IF_ERROR(fs->CreateDir(dir));
 
   auto fail = [&](absl::Status status) {
-    std::error_code ignored;
-    fs::remove_all(dir, ignored);
+    fs->RemoveTree(dir).IgnoreError();  // best effort: `status` is the news
     return status;
   };
   v1::CheckpointManifest manifest;
@@ -118,12 +94,12 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(
     file->set_shard(static_cast<uint32_t>(s));
   }
   // Row files' directory entries are durable before the manifest names them.
-  absl::Status status = SyncDir(dir);
+  absl::Status status = fs->SyncDir(dir);
   if (status.ok()) {
     manifest.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
-    status = WriteManifest(dir, manifest);
+    status = WriteManifest(dir, manifest, fs);
   }
-  if (status.ok()) status = SyncDir(root);
+  if (status.ok()) status = fs->SyncDir(root);
   if (!status.ok()) return fail(status);
   return CheckpointInfo{spec.step, dir, std::move(manifest)};
 }
@@ -131,18 +107,18 @@ absl::StatusOr<CheckpointInfo> WriteCheckpoint(
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
     SlotTransfer& store, absl::Span<const uint32_t> slots,
-    const ImportOptions& options) {
+    const ImportOptions& options, FileSystem* fs) {
   const std::vector<uint32_t> all(slots.begin(), slots.end());
   const std::vector<std::vector<uint32_t>> by_table(store.num_tables(), all);
   const std::string dirs[] = {checkpoint_dir};
-  return RestoreChain(dirs, expected_digest, store, by_table, options);
+  return RestoreChain(dirs, expected_digest, store, by_table, options, fs);
 }
 
 absl::StatusOr<RestoreStats> RestoreChain(
     absl::Span<const std::string> dirs, absl::string_view expected_digest,
     SlotTransfer& store,
     absl::Span<const std::vector<uint32_t>> slots_by_table,
-    const ImportOptions& options) {
+    const ImportOptions& options, FileSystem* fs) {
   if (dirs.empty()) {
     return absl::InvalidArgumentError("restore: the checkpoint chain is empty");
   }
@@ -150,7 +126,7 @@ absl::StatusOr<RestoreStats> RestoreChain(
   std::vector<v1::CheckpointManifest> manifests;
   for (size_t i = 0; i < dirs.size(); ++i) {
     const std::string& dir = dirs[i];
-    ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(dir));
+    ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(dir, fs));
     const std::string manifest_path = absl::StrCat(dir, "/", kManifestName);
     if (!expected_digest.empty() &&
         manifest.job_config_digest() != expected_digest) {

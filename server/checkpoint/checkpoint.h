@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/file_system.h"
 #include "recps/v1/shard_map.pb.h"
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/row_file.h"
@@ -41,9 +42,13 @@ struct CheckpointSpec {
 // RESOURCE_EXHAUSTED (disk full), PERMISSION_DENIED, FAILED_PRECONDITION
 // (root is not a directory), INVALID_ARGUMENT (no shards, a null store,
 // stores disagreeing on a table's layout or the slot count).
+// The directories, their fsyncs, the removals and the manifest go through
+// `fs`; the row files are RocksDB's SST files, written through its own
+// rocksdb::Env (row_file.h), whatever `fs` is.
 absl::StatusOr<CheckpointInfo> WriteCheckpoint(
     const std::string& root, const CheckpointSpec& spec,
-    absl::Span<const ShardRows> shards, const RowFileOptions& options = {});
+    absl::Span<const ShardRows> shards, const RowFileOptions& options = {},
+    FileSystem* fs = FileSystem::Default());
 
 struct RestoreStats {
   int64_t rows = 0;   // rows imported into the store
@@ -61,11 +66,12 @@ struct RestoreStats {
 // size and CRC-32C of every row file (DATA_LOSS naming the file), and that
 // the store holds no row in `slots` yet (FAILED_PRECONDITION: restore into
 // a fresh store). An empty expected_digest skips the digest check.
-// options.pool imports slots in parallel.
+// options.pool imports slots in parallel. Manifests are read through `fs`,
+// row files through RocksDB.
 absl::StatusOr<RestoreStats> RestoreCheckpoint(
     const std::string& checkpoint_dir, absl::string_view expected_digest,
     SlotTransfer& store, absl::Span<const uint32_t> slots,
-    const ImportOptions& options = {});
+    const ImportOptions& options = {}, FileSystem* fs = FileSystem::Default());
 
 // RestoreCheckpoint over a chain (`dirs` oldest first: a full checkpoint,
 // then increments whose base_step is the previous one's step; later files
@@ -79,7 +85,7 @@ absl::StatusOr<RestoreStats> RestoreChain(
     absl::Span<const std::string> dirs, absl::string_view expected_digest,
     SlotTransfer& store,
     absl::Span<const std::vector<uint32_t>> slots_by_table,
-    const ImportOptions& options = {});
+    const ImportOptions& options = {}, FileSystem* fs = FileSystem::Default());
 
 }  // namespace recps::server::checkpoint
 

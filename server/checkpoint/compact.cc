@@ -1,11 +1,6 @@
 #include "server/checkpoint/compact.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <filesystem>
 #include <memory>
-#include <system_error>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
@@ -16,20 +11,15 @@
 #include "common/status_macros.h"
 #include "server/checkpoint/chain.h"
 #include "server/checkpoint/chain_merge.h"
-#include "server/checkpoint/file_util.h"
 
 namespace recps::server::checkpoint {
-namespace {
-
-namespace fs = std::filesystem;
-
-}  // namespace
 
 absl::StatusOr<CompactResult> CompactChain(const std::string& root,
                                            std::optional<uint64_t> step,
                                            const CompactOptions& options) {
+  FileSystem* const fs = options.fs;
   ASSIGN_OR_RETURN(const std::vector<CheckpointInfo> chain,
-                   ResolveChain(root, step));
+                   ResolveChain(root, step, fs));
   const CheckpointInfo& last = chain.back();
   CompactResult result;
   result.chain_length = static_cast<int>(chain.size());
@@ -124,21 +114,24 @@ absl::StatusOr<CompactResult> CompactChain(const std::string& root,
   if (options.progress) options.progress(written, rows_in_chain);
   // The new files' entries are durable before the manifest names them;
   // the manifest swap (temp, fdatasync, rename, dir fsync) is the commit.
-  RETURN_IF_ERROR(SyncDir(last.dir));
-  RETURN_IF_ERROR(WriteManifest(last.dir, manifest));
+  RETURN_IF_ERROR(fs->SyncDir(last.dir));
+  RETURN_IF_ERROR(WriteManifest(last.dir, manifest, fs));
   // Only now the superseded files go (and leftovers of an interrupted
   // compaction: row files no manifest names).
   absl::flat_hash_set<std::string> keep(names.begin(), names.end());
   if (manifest.has_dense()) keep.insert(manifest.dense().name());
-  std::error_code ec;
-  for (fs::directory_iterator it(last.dir, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (keep.contains(name) || !absl::EndsWith(name, ".sst")) continue;
-    const std::string path = it->path().string();
-    if (unlink(path.c_str()) == 0) result.removed_files.push_back(path);
+  // The new chain is committed: a file that cannot be listed or removed
+  // now is only left over, for the next compaction.
+  const absl::StatusOr<std::vector<FileSystem::DirEntry>> entries =
+      fs->ListDir(last.dir);
+  if (entries.ok()) {
+    for (const FileSystem::DirEntry& e : *entries) {
+      if (keep.contains(e.name) || !absl::EndsWith(e.name, ".sst")) continue;
+      const std::string path = absl::StrCat(last.dir, "/", e.name);
+      if (fs->RemoveFile(path).ok()) result.removed_files.push_back(path);
+    }
   }
-  RETURN_IF_ERROR(SyncDir(last.dir));
+  RETURN_IF_ERROR(fs->SyncDir(last.dir));
   result.checkpoint = CheckpointInfo{last.step, last.dir, std::move(manifest)};
   return result;
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/file_system.h"
 #include "server/checkpoint/manifest.h"
 #include "server/checkpoint/row_file.h"
 
@@ -17,6 +18,10 @@ namespace recps::server::checkpoint {
 
 struct CompactOptions {
   RowFileOptions file;
+  // The listing, the manifest swap, the directory fsyncs and the removal of
+  // superseded files go through it; the row files are read and written by
+  // RocksDB through its own rocksdb::Env. Must outlive the call.
+  FileSystem* fs = FileSystem::Default();
   // Called now and then with the rows written so far and the rows read
   // (entries of every file of the chain, the upper bound of the output).
   std::function<void(int64_t rows_written, int64_t rows_in_chain)> progress;

@@ -1,11 +1,7 @@
 #include "server/checkpoint/export.h"
 
-#include <errno.h>
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <numeric>
 
@@ -15,7 +11,6 @@
 #include "common/status_macros.h"
 #include "server/checkpoint/chain_merge.h"
 #include "server/checkpoint/crc32c.h"
-#include "server/checkpoint/file_util.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "the export format is little-endian; add byte swaps here");
@@ -37,13 +32,6 @@ std::string JsonString(absl::string_view s) {
   }
   out.push_back('"');
   return out;
-}
-
-absl::Status MakeDirs(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return ErrnoStatus(ec.value(), "cannot create export directory", dir);
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -117,7 +105,8 @@ absl::StatusOr<ExportResult> ExportTable(
     std::memcpy(weight_bytes.data() + k * dim * sizeof(float),
                 weights.data() + order[k] * dim, dim * sizeof(float));
   }
-  RETURN_IF_ERROR(MakeDirs(out_dir));
+  FileSystem* const fs = options.fs;
+  RETURN_IF_ERROR(fs->CreateDirs(out_dir));
   ExportResult result;
   result.ids_path = absl::StrCat(out_dir, "/", table, ".ids");
   result.weights_path = absl::StrCat(out_dir, "/", table, ".weights");
@@ -128,8 +117,8 @@ absl::StatusOr<ExportResult> ExportTable(
   result.ids_crc32c = Crc32cExtend(0, ids_bytes.data(), ids_bytes.size());
   result.weights_crc32c =
       Crc32cExtend(0, weight_bytes.data(), weight_bytes.size());
-  RETURN_IF_ERROR(WriteFileAtomically(result.ids_path, ids_bytes));
-  RETURN_IF_ERROR(WriteFileAtomically(result.weights_path, weight_bytes));
+  RETURN_IF_ERROR(fs->WriteFileAtomically(result.ids_path, ids_bytes));
+  RETURN_IF_ERROR(fs->WriteFileAtomically(result.weights_path, weight_bytes));
   const std::string meta = absl::StrCat(
       "{\n  \"format_version\": ", kExportFormatVersion,
       ",\n  \"name\": ", JsonString(table), ",\n  \"dim\": ", dim,
@@ -139,7 +128,7 @@ absl::StatusOr<ExportResult> ExportTable(
       ",\n  \"ids_crc32c\": \"", absl::Hex(result.ids_crc32c, absl::kZeroPad8),
       "\",\n  \"weights_crc32c\": \"",
       absl::Hex(result.weights_crc32c, absl::kZeroPad8), "\"\n}\n");
-  RETURN_IF_ERROR(WriteFileAtomically(result.meta_path, meta));
+  RETURN_IF_ERROR(fs->WriteFileAtomically(result.meta_path, meta));
   return result;
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/file_system.h"
 #include "server/checkpoint/manifest.h"
 
 namespace recps::server::checkpoint {
@@ -28,6 +29,9 @@ inline constexpr uint32_t kExportFormatVersion = 1;
 struct ExportOptions {
   // Called now and then with the rows read so far.
   std::function<void(int64_t rows_read)> progress;
+  // The output directory and files go through it; the row files are read
+  // by RocksDB. Must outlive the call.
+  FileSystem* fs = FileSystem::Default();
 };
 
 struct ExportResult {

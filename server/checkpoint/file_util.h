@@ -1,13 +1,18 @@
-// Small POSIX file helpers of the checkpoint library: errno and RocksDB
-// statuses turned into absl::Status naming the file, durable writes.
+// Status conversions and thread hints of the checkpoint library. The file
+// operations themselves (atomic writes, directories, listing, removal) go
+// through recps::FileSystem (common/file_system.h); RocksDB's SST writer and
+// reader keep their own rocksdb::Env, so their errors come through
+// FromRocksStatus.
 #ifndef RECPS_SERVER_CHECKPOINT_FILE_UTIL_H_
 #define RECPS_SERVER_CHECKPOINT_FILE_UTIL_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/file_system.h"
 
 namespace rocksdb {
 class Status;
@@ -15,11 +20,8 @@ class Status;
 
 namespace recps::server::checkpoint {
 
-// "<what> <path>: <strerror>" with a code by errno: NOT_FOUND (ENOENT),
-// PERMISSION_DENIED (EACCES, EPERM, EROFS), RESOURCE_EXHAUSTED (ENOSPC,
-// EDQUOT), FAILED_PRECONDITION (ENOTDIR, EEXIST), UNAVAILABLE otherwise.
-absl::Status ErrnoStatus(int err, absl::string_view what,
-                         absl::string_view path);
+// errno as absl::Status naming the path (common/file_system.h has the codes).
+using ::recps::ErrnoStatus;
 
 // A RocksDB status as absl: RESOURCE_EXHAUSTED for no space, DATA_LOSS for
 // corruption, NOT_FOUND, PERMISSION_DENIED or UNAVAILABLE for I/O errors
@@ -27,26 +29,24 @@ absl::Status ErrnoStatus(int err, absl::string_view what,
 absl::Status FromRocksStatus(const rocksdb::Status& s, absl::string_view what,
                              absl::string_view path);
 
-// fsync of the directory `dir`, so that entries created or renamed in it
-// survive a crash.
 // Marks the calling thread as background work: SCHED_BATCH (its wakeups do
 // not preempt other threads, its CPU share stays fair) plus `nice` added
 // to its niceness when above 0 (setpriority on the thread's id; Linux
 // applies both to that thread only). A failure only loses the hint.
 void BackgroundThisThread(int nice);
 
-absl::Status SyncDir(const std::string& dir);
-
-// Writes `bytes` to `path` durably and atomically: `path`.tmp, fdatasync,
-// rename over `path`, fsync of the directory. On failure the temp file is
-// removed and `path` is untouched.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 absl::string_view bytes);
-
-// The whole file at `path`; refuses files over max_bytes (FAILED_PRECONDITION
-// naming the size and the limit).
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
-                                          int64_t max_bytes);
+// FileSystem::Default()'s WriteFileAtomically and ReadSmallFile, for the
+// callers outside this folder that do not take a FileSystem yet (the
+// coordinator's dense-state and contents files). New code takes a
+// FileSystem*; these go once those callers do.
+inline absl::Status WriteFileAtomically(const std::string& path,
+                                        absl::string_view bytes) {
+  return FileSystem::Default()->WriteFileAtomically(path, bytes);
+}
+inline absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
+                                                 int64_t max_bytes) {
+  return FileSystem::Default()->ReadSmallFile(path, max_bytes);
+}
 
 }  // namespace recps::server::checkpoint
 

@@ -1,13 +1,7 @@
 #include "server/checkpoint/manifest.h"
 
-#include <errno.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -20,12 +14,9 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/checkpoint/crc32c.h"
-#include "server/checkpoint/file_util.h"
 
 namespace recps::server::checkpoint {
 namespace {
-
-namespace fs = std::filesystem;
 
 // File = magic (8 bytes), serialized manifest, CRC-32C of it (4 bytes LE).
 constexpr char kMagic[] = "RECPSCK1";
@@ -45,11 +36,6 @@ bool ParseStepDir(const std::string& name, uint64_t* step) {
   return absl::SimpleAtoi(digits, step);
 }
 
-absl::Status FsError(const std::error_code& ec, absl::string_view what,
-                     const std::string& path) {
-  return ErrnoStatus(ec.value(), what, path);
-}
-
 struct StepDir {
   uint64_t step = 0;
   std::string dir;
@@ -57,49 +43,33 @@ struct StepDir {
   v1::CheckpointManifest manifest;
 };
 
-absl::StatusOr<std::vector<StepDir>> ScanRoot(const std::string& root) {
-  struct stat st;
-  if (stat(root.c_str(), &st) != 0) {
-    return ErrnoStatus(errno, "cannot read checkpoint directory", root);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint directory ", root, " is not a directory"));
-  }
-  std::error_code ec;
-  fs::directory_iterator it(root, ec);
-  if (ec) return FsError(ec, "cannot list checkpoint directory", root);
+absl::StatusOr<std::vector<StepDir>> ScanRoot(const std::string& root,
+                                              FileSystem* fs) {
+  ASSIGN_OR_RETURN(const std::vector<FileSystem::DirEntry> entries,
+                   fs->ListDir(root));
   std::vector<StepDir> out;
-  for (; it != fs::directory_iterator(); it.increment(ec)) {
-    if (ec) return FsError(ec, "cannot list checkpoint directory", root);
+  for (const FileSystem::DirEntry& e : entries) {
     StepDir d;
-    if (!ParseStepDir(it->path().filename().string(), &d.step)) continue;
-    std::error_code dir_ec;
-    if (!it->is_directory(dir_ec)) continue;
-    d.dir = it->path().string();
-    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(d.dir);
+    if (!e.is_dir || !ParseStepDir(e.name, &d.step)) continue;
+    d.dir = absl::StrCat(root, "/", e.name);
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(d.dir, fs);
     if (manifest.ok() && manifest->step() == d.step) {
       d.complete = true;
       d.manifest = *std::move(manifest);
     }
     out.push_back(std::move(d));
   }
-  if (ec) return FsError(ec, "cannot list checkpoint directory", root);
   std::sort(out.begin(), out.end(),
             [](const StepDir& a, const StepDir& b) { return a.step < b.step; });
   return out;
 }
 
-absl::Status RemoveCheckpointDir(const std::string& dir) {
+absl::Status RemoveCheckpointDir(const std::string& dir, FileSystem* fs) {
   // The manifest first: from then on the directory is partial.
-  const std::string manifest = absl::StrCat(dir, "/", kManifestName);
-  if (unlink(manifest.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoStatus(errno, "cannot remove", manifest);
-  }
-  std::error_code ec;
-  fs::remove_all(dir, ec);
-  if (ec) return FsError(ec, "cannot remove checkpoint", dir);
-  return absl::OkStatus();
+  const absl::Status status =
+      fs->RemoveFile(absl::StrCat(dir, "/", kManifestName));
+  if (!status.ok() && !absl::IsNotFound(status)) return status;
+  return fs->RemoveTree(dir);
 }
 
 }  // namespace
@@ -131,7 +101,8 @@ std::string CheckpointDirName(uint64_t step) {
 }
 
 absl::Status WriteManifest(const std::string& checkpoint_dir,
-                           const v1::CheckpointManifest& manifest) {
+                           const v1::CheckpointManifest& manifest,
+                           FileSystem* fs) {
   std::string payload;
   if (!manifest.SerializeToString(&payload)) {
     return absl::InternalError("cannot serialize the checkpoint manifest");
@@ -140,14 +111,14 @@ absl::Status WriteManifest(const std::string& checkpoint_dir,
   bytes += payload;
   const uint32_t crc = Crc32cExtend(0, payload.data(), payload.size());
   for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(crc >> (8 * i)));
-  return WriteFileAtomically(absl::StrCat(checkpoint_dir, "/", kManifestName),
-                             bytes);
+  return fs->WriteFileAtomically(
+      absl::StrCat(checkpoint_dir, "/", kManifestName), bytes);
 }
 
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(
-    const std::string& checkpoint_dir) {
+    const std::string& checkpoint_dir, FileSystem* fs) {
   const std::string path = absl::StrCat(checkpoint_dir, "/", kManifestName);
-  absl::StatusOr<std::string> bytes = ReadSmallFile(path, kMaxManifestBytes);
+  absl::StatusOr<std::string> bytes = fs->ReadSmallFile(path, kMaxManifestBytes);
   if (absl::IsNotFound(bytes.status())) {
     return absl::NotFoundError(absl::StrCat(
         "checkpoint manifest ", path,
@@ -188,8 +159,8 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(
 }
 
 absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
-    const std::string& root) {
-  ASSIGN_OR_RETURN(std::vector<StepDir> dirs, ScanRoot(root));
+    const std::string& root, FileSystem* fs) {
+  ASSIGN_OR_RETURN(std::vector<StepDir> dirs, ScanRoot(root, fs));
   std::vector<CheckpointInfo> out;
   for (StepDir& d : dirs) {
     if (!d.complete) continue;
@@ -199,13 +170,13 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
 }
 
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
-    const std::string& root, int keep_last) {
+    const std::string& root, int keep_last, FileSystem* fs) {
   if (keep_last < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "keep_last is ", keep_last,
         "; it must be at least 1 (the newest complete checkpoint is kept)"));
   }
-  ASSIGN_OR_RETURN(const std::vector<StepDir> dirs, ScanRoot(root));
+  ASSIGN_OR_RETURN(const std::vector<StepDir> dirs, ScanRoot(root, fs));
   int complete = 0;
   uint64_t newest_complete = 0;
   bool any_complete = false;
@@ -237,10 +208,10 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
                             ? !keep.contains(d.step)
                             : any_complete && d.step < newest_complete;
     if (!remove) continue;
-    RETURN_IF_ERROR(RemoveCheckpointDir(d.dir));
+    RETURN_IF_ERROR(RemoveCheckpointDir(d.dir, fs));
     removed.push_back(d.dir);
   }
-  if (!removed.empty()) RETURN_IF_ERROR(SyncDir(root));
+  if (!removed.empty()) RETURN_IF_ERROR(fs->SyncDir(root));
   return removed;
 }
 

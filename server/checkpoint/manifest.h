@@ -5,6 +5,9 @@
 // file, fdatasync, rename, fsync of the directory). A directory without a
 // valid MANIFEST is partial: never listed, never restored, pruned once a
 // newer checkpoint is complete. Layout and guarantees: docs/operations.md.
+//
+// Every function here reaches the disk through `fs` (default: the POSIX
+// one), which must outlive the call; tests pass a faulty one.
 #ifndef RECPS_SERVER_CHECKPOINT_MANIFEST_H_
 #define RECPS_SERVER_CHECKPOINT_MANIFEST_H_
 
@@ -14,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/file_system.h"
 #include "recps/v1/checkpoint.pb.h"
 #include "recps/v1/job.pb.h"
 
@@ -37,15 +41,17 @@ std::string JobConfigDigest(const v1::JobConfig& job);
 std::string CheckpointDirName(uint64_t step);
 
 // Writes `manifest` as <checkpoint_dir>/MANIFEST atomically: the file's
-// magic, the serialized manifest and its CRC-32C. Errors name the file.
+// magic, the serialized manifest and its CRC-32C. Errors name the file;
+// on one, no MANIFEST (nor temp file) is left where there was none.
 absl::Status WriteManifest(const std::string& checkpoint_dir,
-                           const v1::CheckpointManifest& manifest);
+                           const v1::CheckpointManifest& manifest,
+                           FileSystem* fs = FileSystem::Default());
 
 // Reads and checks <checkpoint_dir>/MANIFEST: NOT_FOUND naming it when
 // missing ("not a complete checkpoint"), DATA_LOSS when its magic, length or
 // CRC is wrong, FAILED_PRECONDITION for another format version.
 absl::StatusOr<v1::CheckpointManifest> ReadManifest(
-    const std::string& checkpoint_dir);
+    const std::string& checkpoint_dir, FileSystem* fs = FileSystem::Default());
 
 struct CheckpointInfo {
   uint64_t step = 0;
@@ -59,17 +65,19 @@ struct CheckpointInfo {
 // FAILED_PRECONDITION when it is not a directory, PERMISSION_DENIED /
 // UNAVAILABLE when it cannot be read; each names it.
 absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(
-    const std::string& root);
+    const std::string& root, FileSystem* fs = FileSystem::Default());
 
 // Removes all complete checkpoints but the newest keep_last (>= 1, else
 // INVALID_ARGUMENT) and every checkpoint their chains need (the bases of a
-// kept increment, down to its full checkpoint: chain.h), and the partial step directories older than the newest
-// complete one (a newer partial one may be in progress). The newest complete
-// checkpoint is never removed. A checkpoint loses its manifest first, so an
-// interrupted prune leaves a partial directory, never a damaged complete
-// one. Returns the directories removed.
+// kept increment, down to its full checkpoint: chain.h), and the partial
+// step directories older than the newest complete one (a newer partial one
+// may be in progress). The newest complete checkpoint is never removed. A
+// checkpoint loses its manifest first, so an interrupted prune leaves a
+// partial directory, never a damaged complete one. Returns the directories
+// removed.
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(
-    const std::string& root, int keep_last);
+    const std::string& root, int keep_last,
+    FileSystem* fs = FileSystem::Default());
 
 }  // namespace recps::server::checkpoint
 

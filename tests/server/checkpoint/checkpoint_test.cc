@@ -588,7 +588,9 @@ TEST_F(CheckpointTest, FailedWriteLeavesNoDirectoryAndKeepsThePreviousOne) {
   EXPECT_EQ((*list)[0].step, 10u);
 }
 
-// Mounts need CAP_SYS_ADMIN; where the test cannot mount, it skips.
+// Mounts need CAP_SYS_ADMIN; where the test cannot mount, it skips. The
+// manifest's and directories' faults need no mount (checkpoint_faults_test.cc,
+// through the FileSystem seam); these two also reach RocksDB's row files.
 class MountedDir {
  public:
   ~MountedDir() {
