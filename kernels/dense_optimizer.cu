@@ -32,13 +32,14 @@ __global__ void __launch_bounds__(kBlockThreads)
       float s = p.state[i];
       AdagradRule(w, s, g, p.opt);
       p.state[i] = s;
-    } else {
+    } else if constexpr (IsAdam(kKind)) {
       float m = p.state[i];
       float v = p.state[p.n + i];
       AdamRule(w, m, v, g, p.opt, p.adam_scale, kKind == OptimizerKind::kAdamW);
       p.state[i] = m;
       p.state[p.n + i] = v;
     }
+    // Others (row-wise Adagrad) have no dense form: refused before launch.
     p.weights[i] = w;
   }
 }
@@ -57,9 +58,9 @@ absl::Status DenseOptimizerStepCuda(const DenseOptimizerArgs& args,
   const char* op = "DenseOptimizerStepCuda";
   RETURN_IF_ERROR(ValidateOptimizerParams(args.optimizer));
   const OptimizerKind kind = args.optimizer.kind;
-  if (kind == OptimizerKind::kRowWiseAdagrad) {
+  if (const OptimizerInfo& info = *FindOptimizer(kind); !info.has_dense_form()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        op, ": row-wise Adagrad is an embedding optimizer (no dense form)"));
+        op, ": ", info.display_name, " is an embedding optimizer (no dense form)"));
   }
   if (args.n < 0) {
     return absl::InvalidArgumentError(
@@ -77,23 +78,16 @@ absl::Status DenseOptimizerStepCuda(const DenseOptimizerArgs& args,
         absl::StrCat(op, ": weights, grads or state is null"));
   }
 
-  DenseParams p{args.weights, args.grads,     args.state,
-                args.n,       args.optimizer, AdamScale{0.0f, 1.0f}};
-  if (kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW) {
-    p.adam_scale =
-        ComputeAdamScale(args.optimizer, static_cast<uint32_t>(args.step));
-  }
+  DenseParams p{args.weights, args.grads, args.state, args.n, args.optimizer,
+                // Read by Adam and AdamW only.
+                ComputeAdamScale(args.optimizer, static_cast<uint32_t>(args.step))};
   const cudaStream_t stream = StreamOf(ctx);
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return Launch<OptimizerKind::kSgd>(p, stream);
-    case OptimizerKind::kAdagrad:
-      return Launch<OptimizerKind::kAdagrad>(p, stream);
-    case OptimizerKind::kAdamW:
-      return Launch<OptimizerKind::kAdamW>(p, stream);
-    default:
-      return Launch<OptimizerKind::kAdam>(p, stream);
-  }
+  return VisitOptimizer(
+      kind, [&](auto k) { return Launch<decltype(k)::kKind>(p, stream); },
+      [&] {
+        return absl::InvalidArgumentError(
+            absl::StrCat(op, ": unknown optimizer kind ", static_cast<int>(kind)));
+      });
 }
 
 }  // namespace recps::kernels

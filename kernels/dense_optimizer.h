@@ -11,8 +11,10 @@
 
 namespace recps::kernels {
 
-// Floats of state for n parameters: SGD 0, Adagrad n, Adam/AdamW 2n (m then
-// v). Row-wise Adagrad is an embedding optimizer and has no dense form.
+// Floats of state for n parameters: the kind's dense_state_per_param
+// (common/optimizer_registry.h) times n: SGD 0, Adagrad n, Adam/AdamW 2n (m
+// then v). Row-wise Adagrad is an embedding optimizer and has no dense
+// form (0).
 int64_t DenseOptimizerStateSize(OptimizerKind kind, int64_t n);
 
 struct DenseOptimizerArgs {

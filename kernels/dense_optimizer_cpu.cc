@@ -12,10 +12,11 @@ namespace recps::kernels {
 absl::Status DenseOptimizerStepCpu(const DenseOptimizerArgs& a,
                                    const ExecContext& ctx) {
   RETURN_IF_ERROR(ValidateOptimizerParams(a.optimizer));
-  if (a.optimizer.kind == OptimizerKind::kRowWiseAdagrad) {
-    return absl::InvalidArgumentError(
-        "rowwise_adagrad is an embedding optimizer; use adagrad for dense "
-        "parameters");
+  if (const OptimizerInfo& info = *FindOptimizer(a.optimizer.kind);
+      !info.has_dense_form()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        info.name, " is an embedding optimizer; use ", OptimizerName(info.instead),
+        " for dense parameters"));
   }
   if (a.n < 0) return absl::InvalidArgumentError(absl::StrCat("negative n ", a.n));
   if (a.step < 1 || a.step > 0xffffffffLL) {

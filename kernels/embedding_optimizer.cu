@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(kBlockThreads)
         }
         StoreWeights<kPrecision, kVec>(w, c, wv, p.stochastic);
       }
-    } else {  // Adam, AdamW: m, v, then the step count's bits
+    } else if constexpr (IsAdam(kKind)) {  // m, v, then the step count's bits
       uint32_t t = 0;
       uint32_t* step =
           active ? reinterpret_cast<uint32_t*>(state + 2 * dim) : nullptr;
@@ -180,6 +180,8 @@ __global__ void __launch_bounds__(kBlockThreads)
         StoreFloats<kVec>(m + c, mv);
         StoreFloats<kVec>(v + c, vv);
       }
+    } else {
+      static_assert(kUnhandledOptimizer<kKind>, "FusedUpdateKernel: add the kind's rule");
     }
   }
 }
@@ -203,21 +205,16 @@ absl::Status Launch(const FusedParams& p, bool vec4, cudaStream_t stream) {
 
 template <RowPrecision kPrecision>
 absl::Status LaunchKind(const FusedParams& p, bool vec4, cudaStream_t stream) {
-  switch (p.opt.kind) {
-    case OptimizerKind::kSgd:
-      return Launch<OptimizerKind::kSgd, kPrecision>(p, vec4, stream);
-    case OptimizerKind::kAdagrad:
-      return Launch<OptimizerKind::kAdagrad, kPrecision>(p, vec4, stream);
-    case OptimizerKind::kRowWiseAdagrad:
-      return Launch<OptimizerKind::kRowWiseAdagrad, kPrecision>(p, vec4, stream);
-    case OptimizerKind::kAdam:
-      return Launch<OptimizerKind::kAdam, kPrecision>(p, vec4, stream);
-    case OptimizerKind::kAdamW:
-      return Launch<OptimizerKind::kAdamW, kPrecision>(p, vec4, stream);
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "FusedOptimizerUpdateCuda: unknown optimizer kind ",
-      static_cast<int>(p.opt.kind)));
+  return VisitOptimizer(
+      p.opt.kind,
+      [&](auto kind) {
+        return Launch<decltype(kind)::kKind, kPrecision>(p, vec4, stream);
+      },
+      [&] {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "FusedOptimizerUpdateCuda: unknown optimizer kind ",
+            static_cast<int>(p.opt.kind)));
+      });
 }
 
 }  // namespace

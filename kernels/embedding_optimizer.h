@@ -2,67 +2,39 @@
 // gradient is applied and the optimizer state advanced in one pass over the
 // row, so no gradient buffer for the whole table ever exists.
 //
-// A fused row is fp32: [ weights (dim) | optimizer state | padding ], with
-// the state laid out per kind (see FusedRowStateWidth):
-//   SGD              : nothing
-//   Adagrad          : sum of squares (dim)
-//   Row-wise Adagrad : sum of mean squares (1)
-//   Adam / AdamW     : m (dim), v (dim), step count (1, uint32 bits)
-// Adam's bias correction uses the row's own step count, which counts the
-// updates this row has received.
-//
-// A 16-bit row (RowPrecision kFp16 / kBf16; FBGEMM's layout: 16-bit weights,
-// fp32 optimizer state) is, in 4-byte words:
-//   [ weights (dim uint16, padded to a whole word) |
-//     optimizer state (fp32, as above) | padding to a multiple of 4 words ]
-// Every row starts on a 16-byte boundary, as fp32 rows do, and the state
-// does too whenever dim is a multiple of 8 (as the fp32 state does when dim
-// is a multiple of 4). A 16-bit row is never larger than the fp32 row and
-// takes 2*dim fewer bytes before padding (half for SGD).
-// The update widens the weights to fp32, applies exactly the fp32 rule to
+// The rows are fused rows (common/fused_row.h: weights, then the state the
+// optimizer's registry entry lists, padded to 16 bytes), fp32 or with
+// 16-bit weights. Adam's bias correction uses the row's own step count,
+// which counts the updates this row has received.
+// The update widens 16-bit weights to fp32, applies exactly the fp32 rule to
 // them and the state, and rounds the weights back once per update: to
 // nearest even, or (stochastic_rounding, as FBGEMM offers) up or down with
 // probability by closeness, random bits hashed from the value and column.
-// Rows leave and enter the store as fp32 fused rows (FusedRowStride floats):
-// widening is exact, so a 16-bit row exports and re-imports bit-identically.
+// Widening is exact, so a 16-bit row exports and re-imports bit-identically.
 #ifndef RECPS_KERNELS_EMBEDDING_OPTIMIZER_H_
 #define RECPS_KERNELS_EMBEDDING_OPTIMIZER_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/fused_row.h"
 #include "kernels/exec_context.h"
 #include "kernels/optimizer.h"
 
 namespace recps::kernels {
 
-// How a table stores its weights (optimizer state is always fp32).
-enum class RowPrecision { kFp32, kFp16, kBf16 };
-
-// "fp32", "fp16" or "bf16".
-const char* RowPrecisionName(RowPrecision precision);
-
-// Floats of optimizer state after the weights of a row.
-int64_t FusedRowStateWidth(OptimizerKind kind, int dim);
-
-// dim + state, rounded up to a multiple of 4 floats so every row starts on a
-// 16-byte boundary (vector loads on CPU and GPU).
-int64_t FusedRowStride(OptimizerKind kind, int dim);
-
-// The stored row in `precision`, in 4-byte words: where the optimizer state
-// starts (dim for fp32; ceil(dim / 2) for 16-bit weights) and the row
-// stride (a multiple of 4 words). For kFp32 these are dim and
-// FusedRowStride(kind, dim).
-int64_t FusedRowStateOffset(int dim, RowPrecision precision);
-int64_t FusedRowStride(OptimizerKind kind, int dim, RowPrecision precision);
-
-// Initial optimizer state of a row (all kinds: zeros, step count 0).
-void InitFusedRowState(OptimizerKind kind, int dim, float* row);
+// The row layout is common/fused_row.h's; the kernels name it as before.
+using ::recps::FusedRowStateOffset;
+using ::recps::FusedRowStateWidth;
+using ::recps::FusedRowStride;
+using ::recps::InitFusedRowState;
+using ::recps::RowPrecision;
+using ::recps::RowPrecisionName;
 
 struct FusedUpdateArgs {
   // num_rows fused rows of row_stride 4-byte words
   // (row_stride >= FusedRowStateOffset + FusedRowStateWidth), stored in
-  // `precision` (see the layout above).
+  // `precision` (common/fused_row.h).
   float* rows = nullptr;
   RowPrecision precision = RowPrecision::kFp32;
   // 16-bit rows: round the updated weights stochastically (unbiased; see

@@ -11,31 +11,6 @@
 
 namespace recps::kernels {
 
-const char* RowPrecisionName(RowPrecision precision) {
-  switch (precision) {
-    case RowPrecision::kFp32:
-      return "fp32";
-    case RowPrecision::kFp16:
-      return "fp16";
-    case RowPrecision::kBf16:
-      return "bf16";
-  }
-  return "unknown";
-}
-
-int64_t FusedRowStateOffset(int dim, RowPrecision precision) {
-  if (precision == RowPrecision::kFp32) return dim;
-  // dim halves padded to whole 4-byte words.
-  return (int64_t{dim} + 1) / 2;
-}
-
-int64_t FusedRowStride(OptimizerKind kind, int dim, RowPrecision precision) {
-  if (precision == RowPrecision::kFp32) return FusedRowStride(kind, dim);
-  const int64_t used =
-      FusedRowStateOffset(dim, precision) + FusedRowStateWidth(kind, dim);
-  return (used + 3) / 4 * 4;
-}
-
 absl::Status FusedOptimizerUpdateCpu(const FusedUpdateArgs& a,
                                      const ExecContext& ctx) {
   RETURN_IF_ERROR(ValidateOptimizerParams(a.optimizer));

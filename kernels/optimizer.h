@@ -1,6 +1,8 @@
-// Optimizer kinds, hyper-parameters and their update rules, written once and
-// used by the fused embedding-row update and the dense optimizer, on CPU and
-// CUDA. Each rule is one element (or one row's scalar part) of the update.
+// The update rules of the registered optimizers (kinds, names and
+// hyper-parameters: common/optimizer_registry.h), written once and used by
+// the fused embedding-row update and the dense optimizer, on CPU and CUDA,
+// through one dispatch (VisitOptimizer). Each rule is one element (or one
+// row's scalar part) of the update.
 //
 // Formulas (g: gradient, w: weight, t: 1-based step count of this row or
 // tensor, lr/eps/b1/b2/wd: OptimizerParams):
@@ -24,31 +26,55 @@
 
 #include "absl/status/status.h"
 #include "common/host_device.h"
+#include "common/optimizer_registry.h"
 
 namespace recps::kernels {
 
-enum class OptimizerKind {
-  kSgd = 0,
-  kAdagrad = 1,
-  kRowWiseAdagrad = 2,
-  kAdam = 3,
-  kAdamW = 4,
+// The kinds, their hyper-parameters and their checks are registered in
+// common/optimizer_registry.h; the kernels name them as before.
+using ::recps::OptimizerKind;
+using ::recps::OptimizerName;
+using ::recps::OptimizerParams;
+using ::recps::ValidateOptimizerParams;
+
+// A kind as a type: what VisitOptimizer hands its function.
+template <OptimizerKind K>
+struct OptimizerConstant {
+  static constexpr OptimizerKind kKind = K;
 };
 
-const char* OptimizerName(OptimizerKind kind);
+// The one switch over the kinds in the kernels: returns
+// f(OptimizerConstant<kind>()), so that each loop or CUDA kernel is
+// compiled per kind (its rule chosen with `if constexpr`), or unknown()
+// for a value no kind has (callers validate first:
+// ValidateOptimizerParams). A new kind needs its case here.
+template <typename F, typename Unknown>
+auto VisitOptimizer(OptimizerKind kind, F&& f, Unknown&& unknown)
+    -> decltype(f(OptimizerConstant<OptimizerKind::kSgd>())) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return f(OptimizerConstant<OptimizerKind::kSgd>());
+    case OptimizerKind::kAdagrad:
+      return f(OptimizerConstant<OptimizerKind::kAdagrad>());
+    case OptimizerKind::kRowWiseAdagrad:
+      return f(OptimizerConstant<OptimizerKind::kRowWiseAdagrad>());
+    case OptimizerKind::kAdam:
+      return f(OptimizerConstant<OptimizerKind::kAdam>());
+    case OptimizerKind::kAdamW:
+      return f(OptimizerConstant<OptimizerKind::kAdamW>());
+  }
+  return unknown();
+}
 
-struct OptimizerParams {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  float learning_rate = 0.01f;
-  float eps = 1e-8f;  // torch's Adagrad default is 1e-10, Adam's 1e-8
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float weight_decay = 0.0f;
-};
+// Adam and AdamW share a rule (decoupled weight decay for AdamW).
+RECPS_HOST_DEVICE constexpr bool IsAdam(OptimizerKind kind) {
+  return kind == OptimizerKind::kAdam || kind == OptimizerKind::kAdamW;
+}
 
-// OK, or INVALID_ARGUMENT naming the bad hyper-parameter: learning rate and
-// weight decay must be finite and >= 0, eps > 0, betas in [0, 1).
-absl::Status ValidateOptimizerParams(const OptimizerParams& p);
+// For a static_assert in the last branch of an `if constexpr` chain over
+// the kinds: false, but only once instantiated with a kind.
+template <OptimizerKind K>
+inline constexpr bool kUnhandledOptimizer = false;
 
 // Bias-correction factors for Adam at 1-based step t, computed once per row.
 struct AdamScale {

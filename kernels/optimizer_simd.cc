@@ -54,6 +54,29 @@ void AdamRow(float* __restrict w, float* __restrict m, float* __restrict v,
   for (int j = 0; j < dim; ++j) AdamRule(w[j], m[j], v[j], g[j], p, scale, decoupled);
 }
 
+// One row of kind K: fp32 weights `w`, its state `state` (laid out as the
+// kind's registry entry says), gradient `g`.
+template <OptimizerKind K>
+void UpdateRow(float* __restrict w, float* __restrict state,
+               const float* __restrict g, int dim, const OptimizerParams& p) {
+  if constexpr (K == OptimizerKind::kSgd) {
+    SgdRow(w, g, dim, p);
+  } else if constexpr (K == OptimizerKind::kAdagrad) {
+    AdagradRow(w, state, g, dim, p);
+  } else if constexpr (K == OptimizerKind::kRowWiseAdagrad) {
+    RowWiseAdagradRow(w, state, g, dim, p);
+  } else if constexpr (IsAdam(K)) {  // m, v, then the step count's bits
+    uint32_t step;
+    std::memcpy(&step, state + 2 * dim, sizeof(step));
+    ++step;
+    std::memcpy(state + 2 * dim, &step, sizeof(step));
+    AdamRow(w, state, state + dim, g, dim, p, ComputeAdamScale(p, step),
+            K == OptimizerKind::kAdamW);
+  } else {
+    static_assert(kUnhandledOptimizer<K>, "UpdateRow: add the kind's rule");
+  }
+}
+
 // 16-bit weights <-> fp32: exact widening, round-to-nearest-even narrowing.
 // F16C where the build has it (every ISA but the portable one), bit-identical
 // to common/half.h's scalar conversions for every value but NaN payloads.
@@ -110,6 +133,7 @@ void NarrowStochastic(bool fp16, const float* w, int n, uint16_t* out) {
 // The 16-bit twin of the fp32 loop below: each row's weights are widened
 // into `w`, updated by the same row functions as fp32 weights, and rounded
 // back once.
+template <OptimizerKind K>
 void FusedUpdateRange16(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
   const OptimizerParams& p = a.optimizer;
   const int dim = a.dim;
@@ -135,27 +159,7 @@ void FusedUpdateRange16(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
     } else {
       WidenBf16(weights, dim, w);
     }
-    switch (p.kind) {
-      case OptimizerKind::kSgd:
-        SgdRow(w, g, dim, p);
-        break;
-      case OptimizerKind::kAdagrad:
-        AdagradRow(w, state, g, dim, p);
-        break;
-      case OptimizerKind::kRowWiseAdagrad:
-        RowWiseAdagradRow(w, state, g, dim, p);
-        break;
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW: {
-        uint32_t step;
-        std::memcpy(&step, state + 2 * dim, sizeof(step));
-        ++step;
-        std::memcpy(state + 2 * dim, &step, sizeof(step));
-        AdamRow(w, state, state + dim, g, dim, p, ComputeAdamScale(p, step),
-                p.kind == OptimizerKind::kAdamW);
-        break;
-      }
-    }
+    UpdateRow<K>(w, state, g, dim, p);
     if (a.stochastic_rounding) {
       NarrowStochastic(fp16, w, dim, weights);
     } else if (fp16) {
@@ -166,13 +170,8 @@ void FusedUpdateRange16(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
   }
 }
 
-}  // namespace
-
-void FusedUpdateRange(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
-  if (a.precision != RowPrecision::kFp32) {
-    FusedUpdateRange16(a, begin, end);
-    return;
-  }
+template <OptimizerKind K>
+void FusedUpdateRange32(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
   const OptimizerParams& p = a.optimizer;
   const int dim = a.dim;
   const int64_t touched_bytes =
@@ -184,32 +183,14 @@ void FusedUpdateRange(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
     }
     float* row = a.rows + a.row_indices[i] * a.row_stride;
     const float* g = a.grads + (a.grad_indices ? a.grad_indices[i] : i) * dim;
-    switch (p.kind) {
-      case OptimizerKind::kSgd:
-        SgdRow(row, g, dim, p);
-        break;
-      case OptimizerKind::kAdagrad:
-        AdagradRow(row, row + dim, g, dim, p);
-        break;
-      case OptimizerKind::kRowWiseAdagrad:
-        RowWiseAdagradRow(row, row + dim, g, dim, p);
-        break;
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW: {
-        uint32_t step;
-        std::memcpy(&step, row + 3 * dim, sizeof(step));
-        ++step;
-        std::memcpy(row + 3 * dim, &step, sizeof(step));
-        AdamRow(row, row + dim, row + 2 * dim, g, dim, p,
-                ComputeAdamScale(p, step), p.kind == OptimizerKind::kAdamW);
-        break;
-      }
-    }
+    UpdateRow<K>(row, row + dim, g, dim, p);
   }
 }
 
-void DenseOptimizerRange(const DenseOptimizerArgs& a, AdamScale scale,
-                         int64_t begin, int64_t end) {
+// Elements [begin, end) of a dense tensor of kind K (with a dense form).
+template <OptimizerKind K>
+void DenseRange(const DenseOptimizerArgs& a, AdamScale scale, int64_t begin,
+                int64_t end) {
   const OptimizerParams& p = a.optimizer;
   const int64_t n = end - begin;
   float* w = a.weights + begin;
@@ -217,22 +198,41 @@ void DenseOptimizerRange(const DenseOptimizerArgs& a, AdamScale scale,
   // Chunks of at most 2^30 elements keep the row loops' int counters valid.
   for (int64_t off = 0; off < n; off += (1 << 30)) {
     const int len = static_cast<int>(std::min<int64_t>(n - off, 1 << 30));
-    switch (p.kind) {
-      case OptimizerKind::kSgd:
-        SgdRow(w + off, g + off, len, p);
-        break;
-      case OptimizerKind::kAdagrad:
-        AdagradRow(w + off, a.state + begin + off, g + off, len, p);
-        break;
-      case OptimizerKind::kRowWiseAdagrad:
-        break;  // refused by the caller
-      case OptimizerKind::kAdam:
-      case OptimizerKind::kAdamW:
-        AdamRow(w + off, a.state + begin + off, a.state + a.n + begin + off,
-                g + off, len, p, scale, p.kind == OptimizerKind::kAdamW);
-        break;
+    if constexpr (K == OptimizerKind::kSgd) {
+      SgdRow(w + off, g + off, len, p);
+    } else if constexpr (K == OptimizerKind::kAdagrad) {
+      AdagradRow(w + off, a.state + begin + off, g + off, len, p);
+    } else if constexpr (IsAdam(K)) {
+      AdamRow(w + off, a.state + begin + off, a.state + a.n + begin + off,
+              g + off, len, p, scale, K == OptimizerKind::kAdamW);
     }
+    // Others (row-wise Adagrad) have no dense form: refused by the caller.
   }
+}
+
+}  // namespace
+
+void FusedUpdateRange(const FusedUpdateArgs& a, int64_t begin, int64_t end) {
+  const bool fp32 = a.precision == RowPrecision::kFp32;
+  VisitOptimizer(
+      a.optimizer.kind,
+      [&](auto kind) {
+        constexpr OptimizerKind K = decltype(kind)::kKind;
+        if (fp32) {
+          FusedUpdateRange32<K>(a, begin, end);
+        } else {
+          FusedUpdateRange16<K>(a, begin, end);
+        }
+      },
+      [] {});  // validated by the caller
+}
+
+void DenseOptimizerRange(const DenseOptimizerArgs& a, AdamScale scale,
+                         int64_t begin, int64_t end) {
+  VisitOptimizer(
+      a.optimizer.kind,
+      [&](auto kind) { DenseRange<decltype(kind)::kKind>(a, scale, begin, end); },
+      [] {});  // validated by the caller
 }
 
 }  // namespace recps::kernels::RECPS_ISA_NS

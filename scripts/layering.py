@@ -35,6 +35,11 @@ MODULES = [
     ("server/checkpoint", r"^server/checkpoint/"),
     # Where rows live (host, device, layered): no request handling.
     ("server/store", r"^server/store/"),
+    # A whole shard server as one object (store, services, gRPC server,
+    # registration with the coordinator through the client library) and its
+    # in-process endpoint: the composition root of recps-shard and of a
+    # worker's embedded shard, as worker/main is for recps-worker.
+    ("server/shard/process", r"^server/shard/(shard_process|in_process_shard|shard_main)\.(h|cc)$"),
     ("server/shard", r"^server/shard/"),
     ("server/coordinator", r"^server/coordinator/"),
     ("server/planner", r"^server/planner/"),
@@ -64,19 +69,13 @@ ALLOWED = {
                                 "kernels", "proto"],
     "server/shard": ["common/base", "common/wire", "common/config", "common/rpc",
                      "kernels", "proto", "server/store", "server/checkpoint",
-                     "server/checkpoint/store",
-                     # Debt (issue 34): the shard process registers with the
-                     # coordinator through the client library, and implements
-                     # the client's in-process endpoint.
-                     "client/coordinator_client.h", "client/in_process_shard.h"],
+                     "server/checkpoint/store"],
+    "server/shard/process": ["server/shard", "server/store", "client", "common/base",
+                             "common/config", "common/rpc", "proto"],
     "server/coordinator": ["common/base", "common/wire", "common/config", "common/rpc",
-                           "proto", "server/checkpoint", "server/planner",
-                           # Debt (issue 34): optimizer state widths come from
-                           # the kernels until optimizers are a registry.
-                           "kernels/embedding_optimizer.h"],
+                           "proto", "server/checkpoint", "server/planner"],
     "server/planner": ["common/base", "common/wire", "common/config", "proto",
-                       "server/store/store_footprint.h",
-                       "kernels/embedding_optimizer.h", "kernels/optimizer.h"],
+                       "server/store/store_footprint.h"],
     "client": ["common/base", "common/wire", "common/rpc", "proto"],
     "client/admin": ["client", "common/base", "common/wire", "common/config",
                      "common/rpc", "common/security", "proto", "server/checkpoint",
@@ -120,6 +119,7 @@ LIBRARIES = {
     "server/checkpoint/store": ["absl", "protobuf", "rocksdb"],
     "server/store": ["absl", "cuda"],
     "server/shard": ["absl", "protobuf", "grpc", "prometheus"],
+    "server/shard/process": ["absl", "protobuf", "grpc", "prometheus"],
     "server/coordinator": ["absl", "protobuf", "grpc", "prometheus", "rocksdb"],
     "server/planner": ["absl", "protobuf"],
     "client": ["absl", "protobuf", "grpc"],

@@ -266,19 +266,26 @@ bool Trainer::OverlapLookups() const {
 
 absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
                                        StepTimes* times, LookupBuffers* buf) {
-  std::vector<TableState>& tables_ = buf->tables;
-  std::vector<FeatureState>& features_ = buf->features;
-  std::vector<float>& pooled_ = buf->pooled;
-  const int64_t b = batch.size;
-  const int num_features = static_cast<int>(features_.size());
+  ASSIGN_OR_RETURN(const float loss, ForwardLoss(batch, times, buf));
+  RETURN_IF_ERROR(Backward(batch, times, buf));
+  RETURN_IF_ERROR(PushAndAllreduce(step, times, buf));
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(optimizer_->Step(model_->parameters(), model_->gradients(),
+                                   options_.ctx));
+  Charge(start, &times->optimizer);
+  return loss;
+}
 
-  absl::Time start = absl::Now();
+absl::StatusOr<float> Trainer::ForwardLoss(const Batch& batch, StepTimes* times,
+                                           LookupBuffers* buf) {
+  const int64_t b = batch.size;
+  const absl::Time start = absl::Now();
   logits_.resize(b);
   grad_logits_.resize(b);
   if (options_.pool_on_device) {
     RETURN_IF_ERROR(DeviceForward(batch, buf));
   } else {
-    RETURN_IF_ERROR(model_->Forward(b, batch.dense.data(), pooled_.data(),
+    RETURN_IF_ERROR(model_->Forward(b, batch.dense.data(), buf->pooled.data(),
                                     logits_.data(), options_.ctx));
   }
   float loss = 0;
@@ -290,11 +297,15 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   bce.grad_logits = grad_logits_.data();
   RETURN_IF_ERROR(kernels::SigmoidBce(bce, host_ctx_));
   Charge(start, &times->forward);
+  return loss;
+}
 
+absl::Status Trainer::Backward(const Batch& batch, StepTimes* times,
+                               LookupBuffers* buf) {
   // Each worker's loss is the mean over its batch; scaling by 1/W makes the
   // sum over workers (shard servers add pushes, the allreduce adds dense
   // gradients) the gradient of the mean over the global batch.
-  start = absl::Now();
+  const absl::Time start = absl::Now();
   const float scale = 1.0f / options_.world_size;
   if (options_.world_size > 1) {
     for (float& g : grad_logits_) g *= scale;
@@ -302,7 +313,18 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   if (options_.pool_on_device) {
     RETURN_IF_ERROR(DeviceBackward(batch, buf));
   } else {
-  grad_pooled_.resize(pooled_.size());
+    RETURN_IF_ERROR(HostBackward(batch, buf));
+  }
+  Charge(start, &times->backward);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::HostBackward(const Batch& batch, LookupBuffers* buf) {
+  std::vector<TableState>& tables_ = buf->tables;
+  const std::vector<FeatureState>& features_ = buf->features;
+  const int64_t b = batch.size;
+  const int num_features = static_cast<int>(features_.size());
+  grad_pooled_.resize(buf->pooled.size());
   RETURN_IF_ERROR(model_->Backward(grad_logits_.data(), grad_pooled_.data(),
                                    options_.ctx));
   // Each feature's pooled gradient is read in place from its column block
@@ -332,9 +354,11 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
     RETURN_IF_ERROR(kernels::EmbeddingBagBackward(a, host_ctx_));
     written[fs.table] = true;
   }
-  }
-  Charge(start, &times->backward);
+  return absl::OkStatus();
+}
 
+absl::Status Trainer::PushAndAllreduce(int64_t step, StepTimes* times,
+                                       LookupBuffers* buf) {
   // The dense allreduce and the push depend on neither each other nor
   // anything the other changes. On the host the allreduce runs on a helper
   // thread while the push goes out and waits for the other ranks' pushes,
@@ -342,26 +366,12 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   // was 13 of 137 ms). `allreduce` then times only what is left to wait
   // for after the push. With NCCL it stays after the push, on this thread
   // (its device and stream are this thread's).
-  start = absl::Now();
-  float checkpoint_flag = 0, stop_flag = 0;
-  ReadLocalFlags(&checkpoint_flag, &stop_flag);
+  absl::Time start = absl::Now();
+  float flags[2] = {0, 0};  // checkpoint, stop
+  ReadLocalFlags(&flags[0], &flags[1]);
   absl::Span<float> reduce;
-  size_t num_grads = 0;
   if (options_.allreduce) {
-    // The checkpoint decision rides on the dense allreduce (two floats after
-    // the gradients), so every worker agrees on the cut with no extra round
-    // trip. Always appended, checkpoints or not: the reduced buffer, and so
-    // the gradients' summation, is the same either way. The buffer is on the
-    // model's device (NCCL reduces GPU memory in place).
-    const kernels::ExecContext& ctx = options_.ctx;
-    const absl::Span<float> grads = model_->gradients();
-    num_grads = grads.size();
-    float flags[2] = {checkpoint_flag, stop_flag};
-    reduce = absl::MakeSpan(reduce_buf_.data(), num_grads + 2);
-    RETURN_IF_ERROR(kernels::CopyOnDevice(reduce.data(), grads.data(), num_grads, ctx));
-    RETURN_IF_ERROR(kernels::CopyToDevice(reduce.data() + num_grads, flags, 2, ctx));
-    // The collective runs on its own stream: the copies must be complete.
-    RETURN_IF_ERROR(kernels::Synchronize(ctx));
+    ASSIGN_OR_RETURN(reduce, StageAllreduce(flags));
   }
   absl::Status reduced = absl::OkStatus();
   std::thread overlapped;
@@ -372,8 +382,8 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
 
   start = absl::Now();
   std::vector<client::PushSpec> pushes;
-  for (size_t t = 0; t < tables_.size(); ++t) {
-    const TableState& ts = tables_[t];
+  for (size_t t = 0; t < buf->tables.size(); ++t) {
+    const TableState& ts = buf->tables[t];
     if (ts.dedup.unique.empty()) continue;
     pushes.push_back({static_cast<int>(t), ts.dedup.unique, ts.grad_rows.data(),
                       /*distinct=*/true});
@@ -389,24 +399,37 @@ absl::StatusOr<float> Trainer::Compute(const Batch& batch, int64_t step,
   }
   RETURN_IF_ERROR(pushed);
   RETURN_IF_ERROR(reduced);
-  if (options_.allreduce) {
-    const kernels::ExecContext& ctx = options_.ctx;
-    float flags[2];
-    RETURN_IF_ERROR(kernels::CopyOnDevice(model_->gradients().data(), reduce.data(),
-                                          num_grads, ctx));
-    RETURN_IF_ERROR(kernels::CopyToHost(flags, reduce.data() + num_grads, 2, ctx));
-    RETURN_IF_ERROR(kernels::Synchronize(ctx));
-    checkpoint_flag = flags[0];
-    stop_flag = flags[1];
-  }
-  agreed_checkpoint_ = checkpoint_flag > 0.5f;
-  agreed_stop_ = stop_flag > 0.5f;
+  if (options_.allreduce) RETURN_IF_ERROR(UnstageAllreduce(reduce, flags));
+  agreed_checkpoint_ = flags[0] > 0.5f;
+  agreed_stop_ = flags[1] > 0.5f;
   Charge(start, &times->allreduce);
-  start = absl::Now();
-  RETURN_IF_ERROR(optimizer_->Step(model_->parameters(), model_->gradients(),
-                                   options_.ctx));
-  Charge(start, &times->optimizer);
-  return loss;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Span<float>> Trainer::StageAllreduce(const float flags[2]) {
+  // The checkpoint decision rides on the dense allreduce (two floats after
+  // the gradients), so every worker agrees on the cut with no extra round
+  // trip. Always appended, checkpoints or not: the reduced buffer, and so
+  // the gradients' summation, is the same either way. The buffer is on the
+  // model's device (NCCL reduces GPU memory in place).
+  const kernels::ExecContext& ctx = options_.ctx;
+  const absl::Span<float> grads = model_->gradients();
+  const size_t num_grads = grads.size();
+  const absl::Span<float> reduce = absl::MakeSpan(reduce_buf_.data(), num_grads + 2);
+  RETURN_IF_ERROR(kernels::CopyOnDevice(reduce.data(), grads.data(), num_grads, ctx));
+  RETURN_IF_ERROR(kernels::CopyToDevice(reduce.data() + num_grads, flags, 2, ctx));
+  // The collective runs on its own stream: the copies must be complete.
+  RETURN_IF_ERROR(kernels::Synchronize(ctx));
+  return reduce;
+}
+
+absl::Status Trainer::UnstageAllreduce(absl::Span<const float> reduce, float flags[2]) {
+  const kernels::ExecContext& ctx = options_.ctx;
+  const size_t num_grads = reduce.size() - 2;
+  RETURN_IF_ERROR(kernels::CopyOnDevice(model_->gradients().data(), reduce.data(),
+                                        num_grads, ctx));
+  RETURN_IF_ERROR(kernels::CopyToHost(flags, reduce.data() + num_grads, 2, ctx));
+  return kernels::Synchronize(ctx);
 }
 
 absl::Status Trainer::DeviceForward(const Batch& batch, LookupBuffers* buf) {
@@ -529,6 +552,97 @@ absl::StatusOr<EvalMetrics> Trainer::Evaluate(int64_t step) {
   return ComputeEvalMetrics(probabilities, labels);
 }
 
+absl::Status Trainer::EvaluateInto(int64_t step, TrainResult* result) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<EvalMetrics> evaluated = Evaluate(step);
+  Charge(start, &result->times.eval);
+  ASSIGN_OR_RETURN(EvalMetrics m, std::move(evaluated));
+  result->evals.push_back({step, m});
+  if (options_.on_eval) options_.on_eval(result->evals.back());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Trainer::ReadBatch(Batch* batch, TrainResult* result) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<bool> more = train_->Next(batch);
+  Charge(start, &result->times.data);
+  return more;
+}
+
+absl::Status Trainer::TakeCheckpoint(int64_t step, const std::string& reason,
+                                     bool wait_complete, TrainResult* result) {
+  const absl::Time start = absl::Now();
+  CheckpointCutInfo info;
+  info.step = step;
+  info.reason = reason;
+  info.wait_complete = wait_complete;
+  info.batches_read = step;
+  if (options_.rank == 0) {
+    ASSIGN_OR_RETURN(info.dense, SaveDenseState(*model_, *optimizer_));
+  }
+  if (options_.checkpoint_request_id) {
+    handled_request_id_ = std::max(handled_request_id_, options_.checkpoint_request_id());
+  }
+  RETURN_IF_ERROR(options_.checkpoint(info));
+  result->checkpoint_steps.push_back(step);
+  result->checkpoint_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::StartPrefetch(int64_t step, Batch* next_batch,
+                                    LookupBuffers* next_buf, Prefetch* prefetch,
+                                    TrainResult* result) {
+  ASSIGN_OR_RETURN(prefetch->more, ReadBatch(next_batch, result));
+  if (prefetch->more && OverlapLookups()) {
+    // The server holds this lookup until step+1 is inside its staleness
+    // window; meanwhile this thread computes step `step`.
+    prefetch->thread = std::thread([this, step, next_batch, next_buf, prefetch] {
+      prefetch->status = LookupAndPool(*next_batch, step + 1, &prefetch->times, next_buf);
+    });
+  } else if (prefetch->more && SyncPrefetch()) {
+    // Read as a lookup of step `step` (the server answers once step-1
+    // is applied, i.e. at once): every row is then as after step-1 or
+    // as after `step`, and CorrectAndPool re-reads exactly the rows
+    // `step` updates, so step+1 sees what a plain lookup would.
+    prefetch->sync = true;
+    prefetch->epoch = client_->shard_map_epoch();
+    prefetch->thread = std::thread([this, step, next_batch, next_buf, prefetch] {
+      prefetch->status = DedupAndLookup(*next_batch, step, &prefetch->times, next_buf);
+    });
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Trainer::CheckpointAtBoundary(int64_t boundary, bool more,
+                                                   const Batch& next_batch,
+                                                   LookupBuffers* next_buf,
+                                                   TrainResult* result) {
+  if (!options_.checkpoint) return false;
+  const bool last = !more;
+  const bool stop = agreed_stop_;
+  std::string reason;
+  if (stop) {
+    reason = "preempted";
+  } else if (last) {
+    reason = "final";
+  } else if (agreed_checkpoint_) {
+    reason = "requested";
+  } else if (options_.checkpoint_every > 0 && boundary % options_.checkpoint_every == 0) {
+    reason = "periodic";
+  }
+  if (reason.empty()) return stop;
+  RETURN_IF_ERROR(TakeCheckpoint(boundary, reason, stop || last, result));
+  if (more && OverlapLookups() && !stop) {
+    // Bounded and async: step+1's lookup ran during step `step`, before
+    // the cut. Redo it, so the step after a checkpoint reads the rows
+    // as saved, as a run resumed from it does.
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(LookupAndPool(next_batch, boundary, &result->times, next_buf));
+    result->checkpoint_seconds.back() += absl::ToDoubleSeconds(absl::Now() - start);
+  }
+  return stop;
+}
+
 absl::StatusOr<TrainResult> Trainer::Run() {
   TrainResult result;
   const v1::TrainingConfig& training = job_.training();
@@ -542,50 +656,16 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   if (options_.checkpoint && options_.checkpoint_request_id) {
     handled_request_id_ = options_.checkpoint_request_id();
   }
-  auto evaluate = [&](int64_t step) -> absl::Status {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<EvalMetrics> evaluated = Evaluate(step);
-    Charge(start, &result.times.eval);
-    ASSIGN_OR_RETURN(EvalMetrics m, std::move(evaluated));
-    result.evals.push_back({step, m});
-    if (options_.on_eval) options_.on_eval(result.evals.back());
-    return absl::OkStatus();
-  };
-  // A cut after `step` steps (the agreement is in agreed_*_).
-  auto cut = [&](int64_t step, const std::string& reason, bool wait_complete) -> absl::Status {
-    const absl::Time start = absl::Now();
-    CheckpointCutInfo info;
-    info.step = step;
-    info.reason = reason;
-    info.wait_complete = wait_complete;
-    info.batches_read = step;
-    if (options_.rank == 0) {
-      ASSIGN_OR_RETURN(info.dense, SaveDenseState(*model_, *optimizer_));
-    }
-    if (options_.checkpoint_request_id) {
-      handled_request_id_ = std::max(handled_request_id_, options_.checkpoint_request_id());
-    }
-    RETURN_IF_ERROR(options_.checkpoint(info));
-    result.checkpoint_steps.push_back(step);
-    result.checkpoint_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-    return absl::OkStatus();
-  };
   // A first evaluation of the untrained model: the baseline to beat (a
   // resumed run had it before its checkpoint).
-  if (start_step == 0) RETURN_IF_ERROR(evaluate(0));
+  if (start_step == 0) RETURN_IF_ERROR(EvaluateInto(0, &result));
   // Batch and lookup buffers of the current step and, when lookups overlap
   // compute, of the next one (looked up on a helper thread meanwhile).
   Batch batches[2];
   int cur = 0;
-  auto read = [&](Batch* batch) -> absl::StatusOr<bool> {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<bool> more = train_->Next(batch);
-    Charge(start, &result.times.data);
-    return more;
-  };
   bool more = false;
   if (start_step < training.steps()) {
-    ASSIGN_OR_RETURN(more, read(&batches[cur]));
+    ASSIGN_OR_RETURN(more, ReadBatch(&batches[cur], &result));
   }
   if (more) {
     RETURN_IF_ERROR(LookupAndPool(batches[cur], start_step, &result.times, &buffers_[cur]));
@@ -594,53 +674,27 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const absl::Time step_start = absl::Now();
     double step_eval = 0;
     const int next = 1 - cur;
-    bool next_more = false;
-    std::thread prefetch;
-    absl::Status prefetch_status;
-    StepTimes prefetch_times;
-    // Sync mode: step+1's ids were deduplicated and their rows read during
-    // this step; only the rows this step updates are read again after it.
-    bool prefetched = false;
-    uint64_t prefetch_epoch = 0;
+    Prefetch prefetch;
     if (step + 1 < training.steps()) {
-      ASSIGN_OR_RETURN(next_more, read(&batches[next]));
-      if (next_more && OverlapLookups()) {
-        // The server holds this lookup until step+1 is inside its staleness
-        // window; meanwhile this thread computes step `step`.
-        prefetch = std::thread([&, step] {
-          prefetch_status = LookupAndPool(batches[next], step + 1, &prefetch_times,
-                                          &buffers_[next]);
-        });
-      } else if (next_more && SyncPrefetch()) {
-        // Read as a lookup of step `step` (the server answers once step-1
-        // is applied, i.e. at once): every row is then as after step-1 or
-        // as after `step`, and CorrectAndPool re-reads exactly the rows
-        // `step` updates, so step+1 sees what a plain lookup would.
-        prefetched = true;
-        prefetch_epoch = client_->shard_map_epoch();
-        prefetch = std::thread([&, step] {
-          prefetch_status = DedupAndLookup(batches[next], step, &prefetch_times,
-                                           &buffers_[next]);
-        });
-      }
+      RETURN_IF_ERROR(StartPrefetch(step, &batches[next], &buffers_[next], &prefetch, &result));
     }
     absl::StatusOr<float> loss = Compute(batches[cur], step, &result.times, &buffers_[cur]);
-    if (prefetch.joinable()) {
+    if (prefetch.thread.joinable()) {
       const absl::Time start = absl::Now();
-      prefetch.join();
+      prefetch.thread.join();
       Charge(start, &result.times.lookup_wait);
     }
     RETURN_IF_ERROR(loss.status());
-    RETURN_IF_ERROR(prefetch_status);
+    RETURN_IF_ERROR(prefetch.status);
     // The sync prefetch ran beside the step: its own phase, so `lookup`
     // stays what the training thread spent looking up (the correction).
-    (prefetched ? result.times.prefetch : result.times.lookup) += prefetch_times.lookup;
-    result.times.forward += prefetch_times.forward;
+    (prefetch.sync ? result.times.prefetch : result.times.lookup) += prefetch.times.lookup;
+    result.times.forward += prefetch.times.forward;
     result.steps = step + 1;
     result.samples += batches[cur].size;
     result.last_loss = *loss;
     result.losses.push_back(*loss);
-    more = next_more;
+    more = prefetch.more;
     // Reported before a checkpoint cut at step+1: a worker killed once the cut
     // is saved resumes after this step, so it must not still owe its loss.
     result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
@@ -649,34 +703,8 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     // The step boundary after step + 1 steps: every worker decides the same
     // (the flags were summed by this step's allreduce, the rest is a
     // function of the step and the shared data length).
-    bool stop = false;
-    if (options_.checkpoint) {
-      const int64_t boundary = step + 1;
-      const bool last = !more;
-      stop = agreed_stop_;
-      std::string reason;
-      if (stop) {
-        reason = "preempted";
-      } else if (last) {
-        reason = "final";
-      } else if (agreed_checkpoint_) {
-        reason = "requested";
-      } else if (options_.checkpoint_every > 0 && boundary % options_.checkpoint_every == 0) {
-        reason = "periodic";
-      }
-      if (!reason.empty()) {
-        RETURN_IF_ERROR(cut(boundary, reason, stop || last));
-        if (more && OverlapLookups() && !stop) {
-          // Bounded and async: step+1's lookup ran during step `step`, before
-          // the cut. Redo it, so the step after a checkpoint reads the rows
-          // as saved, as a run resumed from it does.
-          const absl::Time start = absl::Now();
-          RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times,
-                                        &buffers_[next]));
-          result.checkpoint_seconds.back() += absl::ToDoubleSeconds(absl::Now() - start);
-        }
-      }
-    }
+    ASSIGN_OR_RETURN(const bool stop, CheckpointAtBoundary(step + 1, more, batches[next],
+                                                           &buffers_[next], &result));
     if (stop) {
       result.preempted = true;
       result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start));
@@ -685,11 +713,11 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (training.eval_interval() > 0 && (step + 1) % training.eval_interval() == 0 &&
         step + 1 < training.steps()) {
       const absl::Time start = absl::Now();
-      RETURN_IF_ERROR(evaluate(step + 1));
+      RETURN_IF_ERROR(EvaluateInto(step + 1, &result));
       step_eval = absl::ToDoubleSeconds(absl::Now() - start);
     }
-    if (more && prefetched) {
-      RETURN_IF_ERROR(CorrectAndPool(batches[next], step + 1, prefetch_epoch,
+    if (more && prefetch.sync) {
+      RETURN_IF_ERROR(CorrectAndPool(batches[next], step + 1, prefetch.epoch,
                                      &result.times, &buffers_[next]));
     } else if (more && !OverlapLookups()) {
       RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times, &buffers_[next]));
@@ -697,7 +725,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start) - step_eval);
     cur = next;
   }
-  if (!result.preempted && result.steps > start_step) RETURN_IF_ERROR(evaluate(result.steps));
+  if (!result.preempted && result.steps > start_step) RETURN_IF_ERROR(EvaluateInto(result.steps, &result));
   result.seconds = absl::ToDoubleSeconds(absl::Now() - run_start);
   return result;
 }

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -223,6 +224,55 @@ class Trainer {
   // Forward, backward, push and optimizer for a looked-up batch.
   absl::StatusOr<float> Compute(const Batch& batch, int64_t step,
                                 StepTimes* times, LookupBuffers* buf);
+  // Compute's steps. The model's forward and the loss (gradient of the
+  // logits into grad_logits_); returns the batch's mean loss.
+  absl::StatusOr<float> ForwardLoss(const Batch& batch, StepTimes* times,
+                                    LookupBuffers* buf);
+  // The gradients: the model's dense ones and buf's embedding gradient rows.
+  absl::Status Backward(const Batch& batch, StepTimes* times, LookupBuffers* buf);
+  // Backward's host half without pool_on_device: the model's backward, then
+  // each feature's pooled gradient into its table's gradient rows.
+  absl::Status HostBackward(const Batch& batch, LookupBuffers* buf);
+  // Pushes buf's gradient rows as step `step` beside the dense allreduce,
+  // which also sums the checkpoint and stop flags (agreed_*_).
+  absl::Status PushAndAllreduce(int64_t step, StepTimes* times, LookupBuffers* buf);
+  // The dense gradients and `flags` copied into reduce_buf_: the span to
+  // allreduce. UnstageAllreduce copies the reduced gradients back and the
+  // summed flags into `flags`.
+  absl::StatusOr<absl::Span<float>> StageAllreduce(const float flags[2]);
+  absl::Status UnstageAllreduce(absl::Span<const float> reduce, float flags[2]);
+
+  // Run's lookup of the step after the current one, read while the
+  // current one computes.
+  struct Prefetch {
+    bool more = false;  // the next batch was read
+    std::thread thread;  // its lookup, when it runs beside the step
+    absl::Status status;
+    StepTimes times;
+    // Sync prefetch: the rows were read as a lookup of the current step;
+    // CorrectAndPool re-reads what it updated (`epoch`: the shard map's).
+    bool sync = false;
+    uint64_t epoch = 0;
+  };
+  // Run's steps. Evaluate, recorded in `result`.
+  absl::Status EvaluateInto(int64_t step, TrainResult* result);
+  // The next training batch; false at the end of the data.
+  absl::StatusOr<bool> ReadBatch(Batch* batch, TrainResult* result);
+  // Reads the batch after step `step` and starts its lookup beside the
+  // step where the consistency mode allows it.
+  absl::Status StartPrefetch(int64_t step, Batch* next_batch,
+                             LookupBuffers* next_buf, Prefetch* prefetch,
+                             TrainResult* result);
+  // The checkpoint cut after `step` steps (the agreement is in agreed_*_).
+  absl::Status TakeCheckpoint(int64_t step, const std::string& reason,
+                              bool wait_complete, TrainResult* result);
+  // At the step boundary after `boundary` steps: cuts when the workers
+  // agreed to, or periodically, or at the end (`more` false). Returns
+  // whether training stops there (pre-empted).
+  absl::StatusOr<bool> CheckpointAtBoundary(int64_t boundary, bool more,
+                                            const Batch& next_batch,
+                                            LookupBuffers* next_buf,
+                                            TrainResult* result);
   // Whether the consistency mode lets lookups run a step ahead.
   bool OverlapLookups() const;
   // Sync mode with options_.sync_prefetch.

@@ -15,6 +15,7 @@
 #include "common/config/table_config.h"
 #include "common/config/text_proto.h"
 #include "common/human_bytes.h"
+#include "common/optimizer_registry.h"
 #include "kernels/dense_optimizer.h"
 #include "kernels/interaction.h"
 
@@ -96,6 +97,23 @@ absl::Status ValidateData(const v1::JobConfig& job) {
     default:
       return Bad("data", "set either synthetic or criteo");
   }
+}
+
+// "choose SGD, ADAGRAD, ADAM or ADAMW (row-wise Adagrad is for tables)":
+// the registered optimizers with a dense form, and those without.
+std::string DenseOptimizerChoices() {
+  std::vector<std::string> embedding_only;
+  for (const OptimizerInfo& info : Optimizers()) {
+    if (!info.has_dense_form()) embedding_only.push_back(info.display_name);
+  }
+  std::string choices = absl::StrCat(
+      "choose ",
+      OptimizerConfigChoices([](const OptimizerInfo& i) { return i.has_dense_form(); }));
+  if (!embedding_only.empty()) {
+    absl::StrAppend(&choices, " (", absl::StrJoin(embedding_only, " and "),
+                    embedding_only.size() == 1 ? " is" : " are", " for tables)");
+  }
+  return choices;
 }
 
 }  // namespace
@@ -202,10 +220,11 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job) {
     return Bad("training.consistency.staleness", "must be >= 1 in BOUNDED mode");
   }
   const v1::OptimizerConfig& o = t.dense_optimizer();
+  const OptimizerInfo* dense =
+      FindOptimizerByConfigName(v1::OptimizerConfig::Kind_Name(o.kind()));
   if (o.kind() == v1::OptimizerConfig::KIND_UNSPECIFIED ||
-      o.kind() == v1::OptimizerConfig::ROWWISE_ADAGRAD) {
-    return Bad("training.dense_optimizer.kind",
-               "choose SGD, ADAGRAD, ADAM or ADAMW (row-wise Adagrad is for tables)");
+      (dense != nullptr && !dense->has_dense_form())) {
+    return Bad("training.dense_optimizer.kind", DenseOptimizerChoices());
   }
   if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
     return Bad("training.dense_optimizer.learning_rate", "must be > 0");
@@ -295,7 +314,7 @@ WorkerMemoryEstimate EstimateWorkerMemory(const v1::JobConfig& job) {
   }
   WorkerMemoryEstimate e;
   e.dense_model = 2 * params * kFloat;
-  absl::StatusOr<kernels::OptimizerParams> optimizer =
+  absl::StatusOr<OptimizerParams> optimizer =
       OptimizerParamsFromConfig(job.training().dense_optimizer());
   if (optimizer.ok()) {
     // The state size is linear in n: scale the one of a single parameter

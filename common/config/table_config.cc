@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config/text_proto.h"
+#include "common/optimizer_registry.h"
 
 namespace recps::config {
 namespace {
@@ -16,29 +17,18 @@ absl::Status Bad(const v1::TableConfig& c, absl::string_view field,
 
 }  // namespace
 
-absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
+absl::StatusOr<OptimizerParams> OptimizerParamsFromConfig(
     const v1::OptimizerConfig& o) {
-  kernels::OptimizerParams p;
-  switch (o.kind()) {
-    case v1::OptimizerConfig::SGD:
-      p.kind = kernels::OptimizerKind::kSgd;
-      break;
-    case v1::OptimizerConfig::ADAGRAD:
-      p.kind = kernels::OptimizerKind::kAdagrad;
-      break;
-    case v1::OptimizerConfig::ROWWISE_ADAGRAD:
-      p.kind = kernels::OptimizerKind::kRowWiseAdagrad;
-      break;
-    case v1::OptimizerConfig::ADAM:
-      p.kind = kernels::OptimizerKind::kAdam;
-      break;
-    case v1::OptimizerConfig::ADAMW:
-      p.kind = kernels::OptimizerKind::kAdamW;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          "kind is not set; choose SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM or ADAMW");
+  // The registered optimizer of that OptimizerConfig.Kind value name.
+  const OptimizerInfo* info =
+      FindOptimizerByConfigName(v1::OptimizerConfig::Kind_Name(o.kind()));
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kind is not set; choose ",
+        OptimizerConfigChoices([](const OptimizerInfo&) { return true; })));
   }
+  OptimizerParams p;
+  p.kind = info->kind;
   if (!(o.learning_rate() > 0) || !std::isfinite(o.learning_rate())) {
     return absl::InvalidArgumentError(
         absl::StrCat("learning_rate is ", o.learning_rate(), "; it must be > 0"));
@@ -48,7 +38,7 @@ absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
   p.beta1 = o.beta1() == 0 ? 0.9f : o.beta1();
   p.beta2 = o.beta2() == 0 ? 0.999f : o.beta2();
   p.weight_decay = o.weight_decay();
-  if (absl::Status s = kernels::ValidateOptimizerParams(p); !s.ok()) {
+  if (absl::Status s = ValidateOptimizerParams(p); !s.ok()) {
     return absl::InvalidArgumentError(s.message());
   }
   return p;
@@ -67,20 +57,20 @@ absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
                                            "; use 0 for a dynamic table"));
   }
   spec.num_rows = c.num_rows();
-  absl::StatusOr<kernels::OptimizerParams> optimizer =
+  absl::StatusOr<OptimizerParams> optimizer =
       OptimizerParamsFromConfig(c.optimizer());
   if (!optimizer.ok()) return Bad(c, "optimizer:", optimizer.status().message());
   spec.optimizer = *optimizer;
   switch (c.precision()) {
     case v1::STORAGE_PRECISION_UNSPECIFIED:
     case v1::FP32:
-      spec.precision = kernels::RowPrecision::kFp32;
+      spec.precision = RowPrecision::kFp32;
       break;
     case v1::FP16:
-      spec.precision = kernels::RowPrecision::kFp16;
+      spec.precision = RowPrecision::kFp16;
       break;
     case v1::BF16:
-      spec.precision = kernels::RowPrecision::kBf16;
+      spec.precision = RowPrecision::kBf16;
       break;
     default:
       return Bad(c, "precision",
@@ -88,7 +78,7 @@ absl::StatusOr<TableSpec> TableSpecFromConfig(const v1::TableConfig& c) {
                               "; it must be FP32, FP16 or BF16"));
   }
   if (c.stochastic_rounding() &&
-      spec.precision == kernels::RowPrecision::kFp32) {
+      spec.precision == RowPrecision::kFp32) {
     return Bad(c, "stochastic_rounding",
                "needs precision FP16 or BF16 (fp32 weights are not rounded)");
   }

@@ -15,7 +15,7 @@ namespace recps::config {
 // An optimizer config with defaults applied (eps 1e-8, betas 0.9/0.999).
 // INVALID_ARGUMENT, starting with the field ("kind ...", "learning_rate
 // ..."), for an unset kind or bad hyper-parameters.
-absl::StatusOr<kernels::OptimizerParams> OptimizerParamsFromConfig(
+absl::StatusOr<OptimizerParams> OptimizerParamsFromConfig(
     const v1::OptimizerConfig& config);
 
 // Applies defaults (eps 1e-8, betas 0.9/0.999, init uniform +-1/sqrt(dim),

@@ -7,7 +7,12 @@
 #include <cstdint>
 #include <string>
 
+#include "common/fused_row.h"
+#include "common/optimizer_registry.h"
 #include "common/row_init.h"
+// Not needed here: kept for the files that still name kernels:: types
+// through this header (server/store/embedding_store.h's
+// kernels::RowPrecision); the issue 34 follow-up in server/ drops them.
 #include "kernels/embedding_optimizer.h"
 #include "kernels/optimizer.h"
 
@@ -19,10 +24,10 @@ struct TableSpec {
   // 0: dynamic (any int64 id, rows created on first touch); N > 0: ids in
   // [0, N), others refused.
   int64_t num_rows = 0;
-  kernels::OptimizerParams optimizer;
+  OptimizerParams optimizer;
   RowInit init;
   // Weight storage of the host store (optimizer state stays fp32).
-  kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
+  RowPrecision precision = RowPrecision::kFp32;
   // 16-bit weights only: stochastic instead of nearest-even rounding.
   bool stochastic_rounding = false;
 };

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/identity_name.h"
+#include "common/status_macros.h"
 
 namespace recps::security {
 namespace {
@@ -112,14 +113,10 @@ absl::Status CheckOptions(const CertOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::Status CheckOpenssl() { return RunOpenssl({"version"}); }
-
-absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
-                       const std::string& role, const std::string& name,
-                       const CertOptions& options) {
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+// The role and name a certificate is issued for, and the CA it is signed
+// with (ca.crt and ca.key in `ca_dir`).
+absl::Status CheckIssue(const std::string& ca_dir, const std::string& role,
+                        const std::string& name) {
   bool known = false;
   for (const char* r : kRoles) known = known || role == r;
   if (!known) {
@@ -130,9 +127,7 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
     return absl::InvalidArgumentError(
         absl::StrCat("--name=", name, ": must be 1..64 of [A-Za-z0-9._-]"));
   }
-  const std::string ca_crt = ca_dir + "/ca.crt";
-  const std::string ca_key = ca_dir + "/ca.key";
-  for (const std::string& f : {ca_crt, ca_key}) {
+  for (const std::string& f : {ca_dir + "/ca.crt", ca_dir + "/ca.key"}) {
     if (!fs::exists(f)) {
       return absl::NotFoundError(
           absl::StrCat(f,
@@ -140,12 +135,14 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
                        "`recpsctl certs init`"));
     }
   }
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  if (ec)
-    return absl::InternalError(
-        absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
 
+// The certificate's subject alternative names: its SPIFFE identity, then
+// the hosts (localhost first unless options.no_local_hosts).
+std::vector<std::string> SubjectAltNames(const std::string& role,
+                                         const std::string& name,
+                                         const CertOptions& options) {
   std::vector<std::string> sans = {absl::StrCat(
       "URI:spiffe://recps/", options.cluster, "/", role, "/", name)};
   std::vector<std::string> hosts = options.hosts;
@@ -154,7 +151,80 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
   }
   for (const std::string& h : hosts)
     sans.push_back((LooksLikeIp(h) ? "IP:" : "DNS:") + h);
+  return sans;
+}
 
+// A new key (key.pem) and its certificate signed by the CA in `ca_dir`
+// (cert.pem), written into the directory `tmp`.
+absl::Status SignLeaf(const std::string& ca_dir, const std::string& tmp,
+                      const std::string& role, const std::string& name,
+                      const CertOptions& options) {
+  const std::string ext = tmp + "/ext.cnf";
+  const std::string key = tmp + "/key.pem";
+  const std::string csr = tmp + "/req.csr";
+  RETURN_IF_ERROR(WriteFile(
+      ext,
+      absl::StrCat("[v3_leaf]\n"
+                   "basicConstraints = critical, CA:FALSE\n"
+                   "keyUsage = critical, digitalSignature, keyEncipherment\n"
+                   "extendedKeyUsage = serverAuth, clientAuth\n"
+                   "subjectAltName = ",
+                   absl::StrJoin(SubjectAltNames(role, name, options), ", "),
+                   "\n")));
+  RETURN_IF_ERROR(RunOpenssl(
+      {"req", "-new", "-newkey", "ec", "-pkeyopt",
+       "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", csr,
+       "-subj",
+       absl::StrCat("/O=recps ", options.cluster, "/CN=", role, " ", name)}));
+  RETURN_IF_ERROR(RunOpenssl(
+      {"x509", "-req", "-in", csr, "-CA", ca_dir + "/ca.crt", "-CAkey",
+       ca_dir + "/ca.key", "-set_serial", RandomSerial(), "-days",
+       absl::StrCat(options.days), "-extfile", ext, "-extensions", "v3_leaf",
+       "-out", tmp + "/cert.pem"}));
+  if (chmod(key.c_str(), 0600) != 0) {
+    return absl::InternalError(absl::StrCat("cannot chmod 0600 ", key));
+  }
+  return absl::OkStatus();
+}
+
+// Moves the key and certificate SignLeaf wrote into `tmp` to
+// `out_dir`/name.key and name.crt, and copies ca.crt there if missing.
+absl::Status InstallLeaf(const std::string& ca_dir, const std::string& tmp,
+                         const std::string& out_dir, const std::string& name) {
+  std::error_code ec;
+  // Key first: a watcher that sees the new certificate finds its key.
+  fs::rename(tmp + "/key.pem", absl::StrCat(out_dir, "/", name, ".key"), ec);
+  if (!ec) {
+    fs::rename(tmp + "/cert.pem", absl::StrCat(out_dir, "/", name, ".crt"), ec);
+  }
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot write into ", out_dir, ": ", ec.message()));
+  }
+  if (!fs::exists(out_dir + "/ca.crt")) {
+    fs::copy_file(ca_dir + "/ca.crt", out_dir + "/ca.crt", ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("cannot copy ca.crt: ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckOpenssl() { return RunOpenssl({"version"}); }
+
+absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
+                       const std::string& role, const std::string& name,
+                       const CertOptions& options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckIssue(ca_dir, role, name));
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat("cannot create ", out_dir, ": ", ec.message()));
   // Work in a temporary directory next to the outputs; rename at the end.
   const std::string tmp =
       absl::StrCat(out_dir, "/.issue-", name, "-", getpid());
@@ -164,48 +234,8 @@ absl::Status IssueCert(const std::string& ca_dir, const std::string& out_dir,
     return absl::InternalError(
         absl::StrCat("cannot create ", tmp, ": ", ec.message()));
   chmod(tmp.c_str(), 0700);
-  const std::string ext = tmp + "/ext.cnf";
-  absl::Status s = WriteFile(
-      ext,
-      absl::StrCat("[v3_leaf]\n"
-                   "basicConstraints = critical, CA:FALSE\n"
-                   "keyUsage = critical, digitalSignature, keyEncipherment\n"
-                   "extendedKeyUsage = serverAuth, clientAuth\n"
-                   "subjectAltName = ",
-                   absl::StrJoin(sans, ", "), "\n"));
-  const std::string key = tmp + "/key.pem";
-  const std::string csr = tmp + "/req.csr";
-  const std::string crt = tmp + "/cert.pem";
-  if (s.ok()) {
-    s = RunOpenssl(
-        {"req", "-new", "-newkey", "ec", "-pkeyopt",
-         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", csr,
-         "-subj",
-         absl::StrCat("/O=recps ", options.cluster, "/CN=", role, " ", name)});
-  }
-  if (s.ok()) {
-    s = RunOpenssl({"x509", "-req", "-in", csr, "-CA", ca_crt, "-CAkey", ca_key,
-                    "-set_serial", RandomSerial(), "-days",
-                    absl::StrCat(options.days), "-extfile", ext, "-extensions",
-                    "v3_leaf", "-out", crt});
-  }
-  if (s.ok() && chmod(key.c_str(), 0600) != 0) {
-    s = absl::InternalError(absl::StrCat("cannot chmod 0600 ", key));
-  }
-  if (s.ok()) {
-    // Key first: a watcher that sees the new certificate finds its key.
-    fs::rename(key, absl::StrCat(out_dir, "/", name, ".key"), ec);
-    if (!ec) fs::rename(crt, absl::StrCat(out_dir, "/", name, ".crt"), ec);
-    if (ec)
-      s = absl::InternalError(
-          absl::StrCat("cannot write into ", out_dir, ": ", ec.message()));
-  }
-  if (s.ok() && !fs::exists(out_dir + "/ca.crt")) {
-    fs::copy_file(ca_crt, out_dir + "/ca.crt", ec);
-    if (ec)
-      s = absl::InternalError(
-          absl::StrCat("cannot copy ca.crt: ", ec.message()));
-  }
+  absl::Status s = SignLeaf(ca_dir, tmp, role, name, options);
+  if (s.ok()) s = InstallLeaf(ca_dir, tmp, out_dir, name);
   fs::remove_all(tmp, ec);
   return s;
 }

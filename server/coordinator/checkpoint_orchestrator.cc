@@ -11,20 +11,16 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/config/table_config.h"
-#include "common/hashing.h"
-#include "common/wire/shard_map.h"
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
-#include "kernels/embedding_optimizer.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/file_util.h"
 #include "server/checkpoint/manifest.h"
+#include "server/coordinator/checkpoint_contents.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_store.h"
 
@@ -66,43 +62,10 @@ std::vector<bool> OwnsRows(const v1::ShardMap& map) {
 namespace ckpt = checkpoint;
 
 constexpr char kRequestIdKey[] = "checkpoint/request_id";
-constexpr char kDenseName[] = "dense.pb";
-
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  if (!dir.empty() && dir.back() == '/') return dir + name;
-  return absl::StrCat(dir, "/", name);
-}
-
 std::string RankList(const std::vector<int32_t>& ranks) {
   if (ranks.size() <= 16) return absl::StrJoin(ranks, ", ");
   return absl::StrCat(absl::StrJoin(ranks.begin(), ranks.begin() + 16, ", "), ", ... (",
                       ranks.size(), " in all)");
-}
-
-// The table layouts the servers' stores have: the job's tables and, for a
-// table split column-wise in `map`, each column group as a table of its own
-// (the names the servers store them under).
-absl::StatusOr<std::vector<v1::CheckpointTable>> ManifestTables(const v1::JobConfig& job,
-                                                                 const v1::ShardMap& map) {
-  ASSIGN_OR_RETURN(const ShardMap parsed, ShardMap::FromProto(map));
-  std::vector<v1::CheckpointTable> out;
-  auto add = [&out](const std::string& name, const config::TableSpec& spec, int dim) {
-    v1::CheckpointTable t;
-    t.set_name(name);
-    t.set_dim(dim);
-    t.set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
-    t.set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, dim));
-    t.set_num_rows(spec.num_rows);
-    out.push_back(std::move(t));
-  };
-  for (const v1::TableConfig& table : job.tables()) {
-    ASSIGN_OR_RETURN(const config::TableSpec spec, config::TableSpecFromConfig(table));
-    add(spec.name, spec, spec.dim);
-    for (const ColumnGroup& g : parsed.ColumnGroupsOf(StableNameKey(spec.name))) {
-      add(g.table, spec, g.end - g.begin);
-    }
-  }
-  return out;
 }
 
 prometheus::Histogram::BucketBoundaries SecondsBuckets() {
@@ -479,171 +442,180 @@ std::string CheckpointOrchestrator::NewestCompleteNote(const std::string& root) 
                       " (", list->back().dir, ")");
 }
 
-void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
-  const absl::Time started = absl::Now();
-  const uint64_t step = cut.step;
-  // Set once this call created (or reused) the step's directory: a failure
-  // after that removes what was written into it (DiscardPartial).
-  std::string step_dir, root;
-  v1::ShardMap saved_map;
-  auto fail = [&](const absl::Status& s) {
-    std::string message(s.message());
-    if (!step_dir.empty()) {
-      absl::StrAppend(&message, DiscardPartial(saved_map, step, step_dir, s),
-                      NewestCompleteNote(root));
-    }
-    if (absl::IsResourceExhausted(s) && !root.empty()) {
-      absl::StrAppend(&message, "; free space in ", root,
-                      " or point training.checkpoint.dir at a larger volume");
-    }
-    const absl::Status failure(s.code(), message);
-    Fail(step, failure);
-    // A server's UNAVAILABLE must not reach the workers as such: their
-    // client would resend the arrival. ABORTED: try at a later step.
-    const absl::StatusCode code =
-        absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)
-            ? absl::StatusCode::kAborted
-            : s.code();
-    Answer(cut, absl::Status(code, absl::StrCat("checkpoint at step ", step,
-                                                " failed: ", message)),
-           true);
-  };
-  absl::StatusOr<v1::JobConfig> job = CheckpointJob();
-  if (!job.ok()) return fail(job.status());
+struct CheckpointOrchestrator::Writing {
+  uint64_t step = 0;
+  absl::Time started;
+  std::string root;      // training.checkpoint.dir, once the map is read
+  // Set once the step's directory is created (or reused): a failure after
+  // that removes what was written into it (DiscardPartial).
+  std::string step_dir;
+  v1::JobConfig job;
   // No slot changes owner between reading the map and every snapshot.
   std::optional<Coordinator::MapChangeGuard> no_hand_over;
-  no_hand_over.emplace(coordinator_, Coordinator::MapChangeGuard::kSnapshot);
-  absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap();
-  if (!map.ok()) return fail(map.status());
-  const v1::CheckpointConfig& config = job->training().checkpoint();
-  root = config.dir();
-  const std::string dir = JoinPath(root, ckpt::CheckpointDirName(step));
+  v1::ShardMap map;
+  std::vector<std::string> servers;  // CheckpointLayout(map)
+  bool incremental = false;
+  uint64_t base_step = 0;
+  uint64_t full_step = 0;
+  int increments = 0;
+  std::string digest;
   v1::CheckpointCutResponse response;
-  response.set_step(step);
-  response.set_dir(dir);
+};
+
+void CheckpointOrchestrator::RunCheckpoint(Cut_ cut) {
+  Writing w;
+  w.started = absl::Now();
+  w.step = cut.step;
+  if (absl::Status s = WriteCheckpoint(cut, w); !s.ok()) FailCut(cut, w, s);
+}
+
+void CheckpointOrchestrator::FailCut(Cut_& cut, const Writing& w, const absl::Status& s) {
+  std::string message(s.message());
+  if (!w.step_dir.empty()) {
+    absl::StrAppend(&message, DiscardPartial(w.map, w.step, w.step_dir, s),
+                    NewestCompleteNote(w.root));
+  }
+  if (absl::IsResourceExhausted(s) && !w.root.empty()) {
+    absl::StrAppend(&message, "; free space in ", w.root,
+                    " or point training.checkpoint.dir at a larger volume");
+  }
+  const absl::Status failure(s.code(), message);
+  Fail(w.step, failure);
+  // A server's UNAVAILABLE must not reach the workers as such: their
+  // client would resend the arrival. ABORTED: try at a later step.
+  const absl::StatusCode code =
+      absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsCancelled(s)
+          ? absl::StatusCode::kAborted
+          : s.code();
+  Answer(cut, absl::Status(code, absl::StrCat("checkpoint at step ", w.step,
+                                              " failed: ", message)),
+         true);
+}
+
+absl::Status CheckpointOrchestrator::WriteCheckpoint(Cut_& cut, Writing& w) {
+  ASSIGN_OR_RETURN(w.job, CheckpointJob());
+  w.no_hand_over.emplace(coordinator_, Coordinator::MapChangeGuard::kSnapshot);
+  ASSIGN_OR_RETURN(w.map, coordinator_->GetShardMap());
+  ASSIGN_OR_RETURN(const bool complete, OpenStepDir(w));
+  if (complete) {
+    // A retry after a coordinator restart, or the step that was restored.
+    w.response.set_complete(true);
+    Answer(cut, w.response, true);
+    return absl::OkStatus();
+  }
+  ChooseBase(w);
+  int64_t rows_total = 0;
+  RETURN_IF_ERROR(SnapshotAll(w.map, w.step_dir, w.step, w.incremental, w.base_step,
+                              w.digest, &rows_total));
+  w.no_hand_over.reset();
+  ASSIGN_OR_RETURN(const std::optional<v1::CheckpointFile> dense,
+                   WriteDenseState(w.step_dir, cut.dense_state));
+  cut.dense_state.clear();
+  if (metrics_ != nullptr) {
+    metrics_->snapshot_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - w.started));
+  }
+  Answer(cut, w.response, false);  // training goes on while the files are written
+
+  ASSIGN_OR_RETURN(std::vector<v1::CheckpointFile> files, AwaitFiles(w.map, w.step));
+  ManifestParts parts;
+  parts.step = w.step;
+  parts.job_config_digest = w.digest;
+  parts.map = w.map;
+  parts.incremental = w.incremental;
+  parts.base_step = w.base_step;
+  parts.full_step = w.full_step;
+  parts.reason = cut.reason;
+  parts.created = absl::Now();
+  std::vector<v1::WorkerPosition> workers;
+  for (auto& [rank, arrival] : cut.arrivals) workers.push_back(arrival.position);
+  ASSIGN_OR_RETURN(const v1::CheckpointManifest manifest,
+                   MakeManifest(parts, w.job, std::move(files), dense, workers));
+  RETURN_IF_ERROR(ckpt::WriteManifest(w.step_dir, manifest));
+  Commit(w, cut, manifest);
+  w.response.set_complete(true);
+  Answer(cut, w.response, true);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CheckpointOrchestrator::OpenStepDir(Writing& w) {
+  w.root = w.job.training().checkpoint().dir();
+  const std::string dir = JoinPath(w.root, ckpt::CheckpointDirName(w.step));
+  w.response.set_step(w.step);
+  w.response.set_dir(dir);
   bool damaged = false;
   {
     absl::MutexLock lock(&mu_);
-    damaged = damaged_steps_.erase(step) > 0;
+    damaged = damaged_steps_.erase(w.step) > 0;
   }
   if (damaged) {
     // The restore skipped it as damaged: this run replaces it.
     std::error_code ec;
     fs::remove_all(dir, ec);
-    LogWarning("replacing the damaged checkpoint at step ", step, " (", dir, ")",
+    LogWarning("replacing the damaged checkpoint at step ", w.step, " (", dir, ")",
                ec ? absl::StrCat(": cannot remove it: ", ec.message()) : "");
   }
-  if (ckpt::ReadManifest(dir).ok()) {
-    // Complete already: a retry after a coordinator restart, or the step
-    // that was restored.
-    response.set_complete(true);
-    Answer(cut, response, true);
-    return;
-  }
+  if (ckpt::ReadManifest(dir).ok()) return true;
   // A partial directory of this step stays: after a coordinator restart
   // the servers may be writing into it.
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    return fail(ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory", dir));
+    return ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory", dir);
   }
-  step_dir = dir;
-  saved_map = *map;
-  const std::vector<std::string> servers = CheckpointLayout(*map);
-  bool incremental = false;
-  uint64_t base_step = 0, full_step = step;
-  int increments = 0;
+  w.step_dir = dir;
+  return false;
+}
+
+void CheckpointOrchestrator::ChooseBase(Writing& w) {
+  const v1::CheckpointConfig& config = w.job.training().checkpoint();
+  w.servers = CheckpointLayout(w.map);
+  w.full_step = w.step;
   {
     absl::MutexLock lock(&mu_);
     const int full_every = config.full_every() > 0 ? config.full_every() : 8;
-    if (config.incremental() && base_servers_ == servers && base_step_ < step &&
+    if (config.incremental() && base_servers_ == w.servers && base_step_ < w.step &&
         increments_ < full_every) {
-      incremental = true;
-      base_step = base_step_;
-      full_step = full_step_;
-      increments = increments_ + 1;
+      w.incremental = true;
+      w.base_step = base_step_;
+      w.full_step = full_step_;
+      w.increments = increments_ + 1;
     }
   }
-  const std::string digest = ckpt::JobConfigDigest(*job);
-  int64_t rows_total = 0;
-  if (absl::Status s = SnapshotAll(*map, step_dir, step, incremental, base_step,
-                                   digest, &rows_total);
-      !s.ok()) {
-    return fail(s);
-  }
-  no_hand_over.reset();
-  v1::CheckpointFile dense;
-  if (!cut.dense_state.empty()) {
-    const std::string path = JoinPath(step_dir, kDenseName);
-    if (absl::Status s = ckpt::WriteFileAtomically(path, cut.dense_state); !s.ok()) {
-      return fail(s);
-    }
-    dense.set_name(kDenseName);
-    dense.set_size_bytes(cut.dense_state.size());
-    dense.set_crc32c(ckpt::Crc32cExtend(0, cut.dense_state.data(), cut.dense_state.size()));
-  }
-  cut.dense_state.clear();
-  if (metrics_ != nullptr) {
-    metrics_->snapshot_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - started));
-  }
-  Answer(cut, response, false);  // training goes on while the files are written
+  w.digest = ckpt::JobConfigDigest(w.job);
+}
 
-  absl::StatusOr<std::vector<v1::CheckpointFile>> files = AwaitFiles(*map, step);
-  if (!files.ok()) return fail(files.status());
-  v1::CheckpointManifest manifest;
-  manifest.set_format_version(ckpt::kManifestFormatVersion);
-  manifest.set_kind(incremental ? v1::CHECKPOINT_KIND_INCREMENTAL
-                                : v1::CHECKPOINT_KIND_FULL);
-  manifest.set_step(step);
-  manifest.set_job_config_digest(digest);
-  *manifest.mutable_shard_map() = *map;
-  manifest.set_num_slots(map->num_slots());
-  absl::StatusOr<std::vector<v1::CheckpointTable>> tables = ManifestTables(*job, *map);
-  if (!tables.ok()) return fail(tables.status());
-  for (v1::CheckpointTable& t : *tables) *manifest.add_tables() = std::move(t);
-  int64_t rows = 0;
-  for (v1::CheckpointFile& f : *files) {
-    rows += f.rows();
-    *manifest.add_files() = std::move(f);
-  }
-  if (!dense.name().empty()) *manifest.mutable_dense() = dense;
-  for (auto& [rank, arrival] : cut.arrivals) *manifest.add_workers() = arrival.position;
-  if (incremental) {
-    manifest.set_base_step(base_step);
-    manifest.set_full_step(full_step);
-  }
-  manifest.set_reason(cut.reason);
-  manifest.set_created_unix_ms(absl::ToUnixMillis(absl::Now()));
-  if (absl::Status s = ckpt::WriteManifest(step_dir, manifest); !s.ok()) return fail(s);
+void CheckpointOrchestrator::Commit(const Writing& w, const Cut_& cut,
+                                    const v1::CheckpointManifest& manifest) {
   {
     absl::MutexLock lock(&mu_);
-    base_step_ = step;
-    full_step_ = full_step;
-    base_servers_ = servers;
-    increments_ = incremental ? increments : 0;
-    last_complete_step_ = step;
+    base_step_ = w.step;
+    full_step_ = w.full_step;
+    base_servers_ = w.servers;
+    increments_ = w.incremental ? w.increments : 0;
+    last_complete_step_ = w.step;
     last_error_.clear();
   }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - started);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - w.started);
   if (metrics_ != nullptr) {
     metrics_->written.Increment();
-    metrics_->last_step.Set(static_cast<double>(step));
+    metrics_->last_step.Set(static_cast<double>(w.step));
     metrics_->write_seconds.Observe(seconds);
   }
-  LogInfo("checkpoint at step ", step, " complete (",
-          incremental ? absl::StrCat("incremental on step ", base_step) : "full", ", ",
+  int64_t rows = 0;
+  for (const v1::CheckpointFile& f : manifest.files()) rows += f.rows();
+  LogInfo("checkpoint at step ", w.step, " complete (",
+          w.incremental ? absl::StrCat("incremental on step ", w.base_step) : "full", ", ",
           rows, " rows, ", manifest.files_size(), " row files, ",
-          absl::StrFormat("%.2f", seconds), " s, ", cut.reason, "): ", step_dir);
+          absl::StrFormat("%.2f", seconds), " s, ", cut.reason, "): ", w.step_dir);
+  const v1::CheckpointConfig& config = w.job.training().checkpoint();
   const int keep_last = config.keep_last() > 0 ? config.keep_last() : 3;
-  absl::StatusOr<std::vector<std::string>> pruned = ckpt::PruneCheckpoints(root, keep_last);
+  absl::StatusOr<std::vector<std::string>> pruned = ckpt::PruneCheckpoints(w.root, keep_last);
   if (!pruned.ok()) {
-    LogWarning("pruning ", root, " to the last ", keep_last, " checkpoints: ",
+    LogWarning("pruning ", w.root, " to the last ", keep_last, " checkpoints: ",
                pruned.status().message());
   } else if (!pruned->empty()) {
     LogInfo("removed ", absl::StrJoin(*pruned, ", "), " (keep_last ", keep_last, ")");
   }
-  response.set_complete(true);
-  Answer(cut, response, true);
 }
 
 absl::Status CheckpointOrchestrator::SnapshotAll(

@@ -205,8 +205,24 @@ class CheckpointOrchestrator {
   void AdoptRestore(Restore restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
   void RunRestore();
+  // One checkpoint being written: what RunCheckpoint's steps share.
+  struct Writing;
   // Writes one checkpoint; the cut's callbacks are all answered.
   void RunCheckpoint(Cut_ cut);
+  // RunCheckpoint's steps; an error leaves the answers to FailCut.
+  absl::Status WriteCheckpoint(Cut_& cut, Writing& w);
+  // Creates (or reuses) the step's directory, replacing a damaged
+  // checkpoint of the step; true when the step is complete already.
+  absl::StatusOr<bool> OpenStepDir(Writing& w);
+  // Whether the checkpoint is incremental, and on which base.
+  void ChooseBase(Writing& w);
+  // After the manifest: the next checkpoint's base, metrics, the log line
+  // and pruning to keep_last.
+  void Commit(const Writing& w, const Cut_& cut,
+              const v1::CheckpointManifest& manifest);
+  // Records the failure `s` and answers the cut with it (ABORTED for a
+  // server's UNAVAILABLE, so that workers do not resend their arrival).
+  void FailCut(Cut_& cut, const Writing& w, const absl::Status& s);
   absl::Status SnapshotAll(const v1::ShardMap& map,
                            const std::string& step_dir, uint64_t step,
                            bool incremental, uint64_t base_step,

@@ -20,6 +20,7 @@
 #include "server/checkpoint/crc32c.h"
 #include "server/checkpoint/file_util.h"
 #include "server/checkpoint/manifest.h"
+#include "server/coordinator/checkpoint_contents.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_store.h"
@@ -36,11 +37,6 @@ namespace ckpt = checkpoint;
 constexpr char kRestoredKey[] = "checkpoint/restored";
 // A dense state larger than this is not one (gRPC messages stop at 2 GiB).
 constexpr int64_t kMaxDenseBytes = int64_t{2} << 30;
-
-std::string JoinPath(const std::string& dir, const std::string& name) {
-  if (!dir.empty() && dir.back() == '/') return dir + name;
-  return absl::StrCat(dir, "/", name);
-}
 
 bool SameDir(const std::string& a, const std::string& b) {
   std::error_code ec1, ec2;

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "kernels/embedding_optimizer.h"
 #include "server/store/store_footprint.h"
 
 namespace recps::planner {
@@ -20,18 +19,18 @@ int64_t WeightRowBytes(int width, v1::StoragePrecision precision) {
   return int64_t{width} * (precision == v1::FP16 || precision == v1::BF16 ? 2 : 4);
 }
 
-kernels::RowPrecision KernelPrecision(v1::StoragePrecision precision) {
+RowPrecision KernelPrecision(v1::StoragePrecision precision) {
   switch (precision) {
     case v1::FP16:
-      return kernels::RowPrecision::kFp16;
+      return RowPrecision::kFp16;
     case v1::BF16:
-      return kernels::RowPrecision::kBf16;
+      return RowPrecision::kBf16;
     default:
-      return kernels::RowPrecision::kFp32;
+      return RowPrecision::kFp32;
   }
 }
 
-int64_t StoredRowBytes(kernels::OptimizerKind optimizer, int width,
+int64_t StoredRowBytes(OptimizerKind optimizer, int width,
                        v1::StoragePrecision precision) {
   // What the host store allocates per row (TableInfo.row_bytes).
   return server::HostRowBytes(optimizer, width, KernelPrecision(precision));

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "common/fused_row.h"
 #include "common/human_bytes.h"
-#include "kernels/embedding_optimizer.h"
-#include "kernels/optimizer.h"
+#include "common/optimizer_registry.h"
 #include "recps/v1/plan.pb.h"
 #include "server/planner/table_model.h"
 
@@ -19,11 +19,11 @@ namespace recps::planner {
 // Bytes of one stored row of `width` columns: weights and optimizer state
 // side by side, padded like the shard server pads them
 // (server::HostRowBytes).
-int64_t StoredRowBytes(kernels::OptimizerKind optimizer, int width,
+int64_t StoredRowBytes(OptimizerKind optimizer, int width,
                        v1::StoragePrecision precision);
 // The weights' part of StoredRowBytes (without padding).
 int64_t WeightRowBytes(int width, v1::StoragePrecision precision);
-kernels::RowPrecision KernelPrecision(v1::StoragePrecision precision);
+RowPrecision KernelPrecision(v1::StoragePrecision precision);
 
 // One server's load; loads add up.
 struct Load {

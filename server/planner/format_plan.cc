@@ -54,7 +54,7 @@ std::string FormatPlan(const v1::ShardingPlan& plan) {
     absl::StrAppendFormat(
         &out, "%-24s %-12s %6d %5s %12d %11s %12.0f  %s (%s)\n", t.table(),
         ShardingTypeName(t.type()), t.dim(),
-        kernels::RowPrecisionName(KernelPrecision(t.precision())),
+        RowPrecisionName(KernelPrecision(t.precision())),
         t.estimate().rows(),
         HumanBytes(static_cast<double>(t.estimate().bytes_stored())),
         t.estimate().lookup_ids_per_step(), where, t.reason());

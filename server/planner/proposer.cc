@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/optimizer_registry.h"
 
 namespace recps::planner {
 namespace {
@@ -206,10 +207,11 @@ std::vector<Placement> EnumeratePlacements(const Model& m, int t,
     for (int s : tm.allowed_servers) out.push_back(TableWise(m, t, s));
   }
   if (types & (1u << v1::ROW_WISE)) out.push_back(RowWise(m, t));
-  // Row-wise Adagrad's per-row accumulator would differ per group: never
-  // split it (a pin to COLUMN_WISE is refused in BuildModel).
+  // An optimizer with state per row (row-wise Adagrad's accumulator) would
+  // keep it per group: never split it (a pin to COLUMN_WISE is refused in
+  // BuildModel).
   if ((types & (1u << v1::COLUMN_WISE)) &&
-      tm.optimizer != kernels::OptimizerKind::kRowWiseAdagrad) {
+      FindOptimizer(tm.optimizer)->unsplittable_because == nullptr) {
     // Groups go to the least busy servers, then the emptiest.
     std::vector<int> order = tm.allowed_servers;
     const auto& loads = partition.loads();

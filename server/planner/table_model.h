@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/optimizer.h"
+#include "common/optimizer_registry.h"
 #include "recps/v1/plan.pb.h"
 #include "server/planner/planner.h"
 
@@ -28,7 +28,7 @@ struct TableModel {
   std::string name;
   uint64_t key = 0;  // StableNameKey(name)
   int dim = 0;
-  kernels::OptimizerKind optimizer = kernels::OptimizerKind::kSgd;
+  OptimizerKind optimizer = OptimizerKind::kSgd;
   v1::StoragePrecision precision = v1::FP32;  // the table config's
   // Rows the table will hold (over all servers).
   int64_t rows = 0;

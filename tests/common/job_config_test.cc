@@ -137,6 +137,35 @@ TEST(JobConfig, TablePrecisionReachesTheTableSpec) {
   EXPECT_EQ((*specs)[0].precision, kernels::RowPrecision::kBf16);
 }
 
+TEST(JobConfig, OptimizerKindsComeFromTheRegistry) {
+  // Every OptimizerConfig kind maps to the registered kind of that name.
+  const std::pair<v1::OptimizerConfig::Kind, OptimizerKind> cases[] = {
+      {v1::OptimizerConfig::SGD, OptimizerKind::kSgd},
+      {v1::OptimizerConfig::ADAGRAD, OptimizerKind::kAdagrad},
+      {v1::OptimizerConfig::ROWWISE_ADAGRAD, OptimizerKind::kRowWiseAdagrad},
+      {v1::OptimizerConfig::ADAM, OptimizerKind::kAdam},
+      {v1::OptimizerConfig::ADAMW, OptimizerKind::kAdamW}};
+  v1::OptimizerConfig o;
+  o.set_learning_rate(0.1f);
+  for (const auto& [kind, want] : cases) {
+    o.set_kind(kind);
+    absl::StatusOr<OptimizerParams> p = OptimizerParamsFromConfig(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->kind, want);
+  }
+  o.set_kind(v1::OptimizerConfig::KIND_UNSPECIFIED);
+  EXPECT_EQ(OptimizerParamsFromConfig(o).status().message(),
+            "kind is not set; choose SGD, ADAGRAD, ROWWISE_ADAGRAD, ADAM or ADAMW");
+  // A dense optimizer needs a dense form.
+  absl::StatusOr<v1::JobConfig> job = ReadJobConfig(Example("small.textproto"));
+  ASSERT_TRUE(job.ok()) << job.status();
+  job->mutable_training()->mutable_dense_optimizer()->set_kind(
+      v1::OptimizerConfig::ROWWISE_ADAGRAD);
+  EXPECT_EQ(ValidateJobConfig(*job).message(),
+            "training.dense_optimizer.kind: choose SGD, ADAGRAD, ADAM or ADAMW "
+            "(row-wise Adagrad is for tables)");
+}
+
 TEST(JobConfig, WirePrecisionChoosesTheRowEncoding) {
   v1::TrainingConfig t;
   EXPECT_EQ(WireEncoding(t), v1::ROW_ENCODING_FLOAT32);

@@ -201,6 +201,46 @@ TEST(FusedOptimizer, RowStridesAreSixteenByteAligned) {
   EXPECT_EQ(FusedRowStride(OptimizerKind::kAdamW, 7), 24);
 }
 
+TEST(FusedOptimizer, VisitOptimizerReachesEveryRegisteredKind) {
+  for (const OptimizerInfo& info : Optimizers()) {
+    const OptimizerKind seen = VisitOptimizer(
+        info.kind, [](auto kind) { return decltype(kind)::kKind; },
+        [] { return static_cast<OptimizerKind>(-1); });
+    EXPECT_EQ(seen, info.kind) << info.name;
+  }
+  bool unknown = false;
+  VisitOptimizer(
+      static_cast<OptimizerKind>(99), [](auto) {}, [&] { unknown = true; });
+  EXPECT_TRUE(unknown);
+}
+
+// Every registered kind updates rows and keeps rows it does not touch.
+TEST(FusedOptimizer, EveryRegisteredKindUpdatesItsRow) {
+  for (const OptimizerInfo& info : Optimizers()) {
+    SCOPED_TRACE(info.name);
+    const int dim = 8;
+    const int64_t stride = FusedRowStride(info.kind, dim);
+    std::vector<float> rows(2 * stride, 0.5f);
+    InitFusedRowState(info.kind, dim, rows.data() + stride);
+    const std::vector<float> grads(dim, 1.0f);
+    const int64_t index = 1;
+    FusedUpdateArgs a;
+    a.rows = rows.data();
+    a.num_rows = 2;
+    a.row_stride = stride;
+    a.dim = dim;
+    a.row_indices = &index;
+    a.num_updates = 1;
+    a.grads = grads.data();
+    a.optimizer.kind = info.kind;
+    ASSERT_TRUE(FusedOptimizerUpdateCpu(a, {}).ok());
+    for (int j = 0; j < dim; ++j) {
+      EXPECT_EQ(rows[j], 0.5f);
+      EXPECT_LT(rows[stride + j], 0.5f);
+    }
+  }
+}
+
 // ---- 16-bit weights (fp16 / bf16), fp32 optimizer state ----
 
 TEST(FusedOptimizer16, RowLayoutKeepsStateAndRowsSixteenByteAligned) {

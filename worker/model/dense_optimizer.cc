@@ -1,6 +1,7 @@
 #include "worker/model/dense_optimizer.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer_registry.h"
 #include "common/status_macros.h"
 #include "kernels/dispatch.h"
 #include "kernels/dense_optimizer.h"
@@ -11,10 +12,11 @@ absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
     const kernels::OptimizerParams& params, int64_t n,
     const kernels::ExecContext& ctx) {
   RETURN_IF_ERROR(kernels::ValidateOptimizerParams(params));
-  if (params.kind == kernels::OptimizerKind::kRowWiseAdagrad) {
-    return absl::InvalidArgumentError(
-        "DenseOptimizer: rowwise_adagrad is an embedding optimizer; use "
-        "adagrad for dense parameters");
+  if (const OptimizerInfo& info = *FindOptimizer(params.kind);
+      !info.has_dense_form()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DenseOptimizer: ", info.name, " is an embedding optimizer; use ",
+        OptimizerName(info.instead), " for dense parameters"));
   }
   if (n < 0) {
     return absl::InvalidArgumentError(
