@@ -89,280 +89,345 @@ uint64_t ReadAnchor(const std::string& path) {
   return total;
 }
 
-int Main(int argc, char** argv) {
-  // As the shard server that will restore runs (server/shard/shard_main.cc).
-  TuneDataPlaneProcess();
+// What the steps share: the flags, the filled source store and the files.
+struct Bench {
   int64_t rows = int64_t{1} << 22;
   std::string dir = "checkpoint_bench.tmp";
   int repeats = 3;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a.rfind("--rows=", 0) == 0) rows = std::stoll(a.substr(7));
-    if (a.rfind("--dir=", 0) == 0) dir = a.substr(6);
-    if (a.rfind("--repeats=", 0) == 0) repeats = std::max(1, std::stoi(a.substr(10)));
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) {
-    std::fprintf(stderr, "cannot create %s: %s\n", dir.c_str(), ec.message().c_str());
-    return 1;
-  }
   config::TableSpec spec;
-  spec.name = "t";
-  spec.dim = kDim;
-  spec.optimizer.kind = kernels::OptimizerKind::kSgd;
-  spec.optimizer.learning_rate = 0.01f;
   server::StoreOptions options;
-  options.num_slots = kSlots;
-  options.max_rows_per_table = rows + 1;
-  auto make_store = [&]() -> std::unique_ptr<server::EmbeddingStore> {
-    auto store = server::CreateHostEmbeddingStore({spec}, options);
-    if (!store.ok()) {
-      std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
-      std::exit(1);
-    }
-    return *std::move(store);
-  };
-  std::unique_ptr<server::EmbeddingStore> source = make_store();
-  std::vector<int64_t> ids(65536);
-  std::vector<float> out(ids.size() * kDim);
-  for (int64_t lo = 0; lo < rows; lo += static_cast<int64_t>(ids.size())) {
-    const int64_t n = std::min<int64_t>(ids.size(), rows - lo);
-    for (int64_t i = 0; i < n; ++i) ids[i] = (lo + i) * 0x9e3779b97f4a7c15LL;
-    if (!source->Lookup(0, absl::MakeConstSpan(ids).first(n), out.data()).ok()) {
-      std::fprintf(stderr, "fill failed\n");
-      return 1;
-    }
-  }
-  std::vector<uint32_t> slots(kSlots);
-  for (uint32_t s = 0; s < kSlots; ++s) slots[s] = s;
-  const std::string row_file = dir + "/shard-00000.sst";
-  const std::string anchor = dir + "/anchor.bin";
-  const double payload = static_cast<double>(rows) * kDim * sizeof(float);
-  ThreadPool pool;
+  std::unique_ptr<server::EmbeddingStore> source;
+  std::vector<uint32_t> slots;
+  std::string row_file, anchor;
+  ThreadPool* pool = nullptr;  // made after the fill, as the steps use it
+  absl::StatusOr<server::checkpoint::RowFileInfo> info;  // the last write's
+};
 
-  // Each case runs `repeats` times, interleaved, and its fastest run counts:
-  // other processes on the machine only ever make a run slower.
+// Each case's fastest run over the repeats, in seconds: other processes on
+// the machine only ever make a run slower.
+struct Times {
   double write_s = 1e30, anchor_write_s = 1e30, verify_s = 1e30,
          restore_s = 1e30, restore_pool_s = 1e30, anchor_read_s = 1e30,
          import_mem_s = 1e30, import_mem_pool_s = 1e30, read_rows_s = 1e30,
          read_rows_pool_s = 1e30, export_s = 1e30, verify_pool_s = 1e30;
-  absl::StatusOr<server::checkpoint::RowFileInfo> info;
-  auto restore = [&](ThreadPool* p, double* verify) {
-    std::unique_ptr<server::EmbeddingStore> target = make_store();
-    DropCache(row_file);
-    const double r0 = Now();
-    auto reader = server::checkpoint::RowFileReader::Open(
-        row_file, info->size_bytes, info->crc32c, p);
-    *verify = std::min(*verify, Now() - r0);
-    server::checkpoint::ImportOptions import_options;
-    import_options.pool = p;
-    absl::StatusOr<int64_t> imported =
-        reader.ok() ? server::checkpoint::ImportRowFile(**reader, *target, slots, import_options)
-                    : reader.status();
-    const double s = Now() - r0;
-    if (!imported.ok() || *imported != rows) {
-      std::fprintf(stderr, "restore failed: %s\n",
-                   imported.ok() ? "row count" : imported.status().ToString().c_str());
-      std::exit(1);
-    }
-    return s;
-  };
-  for (int rep = 0; rep < repeats; ++rep) {
-    // Write: the row file (export, SST encoding, CRC, fsync) vs a plain
-    // sequential write of its size + fdatasync, on the same filesystem.
-    const double w0 = Now();
-    info = server::checkpoint::RowFileWriter().Write(*source, slots, row_file);
-    write_s = std::min(write_s, Now() - w0);
-    if (!info.ok()) {
-      std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
-      return 1;
-    }
-    DropCache(row_file);
-    const double a0 = Now();
-    if (!WriteAnchor(anchor, info->size_bytes)) {
-      std::fprintf(stderr, "anchor write to %s failed: %s\n", anchor.c_str(),
-                   std::strerror(errno));
-      return 1;
-    }
-    anchor_write_s = std::min(anchor_write_s, Now() - a0);
-    DropCache(anchor);
-    std::filesystem::remove(anchor, ec);
+};
 
-    // Restore from disk (pages dropped): CRC pass + import into a fresh
-    // store, one thread and the pool; the anchor is a sequential read of the
-    // same file after its pages were dropped again.
-    restore_pool_s = std::min(restore_pool_s, restore(&pool, &verify_pool_s));
-    restore_s = std::min(restore_s, restore(nullptr, &verify_s));
-    DropCache(row_file);
-    const double s0 = Now();
-    ReadAnchor(row_file);
-    anchor_read_s = std::min(anchor_read_s, Now() - s0);
+void ParseFlags(int argc, char** argv, Bench* b) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--rows=", 0) == 0) b->rows = std::stoll(a.substr(7));
+    if (a.rfind("--dir=", 0) == 0) b->dir = a.substr(6);
+    if (a.rfind("--repeats=", 0) == 0) b->repeats = std::max(1, std::stoi(a.substr(10)));
+  }
+}
 
-    // The store's own cost: the same rows exported and imported from memory
-    // into a fresh store (ImportRows creating every row), one thread.
-    std::unique_ptr<server::EmbeddingStore> target = make_store();
-    server::SlotChunk chunk;
-    double import_s = 0;
-    for (uint32_t slot : slots) {
-      server::SlotCursor cursor;
-      while (!cursor.done) {
-        if (!source->ExportSlot(0, slot, &cursor, 4096, &chunk).ok()) return 1;
-        const double t0 = Now();
-        if (!target->ImportRows(0, slot, chunk.ids, chunk.rows.data()).ok()) return 1;
-        import_s += Now() - t0;
-      }
-    }
-    import_mem_s = std::min(import_mem_s, import_s);
-    // Freed first, so the pool's import below gets memory of the same kind
-    // (recently used; fresh guest memory costs far more to fault in on a VM).
-    target.reset();
+// An empty store of the bench's table; exits on failure.
+std::unique_ptr<server::EmbeddingStore> MakeStore(const Bench& b) {
+  auto store = server::CreateHostEmbeddingStore({b.spec}, b.options);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", store.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(store);
+}
 
-    // Stages, to see where the time goes (compare within one run: the
-    // machine's load moves every figure between runs).
-    // Export alone: every chunk of every slot copied out of the store.
-    {
-      const double e0 = Now();
-      for (uint32_t slot : slots) {
-        server::SlotCursor cursor;
-        while (!cursor.done) {
-          if (!source->ExportSlot(0, slot, &cursor, 4096, &chunk).ok()) return 1;
-        }
-      }
-      export_s = std::min(export_s, Now() - e0);
-    }
-    // The row file's iteration alone (page cache, no store), 1t and pool.
-    {
-      auto reader = server::checkpoint::RowFileReader::Open(
-          row_file, info->size_bytes, info->crc32c);
-      if (!reader.ok()) return 1;
-      const v1::CheckpointTable& table = (*reader)->header().tables(0);
-      std::atomic<int64_t> seen{0};
-      auto count = [&](uint32_t, absl::Span<const int64_t> ids, const float*) {
-        seen.fetch_add(static_cast<int64_t>(ids.size()), std::memory_order_relaxed);
-        return absl::OkStatus();
-      };
-      const double q0 = Now();
-      if (!(*reader)->ReadSlots(table, slots, 4096, count).ok()) return 1;
-      read_rows_s = std::min(read_rows_s, Now() - q0);
-      const double q1 = Now();
-      const int64_t per = (kSlots + pool.num_threads() - 1) / pool.num_threads();
-      pool.ParallelFor(kSlots, per, [&](int64_t b, int64_t e) {
-        (*reader)->ReadSlots(table, absl::MakeConstSpan(slots).subspan(b, e - b),
-                             4096, count).IgnoreError();
-      });
-      read_rows_pool_s = std::min(read_rows_pool_s, Now() - q1);
-    }
-    // The store's import from memory on the pool (slot ranges in parallel).
-    {
-      std::unique_ptr<server::EmbeddingStore> fresh = make_store();
-      std::vector<server::SlotChunk> chunks(kSlots);
-      for (uint32_t slot : slots) {
-        server::SlotCursor cursor;
-        if (!source->ExportSlot(0, slot, &cursor, int64_t{1} << 30, &chunks[slot]).ok()) return 1;
-      }
-      // One contiguous run of slots per thread, as ImportRowFile splits them.
-      const double i0 = Now();
-      const int64_t per = (kSlots + pool.num_threads() - 1) / pool.num_threads();
-      pool.ParallelFor(kSlots, per, [&](int64_t b, int64_t e) {
-        for (int64_t s = b; s < e; ++s) {
-          fresh->ImportRows(0, static_cast<uint32_t>(s), chunks[s].ids,
-                            chunks[s].rows.data()).IgnoreError();
-        }
-      });
-      import_mem_pool_s = std::min(import_mem_pool_s, Now() - i0);
+// The table's spec and a source store holding `rows` rows (lookups create
+// them), and the slot list every write and restore covers.
+bool SetUp(Bench* b) {
+  b->spec.name = "t";
+  b->spec.dim = kDim;
+  b->spec.optimizer.kind = OptimizerKind::kSgd;
+  b->spec.optimizer.learning_rate = 0.01f;
+  b->options.num_slots = kSlots;
+  b->options.max_rows_per_table = b->rows + 1;
+  b->source = MakeStore(*b);
+  std::vector<int64_t> ids(65536);
+  std::vector<float> out(ids.size() * kDim);
+  for (int64_t lo = 0; lo < b->rows; lo += static_cast<int64_t>(ids.size())) {
+    const int64_t n = std::min<int64_t>(ids.size(), b->rows - lo);
+    for (int64_t i = 0; i < n; ++i) ids[i] = (lo + i) * 0x9e3779b97f4a7c15LL;
+    if (!b->source->Lookup(0, absl::MakeConstSpan(ids).first(n), out.data()).ok()) {
+      std::fprintf(stderr, "fill failed\n");
+      return false;
     }
   }
+  b->slots.resize(kSlots);
+  for (uint32_t s = 0; s < kSlots; ++s) b->slots[s] = s;
+  b->row_file = b->dir + "/shard-00000.sst";
+  b->anchor = b->dir + "/anchor.bin";
+  return true;
+}
 
-  const double file = static_cast<double>(info->size_bytes);
+// One restore from disk (pages dropped) into a fresh store on pool `p`
+// (null: one thread); the CRC pass's seconds go into `*verify` (min).
+double Restore(const Bench& b, ThreadPool* p, double* verify) {
+  std::unique_ptr<server::EmbeddingStore> target = MakeStore(b);
+  DropCache(b.row_file);
+  const double r0 = Now();
+  auto reader = server::checkpoint::RowFileReader::Open(
+      b.row_file, b.info->size_bytes, b.info->crc32c, p);
+  *verify = std::min(*verify, Now() - r0);
+  server::checkpoint::ImportOptions import_options;
+  import_options.pool = p;
+  absl::StatusOr<int64_t> imported =
+      reader.ok() ? server::checkpoint::ImportRowFile(**reader, *target, b.slots, import_options)
+                  : reader.status();
+  const double s = Now() - r0;
+  if (!imported.ok() || *imported != b.rows) {
+    std::fprintf(stderr, "restore failed: %s\n",
+                 imported.ok() ? "row count" : imported.status().ToString().c_str());
+    std::exit(1);
+  }
+  return s;
+}
+
+// Write: the row file (export, SST encoding, CRC, fsync) vs a plain
+// sequential write of its size + fdatasync, on the same filesystem.
+bool MeasureWrite(Bench* b, Times* t) {
+  const double w0 = Now();
+  b->info = server::checkpoint::RowFileWriter().Write(*b->source, b->slots, b->row_file);
+  t->write_s = std::min(t->write_s, Now() - w0);
+  if (!b->info.ok()) {
+    std::fprintf(stderr, "%s\n", b->info.status().ToString().c_str());
+    return false;
+  }
+  DropCache(b->row_file);
+  const double a0 = Now();
+  if (!WriteAnchor(b->anchor, b->info->size_bytes)) {
+    std::fprintf(stderr, "anchor write to %s failed: %s\n", b->anchor.c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+  t->anchor_write_s = std::min(t->anchor_write_s, Now() - a0);
+  DropCache(b->anchor);
+  std::error_code ec;
+  std::filesystem::remove(b->anchor, ec);
+  return true;
+}
+
+// Restore from disk (pages dropped): CRC pass + import into a fresh
+// store, one thread and the pool; the anchor is a sequential read of the
+// same file after its pages were dropped again.
+void MeasureRestore(const Bench& b, Times* t) {
+  t->restore_pool_s = std::min(t->restore_pool_s, Restore(b, b.pool, &t->verify_pool_s));
+  t->restore_s = std::min(t->restore_s, Restore(b, nullptr, &t->verify_s));
+  DropCache(b.row_file);
+  const double s0 = Now();
+  ReadAnchor(b.row_file);
+  t->anchor_read_s = std::min(t->anchor_read_s, Now() - s0);
+}
+
+// The store's own cost: the same rows exported and imported from memory
+// into a fresh store (ImportRows creating every row), one thread.
+bool MeasureImportFromMemory(const Bench& b, server::SlotChunk* chunk, Times* t) {
+  std::unique_ptr<server::EmbeddingStore> target = MakeStore(b);
+  double import_s = 0;
+  for (uint32_t slot : b.slots) {
+    server::SlotCursor cursor;
+    while (!cursor.done) {
+      if (!b.source->ExportSlot(0, slot, &cursor, 4096, chunk).ok()) return false;
+      const double t0 = Now();
+      if (!target->ImportRows(0, slot, chunk->ids, chunk->rows.data()).ok()) return false;
+      import_s += Now() - t0;
+    }
+  }
+  t->import_mem_s = std::min(t->import_mem_s, import_s);
+  // Freed first, so the pool's import below gets memory of the same kind
+  // (recently used; fresh guest memory costs far more to fault in on a VM).
+  target.reset();
+  return true;
+}
+
+// Export alone: every chunk of every slot copied out of the store.
+bool MeasureExport(const Bench& b, server::SlotChunk* chunk, Times* t) {
+  const double e0 = Now();
+  for (uint32_t slot : b.slots) {
+    server::SlotCursor cursor;
+    while (!cursor.done) {
+      if (!b.source->ExportSlot(0, slot, &cursor, 4096, chunk).ok()) return false;
+    }
+  }
+  t->export_s = std::min(t->export_s, Now() - e0);
+  return true;
+}
+
+// The row file's iteration alone (page cache, no store), 1t and pool.
+bool MeasureReadRows(const Bench& b, Times* t) {
+  auto reader = server::checkpoint::RowFileReader::Open(
+      b.row_file, b.info->size_bytes, b.info->crc32c);
+  if (!reader.ok()) return false;
+  const v1::CheckpointTable& table = (*reader)->header().tables(0);
+  std::atomic<int64_t> seen{0};
+  auto count = [&](uint32_t, absl::Span<const int64_t> ids, const float*) {
+    seen.fetch_add(static_cast<int64_t>(ids.size()), std::memory_order_relaxed);
+    return absl::OkStatus();
+  };
+  const double q0 = Now();
+  if (!(*reader)->ReadSlots(table, b.slots, 4096, count).ok()) return false;
+  t->read_rows_s = std::min(t->read_rows_s, Now() - q0);
+  const double q1 = Now();
+  ThreadPool& pool = *b.pool;
+  const int64_t per = (kSlots + pool.num_threads() - 1) / pool.num_threads();
+  pool.ParallelFor(kSlots, per, [&](int64_t lo, int64_t hi) {
+    (*reader)->ReadSlots(table, absl::MakeConstSpan(b.slots).subspan(lo, hi - lo),
+                         4096, count).IgnoreError();
+  });
+  t->read_rows_pool_s = std::min(t->read_rows_pool_s, Now() - q1);
+  return true;
+}
+
+// The store's import from memory on the pool (slot ranges in parallel).
+bool MeasureImportPool(const Bench& b, Times* t) {
+  std::unique_ptr<server::EmbeddingStore> fresh = MakeStore(b);
+  std::vector<server::SlotChunk> chunks(kSlots);
+  for (uint32_t slot : b.slots) {
+    server::SlotCursor cursor;
+    if (!b.source->ExportSlot(0, slot, &cursor, int64_t{1} << 30, &chunks[slot]).ok()) return false;
+  }
+  // One contiguous run of slots per thread, as ImportRowFile splits them.
+  const double i0 = Now();
+  ThreadPool& pool = *b.pool;
+  const int64_t per = (kSlots + pool.num_threads() - 1) / pool.num_threads();
+  pool.ParallelFor(kSlots, per, [&](int64_t lo, int64_t hi) {
+    for (int64_t s = lo; s < hi; ++s) {
+      fresh->ImportRows(0, static_cast<uint32_t>(s), chunks[s].ids,
+                        chunks[s].rows.data()).IgnoreError();
+    }
+  });
+  t->import_mem_pool_s = std::min(t->import_mem_pool_s, Now() - i0);
+  return true;
+}
+
+// One repeat of every case, in the original order (the cases interleave
+// across repeats, so the machine's drift touches each alike).
+bool RunRepeat(Bench* b, Times* t) {
+  if (!MeasureWrite(b, t)) return false;
+  MeasureRestore(*b, t);
+  // One chunk for the repeat: the export stage reuses the buffers that the
+  // import grew, so it times the copy, not their allocation.
+  server::SlotChunk chunk;
+  if (!MeasureImportFromMemory(*b, &chunk, t)) return false;
+  // Stages, to see where the time goes (compare within one run: the
+  // machine's load moves every figure between runs).
+  return MeasureExport(*b, &chunk, t) && MeasureReadRows(*b, t) &&
+         MeasureImportPool(*b, t);
+}
+
+void PrintReport(const Bench& b, const Times& t) {
+  const double payload = static_cast<double>(b.rows) * kDim * sizeof(float);
+  const double file = static_cast<double>(b.info->size_bytes);
   std::printf("checkpoint row file, %ld rows of %d floats (%.0f MiB of rows, "
               "file %.0f MiB) in %s, pool of %d threads, best of %d\n\n",
-              static_cast<long>(rows), kDim, payload / 1048576.0,
-              file / 1048576.0, dir.c_str(), pool.num_threads(), repeats);
+              static_cast<long>(b.rows), kDim, payload / 1048576.0,
+              file / 1048576.0, b.dir.c_str(), b.pool->num_threads(), b.repeats);
   std::printf("%-40s %8s %10s\n", "case", "seconds", "GB/s file");
   auto row = [&](const char* name, double s) {
     std::printf("%-40s %8.3f %10.2f\n", name, s, file / s / 1e9);
   };
-  row("write: RowFileWriter (fsync, CRC)", write_s);
-  row("write: sequential + fdatasync", anchor_write_s);
-  row("restore 1t: CRC pass (from disk)", verify_s);
-  row("restore 1t: CRC + import", restore_s);
-  row("restore pool: CRC pass (from disk)", verify_pool_s);
-  row("restore pool: CRC + import", restore_pool_s);
-  row("read: sequential (from disk)", anchor_read_s);
-  row("store floor: ImportRows from memory, 1t", import_mem_s);
-  row("store floor: ImportRows from memory, pool", import_mem_pool_s);
-  row("stage: ExportSlot only, 1t", export_s);
-  row("stage: ReadSlots only (page cache), 1t", read_rows_s);
-  row("stage: ReadSlots only (page cache), pool", read_rows_pool_s);
+  row("write: RowFileWriter (fsync, CRC)", t.write_s);
+  row("write: sequential + fdatasync", t.anchor_write_s);
+  row("restore 1t: CRC pass (from disk)", t.verify_s);
+  row("restore 1t: CRC + import", t.restore_s);
+  row("restore pool: CRC pass (from disk)", t.verify_pool_s);
+  row("restore pool: CRC + import", t.restore_pool_s);
+  row("read: sequential (from disk)", t.anchor_read_s);
+  row("store floor: ImportRows from memory, 1t", t.import_mem_s);
+  row("store floor: ImportRows from memory, pool", t.import_mem_pool_s);
+  row("stage: ExportSlot only, 1t", t.export_s);
+  row("stage: ReadSlots only (page cache), 1t", t.read_rows_s);
+  row("stage: ReadSlots only (page cache), pool", t.read_rows_pool_s);
   std::printf("\nwrite ratio (sequential write / RowFileWriter): %.2f\n",
-              anchor_write_s / write_s);
+              t.anchor_write_s / t.write_s);
   std::printf("restore ratio, 1 thread (sequential read / restore): %.2f\n",
-              anchor_read_s / restore_s);
+              t.anchor_read_s / t.restore_s);
   std::printf("restore ratio, pool (sequential read / restore): %.2f\n",
-              anchor_read_s / restore_pool_s);
+              t.anchor_read_s / t.restore_pool_s);
   std::printf("restore 1t vs its floor (read + store import, serial): %.2f\n",
-              (anchor_read_s + import_mem_s) / restore_s);
+              (t.anchor_read_s + t.import_mem_s) / t.restore_s);
+}
 
-  // Snapshot stall: push latency (ApplyGradients of 4096 random existing
-  // rows, as one sync step of a worker) outside a checkpoint, then while a
-  // snapshot's row file is written in the background (copy-on-write).
-  {
-    std::vector<int64_t> push_ids(4096);
-    std::vector<float> grads(push_ids.size() * kDim, 0.001f);
-    uint64_t x = 12345;
-    auto one_push = [&]() {
-      for (int64_t& id : push_ids) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-        id = static_cast<int64_t>((x >> 17) % static_cast<uint64_t>(rows)) *
-             0x9e3779b97f4a7c15LL;
-      }
-      // Ids must be distinct: collisions are rare, remove them.
-      std::sort(push_ids.begin(), push_ids.end());
-      push_ids.erase(std::unique(push_ids.begin(), push_ids.end()), push_ids.end());
-      const double t0 = Now();
-      if (!source->ApplyGradients(0, push_ids, grads.data()).ok()) std::exit(1);
-      push_ids.resize(4096);
-      return Now() - t0;
-    };
-    auto stats = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return std::make_pair(v[v.size() / 2], v.back());
-    };
-    std::vector<double> outside;
-    for (int i = 0; i < 200; ++i) outside.push_back(one_push());
-    const double s0 = Now();
-    if (!source->BeginSnapshot(1).ok()) return 1;
-    const double stall = Now() - s0;
-    std::atomic<bool> writing{true};
-    double snapshot_write_s = 0;
-    std::thread writer([&] {
-      const double w0 = Now();
-      auto w = server::checkpoint::RowFileWriter().WriteSnapshot(
-          *source, /*since_generation=*/0, slots, row_file);
-      snapshot_write_s = Now() - w0;
-      if (!w.ok()) std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
-      writing = false;
-    });
-    std::vector<double> during;
-    while (writing.load()) during.push_back(one_push());
-    writer.join();
-    const int64_t pre_bytes = source->SnapshotBytes();
-    source->EndSnapshot();
-    const auto [p50_out, max_out] = stats(outside);
-    const auto [p50_in, max_in] = stats(during);
-    std::printf("\nsnapshot stall (BeginSnapshot, every stripe held): %.3f ms\n",
-                stall * 1e3);
-    std::printf("push of 4096 rows, outside a checkpoint: p50 %.3f ms, max %.3f ms (%zu pushes)\n",
-                p50_out * 1e3, max_out * 1e3, outside.size());
-    std::printf("push of 4096 rows, during the snapshot write (%.2f s): p50 %.3f ms, max %.3f ms (%zu pushes); rows copied aside: %.0f MiB\n",
-                snapshot_write_s, p50_in * 1e3, max_in * 1e3, during.size(),
-                pre_bytes / 1048576.0);
-    std::printf("max push during / p50 outside: %.2f (goal <= 2)\n", max_in / p50_out);
+// Snapshot stall: push latency (ApplyGradients of 4096 random existing
+// rows, as one sync step of a worker) outside a checkpoint, then while a
+// snapshot's row file is written in the background (copy-on-write).
+bool MeasureSnapshotStall(const Bench& b) {
+  server::EmbeddingStore* source = b.source.get();
+  std::vector<int64_t> push_ids(4096);
+  std::vector<float> grads(push_ids.size() * kDim, 0.001f);
+  uint64_t x = 12345;
+  auto one_push = [&]() {
+    for (int64_t& id : push_ids) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      id = static_cast<int64_t>((x >> 17) % static_cast<uint64_t>(b.rows)) *
+           0x9e3779b97f4a7c15LL;
+    }
+    // Ids must be distinct: collisions are rare, remove them.
+    std::sort(push_ids.begin(), push_ids.end());
+    push_ids.erase(std::unique(push_ids.begin(), push_ids.end()), push_ids.end());
+    const double t0 = Now();
+    if (!source->ApplyGradients(0, push_ids, grads.data()).ok()) std::exit(1);
+    push_ids.resize(4096);
+    return Now() - t0;
+  };
+  auto stats = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return std::make_pair(v[v.size() / 2], v.back());
+  };
+  std::vector<double> outside;
+  for (int i = 0; i < 200; ++i) outside.push_back(one_push());
+  const double s0 = Now();
+  if (!source->BeginSnapshot(1).ok()) return false;
+  const double stall = Now() - s0;
+  std::atomic<bool> writing{true};
+  double snapshot_write_s = 0;
+  std::thread writer([&] {
+    const double w0 = Now();
+    auto w = server::checkpoint::RowFileWriter().WriteSnapshot(
+        *source, /*since_generation=*/0, b.slots, b.row_file);
+    snapshot_write_s = Now() - w0;
+    if (!w.ok()) std::fprintf(stderr, "%s\n", w.status().ToString().c_str());
+    writing = false;
+  });
+  std::vector<double> during;
+  while (writing.load()) during.push_back(one_push());
+  writer.join();
+  const int64_t pre_bytes = source->SnapshotBytes();
+  source->EndSnapshot();
+  const auto [p50_out, max_out] = stats(outside);
+  const auto [p50_in, max_in] = stats(during);
+  std::printf("\nsnapshot stall (BeginSnapshot, every stripe held): %.3f ms\n",
+              stall * 1e3);
+  std::printf("push of 4096 rows, outside a checkpoint: p50 %.3f ms, max %.3f ms (%zu pushes)\n",
+              p50_out * 1e3, max_out * 1e3, outside.size());
+  std::printf("push of 4096 rows, during the snapshot write (%.2f s): p50 %.3f ms, max %.3f ms (%zu pushes); rows copied aside: %.0f MiB\n",
+              snapshot_write_s, p50_in * 1e3, max_in * 1e3, during.size(),
+              pre_bytes / 1048576.0);
+  std::printf("max push during / p50 outside: %.2f (goal <= 2)\n", max_in / p50_out);
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  // As the shard server that will restore runs (server/shard/shard_main.cc).
+  TuneDataPlaneProcess();
+  Bench b;
+  ParseFlags(argc, argv, &b);
+  std::error_code ec;
+  std::filesystem::create_directories(b.dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "cannot create %s: %s\n", b.dir.c_str(), ec.message().c_str());
+    return 1;
   }
-  std::filesystem::remove(row_file, ec);
-  std::filesystem::remove(anchor, ec);
-  std::filesystem::remove(dir, ec);
+  if (!SetUp(&b)) return 1;
+  ThreadPool pool;
+  b.pool = &pool;
+  Times t;
+  for (int rep = 0; rep < b.repeats; ++rep) {
+    if (!RunRepeat(&b, &t)) return 1;
+  }
+  PrintReport(b, t);
+  if (!MeasureSnapshotStall(b)) return 1;
+  std::filesystem::remove(b.row_file, ec);
+  std::filesystem::remove(b.anchor, ec);
+  std::filesystem::remove(b.dir, ec);
   return 0;
 }
 

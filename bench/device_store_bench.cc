@@ -64,26 +64,165 @@ bool Flag(const char* arg, const char* name, std::string* value) {
   return true;
 }
 
-int Main(int argc, char** argv) {
-  std::string backend = "cuda", json_path, v;
+struct Flags {
+  std::string backend = "cuda", json_path;
   int64_t rows = int64_t{1} << 20;
   double seconds = 1.0;
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  std::string v;
   for (int i = 1; i < argc; ++i) {
     if (Flag(argv[i], "--backend", &v)) {
-      backend = v;
+      f->backend = v;
     } else if (Flag(argv[i], "--rows", &v)) {
-      rows = std::stoll(v);
+      f->rows = std::stoll(v);
     } else if (Flag(argv[i], "--seconds_per_case", &v)) {
-      seconds = std::stod(v);
+      f->seconds = std::stod(v);
     } else if (Flag(argv[i], "--json", &v)) {
-      json_path = v;
+      f->json_path = v;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", argv[i]);
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+#if defined(RECPS_HAVE_CUDA)
+// The GPU's anchor: the backend's row gather and fused update against a
+// device memcpy of the same bytes; prints it and adds its JSON fields.
+bool MeasureAnchor(int64_t rows, std::vector<std::string>* json) {
+  auto bw = server::device_store::MeasureGatherBandwidth(
+      0, rows, kDim, std::min<int64_t>(65536, rows), 50);
+  if (!bw.ok()) {
+    std::fprintf(stderr, "FAIL: %s\n", bw.status().ToString().c_str());
+    return false;
+  }
+  std::printf("anchor (%lld batches of 64k rows, %.0f MiB moved per run, "
+              "L2 %.0f MiB%s):\n",
+              static_cast<long long>(bw->sets), bw->working_set_bytes / 1048576.0,
+              bw->l2_bytes / 1048576.0,
+              bw->working_set_bytes < 4 * bw->l2_bytes
+                  ? "; NOT larger than the cache: raise --rows" : "");
+  // The goals compare like with like: per 64k-row batch, one gather
+  // launch (one update) against one memcpy call of the same bytes.
+  std::printf("  per batch: gather %.1f GB/s, D2D memcpy %.1f GB/s, ratio "
+              "%.2f (goal >= 0.70); fused Adagrad update %.1f GB/s, %.2f of "
+              "memcpy (goal >= 0.35)\n",
+              bw->gather_gbps, bw->memcpy_gbps,
+              bw->gather_gbps / bw->memcpy_gbps, bw->update_gbps,
+              bw->update_gbps / bw->memcpy_gbps);
+  std::printf("  all %lld batches in one launch: gather %.1f GB/s, D2D memcpy "
+              "in one call %.1f GB/s, ratio %.2f; a batch's launch costs the "
+              "gather %.2f and the memcpy %.2f of its one-launch rate\n",
+              static_cast<long long>(bw->sets), bw->one_launch_gather_gbps,
+              bw->one_call_memcpy_gbps,
+              bw->one_launch_gather_gbps / bw->one_call_memcpy_gbps,
+              1 - bw->gather_gbps / bw->one_launch_gather_gbps,
+              1 - bw->memcpy_gbps / bw->one_call_memcpy_gbps);
+  json->push_back(absl::StrCat(
+      "\"gather_gbps\": ", bw->gather_gbps, ", \"memcpy_gbps\": ",
+      bw->memcpy_gbps, ", \"gather_vs_memcpy\": ",
+      bw->gather_gbps / bw->memcpy_gbps, ", \"update_gbps\": ",
+      bw->update_gbps, ", \"update_vs_memcpy\": ",
+      bw->update_gbps / bw->memcpy_gbps,
+      ", \"one_launch_gather_gbps\": ", bw->one_launch_gather_gbps,
+      ", \"one_call_memcpy_gbps\": ", bw->one_call_memcpy_gbps,
+      ", \"one_launch_gather_vs_memcpy\": ",
+      bw->one_launch_gather_gbps / bw->one_call_memcpy_gbps,
+      ", \"anchor_working_set_bytes\": ", bw->working_set_bytes,
+      ", \"l2_bytes\": ", bw->l2_bytes));
+  return true;
+}
+#endif
+
+// The store under test: a fixed table of `rows` rows, Adagrad, every row
+// created (lookups of the whole table). Null (said on stderr) on failure.
+std::unique_ptr<server::EmbeddingStore> MakeFilledStore(const Flags& f, bool cuda) {
+  config::TableSpec spec;
+  spec.name = "t";
+  spec.dim = kDim;
+  spec.num_rows = f.rows;
+  spec.optimizer.kind = OptimizerKind::kAdagrad;
+  spec.optimizer.learning_rate = 0.01f;
+  server::StoreOptions options;
+  options.num_slots = 4096;
+  options.device = cuda ? kernels::Device::kCuda : kernels::Device::kCpu;
+  auto store = cuda ? server::CreateEmbeddingStore({spec}, options)
+                    : server::CreateCpuTwinEmbeddingStore({spec}, options);
+  if (!store.ok()) {
+    std::fprintf(stderr, "FAIL: %s\n", store.status().ToString().c_str());
+    return nullptr;
+  }
+  const int64_t batch = 65536;
+  std::vector<int64_t> ids(batch);
+  std::vector<float> out(batch * kDim);
+  const double t0 = Now();
+  for (int64_t lo = 0; lo < f.rows; lo += batch) {
+    const int64_t n = std::min(batch, f.rows - lo);
+    for (int64_t k = 0; k < n; ++k) ids[k] = lo + k;
+    if (!(*store)->Lookup(0, absl::MakeSpan(ids.data(), n), out.data()).ok()) {
+      std::fprintf(stderr, "FAIL: filling the table\n");
+      return nullptr;
+    }
+  }
+  std::printf("%s store: created %lld rows in %.2f s\n", f.backend.c_str(),
+              static_cast<long long>(f.rows), Now() - t0);
+  return *std::move(store);
+}
+
+// Lookups and pushes of `batch` distinct random ids (median seconds of
+// each); prints the case and adds its JSON fields.
+bool MeasureBatch(const Flags& f, server::EmbeddingStore& store, int64_t batch,
+                  std::mt19937_64& rng, std::vector<std::string>* json) {
+  // Distinct random ids.
+  std::vector<int64_t> ids(f.rows);
+  for (int64_t k = 0; k < f.rows; ++k) ids[k] = k;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(std::min(batch, f.rows));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  std::vector<float> out(n * kDim);
+  std::vector<float> grads(n * kDim, 1e-3f);
+  const double lookup = MedianSeconds(f.seconds, [&] {
+    return store.Lookup(0, ids, out.data()).ok();
+  });
+  const double push = MedianSeconds(f.seconds, [&] {
+    return store.ApplyGradients(0, ids, grads.data()).ok();
+  });
+  if (lookup < 0 || push < 0) {
+    std::fprintf(stderr, "FAIL: a lookup or push failed\n");
+    return false;
+  }
+  const double bytes = static_cast<double>(n) * kDim * sizeof(float);
+  std::printf("%s store, %6lld ids: lookup %8.1f us (%6.1f M ids/s, "
+              "%6.2f GB/s of rows), push %8.1f us (%6.1f M ids/s)\n",
+              f.backend.c_str(), static_cast<long long>(n), lookup * 1e6,
+              n / lookup / 1e6, bytes / lookup / 1e9, push * 1e6,
+              n / push / 1e6);
+  json->push_back(absl::StrCat(
+      "\"lookup_", n, "_mids_per_s\": ", n / lookup / 1e6, ", \"lookup_", n,
+      "_gbps\": ", bytes / lookup / 1e9, ", \"push_", n,
+      "_mids_per_s\": ", n / push / 1e6));
+  return true;
+}
+
+bool WriteJson(const Flags& f, const std::vector<std::string>& json) {
+  std::ofstream out(f.json_path);
+  out << "{\"backend\": \"" << f.backend << "\", \"rows\": " << f.rows << ", "
+      << absl::StrJoin(json, ", ") << "}\n";
+  if (!out) {
+    std::fprintf(stderr, "FAIL: cannot write %s\n", f.json_path.c_str());
+    return false;
+  }
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  if (!ParseFlags(argc, argv, &f)) return 2;
   std::vector<std::string> json;
-  const bool cuda = backend == "cuda";
+  const bool cuda = f.backend == "cuda";
   if (cuda) {
     const absl::StatusOr<int> gpus = kernels::CudaDeviceCount();
     if (!gpus.ok()) {
@@ -95,124 +234,19 @@ int Main(int argc, char** argv) {
       return 0;
     }
 #if defined(RECPS_HAVE_CUDA)
-    auto bw = server::device_store::MeasureGatherBandwidth(
-        0, rows, kDim, std::min<int64_t>(65536, rows), 50);
-    if (!bw.ok()) {
-      std::fprintf(stderr, "FAIL: %s\n", bw.status().ToString().c_str());
-      return 1;
-    }
-    std::printf("anchor (%lld batches of 64k rows, %.0f MiB moved per run, "
-                "L2 %.0f MiB%s):\n",
-                static_cast<long long>(bw->sets), bw->working_set_bytes / 1048576.0,
-                bw->l2_bytes / 1048576.0,
-                bw->working_set_bytes < 4 * bw->l2_bytes
-                    ? "; NOT larger than the cache: raise --rows" : "");
-    // The goals compare like with like: per 64k-row batch, one gather
-    // launch (one update) against one memcpy call of the same bytes.
-    std::printf("  per batch: gather %.1f GB/s, D2D memcpy %.1f GB/s, ratio "
-                "%.2f (goal >= 0.70); fused Adagrad update %.1f GB/s, %.2f of "
-                "memcpy (goal >= 0.35)\n",
-                bw->gather_gbps, bw->memcpy_gbps,
-                bw->gather_gbps / bw->memcpy_gbps, bw->update_gbps,
-                bw->update_gbps / bw->memcpy_gbps);
-    std::printf("  all %lld batches in one launch: gather %.1f GB/s, D2D memcpy "
-                "in one call %.1f GB/s, ratio %.2f; a batch's launch costs the "
-                "gather %.2f and the memcpy %.2f of its one-launch rate\n",
-                static_cast<long long>(bw->sets), bw->one_launch_gather_gbps,
-                bw->one_call_memcpy_gbps,
-                bw->one_launch_gather_gbps / bw->one_call_memcpy_gbps,
-                1 - bw->gather_gbps / bw->one_launch_gather_gbps,
-                1 - bw->memcpy_gbps / bw->one_call_memcpy_gbps);
-    json.push_back(absl::StrCat(
-        "\"gather_gbps\": ", bw->gather_gbps, ", \"memcpy_gbps\": ",
-        bw->memcpy_gbps, ", \"gather_vs_memcpy\": ",
-        bw->gather_gbps / bw->memcpy_gbps, ", \"update_gbps\": ",
-        bw->update_gbps, ", \"update_vs_memcpy\": ",
-        bw->update_gbps / bw->memcpy_gbps,
-        ", \"one_launch_gather_gbps\": ", bw->one_launch_gather_gbps,
-        ", \"one_call_memcpy_gbps\": ", bw->one_call_memcpy_gbps,
-        ", \"one_launch_gather_vs_memcpy\": ",
-        bw->one_launch_gather_gbps / bw->one_call_memcpy_gbps,
-        ", \"anchor_working_set_bytes\": ", bw->working_set_bytes,
-        ", \"l2_bytes\": ", bw->l2_bytes));
+    if (!MeasureAnchor(f.rows, &json)) return 1;
 #endif
-  } else if (backend != "cpu-twin") {
+  } else if (f.backend != "cpu-twin") {
     std::fprintf(stderr, "--backend must be cuda or cpu-twin\n");
     return 2;
   }
-
-  config::TableSpec spec;
-  spec.name = "t";
-  spec.dim = kDim;
-  spec.num_rows = rows;
-  spec.optimizer.kind = kernels::OptimizerKind::kAdagrad;
-  spec.optimizer.learning_rate = 0.01f;
-  server::StoreOptions options;
-  options.num_slots = 4096;
-  options.device = cuda ? kernels::Device::kCuda : kernels::Device::kCpu;
-  auto store = cuda ? server::CreateEmbeddingStore({spec}, options)
-                    : server::CreateCpuTwinEmbeddingStore({spec}, options);
-  if (!store.ok()) {
-    std::fprintf(stderr, "FAIL: %s\n", store.status().ToString().c_str());
-    return 1;
-  }
-  // Create every row (lookups of the whole table).
-  {
-    const int64_t batch = 65536;
-    std::vector<int64_t> ids(batch);
-    std::vector<float> out(batch * kDim);
-    const double t0 = Now();
-    for (int64_t lo = 0; lo < rows; lo += batch) {
-      const int64_t n = std::min(batch, rows - lo);
-      for (int64_t k = 0; k < n; ++k) ids[k] = lo + k;
-      if (!(*store)->Lookup(0, absl::MakeSpan(ids.data(), n), out.data()).ok()) {
-        std::fprintf(stderr, "FAIL: filling the table\n");
-        return 1;
-      }
-    }
-    std::printf("%s store: created %lld rows in %.2f s\n", backend.c_str(),
-                static_cast<long long>(rows), Now() - t0);
-  }
+  std::unique_ptr<server::EmbeddingStore> store = MakeFilledStore(f, cuda);
+  if (store == nullptr) return 1;
   std::mt19937_64 rng(1);
   for (int64_t batch : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
-    // Distinct random ids.
-    std::vector<int64_t> ids(rows);
-    for (int64_t k = 0; k < rows; ++k) ids[k] = k;
-    std::shuffle(ids.begin(), ids.end(), rng);
-    ids.resize(std::min(batch, rows));
-    const int64_t n = static_cast<int64_t>(ids.size());
-    std::vector<float> out(n * kDim);
-    std::vector<float> grads(n * kDim, 1e-3f);
-    const double lookup = MedianSeconds(seconds, [&] {
-      return (*store)->Lookup(0, ids, out.data()).ok();
-    });
-    const double push = MedianSeconds(seconds, [&] {
-      return (*store)->ApplyGradients(0, ids, grads.data()).ok();
-    });
-    if (lookup < 0 || push < 0) {
-      std::fprintf(stderr, "FAIL: a lookup or push failed\n");
-      return 1;
-    }
-    const double bytes = static_cast<double>(n) * kDim * sizeof(float);
-    std::printf("%s store, %6lld ids: lookup %8.1f us (%6.1f M ids/s, "
-                "%6.2f GB/s of rows), push %8.1f us (%6.1f M ids/s)\n",
-                backend.c_str(), static_cast<long long>(n), lookup * 1e6,
-                n / lookup / 1e6, bytes / lookup / 1e9, push * 1e6,
-                n / push / 1e6);
-    json.push_back(absl::StrCat(
-        "\"lookup_", n, "_mids_per_s\": ", n / lookup / 1e6, ", \"lookup_", n,
-        "_gbps\": ", bytes / lookup / 1e9, ", \"push_", n,
-        "_mids_per_s\": ", n / push / 1e6));
+    if (!MeasureBatch(f, *store, batch, rng, &json)) return 1;
   }
-  if (!json_path.empty()) {
-    std::ofstream f(json_path);
-    f << "{\"backend\": \"" << backend << "\", \"rows\": " << rows << ", "
-      << absl::StrJoin(json, ", ") << "}\n";
-    if (!f) {
-      std::fprintf(stderr, "FAIL: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
+  if (!f.json_path.empty() && !WriteJson(f, json)) return 1;
   return 0;
 }
 

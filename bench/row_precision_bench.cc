@@ -20,7 +20,7 @@
 namespace recps {
 namespace {
 
-using kernels::RowPrecision;
+using ::recps::RowPrecision;
 
 double Now() {
   return std::chrono::duration<double>(
@@ -67,10 +67,10 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  kernels::OptimizerKind kind = kernels::OptimizerKind::kSgd;
-  if (optimizer == "rowwise_adagrad") kind = kernels::OptimizerKind::kRowWiseAdagrad;
-  else if (optimizer == "adagrad") kind = kernels::OptimizerKind::kAdagrad;
-  else if (optimizer == "adam") kind = kernels::OptimizerKind::kAdam;
+  OptimizerKind kind = OptimizerKind::kSgd;
+  if (optimizer == "rowwise_adagrad") kind = OptimizerKind::kRowWiseAdagrad;
+  else if (optimizer == "adagrad") kind = OptimizerKind::kAdagrad;
+  else if (optimizer == "adam") kind = OptimizerKind::kAdam;
   else if (optimizer != "sgd") {
     std::fprintf(stderr, "--optimizer: unknown %s\n", optimizer.c_str());
     return 2;
@@ -137,7 +137,7 @@ int Main(int argc, char** argv) {
   }
   for (int k = 0; k < 3; ++k) {
     std::printf("%6s %10ld %12.1f %12.2f %12.1f %12.2f\n",
-                kernels::RowPrecisionName(precisions[k]),
+                RowPrecisionName(precisions[k]),
                 static_cast<long>(stores[k]->Info(0).row_bytes),
                 lookup[k] / n * 1e9, lookup[k] / lookup[0], push[k] / n * 1e9,
                 push[k] / push[0]);

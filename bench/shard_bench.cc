@@ -152,9 +152,9 @@ double RawTcpBandwidth(size_t timed_bytes, size_t warmup_bytes) {
 // Gradient bytes per second of the fused update kernel alone: n distinct
 // random rows of an id_space-row arena, `threads` threads (each a contiguous
 // part of the batch, as the store splits a push), best of `reps`.
-double FusedUpdateBandwidth(kernels::OptimizerParams params, int64_t id_space,
+double FusedUpdateBandwidth(OptimizerParams params, int64_t id_space,
                             int64_t n, int threads, int reps) {
-  const int64_t stride = kernels::FusedRowStride(params.kind, kDim);
+  const int64_t stride = FusedRowStride(params.kind, kDim);
   std::vector<float> arena(static_cast<size_t>(id_space) * stride, 0.01f);
   std::vector<float> grads(static_cast<size_t>(n) * kDim, 1e-4f);
   std::vector<int64_t> rows(id_space);
@@ -187,6 +187,7 @@ double FusedUpdateBandwidth(kernels::OptimizerParams params, int64_t id_space,
 }
 
 double Median(std::vector<double> v) {
+  if (v.empty()) return 0;  // a run whose first move failed
   std::sort(v.begin(), v.end());
   const size_t m = v.size() / 2;
   return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
@@ -221,174 +222,241 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
-// Two servers (sync, one worker), `rows` rows of dim 64 (SGD: 256 B each)
-// spread over them; a worker steps (lookup + push of `ids` ids) the whole
-// time. Moves every slot of server 0 to server 1 (MigrateIn, then
-// HandOver) and back, timing each copy against raw TCP measured just
-// before it, and the worker's push latency before and during the moves.
-int MoveMain(const std::string& binary, int64_t rows, int64_t ids, int moves,
-             int64_t max_bytes_per_second,
-             const std::vector<std::string>& extra_flags) {
+constexpr uint32_t kMoveSlots = 4096;
+
+// The move bench's flags and what its steps share (declared so that the
+// client goes before the servers, and the servers before their files).
+struct MoveBench {
+  std::string binary;
+  int64_t rows = int64_t{1} << 20, ids = 4096, max_bytes_per_second = 0;
+  int moves = 4;
+  std::vector<std::string> extra_flags;  // --move_* and --threads, passed on
   testing::TempDir dir;
-  const std::string tables = dir.WriteFile("tables.textproto", R"(
-tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
-)");
-  constexpr uint32_t kSlots = 4096;
-  std::vector<std::string> flags = {
-      "--tables=" + tables, "--world_size=1", "--consistency=sync",
-      "--num_slots=4096", "--step_timeout=60s"};
-  flags.insert(flags.end(), extra_flags.begin(), extra_flags.end());
-  auto servers = testing::StartShardCluster(binary, flags, 2, kSlots);
-  if (!servers.ok()) {
-    std::fprintf(stderr, "%s\n", servers.status().ToString().c_str());
-    return 1;
-  }
-  const std::string a = (*servers)[0]->address(), b = (*servers)[1]->address();
-  auto client = client::EmbeddingClient::Create(
-      {{"t", kDim}}, client::MakeServerShardMapSource({a, b}),
-      client::EmbeddingClientOptions());
-  if (!client.ok()) {
-    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
-    return 1;
-  }
-  std::vector<int64_t> all(rows);
-  for (int64_t i = 0; i < rows; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
-  std::vector<float> buf(65536 * kDim);
+  std::vector<std::unique_ptr<testing::LocalShard>> servers;
+  std::string a, b;  // the two servers' addresses
+  std::unique_ptr<client::EmbeddingClient> client;
+  std::vector<int64_t> all;  // every row's id
   int64_t step = 0;
-  for (int64_t lo = 0; lo < rows; lo += 65536) {
-    client::LookupSpec spec{0, absl::MakeConstSpan(all).subspan(lo, std::min<int64_t>(65536, rows - lo)), buf.data()};
-    client::PushSpec push{0, spec.ids, buf.data()};
-    std::fill(buf.begin(), buf.end(), 0.0f);
-    if (absl::Status st = (*client)->Lookup(step, {&spec, 1}); !st.ok()) {
-      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
-      return 1;
-    }
-    if (absl::Status st = (*client)->PushGradients(step++, {&push, 1}); !st.ok()) {
-      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
-      return 1;
-    }
-  }
-  // The worker: one step after the other, recording push latencies in the
-  // current phase (0 before the first move, 1 during moves, 2 after).
+};
+
+// The worker: one step after the other, recording push latencies in the
+// current phase (0 before the first move, 1 during moves, 2 after).
+struct MoveWorker {
   std::atomic<int> phase{0};
   std::atomic<bool> stop{false};
   absl::Mutex mu;
   std::vector<double> latencies[3];
-  std::thread worker([&] {
+  std::thread thread;
+};
+
+// Two servers (sync, one worker) and a client of both.
+bool StartMoveCluster(MoveBench* m) {
+  const std::string tables = m->dir.WriteFile("tables.textproto", R"(
+tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
+)");
+  std::vector<std::string> flags = {
+      "--tables=" + tables, "--world_size=1", "--consistency=sync",
+      "--num_slots=4096", "--step_timeout=60s"};
+  flags.insert(flags.end(), m->extra_flags.begin(), m->extra_flags.end());
+  auto servers = testing::StartShardCluster(m->binary, flags, 2, kMoveSlots);
+  if (!servers.ok()) {
+    std::fprintf(stderr, "%s\n", servers.status().ToString().c_str());
+    return false;
+  }
+  m->servers = *std::move(servers);
+  m->a = m->servers[0]->address();
+  m->b = m->servers[1]->address();
+  auto client = client::EmbeddingClient::Create(
+      {{"t", kDim}}, client::MakeServerShardMapSource({m->a, m->b}),
+      client::EmbeddingClientOptions());
+  if (!client.ok()) {
+    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
+    return false;
+  }
+  m->client = *std::move(client);
+  return true;
+}
+
+// Creates the `rows` rows (a lookup and a push of each batch).
+bool FillMoveRows(MoveBench* m) {
+  const int64_t rows = m->rows;
+  m->all.resize(rows);
+  for (int64_t i = 0; i < rows; ++i) m->all[i] = i * 0x9e3779b97f4a7c15LL;
+  std::vector<float> buf(65536 * kDim);
+  for (int64_t lo = 0; lo < rows; lo += 65536) {
+    client::LookupSpec spec{0, absl::MakeConstSpan(m->all).subspan(lo, std::min<int64_t>(65536, rows - lo)), buf.data()};
+    client::PushSpec push{0, spec.ids, buf.data()};
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    if (absl::Status st = m->client->Lookup(m->step, {&spec, 1}); !st.ok()) {
+      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
+      return false;
+    }
+    if (absl::Status st = m->client->PushGradients(m->step++, {&push, 1}); !st.ok()) {
+      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+void StartMoveWorker(MoveBench* m, MoveWorker* w) {
+  w->thread = std::thread([m, w] {
+    const int64_t ids = m->ids;
     std::mt19937_64 rng(3);
     std::vector<int64_t> mine(ids);
     std::vector<float> grads(ids * kDim, 0.001f);
-    while (ids > 0 && !stop.load()) {
-      for (int64_t& id : mine) id = all[rng() % all.size()];
+    while (ids > 0 && !w->stop.load()) {
+      for (int64_t& id : mine) id = m->all[rng() % m->all.size()];
       std::sort(mine.begin(), mine.end());
       mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
       client::LookupSpec spec{0, mine, grads.data()};
-      if (!(*client)->Lookup(step, {&spec, 1}).ok()) break;
+      if (!m->client->Lookup(m->step, {&spec, 1}).ok()) break;
       std::fill(grads.begin(), grads.end(), 0.001f);
       client::PushSpec push{0, mine, grads.data()};
-      const int ph = phase.load();
+      const int ph = w->phase.load();
       const double t0 = Now();
-      const absl::Status st = (*client)->PushGradients(step++, {&push, 1});
+      const absl::Status st = m->client->PushGradients(m->step++, {&push, 1});
       const double dt = Now() - t0;
       if (!st.ok()) {
         std::fprintf(stderr, "push: %s\n", st.ToString().c_str());
         break;
       }
-      absl::MutexLock lock(&mu);
-      latencies[ph].push_back(dt);
+      absl::MutexLock lock(&w->mu);
+      w->latencies[ph].push_back(dt);
       mine.resize(ids);
     }
   });
-  auto admin = [](const std::string& address) {
-    return v1::ShardAdmin::NewStub(
-        rpc::MakeChannel(address, rpc::ChannelKind::kControl));
-  };
-  auto deadline = [](grpc::ClientContext* ctx) {
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-  };
+}
+
+std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
+  return v1::ShardAdmin::NewStub(
+      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
+}
+
+void SetDeadline(grpc::ClientContext* ctx) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
+}
+
+// Move `index`: every slot that `map` gives the server it leaves (0 on
+// even moves, 1 on odd) to the other one (MigrateIn, then HandOver),
+// timed against raw TCP measured just before it; prints its row and
+// appends its ratio. False (said on stderr) when an RPC fails.
+bool MoveOnce(const MoveBench& m, int index, v1::ShardMap* map,
+              std::vector<double>* ratios) {
+  const int from = index % 2 == 0 ? 0 : 1;
+  const std::string src = from == 0 ? m.a : m.b, dst = from == 0 ? m.b : m.a;
+  const double tcp = RawTcpBandwidth(size_t{512} << 20, size_t{64} << 20);
+  v1::MigrateInRequest in;
+  in.set_move_id(absl::StrCat("bench-", index));
+  in.set_source(src);
+  in.set_epoch(map->epoch());
+  in.set_max_bytes_per_second(m.max_bytes_per_second);
+  v1::ShardMap next = *map;
+  next.set_epoch(map->epoch() + 1);
+  for (uint32_t s = 0; s < kMoveSlots; ++s) {
+    if (map->slot_owner(s) == static_cast<uint32_t>(from)) {
+      in.add_slots(s);
+      next.set_slot_owner(s, 1 - from);
+    }
+  }
+  // A source exports only what the coordinator allowed before MigrateIn.
+  v1::AllowExportRequest allow;
+  allow.set_move_id(in.move_id());
+  *allow.mutable_slots() = in.slots();
+  allow.set_ttl_ms(600000);
+  v1::AllowExportResponse allowed;
+  grpc::ClientContext c0;
+  SetDeadline(&c0);
+  grpc::Status st = Admin(src)->AllowExport(&c0, allow, &allowed);
+  if (!st.ok()) {
+    std::fprintf(stderr, "AllowExport: %s\n", st.error_message().c_str());
+    return false;
+  }
+  v1::MigrateInResponse copied;
+  grpc::ClientContext c1;
+  SetDeadline(&c1);
+  st = Admin(dst)->MigrateIn(&c1, in, &copied);
+  if (!st.ok()) {
+    std::fprintf(stderr, "MigrateIn: %s\n", st.error_message().c_str());
+    return false;
+  }
+  v1::HandOverRequest over;
+  over.set_move_id(in.move_id());
+  over.set_target(dst);
+  over.set_self(src);
+  *over.mutable_new_map() = next;
+  v1::HandOverResponse handed;
+  grpc::ClientContext c2;
+  SetDeadline(&c2);
+  st = Admin(src)->HandOver(&c2, over, &handed);
+  if (!st.ok()) {
+    std::fprintf(stderr, "HandOver: %s\n", st.error_message().c_str());
+    return false;
+  }
+  *map = next;
+  const double rate = copied.bytes() / copied.seconds();
+  ratios->push_back(rate / tcp);
+  std::printf("%-5d %10lld %10.1f %9.3f %9.1f %7.3f %9lld %9.2f\n", index,
+              static_cast<long long>(copied.rows()), copied.bytes() / 1e6,
+              copied.seconds(), rate / 1e6, rate / tcp,
+              static_cast<long long>(handed.delta_rows()),
+              handed.hold_seconds() * 1e3);
+  return true;
+}
+
+void PrintMoveSummary(const MoveBench& m, MoveWorker* w,
+                      const std::vector<double>& ratios) {
+  std::printf("\nmove rate / raw TCP (each copy against TCP measured just "
+              "before it): median %.3f (goal >= 0.3)\n", Median(ratios));
+  std::printf("push latency of a %lld-id step (ms):  %-7s %8s %8s %8s %7s\n",
+              static_cast<long long>(m.ids), "", "p50", "p99", "max", "steps");
+  const char* names[3] = {"before moves", "during moves", "after moves"};
+  for (int ph = 0; ph < 3; ++ph) {
+    absl::MutexLock lock(&w->mu);
+    std::printf("  %-34s %8.2f %8.2f %8.2f %7zu\n", names[ph],
+                Percentile(w->latencies[ph], 0.5) * 1e3,
+                Percentile(w->latencies[ph], 0.99) * 1e3,
+                Percentile(w->latencies[ph], 1.0) * 1e3, w->latencies[ph].size());
+  }
+}
+
+// Two servers (sync, one worker), `rows` rows of dim 64 (SGD: 256 B each)
+// spread over them; a worker steps (lookup + push of `ids` ids) the whole
+// time. Moves every slot of server 0 to server 1 (MigrateIn, then
+// HandOver) and back, timing each copy against raw TCP measured just
+// before it, and the worker's push latency before and during the moves.
+int MoveMain(MoveBench* m) {
+  if (!StartMoveCluster(m) || !FillMoveRows(m)) return 1;
+  MoveWorker w;
+  StartMoveWorker(m, &w);
   absl::SleepFor(absl::Seconds(2));  // latencies before
   v1::ShardMap map;
   {
     grpc::ClientContext ctx;
-    deadline(&ctx);
-    admin(a)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map);
+    SetDeadline(&ctx);
+    Admin(m->a)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map);
   }
   std::printf("%-5s %10s %10s %9s %9s %7s %9s %9s\n", "move", "rows", "MB",
               "copy s", "MB/s", "x_tcp", "delta", "hold ms");
   std::vector<double> ratios;
-  phase = 1;
-  for (int m = 0; m < moves; ++m) {
-    const int from = m % 2 == 0 ? 0 : 1;
-    const std::string src = from == 0 ? a : b, dst = from == 0 ? b : a;
-    const double tcp = RawTcpBandwidth(size_t{512} << 20, size_t{64} << 20);
-    v1::MigrateInRequest in;
-    in.set_move_id(absl::StrCat("bench-", m));
-    in.set_source(src);
-    in.set_epoch(map.epoch());
-    in.set_max_bytes_per_second(max_bytes_per_second);
-    v1::ShardMap next = map;
-    next.set_epoch(map.epoch() + 1);
-    for (uint32_t s = 0; s < kSlots; ++s) {
-      if (map.slot_owner(s) == static_cast<uint32_t>(from)) {
-        in.add_slots(s);
-        next.set_slot_owner(s, 1 - from);
-      }
-    }
-    v1::MigrateInResponse copied;
-    grpc::ClientContext c1;
-    deadline(&c1);
-    grpc::Status st = admin(dst)->MigrateIn(&c1, in, &copied);
-    if (!st.ok()) {
-      std::fprintf(stderr, "MigrateIn: %s\n", st.error_message().c_str());
-      break;
-    }
-    v1::HandOverRequest over;
-    over.set_move_id(in.move_id());
-    over.set_target(dst);
-    over.set_self(src);
-    *over.mutable_new_map() = next;
-    v1::HandOverResponse handed;
-    grpc::ClientContext c2;
-    deadline(&c2);
-    st = admin(src)->HandOver(&c2, over, &handed);
-    if (!st.ok()) {
-      std::fprintf(stderr, "HandOver: %s\n", st.error_message().c_str());
-      break;
-    }
-    map = next;
-    const double rate = copied.bytes() / copied.seconds();
-    ratios.push_back(rate / tcp);
-    std::printf("%-5d %10lld %10.1f %9.3f %9.1f %7.3f %9lld %9.2f\n", m,
-                static_cast<long long>(copied.rows()), copied.bytes() / 1e6,
-                copied.seconds(), rate / 1e6, rate / tcp,
-                static_cast<long long>(handed.delta_rows()),
-                handed.hold_seconds() * 1e3);
-  }
-  phase = 2;
+  w.phase = 1;
+  bool moved = true;
+  for (int i = 0; i < m->moves && moved; ++i) moved = MoveOnce(*m, i, &map, &ratios);
+  w.phase = 2;
   absl::SleepFor(absl::Seconds(1));
-  stop = true;
-  worker.join();
-  std::printf("\nmove rate / raw TCP (each copy against TCP measured just "
-              "before it): median %.3f (goal >= 0.3)\n", Median(ratios));
-  std::printf("push latency of a %lld-id step (ms):  %-7s %8s %8s %8s %7s\n",
-              static_cast<long long>(ids), "", "p50", "p99", "max", "steps");
-  const char* names[3] = {"before moves", "during moves", "after moves"};
-  for (int ph = 0; ph < 3; ++ph) {
-    absl::MutexLock lock(&mu);
-    std::printf("  %-34s %8.2f %8.2f %8.2f %7zu\n", names[ph],
-                Percentile(latencies[ph], 0.5) * 1e3,
-                Percentile(latencies[ph], 0.99) * 1e3,
-                Percentile(latencies[ph], 1.0) * 1e3, latencies[ph].size());
-  }
-  return 0;
+  w.stop = true;
+  w.thread.join();
+  PrintMoveSummary(*m, &w, ratios);
+  return moved ? 0 : 1;  // a failed move fails the run
 }
 
-int Main(int argc, char** argv) {
-  // As in the worker, the client's process.
-  TuneDataPlaneProcess();
+// ---- lookups and pushes against one server ----
+
+// The flags (those of --op=move are read by RunMoveOp).
+struct Flags {
   std::string binary = RECPS_SHARD_BINARY;
   double seconds_per_case = 2.0;
-  std::string only_op;  // "lookup" or "push"; empty runs both
+  std::string only_op;   // "lookup" or "push"; empty runs both
   int64_t only_ids = 0;  // one batch size; 0 runs all
   // Rows created up front and drawn from: 256 MiB by default, far beyond the
   // L3; a small space (say 80000) measures the wire path with rows in cache.
@@ -401,239 +469,318 @@ int Main(int argc, char** argv) {
   std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
                                           "--consistency=sync"};
   client::EmbeddingClientOptions options;
+};
+
+void ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--max_ids_per_lookup_request=", 0) == 0) {
-      options.max_ids_per_lookup_request = std::stoi(a.substr(29));
+      f->options.max_ids_per_lookup_request = std::stoi(a.substr(29));
     }
-    if (a.rfind("--shard_binary=", 0) == 0) binary = a.substr(15);
-    if (a.rfind("--seconds_per_case=", 0) == 0) seconds_per_case = std::stod(a.substr(19));
-    if (a.rfind("--op=", 0) == 0) only_op = a.substr(5);
-    if (a.rfind("--ids=", 0) == 0) only_ids = std::stoll(a.substr(6));
-    if (a.rfind("--inflight=", 0) == 0) inflight = std::stoi(a.substr(11));
-    if (a.rfind("--rounds=", 0) == 0) rounds = std::stoi(a.substr(9));
-    if (a.rfind("--id_space=", 0) == 0) id_space = std::stoll(a.substr(11));
-    if (a.rfind("--shard_flag=", 0) == 0) shard_flags.push_back(a.substr(13));
-    if (a.rfind("--optimizer=", 0) == 0) optimizer = a.substr(12);
+    if (a.rfind("--shard_binary=", 0) == 0) f->binary = a.substr(15);
+    if (a.rfind("--seconds_per_case=", 0) == 0) f->seconds_per_case = std::stod(a.substr(19));
+    if (a.rfind("--op=", 0) == 0) f->only_op = a.substr(5);
+    if (a.rfind("--ids=", 0) == 0) f->only_ids = std::stoll(a.substr(6));
+    if (a.rfind("--inflight=", 0) == 0) f->inflight = std::stoi(a.substr(11));
+    if (a.rfind("--rounds=", 0) == 0) f->rounds = std::stoi(a.substr(9));
+    if (a.rfind("--id_space=", 0) == 0) f->id_space = std::stoll(a.substr(11));
+    if (a.rfind("--shard_flag=", 0) == 0) f->shard_flags.push_back(a.substr(13));
+    if (a.rfind("--optimizer=", 0) == 0) f->optimizer = a.substr(12);
   }
-  kernels::OptimizerParams params;
-  params.learning_rate = 0.01f;
-  std::string kind_name;
+}
+
+// The table's optimizer from --optimizer, and its name in the tables file.
+bool ParseOptimizer(const std::string& optimizer, OptimizerParams* params,
+                    std::string* kind_name) {
+  params->learning_rate = 0.01f;
   if (optimizer == "sgd") {
-    params.kind = kernels::OptimizerKind::kSgd;
-    kind_name = "SGD";
+    params->kind = OptimizerKind::kSgd;
+    *kind_name = "SGD";
   } else if (optimizer == "adagrad") {
-    params.kind = kernels::OptimizerKind::kAdagrad;
-    kind_name = "ADAGRAD";
+    params->kind = OptimizerKind::kAdagrad;
+    *kind_name = "ADAGRAD";
   } else if (optimizer == "rowwise_adagrad") {
-    params.kind = kernels::OptimizerKind::kRowWiseAdagrad;
-    kind_name = "ROWWISE_ADAGRAD";
+    params->kind = OptimizerKind::kRowWiseAdagrad;
+    *kind_name = "ROWWISE_ADAGRAD";
   } else {
     std::fprintf(stderr, "--optimizer must be sgd, adagrad or rowwise_adagrad\n");
-    return 2;
+    return false;
   }
-  // The server's store splits a push over --store_threads (default: one per
-  // hardware thread); the kernel anchor uses as many.
-  int store_threads = 0;
-  for (const std::string& f : shard_flags) {
-    if (f.rfind("--store_threads=", 0) == 0) store_threads = std::stoi(f.substr(16));
+  return true;
+}
+
+// --op=move: its own flags, and the shard flags it passes on.
+int RunMoveOp(int argc, char** argv, const Flags& f) {
+  MoveBench m;
+  m.binary = f.binary;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--rows=", 0) == 0) m.rows = std::stoll(a.substr(7));
+    if (a.rfind("--moves=", 0) == 0) m.moves = std::stoi(a.substr(8));
+    if (a.rfind("--ids=", 0) == 0) m.ids = std::stoll(a.substr(6));
+    if (a.rfind("--max_bytes_per_second=", 0) == 0) m.max_bytes_per_second = std::stoll(a.substr(23));
   }
-  if (only_op == "move") {
-    int64_t rows = int64_t{1} << 20, ids = 4096, bps = 0;
-    int moves = 4;
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a.rfind("--rows=", 0) == 0) rows = std::stoll(a.substr(7));
-      if (a.rfind("--moves=", 0) == 0) moves = std::stoi(a.substr(8));
-      if (a.rfind("--ids=", 0) == 0) ids = std::stoll(a.substr(6));
-      if (a.rfind("--max_bytes_per_second=", 0) == 0) bps = std::stoll(a.substr(23));
+  for (const std::string& flag : f.shard_flags) {
+    if (flag.rfind("--move", 0) == 0 || flag.rfind("--threads", 0) == 0) {
+      m.extra_flags.push_back(flag);
     }
-    std::vector<std::string> extra;
-    for (const std::string& f : shard_flags) {
-      if (f.rfind("--move", 0) == 0 || f.rfind("--threads", 0) == 0) {
-        extra.push_back(f);
-      }
-    }
-    return MoveMain(binary, rows, ids, moves, bps, extra);
   }
-  if (inflight < 1 || rounds < 1) {
-    std::fprintf(stderr, "--inflight and --rounds must be at least 1\n");
-    return 2;
-  }
-  if (id_space <= 65536) {
-    std::fprintf(stderr, "--id_space must exceed the largest batch, 65536\n");
-    return 2;
-  }
+  return MoveMain(&m);
+}
+
+// What the lookup and push cases share: the server, its client and the ids.
+struct Bench {
+  Bench(const Flags& f, OptimizerParams p, int threads)
+      : flags(f), params(p), store_threads(threads) {}
+  const Flags& flags;
+  OptimizerParams params;
+  int store_threads;  // the server's --store_threads (0: one per core)
   testing::TempDir dir;
-  const std::string tables = dir.WriteFile("tables.textproto", R"(
+  std::unique_ptr<testing::LocalShard> shard;
+  std::unique_ptr<client::EmbeddingClient> client;
+  std::vector<int64_t> all;  // the id space's ids
+  std::mt19937_64 rng{1};    // seeds the callers of each round
+  int64_t step = 0;  // pushes advance the step; lookups read at the next one
+};
+
+// Starts the server with the table and connects the client.
+bool StartServer(const std::string& kind_name, Bench* b) {
+  const std::string tables = b->dir.WriteFile("tables.textproto", R"(
 tables { name: "t" dim: 64 optimizer { kind: )" + kind_name +
                                                          R"( learning_rate: 0.01 } }
 )");
+  std::vector<std::string> shard_flags = b->flags.shard_flags;
   shard_flags.push_back("--tables=" + tables);
-  auto shard = testing::LocalShard::Start(binary, shard_flags);
+  auto shard = testing::LocalShard::Start(b->flags.binary, shard_flags);
   if (!shard.ok()) {
     std::fprintf(stderr, "%s\n", shard.status().ToString().c_str());
-    return 1;
+    return false;
   }
+  b->shard = *std::move(shard);
   auto client = client::EmbeddingClient::Create(
-      {{"t", kDim}}, client::MakeServerShardMapSource({(*shard)->address()}),
-      options);
+      {{"t", kDim}}, client::MakeServerShardMapSource({b->shard->address()}),
+      b->flags.options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
-    return 1;
+    return false;
   }
+  b->client = *std::move(client);
+  return true;
+}
 
-  // Create every row first so the timed lookups measure serving, not
-  // initialisation.
-  std::vector<int64_t> all(id_space);
-  for (int64_t i = 0; i < id_space; ++i) all[i] = i * 0x9e3779b97f4a7c15LL;
+// Create every row first so the timed lookups measure serving, not
+// initialisation.
+bool CreateRows(Bench* b) {
+  const int64_t id_space = b->flags.id_space;
+  b->all.resize(id_space);
+  for (int64_t i = 0; i < id_space; ++i) b->all[i] = i * 0x9e3779b97f4a7c15LL;
   std::vector<float> rows(65536 * kDim);
   for (int64_t lo = 0; lo < id_space; lo += 65536) {
-    client::LookupSpec spec{0, absl::MakeConstSpan(all).subspan(lo, std::min<int64_t>(65536, id_space - lo)), rows.data()};
-    if (absl::Status s = (*client)->Lookup(0, {&spec, 1}); !s.ok()) {
+    client::LookupSpec spec{0, absl::MakeConstSpan(b->all).subspan(lo, std::min<int64_t>(65536, id_space - lo)), rows.data()};
+    if (absl::Status s = b->client->Lookup(0, {&spec, 1}); !s.ok()) {
       std::fprintf(stderr, "warm-up: %s\n", s.ToString().c_str());
-      return 1;
+      return false;
     }
   }
+  return true;
+}
 
-  // The anchor, best of three (one transfer swings by 2x on a busy
-  // machine): once for the run, and again before each round of each case,
-  // which that round's ratio uses, so that both sides of a ratio see the
-  // machine in the same state (the anchor alone swung from 1.2 to 6.6 GB/s
-  // within an hour on the 2-core VM).
-  // Each transfer times 512 MiB after 64 MiB of warm-up (smaller or cold
-  // transfers read lower, which would flatter the ratios).
-  auto anchor = [] {
-    double best = 0;
-    for (int run = 0; run < 3; ++run) {
-      best = std::max(best, RawTcpBandwidth(size_t{512} << 20, size_t{64} << 20));
+// The anchor, best of three (one transfer swings by 2x on a busy
+// machine): once for the run, and again before each round of each case,
+// which that round's ratio uses, so that both sides of a ratio see the
+// machine in the same state (the anchor alone swung from 1.2 to 6.6 GB/s
+// within an hour on the 2-core VM).
+// Each transfer times 512 MiB after 64 MiB of warm-up (smaller or cold
+// transfers read lower, which would flatter the ratios).
+double Anchor() {
+  double best = 0;
+  for (int run = 0; run < 3; ++run) {
+    best = std::max(best, RawTcpBandwidth(size_t{512} << 20, size_t{64} << 20));
+  }
+  return best;
+}
+
+// One case (an op and a batch size): each caller's ids and rows, kept
+// across rounds, and the figures gathered over the rounds.
+struct Case {
+  const char* op;
+  int64_t n;
+  int num_callers;
+  std::vector<std::vector<int64_t>> caller_ids;
+  std::vector<std::vector<float>> caller_rows;
+  std::vector<double> latencies;
+  std::vector<double> anchors, ratios;
+  double case_seconds = 0;
+  double server_cpu = 0, client_cpu = 0;
+};
+
+// Two untimed calls per caller first: the first calls of a size fault
+// in fresh buffers on both sides and grow the HTTP/2 windows (the first
+// 64k-id pushes took 65-180 ms, the rest ~20; with this warm-up the
+// case's p99 fell from 125-330 ms to 25-50 ms, though a single slow
+// call right after an anchor still shows up now and then).
+bool WarmUpCallers(Bench* b, Case* k) {
+  for (int c = 0; c < k->num_callers; ++c) {
+    for (int w = 0; w < 2; ++w) {
+      std::copy(b->all.begin(), b->all.begin() + k->n, k->caller_ids[c].begin());
+      client::LookupSpec lookup{0, k->caller_ids[c], k->caller_rows[c].data()};
+      client::PushSpec push{0, k->caller_ids[c], k->caller_rows[c].data()};
+      const absl::Status s =
+          k->op[0] == 'l' ? b->client->Lookup(b->step, {&lookup, 1})
+                          : b->client->PushGradients(b->step++, {&push, 1});
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s warm-up: %s\n", k->op, s.ToString().c_str());
+        return false;
+      }
     }
-    return best;
+  }
+  return true;
+}
+
+// One round of a case, right after its own anchor.
+bool RunRound(Bench* b, Case* k) {
+  const char* op = k->op;
+  const int64_t n = k->n;
+  const int64_t id_space = b->flags.id_space;
+  const double tcp = Anchor();
+  const double server_cpu_start = ProcessCpuSeconds(b->shard->pid());
+  const double client_cpu_start = SelfCpuSeconds();
+  const double round_start = Now();
+  const size_t calls_before = k->latencies.size();
+  // `inflight` callers, each with its own ids and rows, one call at a
+  // time each; pushes take step numbers from one counter.
+  absl::Mutex mu;
+  absl::Status failed;
+  std::atomic<int64_t> next_step{b->step};
+  auto caller = [&](int c, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int64_t>& ids = k->caller_ids[c];
+    std::vector<float>& buf = k->caller_rows[c];
+    std::vector<double> mine;
+    while (Now() - round_start < b->flags.seconds_per_case / b->flags.rounds ||
+           mine.size() < 3) {
+      // Distinct random ids: a random window of the shuffled id space.
+      const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
+      std::copy(b->all.begin() + start, b->all.begin() + start + n, ids.begin());
+      const double t0 = Now();
+      absl::Status s;
+      if (op[0] == 'l') {
+        client::LookupSpec spec{0, ids, buf.data()};
+        s = b->client->Lookup(b->step, {&spec, 1});
+      } else {
+        client::PushSpec spec{0, ids, buf.data()};
+        s = b->client->PushGradients(next_step++, {&spec, 1});
+      }
+      mine.push_back(Now() - t0);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        failed = s;
+        return;
+      }
+    }
+    absl::MutexLock lock(&mu);
+    k->latencies.insert(k->latencies.end(), mine.begin(), mine.end());
   };
+  std::vector<std::thread> callers;
+  // A worker has one push in flight at a time (sync mode applies steps
+  // in order); lookups overlap (the trainer's prefetch, other workers).
+  for (int c = 0; c < k->num_callers; ++c) callers.emplace_back(caller, c, b->rng());
+  for (std::thread& t : callers) t.join();
+  const double wall = Now() - round_start;
+  b->step = next_step;
+  if (!failed.ok()) {
+    std::fprintf(stderr, "%s: %s\n", op, failed.ToString().c_str());
+    return false;
+  }
+  // The client's CPU includes copying the ids in the loop above.
+  k->server_cpu += ProcessCpuSeconds(b->shard->pid()) - server_cpu_start;
+  k->client_cpu += SelfCpuSeconds() - client_cpu_start;
+  k->case_seconds += wall;
+  const double round_bytes_per_s = static_cast<double>(
+      k->latencies.size() - calls_before) * n * kDim * sizeof(float) / wall;
+  k->anchors.push_back(tcp);
+  k->ratios.push_back(round_bytes_per_s / tcp);
+  return true;
+}
+
+// The case's row; a push case then times the fused update kernel alone.
+void ReportCase(const Bench& b, const Case& k) {
+  const double calls = k.latencies.size();
+  const Result r = Summarise(k.latencies, k.n, k.case_seconds);
+  std::printf(
+      "%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %5.2f-%5.2f %10.2f "
+      "%10.2f\n",
+      k.op, static_cast<long>(k.n), r.ids_per_second,
+      r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms,
+      Median(k.anchors) / 1e9, Median(k.ratios),
+      *std::min_element(k.ratios.begin(), k.ratios.end()),
+      *std::max_element(k.ratios.begin(), k.ratios.end()),
+      k.server_cpu / calls * 1e3, k.client_cpu / calls * 1e3);
+  if (k.op[0] == 'p') {
+    ThreadPool probe(b.store_threads);
+    const double kernel = FusedUpdateBandwidth(b.params, b.flags.id_space, k.n,
+                                               probe.num_threads(), 5);
+    std::printf("        fused %s update kernel alone (%d threads): %.3f GB/s; "
+                "push = %.2f x kernel\n",
+                b.flags.optimizer.c_str(), probe.num_threads(), kernel / 1e9,
+                r.payload_bytes_per_second / kernel);
+  }
+}
+
+bool RunCase(Bench* b, const char* op, int64_t n) {
+  Case k;
+  k.op = op;
+  k.n = n;
+  k.num_callers = op[0] == 'l' ? b->flags.inflight : 1;
+  k.caller_ids.assign(k.num_callers, std::vector<int64_t>(n));
+  k.caller_rows.assign(k.num_callers, std::vector<float>(n * kDim, 1e-4f));
+  if (!WarmUpCallers(b, &k)) return false;
+  for (int round = 0; round < b->flags.rounds; ++round) {
+    if (!RunRound(b, &k)) return false;
+  }
+  ReportCase(*b, k);
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  // As in the worker, the client's process.
+  TuneDataPlaneProcess();
+  Flags flags;
+  ParseFlags(argc, argv, &flags);
+  OptimizerParams params;
+  std::string kind_name;
+  if (!ParseOptimizer(flags.optimizer, &params, &kind_name)) return 2;
+  // The server's store splits a push over --store_threads (default: one per
+  // hardware thread); the kernel anchor uses as many.
+  int store_threads = 0;
+  for (const std::string& f : flags.shard_flags) {
+    if (f.rfind("--store_threads=", 0) == 0) store_threads = std::stoi(f.substr(16));
+  }
+  if (flags.only_op == "move") return RunMoveOp(argc, argv, flags);
+  if (flags.inflight < 1 || flags.rounds < 1) {
+    std::fprintf(stderr, "--inflight and --rounds must be at least 1\n");
+    return 2;
+  }
+  if (flags.id_space <= 65536) {
+    std::fprintf(stderr, "--id_space must exceed the largest batch, 65536\n");
+    return 2;
+  }
+  Bench b(flags, params, store_threads);
+  if (!StartServer(kind_name, &b) || !CreateRows(&b)) return 1;
+
   std::printf("raw TCP loopback (1 warm connection, best of 3): %.2f GB/s\n",
-              anchor() / 1e9);
+              Anchor() / 1e9);
   std::printf("max_ids_per_lookup_request: %d, lookups in flight: %d, "
               "rounds per case: %d\n\n",
-              options.max_ids_per_lookup_request, inflight, rounds);
+              flags.options.max_ids_per_lookup_request, flags.inflight, flags.rounds);
   std::printf("%-7s %6s %12s %9s %8s %8s %7s %7s %11s %10s %10s\n", "op",
               "ids", "ids/s", "GB/s", "p50 ms", "p99 ms", "tcp", "x_tcp",
               "x_tcp range", "srv cpu ms", "cli cpu ms");
-
-  std::mt19937_64 rng(1);
-  int64_t step = 0;  // pushes advance the step; lookups read at the next one
   for (const char* op : {"lookup", "push"}) {
-    if (!only_op.empty() && only_op != op) continue;
+    if (!flags.only_op.empty() && flags.only_op != op) continue;
     for (int64_t n : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
-      if (only_ids > 0 && n != only_ids) continue;
-      // Each caller's ids and rows, kept across rounds.
-      const int num_callers = op[0] == 'l' ? inflight : 1;
-      std::vector<std::vector<int64_t>> caller_ids(num_callers,
-                                                   std::vector<int64_t>(n));
-      std::vector<std::vector<float>> caller_rows(
-          num_callers, std::vector<float>(n * kDim, 1e-4f));
-      // Two untimed calls per caller first: the first calls of a size fault
-      // in fresh buffers on both sides and grow the HTTP/2 windows (the first
-      // 64k-id pushes took 65-180 ms, the rest ~20; with this warm-up the
-      // case's p99 fell from 125-330 ms to 25-50 ms, though a single slow
-      // call right after an anchor still shows up now and then).
-      for (int c = 0; c < num_callers; ++c) {
-        for (int w = 0; w < 2; ++w) {
-          std::copy(all.begin(), all.begin() + n, caller_ids[c].begin());
-          client::LookupSpec lookup{0, caller_ids[c], caller_rows[c].data()};
-          client::PushSpec push{0, caller_ids[c], caller_rows[c].data()};
-          const absl::Status s =
-              op[0] == 'l' ? (*client)->Lookup(step, {&lookup, 1})
-                           : (*client)->PushGradients(step++, {&push, 1});
-          if (!s.ok()) {
-            std::fprintf(stderr, "%s warm-up: %s\n", op, s.ToString().c_str());
-            return 1;
-          }
-        }
-      }
-      std::vector<double> latencies;
-      std::vector<double> anchors, ratios;
-      double case_seconds = 0;
-      double server_cpu = 0, client_cpu = 0;
-      for (int round = 0; round < rounds; ++round) {
-        const double tcp = anchor();
-        const double server_cpu_start = ProcessCpuSeconds((*shard)->pid());
-        const double client_cpu_start = SelfCpuSeconds();
-        const double round_start = Now();
-        const size_t calls_before = latencies.size();
-        // `inflight` callers, each with its own ids and rows, one call at a
-        // time each; pushes take step numbers from one counter.
-        absl::Mutex mu;
-        absl::Status failed;
-        std::atomic<int64_t> next_step{step};
-        auto caller = [&](int c, uint64_t seed) {
-          std::mt19937_64 rng(seed);
-          std::vector<int64_t>& ids = caller_ids[c];
-          std::vector<float>& buf = caller_rows[c];
-          std::vector<double> mine;
-          while (Now() - round_start < seconds_per_case / rounds ||
-                 mine.size() < 3) {
-            // Distinct random ids: a random window of the shuffled id space.
-            const int64_t start = static_cast<int64_t>(rng() % (id_space - n));
-            std::copy(all.begin() + start, all.begin() + start + n, ids.begin());
-            const double t0 = Now();
-            absl::Status s;
-            if (op[0] == 'l') {
-              client::LookupSpec spec{0, ids, buf.data()};
-              s = (*client)->Lookup(step, {&spec, 1});
-            } else {
-              client::PushSpec spec{0, ids, buf.data()};
-              s = (*client)->PushGradients(next_step++, {&spec, 1});
-            }
-            mine.push_back(Now() - t0);
-            if (!s.ok()) {
-              absl::MutexLock lock(&mu);
-              failed = s;
-              return;
-            }
-          }
-          absl::MutexLock lock(&mu);
-          latencies.insert(latencies.end(), mine.begin(), mine.end());
-        };
-        std::vector<std::thread> callers;
-        // A worker has one push in flight at a time (sync mode applies steps
-        // in order); lookups overlap (the trainer's prefetch, other workers).
-        for (int c = 0; c < num_callers; ++c) callers.emplace_back(caller, c, rng());
-        for (std::thread& t : callers) t.join();
-        const double wall = Now() - round_start;
-        step = next_step;
-        if (!failed.ok()) {
-          std::fprintf(stderr, "%s: %s\n", op, failed.ToString().c_str());
-          return 1;
-        }
-        // The client's CPU includes copying the ids in the loop above.
-        server_cpu += ProcessCpuSeconds((*shard)->pid()) - server_cpu_start;
-        client_cpu += SelfCpuSeconds() - client_cpu_start;
-        case_seconds += wall;
-        const double round_bytes_per_s = static_cast<double>(
-            latencies.size() - calls_before) * n * kDim * sizeof(float) / wall;
-        anchors.push_back(tcp);
-        ratios.push_back(round_bytes_per_s / tcp);
-      }
-      const double calls = latencies.size();
-      const Result r = Summarise(latencies, n, case_seconds);
-      std::printf(
-          "%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %5.2f-%5.2f %10.2f "
-          "%10.2f\n",
-          op, static_cast<long>(n), r.ids_per_second,
-          r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms,
-          Median(anchors) / 1e9, Median(ratios),
-          *std::min_element(ratios.begin(), ratios.end()),
-          *std::max_element(ratios.begin(), ratios.end()),
-          server_cpu / calls * 1e3, client_cpu / calls * 1e3);
-      if (op[0] == 'p') {
-        ThreadPool probe(store_threads);
-        const double kernel = FusedUpdateBandwidth(params, id_space, n,
-                                                   probe.num_threads(), 5);
-        std::printf("        fused %s update kernel alone (%d threads): %.3f GB/s; "
-                    "push = %.2f x kernel\n",
-                    optimizer.c_str(), probe.num_threads(), kernel / 1e9,
-                    r.payload_bytes_per_second / kernel);
-      }
+      if (flags.only_ids > 0 && n != flags.only_ids) continue;
+      if (!RunCase(&b, op, n)) return 1;
     }
   }
   std::printf("\n(payload = ids x %d floats; each case runs in rounds, each "

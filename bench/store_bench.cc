@@ -68,7 +68,7 @@ int Main(int argc, char** argv) {
   config::TableSpec spec;
   spec.name = "t";
   spec.dim = kDim;
-  spec.optimizer.kind = kernels::OptimizerKind::kSgd;
+  spec.optimizer.kind = OptimizerKind::kSgd;
   spec.optimizer.learning_rate = 0.01f;
   server::StoreOptions single;
   server::StoreOptions parallel;

@@ -1,7 +1,9 @@
 // The file-system seam (as RocksDB's and leveldb's Env): the few file
-// operations the checkpoint files need besides RocksDB's SST files, behind
-// an interface, so that tests can inject a full disk, a torn write, a slow
-// fsync or a failed rename without root or a tmpfs
+// operations recps does besides RocksDB's own files (checkpoint manifests,
+// listing and pruning, the coordinator's dense state, the worker's file kv
+// store, port files, the launcher's work directory), behind an interface,
+// so that tests can inject a full disk, a torn write, a slow fsync or a
+// failed rename without root or a tmpfs
 // (tests/server/checkpoint/faulty_file_system.h).
 //
 // Every error is an absl::Status naming the operation and the path, coded by

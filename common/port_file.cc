@@ -1,22 +1,19 @@
 #include "common/port_file.h"
 
-#include <cstdio>
-#include <fstream>
-
 #include "absl/strings/str_cat.h"
 
 namespace recps {
 
 absl::Status WritePortFile(const std::string& path, int grpc_port,
-                           int metrics_port) {
+                           int metrics_port, FileSystem* fs) {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << grpc_port << " " << metrics_port << "\n";
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  absl::Status s = fs->WriteFile(
+      tmp, absl::StrCat(grpc_port, " ", metrics_port, "\n"), /*sync=*/false);
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (!s.ok()) {
+    fs->RemoveFile(tmp).IgnoreError();  // a partial one; may not exist
+    return absl::Status(s.code(),
+                        absl::StrCat("port file ", path, ": ", s.message()));
   }
   return absl::OkStatus();
 }

@@ -23,14 +23,6 @@
 
 namespace recps::kernels {
 
-// The row layout is common/fused_row.h's; the kernels name it as before.
-using ::recps::FusedRowStateOffset;
-using ::recps::FusedRowStateWidth;
-using ::recps::FusedRowStride;
-using ::recps::InitFusedRowState;
-using ::recps::RowPrecision;
-using ::recps::RowPrecisionName;
-
 struct FusedUpdateArgs {
   // num_rows fused rows of row_stride 4-byte words
   // (row_stride >= FusedRowStateOffset + FusedRowStateWidth), stored in

@@ -30,13 +30,6 @@
 
 namespace recps::kernels {
 
-// The kinds, their hyper-parameters and their checks are registered in
-// common/optimizer_registry.h; the kernels name them as before.
-using ::recps::OptimizerKind;
-using ::recps::OptimizerName;
-using ::recps::OptimizerParams;
-using ::recps::ValidateOptimizerParams;
-
 // A kind as a type: what VisitOptimizer hands its function.
 template <OptimizerKind K>
 struct OptimizerConstant {

@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   model.seed = job.training().seed();
   model.num_dense = job.data().has_synthetic() ? job.data().synthetic().num_dense() : 13;
   ASSIGN_OR_RETURN(t->model_, DlrmModel::Create(model, t->options_.ctx));
-  ASSIGN_OR_RETURN(const kernels::OptimizerParams dense_optimizer,
+  ASSIGN_OR_RETURN(const OptimizerParams dense_optimizer,
                    config::OptimizerParamsFromConfig(job.training().dense_optimizer()));
   ASSIGN_OR_RETURN(t->optimizer_,
                    DenseOptimizer::Create(dense_optimizer, t->model_->num_parameters(),

@@ -13,6 +13,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -39,7 +40,9 @@ namespace recps::client {
 namespace {
 
 // GPUs to hand out, one per local rank: --gpus, else the inherited
-// CUDA_VISIBLE_DEVICES, else the /dev/nvidiaN devices. Empty: CPU workers.
+// CUDA_VISIBLE_DEVICES, else the /dev/nvidiaN devices (probed with
+// std::filesystem: device nodes, not files the seam reads or writes).
+// Empty: CPU workers.
 std::vector<std::string> GpuList() {
   const std::string flag = absl::GetFlag(FLAGS_gpus);
   if (flag == "none") return {};
@@ -57,7 +60,7 @@ std::vector<std::string> GpuList() {
 }  // namespace
 
 int RunLaunch(const std::vector<std::string>& positional,
-              const std::vector<std::string>& worker_args) {
+              const std::vector<std::string>& worker_args, FileSystem* fs) {
   const std::string coordinator = absl::GetFlag(FLAGS_coordinator);
   if (coordinator.empty()) {
     LogError("recps launch needs --coordinator=host:port (the cluster's coordinator)");
@@ -134,7 +137,12 @@ int RunLaunch(const std::vector<std::string>& positional,
     args.insert(args.end(), worker_args.begin(), worker_args.end());  // last wins
     std::string log;
     if (const std::string dir = absl::GetFlag(FLAGS_log_dir); !dir.empty()) {
-      std::filesystem::create_directories(dir);
+      // The child opens its log (after fork, outside the seam); the
+      // directory is ours to make.
+      if (absl::Status s = fs->CreateDirs(dir); !s.ok()) {
+        LogError("--log_dir: ", s.message());
+        return 1;  // the ones already started stop with `workers`
+      }
       log = absl::StrCat(dir, "/worker", w.rank, ".log");
     }
     absl::StatusOr<ChildProcess> child = ChildProcess::Spawn(worker_bin, args, log, env);

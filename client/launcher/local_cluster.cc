@@ -6,8 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -22,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "client/launcher/process.h"
 #include "client/launcher/supervise.h"
+#include "client/launcher/work_dir.h"
 #include "common/config/job_config.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
@@ -36,6 +36,8 @@
 namespace recps::client {
 namespace {
 
+// std::filesystem, not the seam: a probe for a file that
+// config::ReadJobConfig then reads on its own.
 std::string DefaultJob() {
   for (const std::string& p :
        {std::string("examples/small.textproto"),
@@ -67,11 +69,11 @@ absl::Status WaitForShardMap(const std::string& server, absl::Duration timeout) 
 
 // ": held-out AUC 0.7803, log loss 0.4721 after step 600 (rank 0)" from a
 // worker's --result_json (its last evaluation), or "" without one.
-std::string FinalEvaluation(const std::string& result_json) {
-  std::ifstream in(result_json);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string json = text.str();
+std::string FinalEvaluation(const std::string& result_json, FileSystem* fs) {
+  absl::StatusOr<std::string> text =
+      fs->ReadSmallFile(result_json, std::numeric_limits<int64_t>::max());
+  if (!text.ok()) return "";
+  const std::string& json = *text;
   const size_t auc = json.rfind("\"auc\":");
   const size_t step = json.rfind("\"step\":", auc);
   const size_t log_loss = json.find("\"log_loss\":", auc);
@@ -89,17 +91,24 @@ std::string FinalEvaluation(const std::string& result_json) {
 // step-<N> holding its MANIFEST, which is written last), or -1. Which one the
 // coordinator restores is its decision (it validates the manifest); this is
 // for the launcher's messages and whether to ask for a restore at all.
-int64_t NewestCompleteCheckpoint(const std::string& root) {
+int64_t NewestCompleteCheckpoint(const std::string& root, FileSystem* fs) {
   int64_t newest = -1;
-  std::error_code ec;
   if (root.empty()) return newest;
-  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) != 0) continue;
+  absl::StatusOr<std::vector<FileSystem::DirEntry>> entries = fs->ListDir(root);
+  if (!entries.ok()) return newest;
+  for (const FileSystem::DirEntry& entry : *entries) {
     int64_t step = 0;
-    if (!absl::SimpleAtoi(name.substr(5), &step) || step < 0) continue;
-    if (!std::filesystem::exists(entry.path() / "MANIFEST", ec)) continue;
-    newest = std::max(newest, step);
+    if (!entry.is_dir || !absl::StartsWith(entry.name, "step-") ||
+        !absl::SimpleAtoi(entry.name.substr(5), &step) || step < 0 || step <= newest) {
+      continue;
+    }
+    // The seam has no exists(): look for the MANIFEST in the listing.
+    absl::StatusOr<std::vector<FileSystem::DirEntry>> files =
+        fs->ListDir(absl::StrCat(root, "/", entry.name));
+    if (!files.ok()) continue;
+    for (const FileSystem::DirEntry& f : *files) {
+      if (f.name == "MANIFEST") newest = step;
+    }
   }
   return newest;
 }
@@ -143,6 +152,8 @@ absl::StatusOr<LocalSecurity> SetUpLocalSecurity(const rpc::TlsFlagValues& flags
                "with no roles");
     return security;
   }
+  // The certificates are written by common/security (OpenSSL), not through
+  // the seam, so they are probed as they are written: std::filesystem.
   security.dir = work + "/certs";
   security::CertOptions options;
   options.cluster = "local";
@@ -291,22 +302,15 @@ int Prepare(const LocalClusterOptions& o, LocalPlan* plan) {
              "set --bin_dir");
     return 2;
   }
-  plan->work = o.work_dir;
-  if (plan->work.empty()) {
-    std::string tmpl = "/tmp/recps-local-XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      LogError("cannot create a work directory in /tmp");
-      return 1;
-    }
-    plan->work = tmpl;
+  std::string job_text;
+  google::protobuf::TextFormat::PrintToString(plan->job, &job_text);
+  absl::StatusOr<WorkDir> work = PrepareWorkDir(o.work_dir, job_text, o.file_system);
+  if (!work.ok()) {
+    LogError(work.status().message());
+    return 1;
   }
-  std::filesystem::create_directories(plan->work);
-  plan->job_copy = plan->work + "/job.textproto";
-  {
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(plan->job, &text);
-    std::ofstream(plan->job_copy) << text;
-  }
+  plan->work = work->dir;
+  plan->job_copy = work->job_copy;
   if (o.max_restarts < 0) {
     LogError("--max_restarts=", o.max_restarts, ": must be >= 0");
     return 2;
@@ -334,7 +338,10 @@ int Prepare(const LocalClusterOptions& o, LocalPlan* plan) {
   plan->tls = *std::move(tls);
   // Every worker writes its result; rank 0's evaluations give the summary.
   plan->result_dir = o.result_dir.empty() ? plan->work : o.result_dir;
-  std::filesystem::create_directories(plan->result_dir);
+  if (absl::Status s = o.file_system->CreateDirs(plan->result_dir); !s.ok()) {
+    LogError("result directory (--result_dir): ", s.message());
+    return 1;
+  }
   return 0;
 }
 
@@ -361,10 +368,15 @@ class LocalAttempt {
   absl::Status StartShards();
   absl::Status StartWorkers();
   int SuperviseAll(std::string* failure);
-  void WritePids() { WritePidFile(pid_file_, servers_, workers_, names_); }
+  void WritePids() { WritePidFile(pid_file_, servers_, workers_, names_, fs_); }
+  // Removes a port file of an earlier start: it is no sign of life.
+  void RemoveStalePortFile(const std::string& path) const {
+    fs_->RemoveFile(path).IgnoreError();  // mostly NOT_FOUND
+  }
 
   const LocalPlan& plan_;
   const LocalClusterOptions& o_;
+  FileSystem* const fs_;
   const bool restore_;
   const std::string pid_file_;
   // The coordinator's files. A restore starts from an empty state
@@ -386,6 +398,7 @@ class LocalAttempt {
 LocalAttempt::LocalAttempt(const LocalPlan& plan, int attempt, bool restore)
     : plan_(plan),
       o_(*plan.options),
+      fs_(plan.options->file_system),
       restore_(restore),
       pid_file_(plan.work + "/pids"),
       coord_log_(plan.work + "/coordinator.log"),
@@ -397,10 +410,7 @@ LocalAttempt::LocalAttempt(const LocalPlan& plan, int attempt, bool restore)
                                : plan.work + "/coordinator") {}
 
 int LocalAttempt::Run(std::string* failure) {
-  if (restore_) {
-    std::error_code ec;
-    std::filesystem::remove_all(coord_state_, ec);
-  }
+  if (restore_) fs_->RemoveTree(coord_state_).IgnoreError();  // best effort, as ever
   absl::Status started = StartCoordinator();
   if (started.ok()) started = StartShards();
   if (started.ok()) started = StartWorkers();
@@ -414,8 +424,7 @@ int LocalAttempt::Run(std::string* failure) {
 
 absl::StatusOr<std::pair<ChildProcess, int>> LocalAttempt::SpawnCoordinator(
     const std::string& listen) const {
-  std::error_code ec;
-  std::filesystem::remove(coord_ports_, ec);  // a stale one is no sign of life
+  RemoveStalePortFile(coord_ports_);
   std::vector<std::string> args = {
       "--state_dir=" + coord_state_, "--job=" + plan_.job_copy,
       absl::StrCat("--num_shards=", plan_.num_shards),
@@ -426,7 +435,7 @@ absl::StatusOr<std::pair<ChildProcess, int>> LocalAttempt::SpawnCoordinator(
   for (std::string& a : plan_.tls.Args("coordinator")) args.push_back(std::move(a));
   absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(plan_.coordinator_bin, args, coord_log_);
   if (!c.ok()) return c.status();
-  absl::StatusOr<int> port = WaitForPort(*c, coord_ports_, coord_log_, o_.start_timeout);
+  absl::StatusOr<int> port = WaitForPort(*c, coord_ports_, coord_log_, o_.start_timeout, fs_);
   if (!port.ok()) return port.status();
   return std::make_pair(*std::move(c), *port);
 }
@@ -457,8 +466,7 @@ absl::Status LocalAttempt::StartShards() {
   for (int i = 0; i < plan_.num_shards && !o_.in_process; ++i) {
     const std::string log = absl::StrCat(plan_.work, "/shard", i, ".log");
     const std::string ports = absl::StrCat(plan_.work, "/shard", i, ".ports");
-    std::error_code ec;
-    std::filesystem::remove(ports, ec);  // the last attempt's is stale
+    RemoveStalePortFile(ports);  // the last attempt's
     std::vector<std::string> args = {
         "--job=" + plan_.job_copy, absl::StrCat("--world_size=", o_.workers),
         "--coordinator=" + coord_address_, "--listen=127.0.0.1:0", "--port_file=" + ports,
@@ -471,7 +479,7 @@ absl::Status LocalAttempt::StartShards() {
     servers_.push_back(LocalServer{*std::move(shard), absl::StrCat("shard server ", i),
                                    absl::StrCat("shard-", i), nullptr, 0});
     absl::StatusOr<int> port =
-        WaitForPort(servers_.back().process, ports, log, o_.start_timeout);
+        WaitForPort(servers_.back().process, ports, log, o_.start_timeout, fs_);
     if (!port.ok()) return port.status();
     shard_addresses.push_back(absl::StrCat("127.0.0.1:", *port));
     // Its rows live in its memory only: restarting it alone would lose them,
@@ -507,8 +515,7 @@ absl::Status LocalAttempt::StartWorkers() {
                        : absl::StrCat("--result_json=", plan_.result_dir, "/result", r, ".json")};
     if (o_.in_process) {
       const std::string ports = absl::StrCat(plan_.work, "/shard", r, ".ports");
-      std::error_code ec;
-      std::filesystem::remove(ports, ec);  // the last attempt's is stale
+      RemoveStalePortFile(ports);  // the last attempt's
       args.push_back("--embedded_shard");
       args.push_back("--embedded_shard_listen=127.0.0.1:0");
       args.push_back("--embedded_shard_port_file=" + ports);
@@ -553,7 +560,7 @@ int RunAttempts(const LocalPlan& plan, int* coordinator_restarts) {
   const LocalClusterOptions& o = *plan.options;
   bool restore = false;
   if (o.resume) {
-    const int64_t step = NewestCompleteCheckpoint(plan.checkpoint_root);
+    const int64_t step = NewestCompleteCheckpoint(plan.checkpoint_root, o.file_system);
     if (step < 0) {
       LogInfo("--resume: no complete checkpoint in ", plan.checkpoint_root,
               "; starting from step 0");
@@ -579,8 +586,7 @@ int RunAttempts(const LocalPlan& plan, int* coordinator_restarts) {
       }
       break;
     }
-    const int64_t step =
-        plan.checkpoint_root.empty() ? -1 : NewestCompleteCheckpoint(plan.checkpoint_root);
+    const int64_t step = NewestCompleteCheckpoint(plan.checkpoint_root, o.file_system);
     restore = step >= 0;
     LogWarning("restart ", attempt + 1, "/", o.max_restarts, " after ", failure, ": ",
                restore ? absl::StrCat("resuming from step ", step)
@@ -591,11 +597,12 @@ int RunAttempts(const LocalPlan& plan, int* coordinator_restarts) {
 
 // The last lines of a run: its result, or where its logs are.
 void Report(const LocalPlan& plan, int exit_code, int coordinator_restarts) {
+  FileSystem* const fs = plan.options->file_system;
   if (exit_code == kExitFinalCheckpointFailed) {
     // Training is done and its results are written; only the last save
     // failed. Training again would end at the same full disk.
-    const int64_t step = NewestCompleteCheckpoint(plan.checkpoint_root);
-    LogError("trained every step", FinalEvaluation(plan.result_dir + "/result0.json"),
+    const int64_t step = NewestCompleteCheckpoint(plan.checkpoint_root, fs);
+    LogError("trained every step", FinalEvaluation(plan.result_dir + "/result0.json", fs),
              "; but the final checkpoint failed (the workers' error above says why and "
              "where), so ",
              step >= 0 ? absl::StrCat("the newest complete checkpoint stays step ", step,
@@ -608,7 +615,7 @@ void Report(const LocalPlan& plan, int exit_code, int coordinator_restarts) {
     LogError("logs are in ", plan.work);
     return;
   }
-  LogInfo("done", FinalEvaluation(plan.result_dir + "/result0.json"),
+  LogInfo("done", FinalEvaluation(plan.result_dir + "/result0.json", fs),
           coordinator_restarts > 0
               ? absl::StrCat("; the coordinator was restarted ", coordinator_restarts,
                              " time(s)")
@@ -616,11 +623,11 @@ void Report(const LocalPlan& plan, int exit_code, int coordinator_restarts) {
           "; logs in ", plan.work);
   // A work directory of our own: its coordinator states are of no more use.
   if (plan.options->work_dir.empty()) {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(plan.work, ec)) {
-      if (entry.path().filename().string().rfind("coordinator", 0) == 0 &&
-          entry.is_directory()) {
-        std::filesystem::remove_all(entry.path(), ec);
+    absl::StatusOr<std::vector<FileSystem::DirEntry>> entries = fs->ListDir(plan.work);
+    if (!entries.ok()) return;
+    for (const FileSystem::DirEntry& entry : *entries) {
+      if (entry.is_dir && absl::StartsWith(entry.name, "coordinator")) {
+        fs->RemoveTree(absl::StrCat(plan.work, "/", entry.name)).IgnoreError();
       }
     }
   }

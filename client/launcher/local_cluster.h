@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/file_system.h"
 #include "common/rpc/tls_flags.h"
 
 namespace recps::client {
@@ -41,6 +42,10 @@ struct LocalClusterOptions {
   rpc::TlsFlagValues tls;
   // What followed "--": appended to every worker's flags (last wins).
   std::vector<std::string> worker_args;
+  // Not a flag: what the launcher itself reads and writes (the work and
+  // result directories, the job's copy, port and pid files, clean-up) goes
+  // through it, so tests can inject a full disk. Not owned.
+  FileSystem* file_system = FileSystem::Default();
 };
 
 // Runs the local cluster until the job ends, it fails for good, or a

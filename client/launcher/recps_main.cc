@@ -43,6 +43,7 @@
 #include "client/launcher/local_cluster.h"
 #include "common/flags_usage.h"
 #include "common/log.h"
+#include "common/stop_signals.h"
 #include "common/rpc/tls_flags.h"
 
 ABSL_FLAG(std::string, job, "",
@@ -180,11 +181,7 @@ int main(int argc, char** argv) {
       "    start this node's workers of a cluster (RANK, LOCAL_RANK, WORLD_SIZE, "
       "LOCAL_WORLD_SIZE set; node rank also from SLURM or JOB_COMPLETION_INDEX)");
   // Signals are taken with sigtimedwait; block them before any thread starts.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  recps::BlockStopSignals();
   // Everything after "--" is for the workers (recps launch).
   std::vector<std::string> worker_args;
   for (int i = 1; i < argc; ++i) {

@@ -4,37 +4,51 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/exit_codes.h"
 #include "common/log.h"
+#include "common/stop_signals.h"
 
 namespace recps::client {
 
-std::string Tail(const std::string& path, int lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
+std::string Tail(const std::string& path, int lines, FileSystem* fs) {
+  // A log is read whole, as ever: no limit.
+  absl::StatusOr<std::string> text =
+      fs->ReadSmallFile(path, std::numeric_limits<int64_t>::max());
+  if (!text.ok() || text->empty()) return "";
+  absl::string_view body = *text;
+  if (body.back() == '\n') body.remove_suffix(1);  // no empty last line
+  const std::vector<absl::string_view> all = absl::StrSplit(body, '\n');
   const size_t from = all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
   return absl::StrJoin(all.begin() + from, all.end(), "\n");
 }
 
 absl::StatusOr<int> WaitForPort(ChildProcess& child, const std::string& port_file,
-                                const std::string& log, absl::Duration timeout) {
+                                const std::string& log, absl::Duration timeout,
+                                FileSystem* fs) {
   const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    int port = 0;
-    if (in >> port && port > 0) return port;
+    // Missing or unreadable: not written yet (the child writes it whole, by
+    // rename, once it serves).
+    absl::StatusOr<std::string> text = fs->ReadSmallFile(port_file, 64 << 10);
+    if (text.ok()) {
+      const std::vector<absl::string_view> words =
+          absl::StrSplit(*text, absl::ByAnyChar(" \t\n"), absl::SkipEmpty());
+      int port = 0;
+      if (!words.empty() && absl::SimpleAtoi(words[0], &port) && port > 0) return port;
+    }
     if (child.Poll().ok()) {
       return absl::InternalError(absl::StrCat(child.name(), " exited during start-up:\n",
-                                              Tail(log, 20)));
+                                              Tail(log, 20, fs)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -43,7 +57,7 @@ absl::StatusOr<int> WaitForPort(ChildProcess& child, const std::string& port_fil
 
 void WritePidFile(const std::string& path, const std::vector<LocalServer>& servers,
                   const std::vector<ChildProcess>& workers,
-                  const std::vector<std::string>& worker_names) {
+                  const std::vector<std::string>& worker_names, FileSystem* fs) {
   std::string text;
   for (const LocalServer& s : servers) {
     if (s.process.running()) absl::StrAppend(&text, s.description, " ", s.process.pid(), "\n");
@@ -52,8 +66,12 @@ void WritePidFile(const std::string& path, const std::vector<LocalServer>& serve
     if (workers[i].running()) absl::StrAppend(&text, worker_names[i], " ", workers[i].pid(), "\n");
   }
   const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << text;
-  std::filesystem::rename(tmp, path);
+  absl::Status s = fs->WriteFile(tmp, text, /*sync=*/false);
+  if (s.ok()) s = fs->Rename(tmp, path);
+  if (!s.ok()) {
+    fs->RemoveFile(tmp).IgnoreError();
+    LogWarning("the pid file is out of date: ", s.message());
+  }
 }
 
 int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>& names,
@@ -66,10 +84,7 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
   auto how_code = [](int code) {
     return code > 128 ? absl::StrCat("signal ", code - 128) : absl::StrCat("exit code ", code);
   };
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
+  const sigset_t stop = StopSignals();
   int exit_code = 0;
   int stop_signal = SIGTERM;
   // A worker that trained to the end but whose final checkpoint failed:

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/launcher/process.h"
+#include "common/file_system.h"
 
 namespace recps::client {
 
@@ -28,19 +29,25 @@ struct LocalServer {
   int restarts_left = 0;
 };
 
+// The file reads and writes below go through `fs` (not owned).
+
 // The last `lines` lines of the file at `path` ("" when unreadable).
-std::string Tail(const std::string& path, int lines);
+std::string Tail(const std::string& path, int lines,
+                 FileSystem* fs = FileSystem::Default());
 
 // Waits up to `timeout` for a child's port file (its first number, > 0);
 // fails, with the end of `log`, if the child exits first.
 absl::StatusOr<int> WaitForPort(ChildProcess& child, const std::string& port_file,
-                                const std::string& log, absl::Duration timeout);
+                                const std::string& log, absl::Duration timeout,
+                                FileSystem* fs = FileSystem::Default());
 
 // Writes "<name> <pid>" per running child to `path` (atomically), so that
-// tests and people find the processes of a `recps local` run.
+// tests and people find the processes of a `recps local` run. A failure
+// (a full disk) is logged and leaves the previous pid file, if any.
 void WritePidFile(const std::string& path, const std::vector<LocalServer>& servers,
                   const std::vector<ChildProcess>& workers,
-                  const std::vector<std::string>& worker_names);
+                  const std::vector<std::string>& worker_names,
+                  FileSystem* fs = FileSystem::Default());
 
 // Waits until every worker exited, one failed, a server exited for good,
 // or a SIGINT/SIGTERM arrived (blocked in main, taken here). A server with

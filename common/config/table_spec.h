@@ -12,7 +12,7 @@
 #include "common/row_init.h"
 // Not needed here: kept for the files that still name kernels:: types
 // through this header (server/store/embedding_store.h's
-// kernels::RowPrecision); the issue 34 follow-up in server/ drops them.
+// RowPrecision); the issue 34 follow-up in server/ drops them.
 #include "kernels/embedding_optimizer.h"
 #include "kernels/optimizer.h"
 

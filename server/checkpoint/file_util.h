@@ -6,11 +6,7 @@
 #ifndef RECPS_SERVER_CHECKPOINT_FILE_UTIL_H_
 #define RECPS_SERVER_CHECKPOINT_FILE_UTIL_H_
 
-#include <cstdint>
-#include <string>
-
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/file_system.h"
 
@@ -34,19 +30,6 @@ absl::Status FromRocksStatus(const rocksdb::Status& s, absl::string_view what,
 // to its niceness when above 0 (setpriority on the thread's id; Linux
 // applies both to that thread only). A failure only loses the hint.
 void BackgroundThisThread(int nice);
-
-// FileSystem::Default()'s WriteFileAtomically and ReadSmallFile, for the
-// callers outside this folder that do not take a FileSystem yet (the
-// coordinator's dense-state and contents files). New code takes a
-// FileSystem*; these go once those callers do.
-inline absl::Status WriteFileAtomically(const std::string& path,
-                                        absl::string_view bytes) {
-  return FileSystem::Default()->WriteFileAtomically(path, bytes);
-}
-inline absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
-                                                 int64_t max_bytes) {
-  return FileSystem::Default()->ReadSmallFile(path, max_bytes);
-}
 
 }  // namespace recps::server::checkpoint
 

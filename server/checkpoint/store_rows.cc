@@ -129,7 +129,7 @@ std::vector<v1::CheckpointTable> StoreLayout(const StoreCatalog& store) {
     table.set_name(spec.name);
     table.set_dim(spec.dim);
     table.set_optimizer_kind(static_cast<int32_t>(spec.optimizer.kind));
-    table.set_row_stride(kernels::FusedRowStride(spec.optimizer.kind, spec.dim));
+    table.set_row_stride(FusedRowStride(spec.optimizer.kind, spec.dim));
     table.set_num_rows(spec.num_rows);
     out.push_back(std::move(table));
   }
@@ -153,10 +153,10 @@ absl::Status CheckLayout(
       if (got.optimizer_kind() != want.optimizer_kind()) {
         return mismatch(
             "optimizer",
-            kernels::OptimizerName(
-                static_cast<kernels::OptimizerKind>(got.optimizer_kind())),
-            kernels::OptimizerName(
-                static_cast<kernels::OptimizerKind>(want.optimizer_kind())));
+            OptimizerName(
+                static_cast<OptimizerKind>(got.optimizer_kind())),
+            OptimizerName(
+                static_cast<OptimizerKind>(want.optimizer_kind())));
       }
       if (got.row_stride() != want.row_stride()) {
         return mismatch("row_stride", got.row_stride(), want.row_stride());

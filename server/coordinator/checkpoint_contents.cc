@@ -9,7 +9,6 @@
 #include "common/status_macros.h"
 #include "common/wire/shard_map.h"
 #include "server/checkpoint/crc32c.h"
-#include "server/checkpoint/file_util.h"
 #include "server/checkpoint/manifest.h"
 
 namespace recps::server {
@@ -46,9 +45,10 @@ absl::StatusOr<std::vector<v1::CheckpointTable>> ManifestTables(
 }
 
 absl::StatusOr<std::optional<v1::CheckpointFile>> WriteDenseState(
-    const std::string& step_dir, const std::string& dense_state) {
+    const std::string& step_dir, const std::string& dense_state,
+    FileSystem* fs) {
   if (dense_state.empty()) return std::nullopt;
-  RETURN_IF_ERROR(checkpoint::WriteFileAtomically(
+  RETURN_IF_ERROR(fs->WriteFileAtomically(
       JoinPath(step_dir, kDenseStateFileName), dense_state));
   v1::CheckpointFile dense;
   dense.set_name(kDenseStateFileName);

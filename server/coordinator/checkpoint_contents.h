@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/file_system.h"
 #include "recps/v1/checkpoint.pb.h"
 #include "recps/v1/job.pb.h"
 #include "recps/v1/shard_map.pb.h"
@@ -33,10 +34,11 @@ std::string JoinPath(const std::string& dir, const std::string& name);
 absl::StatusOr<std::vector<v1::CheckpointTable>> ManifestTables(
     const v1::JobConfig& job, const v1::ShardMap& map);
 
-// Writes `dense_state` atomically as `step_dir`/dense.pb and returns its
-// manifest entry; nullopt (and no file) when it is empty.
+// Writes `dense_state` atomically through `fs` as `step_dir`/dense.pb and
+// returns its manifest entry; nullopt (and no file) when it is empty.
 absl::StatusOr<std::optional<v1::CheckpointFile>> WriteDenseState(
-    const std::string& step_dir, const std::string& dense_state);
+    const std::string& step_dir, const std::string& dense_state,
+    FileSystem* fs);
 
 // What a checkpoint's manifest records besides its tables and files.
 struct ManifestParts {

@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +16,6 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
-#include "server/checkpoint/file_util.h"
 #include "server/checkpoint/manifest.h"
 #include "server/coordinator/checkpoint_contents.h"
 #include "server/coordinator/coordinator.h"
@@ -36,8 +33,6 @@ std::vector<std::string> CheckpointLayout(const v1::ShardMap& map) {
 }
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // Per server of `map`: whether it owns any slot, table or column group. A
 // server that owns nothing (drained, or listed for a move that failed) has
@@ -422,19 +417,18 @@ std::string CheckpointOrchestrator::DiscardPartial(const v1::ShardMap& map, uint
   }
   // The manifest is written last and only by this thread: one that exists
   // made the checkpoint complete (a later fsync failed); it stays.
-  if (ckpt::ReadManifest(step_dir).ok()) return "";
-  std::error_code ec;
-  fs::remove_all(step_dir, ec);
-  if (ec) {
-    LogWarning("removing the partial checkpoint ", step_dir, ": ", ec.message());
+  if (ckpt::ReadManifest(step_dir, options_.file_system).ok()) return "";
+  if (absl::Status s = options_.file_system->RemoveTree(step_dir); !s.ok()) {
+    LogWarning("removing the partial checkpoint ", step_dir, ": ", s.message());
     return absl::StrCat("; its partial directory ", step_dir,
-                        " could not be removed: ", ec.message());
+                        " could not be removed: ", s.message());
   }
   return absl::StrCat("; its partial files were removed (", step_dir, ")");
 }
 
-std::string CheckpointOrchestrator::NewestCompleteNote(const std::string& root) {
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
+std::string CheckpointOrchestrator::NewestCompleteNote(const std::string& root) const {
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list =
+      ckpt::ListCheckpoints(root, options_.file_system);
   if (!list.ok() || list->empty()) {
     return absl::StrCat("; there is no complete checkpoint in ", root);
   }
@@ -509,7 +503,7 @@ absl::Status CheckpointOrchestrator::WriteCheckpoint(Cut_& cut, Writing& w) {
                               w.digest, &rows_total));
   w.no_hand_over.reset();
   ASSIGN_OR_RETURN(const std::optional<v1::CheckpointFile> dense,
-                   WriteDenseState(w.step_dir, cut.dense_state));
+                   WriteDenseState(w.step_dir, cut.dense_state, options_.file_system));
   cut.dense_state.clear();
   if (metrics_ != nullptr) {
     metrics_->snapshot_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - w.started));
@@ -530,7 +524,7 @@ absl::Status CheckpointOrchestrator::WriteCheckpoint(Cut_& cut, Writing& w) {
   for (auto& [rank, arrival] : cut.arrivals) workers.push_back(arrival.position);
   ASSIGN_OR_RETURN(const v1::CheckpointManifest manifest,
                    MakeManifest(parts, w.job, std::move(files), dense, workers));
-  RETURN_IF_ERROR(ckpt::WriteManifest(w.step_dir, manifest));
+  RETURN_IF_ERROR(ckpt::WriteManifest(w.step_dir, manifest, options_.file_system));
   Commit(w, cut, manifest);
   w.response.set_complete(true);
   Answer(cut, w.response, true);
@@ -549,18 +543,16 @@ absl::StatusOr<bool> CheckpointOrchestrator::OpenStepDir(Writing& w) {
   }
   if (damaged) {
     // The restore skipped it as damaged: this run replaces it.
-    std::error_code ec;
-    fs::remove_all(dir, ec);
+    const absl::Status removed = options_.file_system->RemoveTree(dir);
     LogWarning("replacing the damaged checkpoint at step ", w.step, " (", dir, ")",
-               ec ? absl::StrCat(": cannot remove it: ", ec.message()) : "");
+               removed.ok() ? "" : absl::StrCat(": cannot remove it: ", removed.message()));
   }
-  if (ckpt::ReadManifest(dir).ok()) return true;
+  if (ckpt::ReadManifest(dir, options_.file_system).ok()) return true;
   // A partial directory of this step stays: after a coordinator restart
   // the servers may be writing into it.
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    return ckpt::ErrnoStatus(ec.value(), "cannot create checkpoint directory", dir);
+  if (absl::Status s = options_.file_system->CreateDirs(dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot create checkpoint directory ",
+                                               dir, ": ", s.message()));
   }
   w.step_dir = dir;
   return false;
@@ -609,7 +601,8 @@ void CheckpointOrchestrator::Commit(const Writing& w, const Cut_& cut,
           absl::StrFormat("%.2f", seconds), " s, ", cut.reason, "): ", w.step_dir);
   const v1::CheckpointConfig& config = w.job.training().checkpoint();
   const int keep_last = config.keep_last() > 0 ? config.keep_last() : 3;
-  absl::StatusOr<std::vector<std::string>> pruned = ckpt::PruneCheckpoints(w.root, keep_last);
+  absl::StatusOr<std::vector<std::string>> pruned =
+      ckpt::PruneCheckpoints(w.root, keep_last, options_.file_system);
   if (!pruned.ok()) {
     LogWarning("pruning ", w.root, " to the last ", keep_last, " checkpoints: ",
                pruned.status().message());

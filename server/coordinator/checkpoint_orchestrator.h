@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file_system.h"
 #include "recps/v1/checkpoint.pb.h"
 #include "recps/v1/coordinator.pb.h"
 #include "recps/v1/job.pb.h"
@@ -100,6 +101,11 @@ struct CheckpointOrchestratorOptions {
   absl::Duration poll_interval = absl::Milliseconds(50);
   // Default: MakeGrpcShardCheckpointRpc().
   std::shared_ptr<ShardCheckpointRpc> rpc;
+  // The coordinator's own checkpoint file operations (step directories,
+  // the dense state file, manifests, listing, pruning, removing a partial
+  // checkpoint) go through it; the shard servers write the row files. Not
+  // owned; default: POSIX.
+  FileSystem* file_system = FileSystem::Default();
 };
 
 class CheckpointOrchestrator {
@@ -237,7 +243,7 @@ class CheckpointOrchestrator {
   std::string DiscardPartial(const v1::ShardMap& map, uint64_t step,
                              const std::string& step_dir, const absl::Status& why);
   // "; the newest complete checkpoint stays: step N (DIR)", for errors.
-  static std::string NewestCompleteNote(const std::string& root);
+  std::string NewestCompleteNote(const std::string& root) const;
   // Answers the cut's callbacks: the ones with wait_complete only when
   // `complete` (or on error).
   static void Answer(Cut_& cut, const absl::StatusOr<v1::CheckpointCutResponse>& r,

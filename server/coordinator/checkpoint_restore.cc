@@ -18,7 +18,6 @@
 #include "common/thread_pool.h"
 #include "server/checkpoint/chain.h"
 #include "server/checkpoint/crc32c.h"
-#include "server/checkpoint/file_util.h"
 #include "server/checkpoint/manifest.h"
 #include "server/coordinator/checkpoint_contents.h"
 #include "server/coordinator/checkpoint_orchestrator.h"
@@ -38,6 +37,8 @@ constexpr char kRestoredKey[] = "checkpoint/restored";
 // A dense state larger than this is not one (gRPC messages stop at 2 GiB).
 constexpr int64_t kMaxDenseBytes = int64_t{2} << 30;
 
+// std::filesystem, not the seam: resolving paths (links, "..") is no file
+// operation a test would make fail.
 bool SameDir(const std::string& a, const std::string& b) {
   std::error_code ec1, ec2;
   const fs::path ca = fs::weakly_canonical(a, ec1);
@@ -91,7 +92,8 @@ void CheckpointOrchestrator::AdoptRestore(Restore restore) {
 
 absl::Status CheckpointOrchestrator::CheckNoCheckpoints(const v1::JobConfig& job) {
   const std::string& root = job.training().checkpoint().dir();
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list =
+      ckpt::ListCheckpoints(root, options_.file_system);
   if (absl::IsNotFound(list.status())) return absl::OkStatus();
   if (!list.ok()) {
     return absl::Status(list.status().code(),
@@ -143,7 +145,8 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveR
   }
   // The newest intact checkpoint (below `below`): a damaged newer one is
   // skipped, saying why, as long as an older one restores.
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(ref.root);
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list =
+      ckpt::ListCheckpoints(ref.root, options_.file_system);
   if (!list.ok()) return error(list.status());
   if (list->empty()) {
     return error(absl::NotFoundError(absl::StrCat(
@@ -174,7 +177,8 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::CheckRes
   // A broken chain or a damaged dense state is the checkpoint's fault (an
   // older one may do); another job or world size is the run's.
   *damaged = true;
-  ASSIGN_OR_RETURN(const std::vector<ckpt::CheckpointInfo> resolved, ckpt::ResolveChain(ref));
+  ASSIGN_OR_RETURN(const std::vector<ckpt::CheckpointInfo> resolved,
+                   ckpt::ResolveChain(ref, options_.file_system));
   const std::string digest = ckpt::JobConfigDigest(job);
   const ckpt::CheckpointInfo* target = &resolved.back();
   // The newest first: the checkpoint asked for is the one to name.
@@ -199,7 +203,8 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::CheckRes
   }
   if (m.has_dense() && !m.dense().name().empty()) {
     const std::string path = JoinPath(target->dir, m.dense().name());
-    ASSIGN_OR_RETURN(std::string bytes, ckpt::ReadSmallFile(path, kMaxDenseBytes));
+    ASSIGN_OR_RETURN(std::string bytes,
+                     options_.file_system->ReadSmallFile(path, kMaxDenseBytes));
     if (bytes.size() != m.dense().size_bytes()) {
       return absl::DataLossError(absl::StrCat(
           path, " has ", bytes.size(), " bytes, its manifest says ",
@@ -398,7 +403,8 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointOrchestrator::List() const
     }
   }
   if (root.empty()) return response;
-  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list = ckpt::ListCheckpoints(root);
+  absl::StatusOr<std::vector<ckpt::CheckpointInfo>> list =
+      ckpt::ListCheckpoints(root, options_.file_system);
   if (absl::IsNotFound(list.status())) return response;  // none written yet
   if (!list.ok()) return list.status();
   for (const ckpt::CheckpointInfo& info : *list) {
@@ -413,6 +419,7 @@ absl::StatusOr<v1::ListCheckpointsResponse> CheckpointOrchestrator::List() const
       size += static_cast<int64_t>(f.size_bytes());
       rows += f.rows();
     }
+    // std::filesystem: the seam has no stat, and the size is only shown.
     std::error_code ec;
     const uintmax_t manifest_bytes =
         fs::file_size(JoinPath(info.dir, ckpt::kManifestName), ec);

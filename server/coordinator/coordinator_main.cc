@@ -23,6 +23,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/stop_signals.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/config/job_config.h"
@@ -292,11 +293,7 @@ absl::StatusOr<std::unique_ptr<Serving>> StartServing(
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
   // so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = BlockStopSignals();
 
   const std::string state_dir = absl::GetFlag(FLAGS_state_dir);
   if (state_dir.empty()) {

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/stop_signals.h"
 #include "common/rpc/gate_flags.h"
 #include "common/rpc/tls_flags.h"
 #include "common/malloc_tuning.h"
@@ -243,11 +244,7 @@ void LimitProtobufLogs() {
 int Run() {
   // Signals are taken by sigwait below; block them before any thread starts
   // so every thread inherits the mask.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  const sigset_t stop_signals = BlockStopSignals();
 
   LimitProtobufLogs();
   if (absl::Status s = ValidateFlags(); !s.ok()) {

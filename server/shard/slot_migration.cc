@@ -423,7 +423,7 @@ absl::Status SlotMoves::PullStream(const std::shared_ptr<Move>& move,
                 part.table(), ", which move ", move->id, " does not move"));
           }
           const config::TableSpec& spec = store_->spec(table);
-          const int64_t stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+          const int64_t stride = FusedRowStride(spec.optimizer.kind, spec.dim);
           if (part.row_stride() != stride) {
             return absl::FailedPreconditionError(absl::StrCat(
                 "table ", spec.name, ": the source's rows are ", part.row_stride(),

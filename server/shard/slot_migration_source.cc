@@ -69,7 +69,7 @@ absl::StatusOr<bool> SlotMoves::NextExportChunk(RowExport& exp,
     const Unit& u = exp.units[exp.next];
     const config::TableSpec& spec = store_->spec(u.first);
     const int64_t row_bytes =
-        kernels::FusedRowStride(spec.optimizer.kind, spec.dim) *
+        FusedRowStride(spec.optimizer.kind, spec.dim) *
         static_cast<int64_t>(sizeof(float));
     const int64_t budget = std::max<int64_t>(1, (exp.max_bytes - bytes) / row_bytes);
     RETURN_IF_ERROR(store_->ExportChangedSlot(u.first, u.second, exp.since,

@@ -67,7 +67,7 @@ struct SlotCursor {
 // per-row step count, kept inside the row (a uint32 in the float after m
 // and v), so it travels with the row as is.
 struct SlotChunk {
-  int64_t row_stride = 0;    // kernels::FusedRowStride(kind, dim)
+  int64_t row_stride = 0;    // FusedRowStride(kind, dim)
   std::vector<int64_t> ids;  // ascending
   std::vector<float> rows;   // ids.size() x row_stride
 };

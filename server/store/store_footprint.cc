@@ -4,9 +4,9 @@
 
 namespace recps::server {
 
-int64_t HostRowBytes(kernels::OptimizerKind kind, int dim,
-                     kernels::RowPrecision precision) {
-  return kernels::FusedRowStride(kind, dim, precision) *
+int64_t HostRowBytes(OptimizerKind kind, int dim,
+                     RowPrecision precision) {
+  return FusedRowStride(kind, dim, precision) *
          static_cast<int64_t>(sizeof(float));
 }
 

@@ -13,8 +13,8 @@ namespace recps::server {
 // Bytes of one stored row of the host store (TableInfo.row_bytes): the
 // fused row of kernels/embedding_optimizer.h in `precision` (16-bit
 // weights, fp32 optimizer state, padded to 16 bytes).
-int64_t HostRowBytes(kernels::OptimizerKind kind, int dim,
-                     kernels::RowPrecision precision);
+int64_t HostRowBytes(OptimizerKind kind, int dim,
+                     RowPrecision precision);
 
 // Memory of the host store's id index, for TableInfo.index_bytes and the
 // sharding planner's estimate (one owner for the formula). Every table keeps

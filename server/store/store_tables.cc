@@ -49,14 +49,14 @@ absl::Status ValidateTableSpec(const config::TableSpec& s, int index) {
     return absl::InvalidArgumentError(absl::StrCat(
         t, "num_rows is ", s.num_rows, "; it must be >= 0 (0: dynamic)"));
   }
-  if (absl::Status st = kernels::ValidateOptimizerParams(s.optimizer);
+  if (absl::Status st = ValidateOptimizerParams(s.optimizer);
       !st.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(t, "optimizer: ", st.message()));
   }
-  if (s.precision != kernels::RowPrecision::kFp32 &&
-      s.precision != kernels::RowPrecision::kFp16 &&
-      s.precision != kernels::RowPrecision::kBf16) {
+  if (s.precision != RowPrecision::kFp32 &&
+      s.precision != RowPrecision::kFp16 &&
+      s.precision != RowPrecision::kBf16) {
     return absl::InvalidArgumentError(absl::StrCat(
         t, "precision ", static_cast<int>(s.precision),
         " is unknown; it must be fp32, fp16 or bf16"));

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/optimizer_registry.h"
 #include "common/row_init.h"
 
 namespace recps::server {
@@ -16,9 +17,9 @@ StoredRowFormat StoredRowFormat::For(const config::TableSpec& spec) {
   f.dim = spec.dim;
   f.kind = spec.optimizer.kind;
   f.precision = spec.precision;
-  f.stride = kernels::FusedRowStride(f.kind, f.dim);
-  f.row_words = kernels::FusedRowStride(f.kind, f.dim, f.precision);
-  f.state_offset = kernels::FusedRowStateOffset(f.dim, f.precision);
+  f.stride = FusedRowStride(f.kind, f.dim);
+  f.row_words = FusedRowStride(f.kind, f.dim, f.precision);
+  f.state_offset = FusedRowStateOffset(f.dim, f.precision);
   return f;
 }
 
@@ -35,14 +36,14 @@ void StoredRowFormat::ExportRow(const float* row, float* out) const {
     std::memcpy(out, row, sizeof(float) * stride);
     return;
   }
-  const int64_t state = kernels::FusedRowStateWidth(kind, dim);
+  const int64_t state = FusedRowStateWidth(kind, dim);
   ReadWeights(row, out);
   std::memcpy(out + dim, row + state_offset, sizeof(float) * state);
   std::fill(out + dim + state, out + stride, 0.0f);
 }
 
 void StoredRowFormat::ImportRow(const float* src, float* dst) const {
-  const int64_t state = kernels::FusedRowStateWidth(kind, dim);
+  const int64_t state = FusedRowStateWidth(kind, dim);
   if (!Is16Bit()) {
     std::memcpy(dst, src, sizeof(float) * (dim + state));
     std::fill(dst + dim + state, dst + stride, 0.0f);
@@ -68,8 +69,8 @@ void StoredRowFormat::InitStoredRow(const RowInit& init, uint64_t seed,
                                     float* row) const {
   if (!Is16Bit()) {
     InitRow(init, seed, table_key, id, dim, row);
-    kernels::InitFusedRowState(kind, dim, row);
-    const int64_t used = dim + kernels::FusedRowStateWidth(kind, dim);
+    InitFusedRowState(kind, dim, row);
+    const int64_t used = dim + FusedRowStateWidth(kind, dim);
     std::fill(row + used, row + row_words, 0.0f);
     return;
   }
@@ -85,26 +86,29 @@ absl::Status ValidateImportedRow(const config::TableSpec& spec,
                                  const float* row, int64_t id,
                                  size_t position) {
   const int dim = spec.dim;
-  // (first column, columns, what they are, whether they must be >= 0)
+  // (first column, columns, what they are, whether they must be >= 0):
+  // the weights, then the optimizer's state parts as its registry entry
+  // lays them out (a step count is bits, not a float: not checked).
   using Part = std::tuple<int64_t, int64_t, const char*, bool>;
-  Part parts[3];
+  constexpr int kMaxParts = 8;
+  Part parts[kMaxParts];
   int num_parts = 0;
   parts[num_parts++] = Part{0, dim, "weight", false};
-  switch (spec.optimizer.kind) {
-    case kernels::OptimizerKind::kSgd:
-      break;
-    case kernels::OptimizerKind::kAdagrad:
-      parts[num_parts++] = Part{dim, dim, "Adagrad sum of squares", true};
-      break;
-    case kernels::OptimizerKind::kRowWiseAdagrad:
-      parts[num_parts++] =
-          Part{dim, 1, "row-wise Adagrad sum of mean squares", true};
-      break;
-    case kernels::OptimizerKind::kAdam:
-    case kernels::OptimizerKind::kAdamW:
-      parts[num_parts++] = Part{dim, dim, "Adam first moment m", false};
-      parts[num_parts++] = Part{2 * dim, dim, "Adam second moment v", true};
-      break;
+  const OptimizerInfo* info = FindOptimizer(spec.optimizer.kind);
+  if (info == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "table '", spec.name, "': optimizer kind ",
+        static_cast<int>(spec.optimizer.kind), " is not registered"));
+  }
+  int64_t column = dim;
+  for (const OptimizerStatePart& part : info->row_state) {
+    const int64_t width = part.Width(dim);
+    if (part.values != OptimizerStatePart::Values::kCount && num_parts < kMaxParts) {
+      parts[num_parts++] = Part{
+          column, width, part.what,
+          part.values == OptimizerStatePart::Values::kNonNegativeFloat};
+    }
+    column += width;
   }
   // Fast path, branch-free so it vectorises: a restore validates every
   // row. Non-finite: exponent bits all set; negative: sign bit set on
@@ -125,7 +129,7 @@ absl::Status ValidateImportedRow(const config::TableSpec& spec,
   // fp16 weights: a finite float that rounds past 65504 would be stored as
   // infinity (bf16 has fp32's range).
   constexpr uint32_t kFp16Overflow = 0x477ff000u;  // rounds to infinity
-  const bool fp16 = spec.precision == kernels::RowPrecision::kFp16;
+  const bool fp16 = spec.precision == RowPrecision::kFp16;
   if (fp16) {
     for (int c = 0; c < dim; ++c) {
       uint32_t bits;

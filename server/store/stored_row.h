@@ -19,10 +19,10 @@ namespace recps::server {
 
 struct StoredRowFormat {
   int dim = 0;
-  kernels::OptimizerKind kind = kernels::OptimizerKind::kSgd;
-  kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
+  OptimizerKind kind = OptimizerKind::kSgd;
+  RowPrecision precision = RowPrecision::kFp32;
   // Floats per fused fp32 row as rows leave and enter the store:
-  // kernels::FusedRowStride(kind, dim).
+  // FusedRowStride(kind, dim).
   int64_t stride = 0;
   // 4-byte words per stored row and where its fp32 optimizer state starts.
   // For fp32 tables row_words == stride and state_offset == dim.
@@ -31,10 +31,10 @@ struct StoredRowFormat {
 
   static StoredRowFormat For(const config::TableSpec& spec);
 
-  bool Is16Bit() const { return precision != kernels::RowPrecision::kFp32; }
+  bool Is16Bit() const { return precision != RowPrecision::kFp32; }
   // The wire encoding of 16-bit weights. REQUIRES: Is16Bit().
   v1::RowEncoding Encoding16() const {
-    return precision == kernels::RowPrecision::kFp16
+    return precision == RowPrecision::kFp16
                ? v1::ROW_ENCODING_FLOAT16
                : v1::ROW_ENCODING_BFLOAT16;
   }

@@ -100,11 +100,11 @@ TEST(JobConfig, TablePrecisionReachesTheTableSpec) {
   t.set_dim(8);
   t.mutable_optimizer()->set_kind(v1::OptimizerConfig::ADAGRAD);
   t.mutable_optimizer()->set_learning_rate(0.1f);
-  const std::pair<v1::StoragePrecision, kernels::RowPrecision> cases[] = {
-      {v1::STORAGE_PRECISION_UNSPECIFIED, kernels::RowPrecision::kFp32},
-      {v1::FP32, kernels::RowPrecision::kFp32},
-      {v1::FP16, kernels::RowPrecision::kFp16},
-      {v1::BF16, kernels::RowPrecision::kBf16}};
+  const std::pair<v1::StoragePrecision, RowPrecision> cases[] = {
+      {v1::STORAGE_PRECISION_UNSPECIFIED, RowPrecision::kFp32},
+      {v1::FP32, RowPrecision::kFp32},
+      {v1::FP16, RowPrecision::kFp16},
+      {v1::BF16, RowPrecision::kBf16}};
   for (const auto& [in, want] : cases) {
     t.set_precision(in);
     absl::StatusOr<config::TableSpec> spec = config::TableSpecFromConfig(t);
@@ -134,7 +134,7 @@ TEST(JobConfig, TablePrecisionReachesTheTableSpec) {
   absl::StatusOr<std::vector<config::TableSpec>> specs =
       config::TableSpecsFromConfig(file);
   ASSERT_TRUE(specs.ok()) << specs.status();
-  EXPECT_EQ((*specs)[0].precision, kernels::RowPrecision::kBf16);
+  EXPECT_EQ((*specs)[0].precision, RowPrecision::kBf16);
 }
 
 TEST(JobConfig, OptimizerKindsComeFromTheRegistry) {

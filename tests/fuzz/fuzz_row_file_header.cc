@@ -78,7 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                            : in.ConsumeIntegralInRange<uint32_t>(0, kSlots);
     EncodeRowKey(name, slot, id, &key);
     if (in.ConsumeIntegralInRange<int>(0, 15) == 0) key.pop_back();  // torn key
-    const int64_t stride = kernels::FusedRowStride((*store)->spec(table).optimizer.kind,
+    const int64_t stride = FusedRowStride((*store)->spec(table).optimizer.kind,
                                                    (*store)->spec(table).dim);
     std::vector<float> row(stride, 0.125f);
     if (in.ConsumeIntegralInRange<int>(0, 7) == 0) row[0] = -1.0f / 0.0f;

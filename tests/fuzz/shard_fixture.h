@@ -38,23 +38,23 @@ inline std::vector<config::TableSpec> FixtureTables() {
   fixed.name = "fixed";
   fixed.dim = 4;
   fixed.num_rows = 64;
-  fixed.optimizer.kind = kernels::OptimizerKind::kSgd;
+  fixed.optimizer.kind = OptimizerKind::kSgd;
   fixed.optimizer.learning_rate = 0.5f;
   config::TableSpec dynamic = fixed;
   dynamic.name = "dynamic";
   dynamic.num_rows = 0;
   dynamic.dim = 3;
-  dynamic.optimizer.kind = kernels::OptimizerKind::kAdagrad;
+  dynamic.optimizer.kind = OptimizerKind::kAdagrad;
   config::TableSpec adam = fixed;
   adam.name = "adam";
   adam.dim = 2;
   adam.num_rows = 32;
-  adam.optimizer.kind = kernels::OptimizerKind::kAdam;
+  adam.optimizer.kind = OptimizerKind::kAdam;
   config::TableSpec wide = fixed;
   wide.name = "wide";
   wide.dim = 8;
   wide.num_rows = 0;
-  wide.optimizer.kind = kernels::OptimizerKind::kRowWiseAdagrad;
+  wide.optimizer.kind = OptimizerKind::kRowWiseAdagrad;
   return {fixed, dynamic, adam, wide};
 }
 

@@ -15,7 +15,7 @@ namespace recps::testing {
 // initialisation of config::TableSpec applies.
 inline config::TableSpec TestTableSpec(
     std::string name, int dim, int64_t num_rows = 0,
-    kernels::OptimizerKind kind = kernels::OptimizerKind::kSgd, float lr = 0.5f) {
+    OptimizerKind kind = OptimizerKind::kSgd, float lr = 0.5f) {
   config::TableSpec s;
   s.name = std::move(name);
   s.dim = dim;

@@ -27,9 +27,9 @@ DlrmConfig Config() {
   return c;
 }
 
-kernels::OptimizerParams Adam() {
-  kernels::OptimizerParams p;
-  p.kind = kernels::OptimizerKind::kAdam;
+OptimizerParams Adam() {
+  OptimizerParams p;
+  p.kind = OptimizerKind::kAdam;
   p.learning_rate = 0.01f;
   return p;
 }
@@ -39,7 +39,7 @@ struct Replica {
   std::unique_ptr<DenseOptimizer> optimizer;
 };
 
-Replica Make(const DlrmConfig& c = Config(), kernels::OptimizerParams p = Adam()) {
+Replica Make(const DlrmConfig& c = Config(), OptimizerParams p = Adam()) {
   Replica r;
   r.model = *DlrmModel::Create(c);
   r.optimizer = *DenseOptimizer::Create(p, r.model->num_parameters());
@@ -104,8 +104,8 @@ TEST(DenseState, OtherShapeIsRefusedAndChangesNothing) {
   s = LoadDenseState(saved, d.model.get(), d.optimizer.get());
   EXPECT_THAT(s.message(), HasSubstr("dim is 4 in the checkpoint but 8"));
 
-  kernels::OptimizerParams adagrad;
-  adagrad.kind = kernels::OptimizerKind::kAdagrad;
+  OptimizerParams adagrad;
+  adagrad.kind = OptimizerKind::kAdagrad;
   adagrad.learning_rate = 0.1f;
   Replica a = Make(Config(), adagrad);
   s = LoadDenseState(saved, a.model.get(), a.optimizer.get());

@@ -98,8 +98,8 @@ TEST(DlrmDeviceTest, CudaModelWithoutAGpuIsRefusedNamingTheDevice) {
   auto model = DlrmModel::Create(Config(), cuda);
   EXPECT_TRUE(absl::IsFailedPrecondition(model.status())) << model.status();
   EXPECT_THAT(model.status().message(), HasSubstr("device cuda:0"));
-  kernels::OptimizerParams adam;
-  adam.kind = kernels::OptimizerKind::kAdam;
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::kAdam;
   adam.learning_rate = 0.01f;
   auto opt = DenseOptimizer::Create(adam, 10, cuda);
   EXPECT_TRUE(absl::IsFailedPrecondition(opt.status())) << opt.status();
@@ -161,8 +161,8 @@ TEST_F(DlrmCudaTest, ForwardBackwardMatchTheCpu) {
 // order) moves its parameter by +lr on one and -lr on the other; SGD keeps
 // the devices' small differences small.
 TEST_F(DlrmCudaTest, TrainStepsWithSgdMatchTheCpu) {
-  kernels::OptimizerParams sgd;
-  sgd.kind = kernels::OptimizerKind::kSgd;
+  OptimizerParams sgd;
+  sgd.kind = OptimizerKind::kSgd;
   sgd.learning_rate = 0.1f;
   auto oc = DenseOptimizer::Create(sgd, cpu_->num_parameters());
   auto og = DenseOptimizer::Create(sgd, gpu_->num_parameters(), gpu());
@@ -191,8 +191,8 @@ TEST_F(DlrmCudaTest, TrainStepsWithSgdMatchTheCpu) {
 // Adam's state lives on the GPU; a GPU checkpoint loads into a CPU model and
 // optimizer and back, bit for bit.
 TEST_F(DlrmCudaTest, AdamCheckpointsMoveBetweenDevicesBitForBit) {
-  kernels::OptimizerParams adam;
-  adam.kind = kernels::OptimizerKind::kAdam;
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::kAdam;
   adam.learning_rate = 0.01f;
   auto oc = DenseOptimizer::Create(adam, cpu_->num_parameters());
   auto og = DenseOptimizer::Create(adam, gpu_->num_parameters(), gpu());

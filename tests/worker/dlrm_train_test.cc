@@ -18,8 +18,8 @@ namespace recps::worker {
 namespace {
 
 using ::recps::kernels::ExecContext;
-using ::recps::kernels::OptimizerKind;
-using ::recps::kernels::OptimizerParams;
+using ::recps::OptimizerKind;
+using ::recps::OptimizerParams;
 using ::recps::kernels::testing::RandomFloats;
 using ::recps::worker::testing::Layout;
 using ::recps::worker::testing::RefLayer;

@@ -8,8 +8,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/file_system.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/checkpoint/faulty_file_system.h"
 #include "tests/worker/collectives_test_util.h"
 
 namespace recps::worker {
@@ -17,7 +19,9 @@ namespace {
 
 using ::recps::worker::testing::RunChildren;
 using ::recps::worker::testing::TempDir;
+using ::recps::testing::FaultyFileSystem;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::Not;
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
@@ -92,6 +96,70 @@ TEST(FileKeyValueStoreTest, WorksAcrossProcesses) {
         return absl::OkStatus();
       });
   for (const std::string& r : results) EXPECT_EQ(r, "OK");
+}
+
+// The names in `dir` (temporary files included); none when it is missing.
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  absl::StatusOr<std::vector<FileSystem::DirEntry>> entries =
+      FileSystem::Default()->ListDir(dir);
+  if (!entries.ok()) return names;
+  for (const FileSystem::DirEntry& e : *entries) names.push_back(e.name);
+  return names;
+}
+
+TEST(FileKeyValueStoreTest, TornWriteIsNeverSeenAndTheWriterGetsTheError) {
+  TempDir dir;
+  FaultyFileSystem faulty;
+  FileKeyValueStore writer(dir.path() + "/kv", absl::Milliseconds(5), &faulty);
+  // The reader is another process's view: the plain file system.
+  FileKeyValueStore reader(dir.path() + "/kv", absl::Milliseconds(1));
+  const std::string value(64 << 10, 'v');
+  absl::StatusOr<std::string> seen;
+  std::thread waiting([&] { seen = reader.Get("job/1:addr", kTimeout); });
+
+  faulty.TearWrite(1, 100);
+  const absl::Status torn = writer.Set("job/1:addr", value);
+  EXPECT_TRUE(absl::IsUnavailable(torn)) << torn;
+  EXPECT_THAT(std::string(torn.message()), HasSubstr("'job/1:addr'"));
+  // Neither the key nor the torn temporary file is left.
+  EXPECT_THAT(Names(dir.path() + "/kv"), IsEmpty());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      reader.Wait({"job/1:addr"}, absl::Milliseconds(20))));
+
+  EXPECT_TRUE(writer.Set("job/1:addr", value).ok());  // the writer's retry
+  waiting.join();
+  ASSERT_TRUE(seen.ok()) << seen.status();
+  EXPECT_EQ(seen->size(), value.size());  // whole: never the first 100 bytes
+}
+
+TEST(FileKeyValueStoreTest, FullDiskIsResourceExhaustedNamingTheFile) {
+  TempDir dir;
+  FaultyFileSystem faulty;
+  const std::string kv = dir.path() + "/kv";
+  FileKeyValueStore store(kv, absl::Milliseconds(5), &faulty);
+  faulty.SetDiskFullAfter(10);
+  const absl::Status full = store.Set("rank/0", std::string(100, 'x'));
+  EXPECT_TRUE(absl::IsResourceExhausted(full)) << full;
+  EXPECT_THAT(std::string(full.message()), HasSubstr(kv + "/rank%2F0"));
+  EXPECT_THAT(std::string(full.message()), HasSubstr("No space left"));
+  EXPECT_THAT(Names(kv), IsEmpty());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      store.Get("rank/0", absl::Milliseconds(20)).status()));
+
+  faulty.SetDiskFullAfter(-1);  // space freed: the same store works again
+  ASSERT_TRUE(store.Set("rank/0", "x").ok());
+  EXPECT_EQ(*store.Get("rank/0", kTimeout), "x");
+}
+
+TEST(FileKeyValueStoreTest, FailedRenameLeavesNoTemporaryFile) {
+  TempDir dir;
+  FaultyFileSystem faulty;
+  FileKeyValueStore store(dir.path(), absl::Milliseconds(5), &faulty);
+  faulty.FailRename(1);
+  const absl::Status failed = store.Set("key", "value");
+  EXPECT_TRUE(absl::IsUnavailable(failed)) << failed;
+  EXPECT_THAT(Names(dir.path()), IsEmpty());
 }
 
 }  // namespace

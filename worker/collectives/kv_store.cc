@@ -3,14 +3,12 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <limits>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -66,11 +64,12 @@ absl::Status InMemoryKeyValueStore::Wait(const std::vector<std::string>& keys,
 // -------------------------------------------------------------------- files
 
 FileKeyValueStore::FileKeyValueStore(std::string dir,
-                                     absl::Duration poll_interval)
-    : dir_(std::move(dir)), poll_interval_(poll_interval) {}
+                                     absl::Duration poll_interval,
+                                     FileSystem* fs)
+    : dir_(std::move(dir)), poll_interval_(poll_interval), fs_(fs) {}
 
-absl::StatusOr<std::string> FileKeyValueStore::PathFor(
-    const std::string& key) const {
+absl::StatusOr<std::string> FileKeyValueStore::FileNameFor(
+    const std::string& key) {
   // Keys hold '/' and ':' (prefixes); escape everything outside a safe set,
   // '.' included, so no key names a hidden temporary file or "..".
   std::string name;
@@ -89,57 +88,48 @@ absl::StatusOr<std::string> FileKeyValueStore::PathFor(
         absl::StrCat("key-value store: key '", key,
                      "' is empty or too long for a file name"));
   }
-  return absl::StrCat(dir_, "/", name);
+  return name;
 }
 
 absl::Status FileKeyValueStore::Set(const std::string& key,
                                     const std::string& value) {
-  absl::StatusOr<std::string> path = PathFor(key);
-  if (!path.ok()) return path.status();
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat(
-        "key-value store: cannot create ", dir_, ": ", ec.message()));
+  ASSIGN_OR_RETURN(const std::string name, FileNameFor(key));
+  const std::string path = absl::StrCat(dir_, "/", name);
+  if (absl::Status s = fs_->CreateDirs(dir_); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("key-value store: ", s.message()));
   }
   // A name no other writer (thread or process) uses, starting with '.' so
   // that it can never collide with an escaped key.
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = absl::StrCat(dir_, "/.tmp-", getpid(), "-",
                                        counter.fetch_add(1), "-", gettid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(value.data(), static_cast<std::streamsize>(value.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::UnavailableError(
-          absl::StrCat("key-value store: cannot write ", tmp));
-    }
-  }
-  if (std::rename(tmp.c_str(), path->c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("key-value store: cannot rename ", tmp, " to ", *path,
-                     ": ", std::strerror(err)));
+  absl::Status s = fs_->WriteFile(tmp, value, /*sync=*/false);
+  if (s.ok()) s = fs_->Rename(tmp, path);
+  if (!s.ok()) {
+    // A torn or short write leaves part of the value in tmp: never renamed,
+    // so readers see no key rather than half of one.
+    fs_->RemoveFile(tmp).IgnoreError();
+    return absl::Status(
+        s.code(), absl::StrCat("key-value store: cannot set key '", key, "' (",
+                               path, "): ", s.message()));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> FileKeyValueStore::TryRead(
     const std::string& key) const {
-  absl::StatusOr<std::string> path = PathFor(key);
-  if (!path.ok()) return path.status();
-  std::ifstream in(*path, std::ios::binary);
-  if (!in) return absl::NotFoundError(key);
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::UnavailableError(
-        absl::StrCat("key-value store: cannot read ", *path));
+  ASSIGN_OR_RETURN(const std::string name, FileNameFor(key));
+  // Values are opaque and were never capped: no limit.
+  absl::StatusOr<std::string> value = fs_->ReadSmallFile(
+      absl::StrCat(dir_, "/", name), std::numeric_limits<int64_t>::max());
+  if (absl::IsNotFound(value.status())) return absl::NotFoundError(key);
+  if (!value.ok()) {
+    return absl::Status(
+        value.status().code(),
+        absl::StrCat("key-value store: ", value.status().message()));
   }
-  return contents.str();
+  return value;
 }
 
 absl::StatusOr<std::string> FileKeyValueStore::Get(const std::string& key,
@@ -156,18 +146,39 @@ absl::StatusOr<std::string> FileKeyValueStore::Get(const std::string& key,
 absl::Status FileKeyValueStore::Wait(const std::vector<std::string>& keys,
                                      absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
-  std::vector<std::string> missing = keys;
+  std::vector<std::pair<std::string, std::string>> missing;  // key, file name
+  for (const std::string& key : keys) {
+    ASSIGN_OR_RETURN(std::string name, FileNameFor(key));
+    missing.emplace_back(key, std::move(name));
+  }
   while (true) {
-    std::vector<std::string> still_missing;
-    for (const std::string& key : missing) {
-      absl::StatusOr<std::string> path = PathFor(key);
-      if (!path.ok()) return path.status();
-      std::error_code ec;
-      if (!std::filesystem::exists(*path, ec)) still_missing.push_back(key);
+    // One listing per round (the seam has no exists()); a key's file
+    // appears whole, by rename, or not at all.
+    absl::flat_hash_set<std::string> present;
+    absl::StatusOr<std::vector<FileSystem::DirEntry>> entries =
+        fs_->ListDir(dir_);
+    if (entries.ok()) {
+      for (FileSystem::DirEntry& e : *entries) {
+        present.insert(std::move(e.name));
+      }
+    } else if (!absl::IsNotFound(entries.status())) {  // NOT_FOUND: no Set yet
+      return absl::Status(
+          entries.status().code(),
+          absl::StrCat("key-value store: ", entries.status().message()));
+    }
+    std::vector<std::pair<std::string, std::string>> still_missing;
+    for (auto& key_name : missing) {
+      if (!present.contains(key_name.second)) {
+        still_missing.push_back(std::move(key_name));
+      }
     }
     missing = std::move(still_missing);
     if (missing.empty()) return absl::OkStatus();
-    if (absl::Now() >= deadline) return MissingKeysError(missing, timeout);
+    if (absl::Now() >= deadline) {
+      std::vector<std::string> names;
+      for (const auto& key_name : missing) names.push_back(key_name.first);
+      return MissingKeysError(names, timeout);
+    }
     absl::SleepFor(poll_interval_);
   }
 }

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/file_system.h"
 
 namespace recps::worker {
 
@@ -54,10 +55,16 @@ class InMemoryKeyValueStore : public KeyValueStore {
 // One file per key in `dir` (created on first Set), written to a temporary
 // name and renamed into place so readers never see a partial value; readers
 // poll. Works across processes that share a file system on one machine.
+// Values are not fsynced: they live as long as the run (a rendezvous).
+// A failed Set leaves neither the key nor its temporary file; its error
+// keeps the file system's code (RESOURCE_EXHAUSTED for a full disk) and
+// names the key's file.
 class FileKeyValueStore : public KeyValueStore {
  public:
+  // Every file operation goes through `fs` (not owned; must outlive this).
   explicit FileKeyValueStore(
-      std::string dir, absl::Duration poll_interval = absl::Milliseconds(5));
+      std::string dir, absl::Duration poll_interval = absl::Milliseconds(5),
+      FileSystem* fs = FileSystem::Default());
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key,
@@ -70,10 +77,13 @@ class FileKeyValueStore : public KeyValueStore {
  private:
   // NOT_FOUND while the key has no file yet.
   absl::StatusOr<std::string> TryRead(const std::string& key) const;
-  absl::StatusOr<std::string> PathFor(const std::string& key) const;
+  // The key's file name in dir_ (escaped); INVALID_ARGUMENT naming the key
+  // when it cannot be one.
+  static absl::StatusOr<std::string> FileNameFor(const std::string& key);
 
   const std::string dir_;
   const absl::Duration poll_interval_;
+  FileSystem* const fs_;
 };
 
 }  // namespace recps::worker

@@ -9,9 +9,9 @@
 namespace recps::worker {
 
 absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
-    const kernels::OptimizerParams& params, int64_t n,
+    const OptimizerParams& params, int64_t n,
     const kernels::ExecContext& ctx) {
-  RETURN_IF_ERROR(kernels::ValidateOptimizerParams(params));
+  RETURN_IF_ERROR(ValidateOptimizerParams(params));
   if (const OptimizerInfo& info = *FindOptimizer(params.kind);
       !info.has_dense_form()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<DenseOptimizer>> DenseOptimizer::Create(
   return opt;
 }
 
-DenseOptimizer::DenseOptimizer(const kernels::OptimizerParams& params,
+DenseOptimizer::DenseOptimizer(const OptimizerParams& params,
                                int64_t n, const kernels::ExecContext& ctx)
     : params_(params), n_(n), state_(ctx.device, ctx.cuda_device) {}
 
@@ -95,9 +95,9 @@ absl::Status DenseOptimizer::Step(absl::Span<float> weights,
 }
 
 absl::Status DenseOptimizer::SetLearningRate(float learning_rate) {
-  kernels::OptimizerParams p = params_;
+  OptimizerParams p = params_;
   p.learning_rate = learning_rate;
-  RETURN_IF_ERROR(kernels::ValidateOptimizerParams(p));
+  RETURN_IF_ERROR(ValidateOptimizerParams(p));
   params_ = p;
   return absl::OkStatus();
 }

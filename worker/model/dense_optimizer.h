@@ -24,7 +24,7 @@ class DenseOptimizer {
   // row-wise Adagrad kind (embedding-only) or n < 0. The state lives on
   // ctx's device (zeroed); FAILED_PRECONDITION when it cannot be used.
   static absl::StatusOr<std::unique_ptr<DenseOptimizer>> Create(
-      const kernels::OptimizerParams& params, int64_t n,
+      const OptimizerParams& params, int64_t n,
       const kernels::ExecContext& ctx = {});
 
   DenseOptimizer(const DenseOptimizer&) = delete;
@@ -41,7 +41,7 @@ class DenseOptimizer {
   // rate is negative or not finite.
   absl::Status SetLearningRate(float learning_rate);
 
-  const kernels::OptimizerParams& params() const { return params_; }
+  const OptimizerParams& params() const { return params_; }
   int64_t n() const { return n_; }
   // Steps taken so far.
   int64_t step() const { return step_; }
@@ -62,10 +62,10 @@ class DenseOptimizer {
   absl::Status set_step(int64_t step);
 
  private:
-  DenseOptimizer(const kernels::OptimizerParams& params, int64_t n,
+  DenseOptimizer(const OptimizerParams& params, int64_t n,
                  const kernels::ExecContext& ctx);
 
-  kernels::OptimizerParams params_;
+  OptimizerParams params_;
   int64_t n_ = 0;
   int64_t step_ = 0;
   kernels::DeviceBuffer state_;

@@ -40,11 +40,11 @@ class CpuTwinTable final : public DeviceTable {
       const int64_t r = Find(ids[p]);
       rows[p] = r;
       if (out == nullptr) continue;
-      if (r >= 0 && layout_.precision == kernels::RowPrecision::kFp32) {
+      if (r >= 0 && layout_.precision == RowPrecision::kFp32) {
         std::memcpy(out + p * dim, Row(r), sizeof(float) * dim);
       } else if (r >= 0) {
         const auto* w = reinterpret_cast<const uint16_t*>(Row(r));
-        const bool fp16 = layout_.precision == kernels::RowPrecision::kFp16;
+        const bool fp16 = layout_.precision == RowPrecision::kFp16;
         for (int c = 0; c < dim; ++c) {
           out[p * dim + c] = fp16 ? HalfToFloat(w[c]) : Bf16ToFloat(w[c]);
         }
@@ -112,7 +112,7 @@ class CpuTwinTable final : public DeviceTable {
   }
 
   absl::Status Update(absl::Span<const int64_t> rows, const float* grads,
-                      const kernels::OptimizerParams& optimizer) override {
+                      const OptimizerParams& optimizer) override {
     if (rows.empty()) return absl::OkStatus();
     kernels::FusedUpdateArgs args;
     args.rows = arena_.as<float>();

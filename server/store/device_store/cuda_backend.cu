@@ -466,7 +466,7 @@ class CudaTable final : public DeviceTable {
   }
 
   absl::Status Update(absl::Span<const int64_t> rows, const float* grads,
-                      const kernels::OptimizerParams& optimizer) override {
+                      const OptimizerParams& optimizer) override {
     RETURN_IF_CUDA_ERROR(cudaSetDevice(device_), "cudaSetDevice");
     LaneHold lane(lanes_);
     const int dim = layout_.dim;
@@ -506,10 +506,10 @@ class CudaTable final : public DeviceTable {
   // The dim weights of each row as floats (ProbeGather's out).
   absl::Status LaunchWeightsGather(cudaStream_t stream, const int64_t* d_rows,
                                    int64_t m, float* d_out) const {
-    if (layout_.precision == kernels::RowPrecision::kFp32) {
+    if (layout_.precision == RowPrecision::kFp32) {
       return LaunchGather(stream, d_rows, m, layout_.dim, d_out);
     }
-    const bool fp16 = layout_.precision == kernels::RowPrecision::kFp16;
+    const bool fp16 = layout_.precision == RowPrecision::kFp16;
     const bool pairs = layout_.dim % 2 == 0;
     const auto* arena = reinterpret_cast<const uint32_t*>(arena_);
     const unsigned blocks = Blocks(m * (pairs ? layout_.dim / 2 : layout_.dim));
@@ -648,7 +648,7 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
   r.sets = sets;
   // Adagrad rows: weights and their sums of squares side by side.
   const int64_t stride =
-      kernels::FusedRowStride(kernels::OptimizerKind::kAdagrad, dim);
+      FusedRowStride(OptimizerKind::kAdagrad, dim);
   float* arena = nullptr;
   float* out = nullptr;
   float* copy = nullptr;
@@ -728,7 +728,7 @@ absl::StatusOr<GatherBandwidth> MeasureGatherBandwidth(int device,
   args.row_stride = stride;
   args.dim = dim;
   args.num_updates = batch;
-  args.optimizer.kind = kernels::OptimizerKind::kAdagrad;
+  args.optimizer.kind = OptimizerKind::kAdagrad;
   args.optimizer.learning_rate = 0.01f;
   kernels::ExecContext ctx;
   ctx.device = kernels::Device::kCuda;

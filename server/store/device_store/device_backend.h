@@ -36,7 +36,7 @@ struct TableLayout {
   int64_t index_capacity = 0;  // index entries (a power of two)
   // How the weights are stored; the update rounds 16-bit weights to
   // nearest even or (stochastic_rounding) stochastically.
-  kernels::RowPrecision precision = kernels::RowPrecision::kFp32;
+  RowPrecision precision = RowPrecision::kFp32;
   bool stochastic_rounding = false;
 };
 
@@ -73,7 +73,7 @@ class DeviceTable {
   // REQUIRES: rows distinct.
   virtual absl::Status Update(absl::Span<const int64_t> rows,
                               const float* grads,
-                              const kernels::OptimizerParams& optimizer) = 0;
+                              const OptimizerParams& optimizer) = 0;
 };
 
 class DeviceBackend {

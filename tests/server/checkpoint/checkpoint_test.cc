@@ -36,7 +36,7 @@ namespace recps::server::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using ::recps::kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 using ::testing::HasSubstr;
 
 constexpr uint32_t kSlots = 64;
@@ -135,7 +135,7 @@ void ExpectSameRows(const EmbeddingStore& source,
   const int servers = static_cast<int>(stores.size());
   for (int t = 0; t < source.num_tables(); ++t) {
     const config::TableSpec& spec = source.spec(t);
-    const int64_t stride = kernels::FusedRowStride(spec.optimizer.kind, spec.dim);
+    const int64_t stride = FusedRowStride(spec.optimizer.kind, spec.dim);
     std::vector<int64_t> all;
     for (int step = 0; step < steps; ++step) {
       for (int64_t id : Ids(source, t, step)) all.push_back(id);

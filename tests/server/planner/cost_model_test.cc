@@ -13,7 +13,7 @@
 namespace recps::planner {
 namespace {
 
-using kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 
 TEST(CostModel, StoredRowBytesIsTheStoresFusedRow) {
   for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kAdagrad,
@@ -21,14 +21,14 @@ TEST(CostModel, StoredRowBytesIsTheStoresFusedRow) {
                           OptimizerKind::kAdamW}) {
     for (int dim : {1, 3, 16, 64, 129}) {
       EXPECT_EQ(StoredRowBytes(k, dim, v1::FP32),
-                kernels::FusedRowStride(k, dim) * 4)
-          << kernels::OptimizerName(k) << " dim " << dim;
+                FusedRowStride(k, dim) * 4)
+          << OptimizerName(k) << " dim " << dim;
       // Rows pad to 16 bytes, so narrow rows may not shrink.
       EXPECT_LE(StoredRowBytes(k, dim, v1::FP16),
                 StoredRowBytes(k, dim, v1::FP32));
       // The store's own formula (TableInfo.row_bytes), bf16 as fp16.
       EXPECT_EQ(StoredRowBytes(k, dim, v1::FP16),
-                server::HostRowBytes(k, dim, kernels::RowPrecision::kFp16));
+                server::HostRowBytes(k, dim, RowPrecision::kFp16));
       EXPECT_EQ(StoredRowBytes(k, dim, v1::BF16),
                 StoredRowBytes(k, dim, v1::FP16));
       if (dim >= 16) {

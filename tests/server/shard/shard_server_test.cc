@@ -30,7 +30,7 @@ std::unique_ptr<ShardServer> MakeServer(int world_size = 1,
   fixed.name = "fixed";
   fixed.dim = 4;
   fixed.num_rows = 100;
-  fixed.optimizer.kind = kernels::OptimizerKind::kSgd;
+  fixed.optimizer.kind = OptimizerKind::kSgd;
   fixed.optimizer.learning_rate = 0.5f;
   config::TableSpec dynamic = fixed;
   dynamic.name = "dynamic";
@@ -532,7 +532,7 @@ config::TableSpec WideSpec() {
   config::TableSpec wide;
   wide.name = "wide";
   wide.dim = 10;
-  wide.optimizer.kind = kernels::OptimizerKind::kAdam;
+  wide.optimizer.kind = OptimizerKind::kAdam;
   wide.optimizer.learning_rate = 0.01f;
   wide.optimizer.beta1 = 0.9f;
   wide.optimizer.beta2 = 0.999f;
@@ -707,7 +707,7 @@ TEST(ShardServerColumnWise, GroupsTrainBitIdenticalToTheUnsplitTable) {
   // Weights, both moments and the step count match column by column.
   auto read = [](ShardServer& s, const std::string& table, int dim) {
     const int t = *s.store().FindTable(table);
-    const int64_t stride = kernels::FusedRowStride(kernels::OptimizerKind::kAdam, dim);
+    const int64_t stride = FusedRowStride(OptimizerKind::kAdam, dim);
     std::vector<float> rows(4 * stride);
     EXPECT_TRUE(s.store().ReadRows(t, {3, -8, 1000000007, 42}, rows.data()).ok());
     return std::make_pair(rows, stride);

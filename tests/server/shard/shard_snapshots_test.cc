@@ -35,7 +35,7 @@ std::unique_ptr<LayeredStore> MakeStore() {
   o.num_slots = kSlots;
   o.max_rows_per_table = 1 << 16;
   auto store = CreateHostEmbeddingStore(
-      {testing::TestTableSpec("t", 4, 0, kernels::OptimizerKind::kAdagrad, 0.1f)}, o);
+      {testing::TestTableSpec("t", 4, 0, OptimizerKind::kAdagrad, 0.1f)}, o);
   EXPECT_TRUE(store.ok()) << store.status();
   return std::make_unique<LayeredStore>(*std::move(store));
 }

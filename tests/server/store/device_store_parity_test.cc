@@ -33,8 +33,8 @@ void PrintTo(OptimizerKind k, std::ostream* os) { *os << static_cast<int>(k); }
 namespace recps::server {
 namespace {
 
-using kernels::OptimizerKind;
-using kernels::RowPrecision;
+using ::recps::OptimizerKind;
+using ::recps::RowPrecision;
 using ::testing::HasSubstr;
 using testing::TestTableSpec;
 
@@ -270,7 +270,7 @@ TEST_P(DeviceStoreParity, LookupsPushesImportsDropsAndSnapshotsMatch) {
 
   // Whole rows through ReadRows.
   std::vector<int64_t> ids = {0, 1, 2, 3, 4};
-  const int64_t stride = kernels::FusedRowStride(kind(), 13);
+  const int64_t stride = FusedRowStride(kind(), 13);
   std::vector<float> a(ids.size() * stride), b(ids.size() * stride);
   ASSERT_TRUE(host_->ReadRows(0, ids, a.data()).ok());
   ASSERT_TRUE(dev_->ReadRows(0, ids, b.data()).ok());
@@ -312,7 +312,7 @@ TEST_P(DeviceStoreParity, ErrorsHaveTheHostStoresCodes) {
   same(host_->ExportSlot(0, 0, &c, 0, &chunk), dev_->ExportSlot(0, 0, &c, 0, &chunk));
 
   // Imports: wrong slot, non-finite row, negative second moment.
-  const int64_t stride = kernels::FusedRowStride(kind(), 16);
+  const int64_t stride = FusedRowStride(kind(), 16);
   const uint64_t key = StableNameKey("dynamic");
   int64_t id = 0;
   while (SlotOf(key, id, kSlots) != 2) ++id;

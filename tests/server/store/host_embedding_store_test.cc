@@ -30,7 +30,7 @@
 namespace recps::server {
 namespace {
 
-using ::recps::kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 using ::testing::HasSubstr;
 
 config::TableSpec Spec(std::string name, int dim, int64_t num_rows = 0,
@@ -72,7 +72,7 @@ TEST(HostEmbeddingStore, LookupCreatesInitialRowsAndKeepsThem) {
   EXPECT_EQ(info.name, "user");
   EXPECT_EQ(info.rows, 3);
   EXPECT_EQ(info.lookup_ids, 8);
-  EXPECT_EQ(info.row_bytes, kernels::FusedRowStride(OptimizerKind::kSgd, 5) * 4);
+  EXPECT_EQ(info.row_bytes, FusedRowStride(OptimizerKind::kSgd, 5) * 4);
   EXPECT_EQ(Sum(store->RowsPerSlot()), 3);
 }
 
@@ -97,7 +97,7 @@ TEST(HostEmbeddingStore, FixedTableRefusesOutOfRangeAndCreatesNothing) {
 // reading past the map, and the index memory it reports counts the map.
 TEST(HostEmbeddingStore, FixedTableReadsOutsideItsIdsFindNoRow) {
   auto store = MakeStore({Spec("item", 4, /*num_rows=*/10), Spec("user", 4)});
-  std::vector<float> out(4 * kernels::FusedRowStride(OptimizerKind::kSgd, 4));
+  std::vector<float> out(4 * FusedRowStride(OptimizerKind::kSgd, 4));
   const std::vector<int64_t> some = {0, 9};
   ASSERT_TRUE(store->Lookup(0, some, out.data()).ok());
   ASSERT_TRUE(store->ReadRows(0, some, out.data()).ok());
@@ -133,7 +133,7 @@ TEST(HostEmbeddingStore, PrefaultCommitsAFixedTablesShareAndCreatesNoRow) {
   }
   constexpr int64_t kRows = 200000;
   const std::vector<config::TableSpec> specs = {Spec("fixed", 64, kRows), Spec("dynamic", 64)};
-  const int64_t row_bytes = kernels::FusedRowStride(OptimizerKind::kSgd, 64) * 4;
+  const int64_t row_bytes = FusedRowStride(OptimizerKind::kSgd, 64) * 4;
   using ::recps::testing::ResidentBytes;
   int64_t before = ResidentBytes();
   auto lazy = MakeStore(specs);
@@ -236,7 +236,7 @@ TEST(HostEmbeddingStore, AdagradStateIsStoredInTheRow) {
   const std::vector<float> g = {1, -2, 0, 3};
   ASSERT_TRUE(store->ApplyGradients(0, ids, g.data()).ok());
   ASSERT_TRUE(store->ApplyGradients(0, ids, g.data()).ok());
-  const int64_t stride = kernels::FusedRowStride(s.optimizer.kind, 4);
+  const int64_t stride = FusedRowStride(s.optimizer.kind, 4);
   std::vector<float> row(stride);
   ASSERT_TRUE(store->ReadRows(0, ids, row.data()).ok());
   // The formula of kernels/optimizer.h written out here (weight decay 0),

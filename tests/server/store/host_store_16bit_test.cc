@@ -22,8 +22,8 @@
 namespace recps::server {
 namespace {
 
-using ::recps::kernels::OptimizerKind;
-using ::recps::kernels::RowPrecision;
+using ::recps::OptimizerKind;
+using ::recps::RowPrecision;
 using ::testing::HasSubstr;
 
 constexpr RowPrecision kSixteen[] = {RowPrecision::kFp16, RowPrecision::kBf16};
@@ -85,7 +85,7 @@ void ImportAll(EmbeddingStore& store, const SlotChunk& all,
 
 TEST(HostStore16, LookupsGiveTheRoundedInitialRows) {
   for (RowPrecision p : kSixteen) {
-    SCOPED_TRACE(kernels::RowPrecisionName(p));
+    SCOPED_TRACE(RowPrecisionName(p));
     StoreOptions opt;
     opt.seed = 9;
     const int dim = 13;
@@ -139,13 +139,13 @@ TEST(HostStore16, RowBytesAreTheSixteenBitLayout) {
 // the stored weights rounded once per push.
 TEST(HostStore16, PushesUpdateInFp32AndRoundOncePerStep) {
   for (RowPrecision p : kSixteen) {
-    SCOPED_TRACE(kernels::RowPrecisionName(p));
+    SCOPED_TRACE(RowPrecisionName(p));
     const int dim = 24;
     const auto kind = OptimizerKind::kAdagrad;
     auto store = MakeStore({Spec("t", dim, p, kind, 0.05f)});
     auto ref = MakeStore({Spec("t", dim, RowPrecision::kFp32, kind, 0.05f)});
     const std::vector<int64_t> ids = Ids(5000);  // the parallel path too
-    const int64_t stride = kernels::FusedRowStride(kind, dim);
+    const int64_t stride = FusedRowStride(kind, dim);
     std::vector<float> out(ids.size() * dim);
     ASSERT_TRUE(store->Lookup(0, ids, out.data()).ok());
     // The fp32 reference starts from the same (rounded) rows.
@@ -193,8 +193,8 @@ TEST(HostStore16, ExportAndImportRoundTripsAreExact) {
   for (RowPrecision p : kSixteen) {
     for (OptimizerKind k : {OptimizerKind::kSgd, OptimizerKind::kRowWiseAdagrad,
                             OptimizerKind::kAdam}) {
-      SCOPED_TRACE(::testing::Message() << kernels::RowPrecisionName(p) << " "
-                                        << kernels::OptimizerName(k));
+      SCOPED_TRACE(::testing::Message() << RowPrecisionName(p) << " "
+                                        << OptimizerName(k));
       const int dim = 9;
       StoreOptions opt;
       opt.num_slots = 16;
@@ -204,7 +204,7 @@ TEST(HostStore16, ExportAndImportRoundTripsAreExact) {
       ASSERT_TRUE(src->ApplyGradients(0, ids, grads.data()).ok());
       const SlotChunk first = ExportAll(*src, opt.num_slots);
       ASSERT_EQ(first.ids.size(), ids.size());
-      EXPECT_EQ(first.row_stride, kernels::FusedRowStride(k, dim));
+      EXPECT_EQ(first.row_stride, FusedRowStride(k, dim));
 
       auto same = MakeStore({Spec("t", dim, p, k, 0.01f)}, opt);
       ImportAll(*same, first, opt.num_slots);
@@ -241,7 +241,7 @@ TEST(HostStore16, Fp16ImportRefusesWeightsPastItsRange) {
   const int dim = 4;
   StoreOptions opt;
   opt.num_slots = 1;
-  const int64_t stride = kernels::FusedRowStride(OptimizerKind::kSgd, dim);
+  const int64_t stride = FusedRowStride(OptimizerKind::kSgd, dim);
   std::vector<float> row(stride, 0.0f);
   row[2] = 70000.0f;
   const int64_t id = 5;
@@ -264,7 +264,7 @@ TEST(HostStore16, Fp16ImportRefusesWeightsPastItsRange) {
 // 16-bit rows intact.
 TEST(HostStore16, SnapshotsAndDroppedSlotsKeepRowsExact) {
   for (RowPrecision p : kSixteen) {
-    SCOPED_TRACE(kernels::RowPrecisionName(p));
+    SCOPED_TRACE(RowPrecisionName(p));
     const int dim = 10;
     StoreOptions opt;
     opt.num_slots = 8;
@@ -312,7 +312,7 @@ TEST(HostStore16, SnapshotsAndDroppedSlotsKeepRowsExact) {
 // an ulp move no weight with nearest even, some stochastically.
 TEST(HostStore16, StochasticRoundingKeepsTinyUpdates) {
   for (RowPrecision p : kSixteen) {
-    SCOPED_TRACE(kernels::RowPrecisionName(p));
+    SCOPED_TRACE(RowPrecisionName(p));
     const int dim = 16;
     config::TableSpec plain = Spec("t", dim, p, OptimizerKind::kSgd, 1.0f);
     // Weights in [0.2, 0.25): a 1e-5 step is below half an ulp there.

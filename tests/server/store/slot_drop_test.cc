@@ -33,7 +33,7 @@ using slot_transfer_testing::IdsOfSlot;
 using slot_transfer_testing::ResidentBytes;
 using slot_transfer_testing::SlotTransferTest;
 using slot_transfer_testing::kSlots;
-using ::recps::kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 
 TEST_F(SlotTransferTest, DropSlotRemovesItsRowsAndKeepsTheOthers) {
   std::vector<std::vector<float>> before;

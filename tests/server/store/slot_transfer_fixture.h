@@ -39,7 +39,7 @@
 
 namespace recps::server::slot_transfer_testing {
 
-using ::recps::kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 using ::testing::HasSubstr;
 
 inline constexpr uint64_t kSeed = 7;
@@ -75,7 +75,7 @@ inline std::unique_ptr<EmbeddingStore> MakeStore(std::vector<config::TableSpec> 
 }
 
 inline int64_t Stride(const EmbeddingStore& s, int table) {
-  return kernels::FusedRowStride(s.spec(table).optimizer.kind,
+  return FusedRowStride(s.spec(table).optimizer.kind,
                                  s.spec(table).dim);
 }
 

@@ -30,7 +30,7 @@ using slot_transfer_testing::ExportWhole;
 using slot_transfer_testing::IdsOfSlot;
 using slot_transfer_testing::SlotTransferTest;
 using slot_transfer_testing::kSlots;
-using ::recps::kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 using ::testing::HasSubstr;
 
 TEST_F(SlotTransferTest, ExportImportGivesBitIdenticalRowsAndState) {
@@ -85,7 +85,7 @@ TEST_F(SlotTransferTest, ImportAcceptsNegativeZeroStateAndSubnormals) {
     const int64_t stride = Stride(*a_, t);
     const int dim = a_->spec(t).dim;
     const int64_t used =
-        dim + kernels::FusedRowStateWidth(a_->spec(t).optimizer.kind, dim);
+        dim + FusedRowStateWidth(a_->spec(t).optimizer.kind, dim);
     for (size_t p = 0; p < e.ids.size(); ++p) {
       float* row = e.rows.data() + p * stride;
       row[0] = -std::numeric_limits<float>::denorm_min();

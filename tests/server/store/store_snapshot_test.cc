@@ -17,7 +17,7 @@
 namespace recps::server {
 namespace {
 
-using ::recps::kernels::OptimizerKind;
+using ::recps::OptimizerKind;
 
 constexpr uint32_t kSlots = 16;
 
