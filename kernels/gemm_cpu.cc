@@ -2,6 +2,7 @@
 // over the caller's pool when it has one.
 #include <cblas.h>
 #include <strings.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cmath>
+#include <string>
+#include <vector>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -158,10 +162,141 @@ absl::Status GemmCpu(const GemmArgs& args, const ExecContext& ctx) {
   return absl::OkStatus();
 }
 
+absl::Status CheckGemmAgainstReference(
+    absl::FunctionRef<absl::Status(const GemmArgs&)> gemm) {
+  // Sizes that hit full tiles, edge tiles and single elements of the
+  // usual 4/8/16-wide kernels; every transpose; padded leading dimensions.
+  static constexpr int kSizes[][3] = {{1, 1, 1},    {3, 5, 7},    {16, 16, 16},
+                                      {17, 31, 33}, {64, 65, 63}, {100, 48, 129}};
+  static constexpr float kScales[][2] = {{1.0f, 0.0f}, {0.5f, -1.5f}};
+  auto value = [](int64_t i, int64_t j, int seed) {
+    return static_cast<float>((i * 7919 + j * 104729 + seed * 31) % 2001 - 1000) / 1000.0f;
+  };
+  std::vector<float> a, b, c, c0;
+  for (const auto& size : kSizes) {
+    const int64_t m = size[0], n = size[1], k = size[2];
+    for (int t = 0; t < 4; ++t) {
+      for (const auto& scale : kScales) {
+        GemmArgs g;
+        g.trans_a = (t & 1) != 0;
+        g.trans_b = (t & 2) != 0;
+        g.m = m;
+        g.n = n;
+        g.k = k;
+        g.alpha = scale[0];
+        g.beta = scale[1];
+        g.lda = (g.trans_a ? m : k) + 3;
+        g.ldb = (g.trans_b ? k : n) + 2;
+        g.ldc = n + 1;  // the padding column must stay untouched
+        a.resize((g.trans_a ? k : m) * g.lda);
+        b.resize((g.trans_b ? n : k) * g.ldb);
+        c0.resize(m * g.ldc);
+        for (size_t i = 0; i < a.size(); ++i) a[i] = value(i, 1, t);
+        for (size_t i = 0; i < b.size(); ++i) b[i] = value(i, 2, t);
+        for (size_t i = 0; i < c0.size(); ++i) c0[i] = value(i, 3, t);
+        c = c0;
+        g.a = a.data();
+        g.b = b.data();
+        g.c = c.data();
+        const std::string what = absl::StrCat(
+            "GEMM ", g.trans_a ? "A^T" : "A", g.trans_b ? "B^T" : "B", " m=", m,
+            " n=", n, " k=", k, " alpha=", g.alpha, " beta=", g.beta);
+        RETURN_IF_ERROR(gemm(g));
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j <= n; ++j) {
+            const float got = c[i * g.ldc + j];
+            if (j == n) {
+              if (got != c0[i * g.ldc + j]) {
+                return absl::FailedPreconditionError(absl::StrCat(
+                    what, ": wrote C[", i, "][", j, "] outside the product"));
+              }
+              continue;
+            }
+            double sum = 0, magnitude = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              const double x = g.trans_a ? a[p * g.lda + i] : a[i * g.lda + p];
+              const double y = g.trans_b ? b[j * g.ldb + p] : b[p * g.ldb + j];
+              sum += x * y;
+              magnitude += std::abs(x * y);
+            }
+            const double c_in = c0[i * g.ldc + j];
+            const double want = g.alpha * sum + g.beta * c_in;
+            // Float rounding of k products and sums, with room to spare.
+            const double bound =
+                4.0 * (k + 2) * std::numeric_limits<float>::epsilon() *
+                    (std::abs(g.alpha) * magnitude + std::abs(g.beta * c_in)) +
+                1e-6;
+            if (!(std::abs(got - want) <= bound)) {
+              return absl::FailedPreconditionError(absl::StrCat(
+                  what, ": C[", i, "][", j, "] is ", got, ", the reference ", want));
+            }
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 // Set beside OPENBLAS_CORETYPE by UseFastestBlasKernels: the core OpenBLAS
 // ran before (also the guard against a second re-execution).
 constexpr char kPreviousCoreEnv[] = "RECPS_OPENBLAS_PREVIOUS_CORE";
+// Set when the check rejected the core recps chose: "<core>: <why>" (also
+// the guard against trying it again).
+constexpr char kRejectedEnv[] = "RECPS_OPENBLAS_REJECTED";
+// Tests only: the checked GEMM's results are corrupted, as a wrong kernel's
+// would be, so that the fallback runs on any machine.
+constexpr char kCorruptCheckEnv[] = "RECPS_TEST_CORRUPT_BLAS_CHECK";
+
+// CheckGemmAgainstReference of OpenBLAS as loaded, in a child process: a
+// kernel that crashes (an illegal instruction) fails the check instead of
+// the program. Call before any thread of ours starts.
+absl::Status CheckKernelsInChild() {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int error = errno;
+    close(fds[0]);
+    close(fds[1]);
+    return absl::InternalError(absl::StrCat("fork: ", std::strerror(error)));
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    openblas_set_num_threads(1);
+    const bool corrupt = std::getenv(kCorruptCheckEnv) != nullptr;
+    const ExecContext ctx;
+    const absl::Status s = CheckGemmAgainstReference([&](const GemmArgs& g) {
+      RETURN_IF_ERROR(GemmCpu(g, ctx));
+      if (corrupt && g.m > 0 && g.n > 0) g.c[0] += 1.0f;
+      return absl::OkStatus();
+    });
+    const std::string why(s.message());
+    if (!why.empty() && write(fds[1], why.data(), why.size()) < 0) _exit(3);
+    _exit(s.ok() ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string why;
+  char buf[512];
+  for (ssize_t got; (got = read(fds[0], buf, sizeof(buf))) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) break;
+    why.append(buf, static_cast<size_t>(got));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFSIGNALED(status)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the check was killed by signal ", WTERMSIG(status)));
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(why.empty() ? "the check failed" : why);
+}
 
 // OpenBLAS's x86 cores with AVX-512 kernels.
 bool IsAvx512Core(const char* core) {
@@ -179,6 +314,23 @@ absl::Status UseFastestBlasKernels(const std::string& mode, char** argv) {
         absl::StrCat("--blas_kernels=", mode, ": expected auto or env"));
   }
   const char* core = openblas_get_corename();
+  if (std::getenv(kRejectedEnv) != nullptr) return absl::OkStatus();  // fell back
+  if (const char* previous = std::getenv(kPreviousCoreEnv);
+      previous != nullptr && core != nullptr && strcasecmp(core, previous) != 0) {
+    // Running the kernels recps chose: keep them only if they compute right.
+    const absl::Status checked = CheckKernelsInChild();
+    if (checked.ok()) return absl::OkStatus();
+    const std::string fallback = previous;
+    LogWarning("OpenBLAS's ", core, " kernels failed recps' check on this CPU (",
+               checked.message(), "); running its ", fallback, " kernels instead");
+    setenv(kRejectedEnv, absl::StrCat(core, ": ", checked.message()).c_str(), 1);
+    setenv("OPENBLAS_CORETYPE", fallback.c_str(), /*overwrite=*/1);
+    std::fflush(nullptr);
+    execv("/proc/self/exe", argv);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "OpenBLAS's ", core, " kernels compute wrong results here and re-executing with ",
+        fallback, " failed (", std::strerror(errno), "); run with --blas_kernels=env"));
+  }
   if (core == nullptr || IsAvx512Core(core) || !CpuIsaSupported(CpuIsa::kAvx512)) {
     return absl::OkStatus();
   }
@@ -204,6 +356,10 @@ absl::Status UseFastestBlasKernels(const std::string& mode, char** argv) {
 std::string BlasKernelsDescription() {
   const char* core = openblas_get_corename();
   std::string out = core != nullptr ? core : "unknown";
+  if (const char* rejected = std::getenv(kRejectedEnv); rejected != nullptr) {
+    absl::StrAppend(&out, " (recps rejected ", rejected, ")");
+    return out;
+  }
   if (const char* previous = std::getenv(kPreviousCoreEnv);
       previous != nullptr && (core == nullptr || strcasecmp(core, previous) != 0)) {
     absl::StrAppend(&out, " (chosen by recps: OpenBLAS ran ", previous, ")");

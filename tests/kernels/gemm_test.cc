@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/thread_pool.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -120,6 +121,29 @@ TEST(GemmCpuTest, MatchesReferenceForEveryTransposeAndPadding) {
       }
     }
   }
+}
+
+// The start-up check of the BLAS kernels (UseFastestBlasKernels): OpenBLAS
+// as loaded passes it; a kernel off in one element, or writing past the
+// product, fails it with the product and the element named.
+TEST(GemmSelfCheckTest, TheLoadedKernelsPassAndWrongOnesAreNamed) {
+  const ExecContext cpu;
+  EXPECT_TRUE(CheckGemmAgainstReference([&](const GemmArgs& g) { return GemmCpu(g, cpu); })
+                  .ok());
+  int calls = 0;
+  const absl::Status off_by_a_bit = CheckGemmAgainstReference([&](const GemmArgs& g) {
+    RETURN_IF_ERROR(GemmCpu(g, cpu));
+    if (++calls == 30 && g.m > 1 && g.n > 1) g.c[g.ldc + 1] *= 1.001f;
+    return absl::OkStatus();
+  });
+  EXPECT_EQ(off_by_a_bit.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(off_by_a_bit.message()), HasSubstr("C[1][1] is"));
+  const absl::Status past_the_end = CheckGemmAgainstReference([&](const GemmArgs& g) {
+    RETURN_IF_ERROR(GemmCpu(g, cpu));
+    if (g.m > 0) g.c[g.n] = 42.0f;  // the padding column of row 0
+    return absl::OkStatus();
+  });
+  EXPECT_THAT(std::string(past_the_end.message()), HasSubstr("outside the product"));
 }
 
 TEST(GemmCpuTest, BetaZeroDoesNotReadC) {

@@ -194,6 +194,22 @@ TEST(WorkerEndToEnd, BlasKernelsFollowTheCpuNotAPinnedEnvironment) {
   EXPECT_EQ(run("fastest", &output), 2) << output;
   EXPECT_NE(output.find("--blas_kernels=fastest: expected auto or env"), std::string::npos)
       << output;
+  // Kernels that compute wrong results (here: the check's results
+  // corrupted, as a bad OpenBLAS build's would be) are rejected, and the
+  // worker trains on the core OpenBLAS had chosen, saying so.
+  setenv("RECPS_TEST_CORRUPT_BLAS_CHECK", "1", 1);
+  EXPECT_EQ(run("auto", &output), 0) << output;
+  unsetenv("RECPS_TEST_CORRUPT_BLAS_CHECK");
+  if (CpuIsaSupported(CpuIsa::kAvx512)) {
+    EXPECT_NE(output.find("kernels failed recps' check on this CPU"), std::string::npos)
+        << output;
+    EXPECT_NE(output.find("; OpenBLAS kernels Haswell (recps rejected SkylakeX: GEMM "),
+              std::string::npos)
+        << output;
+  } else {
+    EXPECT_NE(output.find("; OpenBLAS kernels Haswell\n"), std::string::npos) << output;
+  }
+  EXPECT_NE(output.find("done: 3 steps"), std::string::npos) << output;
   if (saved != nullptr) {
     setenv("OPENBLAS_CORETYPE", saved_value.c_str(), 1);
   } else {
