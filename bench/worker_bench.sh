@@ -95,9 +95,13 @@ import glob, json, re, sys
 results = [json.load(open(p)) for p in sorted(glob.glob(sys.argv[1] + "/result*.json"))]
 r = results[0]
 batch = int(re.search(r"batch_size:\s*(\d+)", open(sys.argv[3]).read()).group(1))
-# Global samples/s over training steps only (the evaluations excluded).
-train_s = sum(r["step_seconds"])
-rate = batch * len(results) * len(r["step_seconds"]) / train_s
+# Global samples/s over the timed steps (after the warm-up, evaluations
+# excluded: each worker's timed_samples_per_second, summed); binaries that
+# predate it: every step.
+if all("timed_samples_per_second" in x for x in results):
+    rate = sum(x["timed_samples_per_second"] for x in results)
+else:
+    rate = batch * len(results) * len(r["step_seconds"]) / sum(r["step_seconds"])
 t = {k: 1e3 * v / r["steps"] for k, v in r["times"].items()}
 anchor = float(sys.argv[4])
 print(f'{sys.argv[2]:<10} {"":5} {batch:>6} {r["steps"]:>5} {rate:>9.0f} {anchor:>7.2f} '

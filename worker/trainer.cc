@@ -708,6 +708,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (stop) {
       result.preempted = true;
       result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start));
+      result.step_samples.push_back(static_cast<int32_t>(batches[cur].size));
       break;
     }
     if (training.eval_interval() > 0 && (step + 1) % training.eval_interval() == 0 &&
@@ -723,6 +724,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
       RETURN_IF_ERROR(LookupAndPool(batches[next], step + 1, &result.times, &buffers_[next]));
     }
     result.step_seconds.push_back(absl::ToDoubleSeconds(absl::Now() - step_start) - step_eval);
+    result.step_samples.push_back(static_cast<int32_t>(batches[cur].size));
     cur = next;
   }
   if (!result.preempted && result.steps > start_step) RETURN_IF_ERROR(EvaluateInto(result.steps, &result));

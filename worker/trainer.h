@@ -61,8 +61,10 @@ struct TrainResult {
   // step start_step's).
   std::vector<float> losses;
   // Wall time of every step this run trained, including a checkpoint cut
-  // taken at its end and excluding evaluations (the stall measurements).
+  // taken at its end and excluding evaluations (the stall measurements),
+  // and the samples each trained.
   std::vector<double> step_seconds;
+  std::vector<int32_t> step_samples;
   StepTimes times;
   std::vector<EvalRecord> evals;
   // Checkpoint cuts taken and the seconds each stalled training.

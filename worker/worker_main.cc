@@ -170,6 +170,7 @@ struct RankRun {
   // The progress lines and step metrics (TrainerOptions::on_step, on_eval).
   absl::Time last_print = absl::InfinitePast();
   double last_auc = -1;
+  int64_t last_auc_step = 0;  // the step last_auc was measured after
   StepTimes times_so_far;
   int64_t samples_so_far = 0;
   std::unique_ptr<Trainer> trainer;
@@ -434,11 +435,16 @@ void ReportProgress(RankRun& run, TrainerOptions* options) {
     const double eta = (total_steps - step - 1) * r.seconds /
                        std::max<int64_t>(step + 1 - start_step, 1);
     LogInfo(absl::StrFormat(
-        "step %d/%d  loss %.4f  %s%.0f samples/s  eta %.0fs", step + 1, total_steps, loss,
-        run.last_auc >= 0 ? absl::StrFormat("auc %.4f  ", run.last_auc) : "", rate, eta));
+        "step %d/%d  loss %.4f  %s%.0f samples/s so far  eta %.0fs", step + 1, total_steps,
+        loss,
+        run.last_auc >= 0
+            ? absl::StrFormat("auc %.4f (after step %d)  ", run.last_auc, run.last_auc_step)
+            : "",
+        rate, eta));
   };
   options->on_eval = [&run](const EvalRecord& e) {
     run.last_auc = e.metrics.auc;
+    run.last_auc_step = e.step;
     run.metrics->ObserveEval(e.metrics);
     LogInfo(absl::StrFormat("eval after step %d: auc %.4f  log loss %.4f  ne %.4f  (%d samples)",
                             e.step, e.metrics.auc, e.metrics.log_loss, e.metrics.ne,
@@ -566,12 +572,20 @@ void Leave(RankRun& run) {
 int ReportDone(RankRun& run, const TrainResult& result) {
   const StepTimes& t = result.times;
   const int64_t trained = std::max<int64_t>(result.steps - run.checkpoints->start_step(), 1);
+  // What each figure covers is said in the line (docs/training.md).
+  const TimedRate timed = TimedRateOf(result);
   LogInfo(absl::StrFormat(
-      "done: %d steps, %.0f samples/s; per step: data %.2f ms, lookup %.2f ms, "
+      "done: %d steps, %.0f samples/s timed (this worker: steps %d..%d, after %d "
+      "warm-up step(s), evaluations excluded; the job: %.0f samples/s, %d worker(s)); "
+      "%.0f samples/s over the whole run (warm-up, evaluations and checkpoints included)",
+      result.steps, timed.samples_per_second, result.steps - timed.steps + 1, result.steps,
+      timed.warmup_steps, run.world * timed.samples_per_second, run.world,
+      result.samples / std::max(result.seconds, 1e-9)));
+  LogInfo(absl::StrFormat(
+      "per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
       "optimizer %.2f ms, waiting for overlapped lookups %.2f ms (prefetch %.2f ms "
       "beside the step); evaluation %.1f s",
-      result.steps, result.samples / std::max(result.seconds, 1e-9),
       1e3 * t.data / trained, 1e3 * t.lookup / trained,
       1e3 * t.forward / trained, 1e3 * t.backward / trained,
       1e3 * t.push / trained, 1e3 * t.allreduce / trained,
@@ -589,7 +603,7 @@ int ReportDone(RankRun& run, const TrainResult& result) {
   }
   if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), run.rank);
       !path.empty()) {
-    std::ofstream(path) << ResultJson(result);
+    std::ofstream(path) << ResultJson(result, run.world);
   }
   Leave(run);
   return run.checkpoints->FinalExitCode(result.steps);
@@ -604,7 +618,7 @@ int Train(RankRun& run) {
     LogInfo("pre-empted: checkpoint at step ", result->steps);
     if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), run.rank);
         !path.empty()) {
-      std::ofstream(path) << ResultJson(*result);
+      std::ofstream(path) << ResultJson(*result, run.world);
     }
     Leave(run);
     return 0;

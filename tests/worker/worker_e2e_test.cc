@@ -189,6 +189,14 @@ TEST(WorkerEndToEnd, BlasKernelsFollowTheCpuNotAPinnedEnvironment) {
             std::string::npos)
       << output;
   EXPECT_NE(output.find("done: 3 steps"), std::string::npos) << output;
+  // Each rate says what it covers (docs/training.md).
+  EXPECT_NE(output.find("samples/s timed (this worker: steps 1..3, after 0 warm-up step(s), "
+                        "evaluations excluded; the job: "),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("over the whole run (warm-up, evaluations and checkpoints included)"),
+            std::string::npos)
+      << output;
   EXPECT_EQ(run("env", &output), 0) << output;
   EXPECT_NE(output.find("; OpenBLAS kernels Haswell\n"), std::string::npos) << output;
   EXPECT_EQ(run("fastest", &output), 2) << output;
