@@ -572,22 +572,21 @@ void Leave(RankRun& run) {
 int ReportDone(RankRun& run, const TrainResult& result) {
   const StepTimes& t = result.times;
   const int64_t trained = std::max<int64_t>(result.steps - run.checkpoints->start_step(), 1);
-  // What each figure covers is said in the line (docs/training.md).
+  // What each figure covers is said in the line (docs/training.md); one
+  // line, as log readers parse it (tests/deploy/multihost_test.py).
   const TimedRate timed = TimedRateOf(result);
   LogInfo(absl::StrFormat(
       "done: %d steps, %.0f samples/s timed (this worker: steps %d..%d, after %d "
       "warm-up step(s), evaluations excluded; the job: %.0f samples/s, %d worker(s)); "
-      "%.0f samples/s over the whole run (warm-up, evaluations and checkpoints included)",
-      result.steps, timed.samples_per_second, result.steps - timed.steps + 1, result.steps,
-      timed.warmup_steps, run.world * timed.samples_per_second, run.world,
-      result.samples / std::max(result.seconds, 1e-9)));
-  LogInfo(absl::StrFormat(
-      "per step: data %.2f ms, lookup %.2f ms, "
+      "%.0f samples/s over the whole run (warm-up, evaluations and checkpoints "
+      "included); per step: data %.2f ms, lookup %.2f ms, "
       "forward %.2f ms, backward %.2f ms, push %.2f ms, allreduce %.2f ms, "
       "optimizer %.2f ms, waiting for overlapped lookups %.2f ms (prefetch %.2f ms "
       "beside the step); evaluation %.1f s",
-      1e3 * t.data / trained, 1e3 * t.lookup / trained,
-      1e3 * t.forward / trained, 1e3 * t.backward / trained,
+      result.steps, timed.samples_per_second, result.steps - timed.steps + 1, result.steps,
+      timed.warmup_steps, run.world * timed.samples_per_second, run.world,
+      result.samples / std::max(result.seconds, 1e-9), 1e3 * t.data / trained,
+      1e3 * t.lookup / trained, 1e3 * t.forward / trained, 1e3 * t.backward / trained,
       1e3 * t.push / trained, 1e3 * t.allreduce / trained,
       1e3 * t.optimizer / trained, 1e3 * t.lookup_wait / trained,
       1e3 * t.prefetch / trained, t.eval));

@@ -1,36 +1,22 @@
-// The shard server's request handling, without gRPC: checks a request
-// (epoch, rank, tables, ids, sizes), orders it by the step clock, and runs it
-// against the table store. The gRPC services (shard_service.h) are thin
-// adapters over this class, which tests drive directly.
-//
-// A lookup that may run at once runs on the calling thread (gRPC's callback
-// thread); pushes, and lookups a push releases, run on the server's work
-// queue. Every method that takes a `done` callback calls it exactly once,
-// from some thread (possibly before it returns).
+// A shard server without gRPC: a thin wrapper that builds and wires the
+// objects that own its state (docs/architecture.md, "The shard server's
+// parts"): the store, the map keeper, the data plane (lookups, pushes, the
+// step clock), the unit holds, the snapshot writer and the slot moves. The
+// gRPC services (shard_service.h) are thin adapters over it, which tests
+// drive directly.
 #ifndef RECPS_SERVER_SHARD_SHARD_SERVER_H_
 #define RECPS_SERVER_SHARD_SHARD_SERVER_H_
 
-#include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
-#include <optional>
-#include <thread>
 #include <string>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/buffer_pool.h"
 #include "common/wire/shard_map.h"
 #include "common/wire/wire_format.h"  // kShardMapEpochKey
 #include "common/work_queue.h"
@@ -39,6 +25,7 @@
 #include "server/store/embedding_store.h"
 #include "server/shard/lookup_response.h"
 #include "server/store/layered_store.h"
+#include "server/shard/shard_data_plane.h"
 #include "server/shard/shard_map_keeper.h"
 #include "server/shard/shard_server_options.h"
 #include "server/shard/slot_moves.h"
@@ -59,33 +46,28 @@ class ShardServer {
       ShardServerOptions options, ShardMetrics* metrics);
   ~ShardServer();
 
-  using Done = absl::AnyInvocable<void(absl::Status) &&>;
+  using Done = ShardDataPlane::Done;
 
-  // Fills `response` (owned by the caller, alive until done), a serialized
-  // v1::LookupResponse, once the step clock lets the lookup run.
-  // `cancelled`, if set, tells whether the caller gave up: a lookup that
-  // waits for its step is then dropped (CANCELLED) without waiting for the
-  // step timeout. It must stay callable until done runs.
+  // The data plane (ShardDataPlane has the contracts).
   void Lookup(const v1::LookupRequest* request,
               SerializedLookupResponse* response, Done done,
-              std::function<bool()> cancelled = nullptr);
-  // As Lookup, for an in-process caller (client::InProcessShard::LookupInto)
-  // of fp32 rows without updated_only: request table i's rows are written
-  // to rows[i] (ids x dim floats), no response is built.
+              std::function<bool()> cancelled = nullptr) {
+    data_->Lookup(request, response, std::move(done), std::move(cancelled));
+  }
   void LookupInto(const v1::LookupRequest* request,
                   absl::Span<float* const> rows, Done done,
-                  std::function<bool()> cancelled = nullptr);
-  // Checks the push completely, then hands it to the step clock; done(OK)
-  // means it was accepted (applied at once in async mode). `grads`, if not
-  // empty (an in-process caller, client::InProcessShard::PushGradientsFrom),
-  // has one entry per request table: the table's fp32 gradients, read in
-  // place until done runs, or null for those in the request's bytes.
+                  std::function<bool()> cancelled = nullptr) {
+    data_->LookupInto(request, rows, std::move(done), std::move(cancelled));
+  }
   void PushGradients(const v1::PushGradientsRequest* request,
                      v1::PushGradientsResponse* response, Done done,
-                     absl::Span<const float* const> grads = {});
-
+                     absl::Span<const float* const> grads = {}) {
+    data_->PushGradients(request, response, std::move(done), grads);
+  }
   absl::Status Stats(const v1::StatsRequest& request,
-                     v1::StatsResponse* response) const;
+                     v1::StatsResponse* response) const {
+    return data_->Stats(request, response);
+  }
   v1::ShardMap GetShardMap() const;
   // Installs a newer map. The same map again (a retry) is OK; any other map
   // whose epoch is not newer is ALREADY_EXISTS (nothing changes).
@@ -116,10 +98,7 @@ class ShardServer {
 
   // Whether the server holds a map that lists it (and its tables).
   bool serving() const { return CurrentMap()->self >= 0; }
-  // Sets the metrics that are levels, not counts (resident memory, rows per
-  // table) from the sources Stats reports. Stats calls it; recps-shard also
-  // calls it periodically.
-  void RefreshGauges() const;
+  void RefreshGauges() const { data_->RefreshGauges(); }
 
   // The address SetShardMap looks for when its request names no `self`.
   void SetSelfAddress(std::string address);
@@ -129,100 +108,30 @@ class ShardServer {
   // on every Lookup and PushGradients response so that clients notice a
   // restarted server (whose rows are gone).
   uint64_t incarnation() const { return incarnation_; }
-  int64_t applied_step() const { return clock_->applied_step(); }
+  int64_t applied_step() const { return data_->applied_step(); }
 
  private:
   ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
               ShardServerOptions options, ShardMetrics* metrics);
 
-  using Routing = ShardRouting;
   using MapView = ShardMapKeeper::View;
   MapView CurrentMap() const { return map_->Current(); }
-  // DATA_LOSS for a header that names another incarnation (checked first:
-  // see RequestHeader.incarnation); then the map, the rank and the step.
-  absl::Status CheckHeader(const v1::RequestHeader& header,
-                           const MapView& view) const;
-  absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,
-                          absl::Span<const int64_t> ids) const;
-  // Where a lookup's rows go: the serialized response, or (LookupInto)
-  // the caller's rows, one run per request table.
-  struct LookupOutput {
-    SerializedLookupResponse* response = nullptr;
-    absl::Span<float* const> rows;
-  };
-  void StartLookup(const v1::LookupRequest* request, LookupOutput out,
-                   Done done, std::function<bool()> cancelled);
-  absl::Status RunLookup(const v1::LookupRequest& request, LookupOutput out);
-  // Applies a step's pushes (the step clock calls it when the step is
-  // complete, or at once in async mode): records sync mode's updated ids,
-  // then the store's fused update, table by table.
-  absl::Status ApplyPush(GradientPush& push);
-  // `owns_nothing`: the map the request was checked against gives this
-  // server nothing (its pushes then take no part in step accounting).
-  // `direct`: as PushGradients' `grads`.
-  absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request,
-                                          absl::Span<const float* const> direct,
-                                          bool* owns_nothing);
-  void LookupAfterHold(const v1::LookupRequest* request, LookupOutput out,
-                       Done done, std::function<bool()> cancelled);
-  void RunPush(const v1::PushGradientsRequest* request,
-               absl::Span<const float* const> direct,
-               v1::PushGradientsResponse* response, Done done);
-  // The push's status, or nullopt when a hand-over holds it (it took
-  // `done` and runs RunPush again when the hold ends).
-  std::optional<absl::Status> HoldOrApply(
-      const v1::PushGradientsRequest* request,
-      absl::Span<const float* const> direct,
-      v1::PushGradientsResponse* response, GradientPush push, Done& done);
 
   std::unique_ptr<LayeredStore> store_;
   ShardServerOptions options_;
   ShardMetrics* metrics_;
-  const absl::Time start_time_;
   const uint64_t incarnation_;
 
   std::unique_ptr<ShardMapKeeper> map_;
 
-  // Lookup responses' buffers, reused across requests.
-  const std::shared_ptr<BufferPool> response_buffers_;
-
-  std::atomic<int64_t> lookup_requests_{0};
-  std::atomic<int64_t> push_requests_{0};
-
-  // Sync mode's exact overlap (LookupRequest.updated_only): the ids each
-  // table's rows were updated with by the newest applied step, recorded by
-  // the apply, and a membership set built from them by the first lookup
-  // that needs it: for a fixed-size table of up to kMaxUpdateBitmapRows
-  // rows a bitmap over its ids (12.5 KB for 100k rows: setting and testing
-  // a bit stays in L1, where inserting 262k ids into a hash set cost more
-  // than the lookup of the updated rows), a hash set otherwise.
-  struct StepUpdates {
-    std::vector<int64_t> ids;
-    absl::flat_hash_set<int64_t> set;
-    std::vector<uint64_t> bits;  // bit `id` set for each of `ids` when built
-    bool set_built = false;
-    bool uses_bits = false;
-    // Forgets the step's ids (and clears their bits).
-    void Clear();
-  };
-  static constexpr int64_t kMaxUpdateBitmapRows = int64_t{1} << 28;
-  // Positions of `ids` that the newest applied step updated in `table`.
-  void UpdatedPositions(int table, absl::Span<const int64_t> ids,
-                        std::vector<int32_t>* positions);
-  absl::Mutex updates_mu_;
-  absl::flat_hash_map<int, StepUpdates> last_step_updates_
-      ABSL_GUARDED_BY(updates_mu_);
-
-  // Declared last: destroyed first, so no task outlives the members above.
-  std::unique_ptr<StepClock> clock_;
+  // Destroyed bottom up: the moves' threads end first, then the work queue
+  // drains (its tasks use the parts above it), then the data plane's clock.
+  std::unique_ptr<ShardDataPlane> data_;
   std::unique_ptr<ShardSnapshots> snapshots_;  // its thread: stopped first
   std::unique_ptr<UnitHolds> holds_;  // releases onto work_
   std::unique_ptr<WorkQueue> work_;
-  std::unique_ptr<SlotMoves> moves_;  // its threads: stopped first
+  std::unique_ptr<SlotMoves> moves_;
 };
-
-// An ABORTED status telling the caller to refresh its map to `epoch`.
-absl::Status StaleEpochError(absl::string_view message, uint64_t epoch);
 
 }  // namespace recps::server
 

@@ -13,7 +13,7 @@
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 #include "server/shard/shard_metrics.h"
-#include "server/shard/shard_server.h"
+#include "server/shard/shard_data_plane.h"
 
 namespace recps::server {
 namespace {
@@ -88,7 +88,7 @@ bool IsEmptyPush(const GradientPush& push) {
 
 }  // namespace
 
-absl::StatusOr<GradientPush> ShardServer::DecodePush(
+absl::StatusOr<GradientPush> ShardDataPlane::DecodePush(
     const v1::PushGradientsRequest& request, absl::Span<const float* const> direct,
     bool* owns_nothing) {
   const MapView view = CurrentMap();
@@ -157,7 +157,7 @@ absl::StatusOr<GradientPush> ShardServer::DecodePush(
   return push;
 }
 
-absl::Status ShardServer::ApplyPush(GradientPush& push) {
+absl::Status ShardDataPlane::ApplyPush(GradientPush& push) {
   if (options_.consistency.mode == ConsistencyMode::kSync) {
     // The ids this step updates, for updated_only lookups of the next step
     // (8 bytes per id; the set is built only when asked).
@@ -175,7 +175,7 @@ absl::Status ShardServer::ApplyPush(GradientPush& push) {
   return absl::OkStatus();
 }
 
-void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
+void ShardDataPlane::PushGradients(const v1::PushGradientsRequest* request,
                                 v1::PushGradientsResponse* response, Done done,
                                 absl::Span<const float* const> grads) {
   push_requests_.fetch_add(1, std::memory_order_relaxed);
@@ -188,7 +188,7 @@ void ShardServer::PushGradients(const v1::PushGradientsRequest* request,
   });
 }
 
-void ShardServer::RunPush(const v1::PushGradientsRequest* request,
+void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
                           absl::Span<const float* const> direct,
                           v1::PushGradientsResponse* response, Done done) {
   bool owns_nothing = false;
@@ -222,7 +222,7 @@ void ShardServer::RunPush(const v1::PushGradientsRequest* request,
   std::move(done)(s);
 }
 
-std::optional<absl::Status> ShardServer::HoldOrApply(
+std::optional<absl::Status> ShardDataPlane::HoldOrApply(
     const v1::PushGradientsRequest* request, absl::Span<const float* const> direct,
     v1::PushGradientsResponse* response, GradientPush push, Done& done) {
   const v1::RequestHeader& header = request->header();
