@@ -35,9 +35,12 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/strip.h"
+#include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "client/launcher/launch_command.h"
 #include "client/launcher/local_cluster.h"
@@ -122,6 +125,32 @@ ABSL_FLAG(absl::Duration, start_timeout, absl::Seconds(60),
 namespace recps::client {
 namespace {
 
+// The first flag on the command line (argv[1..argc), before "--") that
+// `command` ("local" or "launch") does not read, or "".
+std::string FlagOfTheOtherCommand(const std::string& command, int argc, char** argv) {
+  static constexpr const char* kLocalOnly[] = {
+      "job",         "shards",        "in_process", "one_process",
+      "workers",     "sync_prefetch", "shard_device", "consistency",
+      "staleness",   "steps",         "work_dir",   "result_dir",
+      "coordinator_restarts", "resume", "start_timeout"};
+  static constexpr const char* kLaunchOnly[] = {"coordinator", "nproc_per_node", "nnodes",
+                                                "node_rank", "gpus", "log_dir"};
+  absl::flat_hash_set<std::string> given;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (!absl::ConsumePrefix(&a, "--") && !absl::ConsumePrefix(&a, "-")) continue;
+    a = a.substr(0, a.find('='));
+    given.insert(std::string(a));
+    if (absl::ConsumePrefix(&a, "no")) given.insert(std::string(a));  // --noresume
+  }
+  for (const char* name : command == "launch" ? absl::MakeConstSpan(kLocalOnly)
+                                               : absl::MakeConstSpan(kLaunchOnly)) {
+    if (command != "launch" && command != "local") break;
+    if (given.contains(name)) return name;
+  }
+  return "";
+}
+
 // `recps local`'s flags, as RunLocal takes them (it checks them).
 LocalClusterOptions LocalOptionsFromFlags(std::vector<std::string> worker_args) {
   LocalClusterOptions o;
@@ -194,6 +223,14 @@ int main(int argc, char** argv) {
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   recps::SetLogTag("recps");
   const std::string command = args.size() >= 2 ? args[1] : "";
+  // A flag of the other command would be silently ignored (`recps launch
+  // --steps=100` ran the job's full length): refuse it, naming it.
+  if (const std::string wrong = recps::client::FlagOfTheOtherCommand(command, argc, argv);
+      !wrong.empty()) {
+    std::fprintf(stderr, "recps %s: --%s is a flag of recps %s only; it would be ignored\n",
+                 command.c_str(), wrong.c_str(), command == "local" ? "launch" : "local");
+    return 2;
+  }
   if (command == "local" && args.size() == 2) {
     return recps::client::RunLocal(recps::client::LocalOptionsFromFlags(worker_args));
   }

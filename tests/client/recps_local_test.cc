@@ -204,6 +204,35 @@ TEST(RecpsLocal, BadJobIsRefusedBeforeAnythingStarts) {
   EXPECT_EQ(*code, 2);
 }
 
+// A flag of the other command was silently ignored (`recps launch
+// --steps=100` ran the job's full length): both commands refuse one, exit
+// 2, naming it, before starting anything.
+TEST(RecpsLocal, AFlagOfTheOtherCommandIsRefusedNamingIt) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"launch", "--coordinator=127.0.0.1:1", "--steps=100"},
+       "recps launch: --steps is a flag of recps local only"},
+      {{"launch", "--coordinator=127.0.0.1:1", "--workers=2"},
+       "recps launch: --workers is a flag of recps local only"},
+      {{"local", "--nproc_per_node=2"},
+       "recps local: --nproc_per_node is a flag of recps launch only"},
+  };
+  for (const Case& c : cases) {
+    testing::TempDir dir;
+    const std::string log = dir.path() + "/output.log";
+    absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, c.args, log);
+    ASSERT_TRUE(pid.ok()) << pid.status();
+    int status = 0;
+    ASSERT_TRUE(testing::Eventually([&] { return waitpid(*pid, &status, WNOHANG) == *pid; },
+                                    absl::Seconds(30)));
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << c.args[1];
+    EXPECT_THAT(::recps::testing::ReadAll(log), HasSubstr(c.message));
+  }
+}
+
 // --shard_device reaches every recps-shard: on a machine without a usable
 // GPU, cuda:0 stops the run at start with the shard server's reason; a
 // value that is no device, and a GPU store with --in_process, are refused
