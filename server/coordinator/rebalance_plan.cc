@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/imbalance.h"
@@ -25,6 +26,9 @@ struct Item {
   int64_t bytes = 0;
   double load = 0;
   bool moved = false;
+  // A column group: shard servers cannot move one yet (MigrateIn refuses
+  // it), so it counts on its owner and is never planned to move.
+  bool fixed = false;
 };
 
 struct Totals {
@@ -121,10 +125,18 @@ void AddWholeTableItems(const RebalanceInput& input,
                         const std::vector<std::pair<std::string, int>>& whole,
                         std::vector<Item>* items, std::vector<int64_t>* whole_rows,
                         std::vector<int64_t>* whole_bytes) {
+  absl::flat_hash_set<std::string> column_groups;
+  for (const v1::TableRouting& t : input.map.tables()) {
+    for (const v1::ColumnGroupRouting& g : t.column_groups()) {
+      column_groups.insert(ColumnGroupTableName(t.table(), static_cast<int>(g.column_begin()),
+                                                static_cast<int>(g.column_end())));
+    }
+  }
   for (const auto& [name, owner] : whole) {
     Item item;
     item.table = name;
     item.owner = owner;
+    item.fixed = column_groups.contains(name);
     const v1::StatsResponse& st = input.stats[owner];
     for (const v1::TableStats& t : st.tables()) {
       if (t.name() != name) continue;
@@ -244,6 +256,10 @@ class Balancer {
     });
     for (size_t i : order) {
       if (!draining_[items_[i].owner]) continue;
+      if (items_[i].fixed) {
+        fixed_on_drained_.push_back(items_[i].table);
+        continue;
+      }
       if (!Fits(items_[i])) {
         ++left_on_drained_;
         continue;
@@ -285,6 +301,8 @@ class Balancer {
   const std::vector<Totals>& before() const { return before_; }
   const std::vector<Totals>& after() const { return after_; }
   int64_t left_on_drained() const { return left_on_drained_; }
+  // Column groups on servers being drained (they cannot move).
+  const std::vector<std::string>& fixed_on_drained() const { return fixed_on_drained_; }
   bool hit_moves() const { return hit_moves_; }
   bool hit_bytes() const { return hit_bytes_; }
 
@@ -314,7 +332,7 @@ class Balancer {
     double best_distance = std::numeric_limits<double>::infinity();
     for (size_t i = 0; i < items_.size(); ++i) {
       const Item& item = items_[i];
-      if (item.moved || item.owner != src) continue;
+      if (item.moved || item.fixed || item.owner != src) continue;
       const double c = CostOf(item);
       if (c <= 0 || c >= gap) continue;  // would not lower the max
       const double distance = std::abs(gap / 2 - c);
@@ -365,6 +383,7 @@ class Balancer {
   double w_bytes_ = 0, w_load_ = 0, w_items_ = 0;
   int64_t moves_ = 0, bytes_moved_ = 0;
   int64_t left_on_drained_ = 0;
+  std::vector<std::string> fixed_on_drained_;
   bool hit_moves_ = false, hit_bytes_ = false;
 };
 
@@ -441,6 +460,15 @@ void AddSummary(const RebalanceInput& input, const Balancer& b,
     plan->add_notes(absl::StrCat("tables with slot owners of their own are not moved: ",
                                  absl::StrJoin(own_slot_tables, ", ")));
   }
+  std::vector<std::string> split;
+  for (const v1::TableRouting& t : input.map.tables()) {
+    if (t.column_groups_size() > 0) split.push_back(t.table());
+  }
+  if (!split.empty()) {
+    plan->add_notes(absl::StrCat(
+        "column groups are not moved (shard servers cannot move them yet): tables ",
+        absl::StrJoin(split, ", ")));
+  }
   if (plan->moves_size() == 0) plan->add_notes("balanced: nothing to move");
 }
 
@@ -454,6 +482,13 @@ absl::StatusOr<v1::RebalancePlan> PlanRebalance(const RebalanceInput& input) {
   const std::vector<std::pair<std::string, int>> whole = WholeTables(input.map, &own_slot_tables);
   Balancer balancer(input, servers, CollectItems(input, parsed, whole));
   balancer.Drain();
+  if (!balancer.fixed_on_drained().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot drain: column group(s) ", absl::StrJoin(balancer.fixed_on_drained(), ", "),
+        " would have to move, and shard servers cannot move column groups yet; "
+        "re-plan those tables without a column split (recpsctl plan), or keep the "
+        "server"));
+  }
   balancer.EvenOut();
 
   v1::RebalancePlan plan;
