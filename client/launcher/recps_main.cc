@@ -35,10 +35,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "absl/types/span.h"
 #include "absl/time/time.h"
@@ -135,18 +135,17 @@ std::string FlagOfTheOtherCommand(const std::string& command, int argc, char** a
       "coordinator_restarts", "resume", "start_timeout"};
   static constexpr const char* kLaunchOnly[] = {"coordinator", "nproc_per_node", "nnodes",
                                                 "node_rank", "gpus", "log_dir"};
-  absl::flat_hash_set<std::string> given;
+  absl::Span<const char* const> others;
+  if (command == "launch") others = kLocalOnly;
+  if (command == "local") others = kLaunchOnly;
   for (int i = 1; i < argc; ++i) {
     absl::string_view a = argv[i];
     if (!absl::ConsumePrefix(&a, "--") && !absl::ConsumePrefix(&a, "-")) continue;
     a = a.substr(0, a.find('='));
-    given.insert(std::string(a));
-    if (absl::ConsumePrefix(&a, "no")) given.insert(std::string(a));  // --noresume
-  }
-  for (const char* name : command == "launch" ? absl::MakeConstSpan(kLocalOnly)
-                                               : absl::MakeConstSpan(kLaunchOnly)) {
-    if (command != "launch" && command != "local") break;
-    if (given.contains(name)) return name;
+    for (const char* name : others) {
+      // --noresume is a boolean flag's "false".
+      if (a == name || (absl::StartsWith(a, "no") && a.substr(2) == name)) return name;
+    }
   }
   return "";
 }

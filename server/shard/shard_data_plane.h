@@ -85,7 +85,6 @@ class ShardDataPlane {
   int64_t applied_step() const { return clock_->applied_step(); }
 
  private:
-  using Routing = ShardRouting;
   using MapView = ShardMapKeeper::View;
   MapView CurrentMap() const { return map_->Current(); }
   // DATA_LOSS for a header that names another incarnation (checked first:

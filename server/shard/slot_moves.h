@@ -94,7 +94,6 @@ class SlotMoves {
  private:
   struct Move;
   using Unit = StoreUnit;  // (table, slot)
-  using Hold = UnitHolds::Hold;
   using MapView = ShardMapKeeper::View;
   MapView CurrentMap() const { return map_->Current(); }
   // The (table, slot) units of slots (row-wise tables) and whole tables;

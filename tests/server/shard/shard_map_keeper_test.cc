@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "server/store/embedding_store.h"
 #include "tests/testing/table_specs.h"
+#include "tests/testing/test_store.h"
 
 namespace recps::server {
 namespace {
@@ -26,12 +27,8 @@ constexpr char kSelf[] = "a:1";
 class ShardMapKeeperTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    StoreOptions o;
-    o.num_slots = kSlots;
-    o.max_rows_per_table = 1 << 12;
-    auto base = CreateHostEmbeddingStore({testing::TestTableSpec("t", 4)}, o);
-    ASSERT_TRUE(base.ok()) << base.status();
-    store_ = std::make_unique<LayeredStore>(*std::move(base));
+    store_ = testing::TestLayeredStore({testing::TestTableSpec("t", 4)}, kSlots);
+    ASSERT_NE(store_, nullptr);
     keeper_ = std::make_unique<ShardMapKeeper>(
         store_.get(), kSlots, ShardMap::Uniform(1, kSlots, {kSelf, "b:2"}), kSelf,
         nullptr, [this] { ++installs_; });

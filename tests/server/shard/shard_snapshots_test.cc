@@ -21,6 +21,7 @@
 #include "server/store/embedding_store.h"
 #include "tests/testing/files.h"
 #include "tests/testing/table_specs.h"
+#include "tests/testing/test_store.h"
 
 namespace recps::server {
 namespace {
@@ -30,14 +31,9 @@ using ::testing::HasSubstr;
 constexpr uint32_t kSlots = 16;
 
 std::unique_ptr<LayeredStore> MakeStore() {
-  StoreOptions o;
-  o.seed = 5;
-  o.num_slots = kSlots;
-  o.max_rows_per_table = 1 << 16;
-  auto store = CreateHostEmbeddingStore(
-      {testing::TestTableSpec("t", 4, 0, OptimizerKind::kAdagrad, 0.1f)}, o);
-  EXPECT_TRUE(store.ok()) << store.status();
-  return std::make_unique<LayeredStore>(*std::move(store));
+  return testing::TestLayeredStore(
+      {testing::TestTableSpec("t", 4, 0, OptimizerKind::kAdagrad, 0.1f)}, kSlots,
+      /*seed=*/5);
 }
 
 // Rows of table 0 in `slot`.
@@ -202,7 +198,7 @@ TEST_F(ShardSnapshotsTest, HandedOverUnitsAreDroppedAndKeptUnitsAreNot) {
   snapshots.DropHandedOver({{0, a}});  // no snapshot open: dropped now
   EXPECT_EQ(RowsIn(*store_, a), 0);
   EXPECT_GT(RowsIn(*store_, b), 0);
-  EXPECT_EQ(DropUnits(*store_, std::vector<StoreUnit>{{0, b}}) > 0, true);
+  EXPECT_GT(DropUnits(*store_, std::vector<StoreUnit>{{0, b}}), 0);
   EXPECT_EQ(RowsIn(*store_, b), 0);
 }
 

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "server/store/embedding_store.h"
 #include "tests/testing/table_specs.h"
+#include "tests/testing/test_store.h"
 
 namespace recps::server {
 namespace {
@@ -21,12 +22,8 @@ constexpr uint32_t kSlots = 8;
 class UnitHoldsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    StoreOptions o;
-    o.num_slots = kSlots;
-    o.max_rows_per_table = 1 << 12;
-    auto base = CreateHostEmbeddingStore({testing::TestTableSpec("t", 4)}, o);
-    ASSERT_TRUE(base.ok()) << base.status();
-    store_ = std::make_unique<LayeredStore>(*std::move(base));
+    store_ = testing::TestLayeredStore({testing::TestTableSpec("t", 4)}, kSlots);
+    ASSERT_NE(store_, nullptr);
     holds_ = std::make_unique<UnitHolds>(store_.get(), kSlots, &work_);
     // An id in slot 0 and one in another slot.
     const uint64_t key = StableNameKey("t");
