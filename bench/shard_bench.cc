@@ -1,6 +1,7 @@
 // Shard server throughput on loopback against raw TCP on the same machine.
 //
-// Starts a real recps-shard process (standalone, sync, one worker), then
+// Starts real recps-shard processes (standalone, sync, one worker): one
+// over plaintext gRPC and one over mutual TLS (--wire), then
 // drives batched Lookups and PushGradients of 4k..64k unique ids of width 64
 // through the embedding client, and measures in the same run the bandwidth
 // of one TCP connection over loopback (the anchor): once for the run, and
@@ -13,6 +14,7 @@
 //                     [--max_ids_per_lookup_request=N]
 //                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
 //                     [--inflight=N] [--optimizer=sgd|adagrad|rowwise_adagrad]
+//                     [--wire=both|plain|tls]
 //   recps_shard_bench --op=move [--rows=N] [--moves=N] [--ids=N]
 //                     [--max_bytes_per_second=N]
 //   --op=move: two servers, a worker stepping all the time; moves every
@@ -47,6 +49,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <random>
@@ -61,6 +64,7 @@
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "common/malloc_tuning.h"
+#include "common/security/certs.h"
 #include "common/thread_pool.h"
 #include "kernels/dispatch.h"
 #include "kernels/embedding_optimizer.h"
@@ -466,6 +470,9 @@ struct Flags {
   // Each case is split into rounds, each paired with its own anchor.
   int rounds = 5;
   std::string optimizer = "sgd";
+  // Servers to run each case against: "plain", "tls", or "both" (one of
+  // each, the same table and rows, the cases alternating between them).
+  std::string wire = "both";
   std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
                                           "--consistency=sync"};
   client::EmbeddingClientOptions options;
@@ -486,6 +493,7 @@ void ParseFlags(int argc, char** argv, Flags* f) {
     if (a.rfind("--id_space=", 0) == 0) f->id_space = std::stoll(a.substr(11));
     if (a.rfind("--shard_flag=", 0) == 0) f->shard_flags.push_back(a.substr(13));
     if (a.rfind("--optimizer=", 0) == 0) f->optimizer = a.substr(12);
+    if (a.rfind("--wire=", 0) == 0) f->wire = a.substr(7);
   }
 }
 
@@ -528,7 +536,18 @@ int RunMoveOp(int argc, char** argv, const Flags& f) {
   return MoveMain(&m);
 }
 
-// What the lookup and push cases share: the server, its client and the ids.
+// A server and the client that calls it: the same table and rows, reached
+// over plaintext gRPC or over mutual TLS (each case runs against both, so
+// that the cost of the encryption is measured in the same run).
+struct Target {
+  std::string wire;  // "plain" or "tls"
+  std::unique_ptr<testing::LocalShard> shard;
+  std::unique_ptr<client::EmbeddingClient> client;
+  int64_t step = 0;  // pushes advance the step; lookups read at the next one
+};
+
+// What the lookup and push cases share: the servers, their clients and the
+// ids.
 struct Bench {
   Bench(const Flags& f, OptimizerParams p, int threads)
       : flags(f), params(p), store_threads(threads) {}
@@ -536,49 +555,72 @@ struct Bench {
   OptimizerParams params;
   int store_threads;  // the server's --store_threads (0: one per core)
   testing::TempDir dir;
-  std::unique_ptr<testing::LocalShard> shard;
-  std::unique_ptr<client::EmbeddingClient> client;
+  std::vector<Target> targets;
   std::vector<int64_t> all;  // the id space's ids
   std::mt19937_64 rng{1};    // seeds the callers of each round
-  int64_t step = 0;  // pushes advance the step; lookups read at the next one
 };
 
-// Starts the server with the table and connects the client.
-bool StartServer(const std::string& kind_name, Bench* b) {
+// Starts a server with the table over `wire` and connects its client. TLS:
+// certificates made by common/security in the bench's directory (the
+// server's shard certificate, the client's worker certificate), as `recps
+// local` makes them.
+bool StartServer(const std::string& kind_name, const std::string& wire, Bench* b) {
   const std::string tables = b->dir.WriteFile("tables.textproto", R"(
 tables { name: "t" dim: 64 optimizer { kind: )" + kind_name +
                                                          R"( learning_rate: 0.01 } }
 )");
   std::vector<std::string> shard_flags = b->flags.shard_flags;
   shard_flags.push_back("--tables=" + tables);
+  client::EmbeddingClientOptions options = b->flags.options;
+  if (wire == "tls") {
+    const std::string certs = b->dir.path() + "/certs";
+    if (!std::filesystem::exists(certs + "/ca.key")) {
+      if (absl::Status s = security::InitCertDir(certs, security::CertOptions()); !s.ok()) {
+        std::fprintf(stderr, "certificates: %s\n", s.ToString().c_str());
+        return false;
+      }
+    }
+    shard_flags.push_back("--tls_ca=" + certs + "/ca.crt");
+    shard_flags.push_back("--tls_cert=" + certs + "/shard.crt");
+    shard_flags.push_back("--tls_key=" + certs + "/shard.key");
+    options.security = rpc::TransportSecurity::Tls(certs + "/ca.crt", certs + "/worker.crt",
+                                                   certs + "/worker.key");
+  } else {
+    options.security = rpc::TransportSecurity::Insecure();
+  }
   auto shard = testing::LocalShard::Start(b->flags.binary, shard_flags);
   if (!shard.ok()) {
     std::fprintf(stderr, "%s\n", shard.status().ToString().c_str());
     return false;
   }
-  b->shard = *std::move(shard);
+  Target t;
+  t.wire = wire;
+  t.shard = *std::move(shard);
   auto client = client::EmbeddingClient::Create(
-      {{"t", kDim}}, client::MakeServerShardMapSource({b->shard->address()}),
-      b->flags.options);
+      {{"t", kDim}}, client::MakeServerShardMapSource({t.shard->address()}, options.security),
+      options);
   if (!client.ok()) {
     std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
     return false;
   }
-  b->client = *std::move(client);
+  t.client = *std::move(client);
+  b->targets.push_back(std::move(t));
   return true;
 }
 
 // Create every row first so the timed lookups measure serving, not
 // initialisation.
-bool CreateRows(Bench* b) {
+bool CreateRows(Bench* b, Target* t) {
   const int64_t id_space = b->flags.id_space;
-  b->all.resize(id_space);
-  for (int64_t i = 0; i < id_space; ++i) b->all[i] = i * 0x9e3779b97f4a7c15LL;
+  if (b->all.empty()) {
+    b->all.resize(id_space);
+    for (int64_t i = 0; i < id_space; ++i) b->all[i] = i * 0x9e3779b97f4a7c15LL;
+  }
   std::vector<float> rows(65536 * kDim);
   for (int64_t lo = 0; lo < id_space; lo += 65536) {
     client::LookupSpec spec{0, absl::MakeConstSpan(b->all).subspan(lo, std::min<int64_t>(65536, id_space - lo)), rows.data()};
-    if (absl::Status s = b->client->Lookup(0, {&spec, 1}); !s.ok()) {
-      std::fprintf(stderr, "warm-up: %s\n", s.ToString().c_str());
+    if (absl::Status s = t->client->Lookup(0, {&spec, 1}); !s.ok()) {
+      std::fprintf(stderr, "warm-up (%s): %s\n", t->wire.c_str(), s.ToString().c_str());
       return false;
     }
   }
@@ -603,6 +645,7 @@ double Anchor() {
 // One case (an op and a batch size): each caller's ids and rows, kept
 // across rounds, and the figures gathered over the rounds.
 struct Case {
+  Target* target;
   const char* op;
   int64_t n;
   int num_callers;
@@ -620,14 +663,15 @@ struct Case {
 // case's p99 fell from 125-330 ms to 25-50 ms, though a single slow
 // call right after an anchor still shows up now and then).
 bool WarmUpCallers(Bench* b, Case* k) {
+  Target* t = k->target;
   for (int c = 0; c < k->num_callers; ++c) {
     for (int w = 0; w < 2; ++w) {
       std::copy(b->all.begin(), b->all.begin() + k->n, k->caller_ids[c].begin());
       client::LookupSpec lookup{0, k->caller_ids[c], k->caller_rows[c].data()};
       client::PushSpec push{0, k->caller_ids[c], k->caller_rows[c].data()};
       const absl::Status s =
-          k->op[0] == 'l' ? b->client->Lookup(b->step, {&lookup, 1})
-                          : b->client->PushGradients(b->step++, {&push, 1});
+          k->op[0] == 'l' ? t->client->Lookup(t->step, {&lookup, 1})
+                          : t->client->PushGradients(t->step++, {&push, 1});
       if (!s.ok()) {
         std::fprintf(stderr, "%s warm-up: %s\n", k->op, s.ToString().c_str());
         return false;
@@ -642,8 +686,9 @@ bool RunRound(Bench* b, Case* k) {
   const char* op = k->op;
   const int64_t n = k->n;
   const int64_t id_space = b->flags.id_space;
+  Target* t = k->target;
   const double tcp = Anchor();
-  const double server_cpu_start = ProcessCpuSeconds(b->shard->pid());
+  const double server_cpu_start = ProcessCpuSeconds(t->shard->pid());
   const double client_cpu_start = SelfCpuSeconds();
   const double round_start = Now();
   const size_t calls_before = k->latencies.size();
@@ -651,7 +696,7 @@ bool RunRound(Bench* b, Case* k) {
   // time each; pushes take step numbers from one counter.
   absl::Mutex mu;
   absl::Status failed;
-  std::atomic<int64_t> next_step{b->step};
+  std::atomic<int64_t> next_step{t->step};
   auto caller = [&](int c, uint64_t seed) {
     std::mt19937_64 rng(seed);
     std::vector<int64_t>& ids = k->caller_ids[c];
@@ -666,10 +711,10 @@ bool RunRound(Bench* b, Case* k) {
       absl::Status s;
       if (op[0] == 'l') {
         client::LookupSpec spec{0, ids, buf.data()};
-        s = b->client->Lookup(b->step, {&spec, 1});
+        s = t->client->Lookup(t->step, {&spec, 1});
       } else {
         client::PushSpec spec{0, ids, buf.data()};
-        s = b->client->PushGradients(next_step++, {&spec, 1});
+        s = t->client->PushGradients(next_step++, {&spec, 1});
       }
       mine.push_back(Now() - t0);
       if (!s.ok()) {
@@ -687,13 +732,13 @@ bool RunRound(Bench* b, Case* k) {
   for (int c = 0; c < k->num_callers; ++c) callers.emplace_back(caller, c, b->rng());
   for (std::thread& t : callers) t.join();
   const double wall = Now() - round_start;
-  b->step = next_step;
+  t->step = next_step;
   if (!failed.ok()) {
     std::fprintf(stderr, "%s: %s\n", op, failed.ToString().c_str());
     return false;
   }
   // The client's CPU includes copying the ids in the loop above.
-  k->server_cpu += ProcessCpuSeconds(b->shard->pid()) - server_cpu_start;
+  k->server_cpu += ProcessCpuSeconds(t->shard->pid()) - server_cpu_start;
   k->client_cpu += SelfCpuSeconds() - client_cpu_start;
   k->case_seconds += wall;
   const double round_bytes_per_s = static_cast<double>(
@@ -708,15 +753,15 @@ void ReportCase(const Bench& b, const Case& k) {
   const double calls = k.latencies.size();
   const Result r = Summarise(k.latencies, k.n, k.case_seconds);
   std::printf(
-      "%-7s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %5.2f-%5.2f %10.2f "
+      "%-7s %-5s %6ld %12.0f %9.3f %8.2f %8.2f %7.2f %7.2f %5.2f-%5.2f %10.2f "
       "%10.2f\n",
-      k.op, static_cast<long>(k.n), r.ids_per_second,
+      k.op, k.target->wire.c_str(), static_cast<long>(k.n), r.ids_per_second,
       r.payload_bytes_per_second / 1e9, r.p50_ms, r.p99_ms,
       Median(k.anchors) / 1e9, Median(k.ratios),
       *std::min_element(k.ratios.begin(), k.ratios.end()),
       *std::max_element(k.ratios.begin(), k.ratios.end()),
       k.server_cpu / calls * 1e3, k.client_cpu / calls * 1e3);
-  if (k.op[0] == 'p') {
+  if (k.op[0] == 'p' && k.target == &b.targets.back()) {
     ThreadPool probe(b.store_threads);
     const double kernel = FusedUpdateBandwidth(b.params, b.flags.id_space, k.n,
                                                probe.num_threads(), 5);
@@ -727,8 +772,9 @@ void ReportCase(const Bench& b, const Case& k) {
   }
 }
 
-bool RunCase(Bench* b, const char* op, int64_t n) {
+bool RunCase(Bench* b, Target* target, const char* op, int64_t n) {
   Case k;
+  k.target = target;
   k.op = op;
   k.n = n;
   k.num_callers = op[0] == 'l' ? b->flags.inflight : 1;
@@ -765,29 +811,39 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--id_space must exceed the largest batch, 65536\n");
     return 2;
   }
+  if (flags.wire != "plain" && flags.wire != "tls" && flags.wire != "both") {
+    std::fprintf(stderr, "--wire must be plain, tls or both\n");
+    return 2;
+  }
   Bench b(flags, params, store_threads);
-  if (!StartServer(kind_name, &b) || !CreateRows(&b)) return 1;
+  for (const char* wire : {"plain", "tls"}) {
+    if (flags.wire != "both" && flags.wire != wire) continue;
+    if (!StartServer(kind_name, wire, &b) || !CreateRows(&b, &b.targets.back())) return 1;
+  }
 
   std::printf("raw TCP loopback (1 warm connection, best of 3): %.2f GB/s\n",
               Anchor() / 1e9);
   std::printf("max_ids_per_lookup_request: %d, lookups in flight: %d, "
               "rounds per case: %d\n\n",
               flags.options.max_ids_per_lookup_request, flags.inflight, flags.rounds);
-  std::printf("%-7s %6s %12s %9s %8s %8s %7s %7s %11s %10s %10s\n", "op",
-              "ids", "ids/s", "GB/s", "p50 ms", "p99 ms", "tcp", "x_tcp",
+  std::printf("%-7s %-5s %6s %12s %9s %8s %8s %7s %7s %11s %10s %10s\n", "op",
+              "wire", "ids", "ids/s", "GB/s", "p50 ms", "p99 ms", "tcp", "x_tcp",
               "x_tcp range", "srv cpu ms", "cli cpu ms");
   for (const char* op : {"lookup", "push"}) {
     if (!flags.only_op.empty() && flags.only_op != op) continue;
     for (int64_t n : {int64_t{4096}, int64_t{16384}, int64_t{65536}}) {
       if (flags.only_ids > 0 && n != flags.only_ids) continue;
-      if (!RunCase(&b, op, n)) return 1;
+      for (Target& t : b.targets) {
+        if (!RunCase(&b, &t, op, n)) return 1;
+      }
     }
   }
   std::printf("\n(payload = ids x %d floats; each case runs in rounds, each "
               "round right after its own raw TCP measurement (best of 3, warm "
               "connection); "
               "tcp: median of those, x_tcp: median of the rounds' ratios; "
-              "target: lookup >= 0.4 x raw TCP for 16k ids and more)\n", kDim);
+              "wire: plaintext gRPC or mutual TLS, the anchor always plain TCP; "
+              "goal: lookups and pushes over TLS >= 0.5 x raw TCP)\n", kDim);
   return 0;
 }
 
