@@ -58,14 +58,17 @@ struct RestoreStats {
 
 // Imports into `store` the rows of `slots` (the slots this server owns in
 // the current shard map, whatever the map was at save time) from every row
-// file of the checkpoint in `checkpoint_dir`. Everything is checked before
-// any row is imported: the manifest (NOT_FOUND when missing), the job
-// digest (FAILED_PRECONDITION naming both digests: a checkpoint of another
-// job), the slot count and table layouts (FAILED_PRECONDITION naming the
-// table and field; every table of the store must be in the checkpoint), the
-// size and CRC-32C of every row file (DATA_LOSS naming the file), and that
-// the store holds no row in `slots` yet (FAILED_PRECONDITION: restore into
-// a fresh store). An empty expected_digest skips the digest check.
+// file of the checkpoint in `checkpoint_dir`. Checked before any row is
+// imported: the manifest (NOT_FOUND when missing), the job digest
+// (FAILED_PRECONDITION naming both digests: a checkpoint of another job),
+// the slot count and table layouts (FAILED_PRECONDITION naming the table
+// and field; every table of the store must be in the checkpoint), the size
+// of every row file, and that the store holds no row in `slots` yet
+// (FAILED_PRECONDITION: restore into a fresh store). Checked while the rows
+// are imported, on a thread of its own: the CRC-32C of every row file
+// (DATA_LOSS naming the file); a failed check, like a failed import, drops
+// the restored slots again, so a failed restore leaves no row behind. An
+// empty expected_digest skips the digest check.
 // options.pool imports slots in parallel. Manifests are read through `fs`,
 // row files through RocksDB.
 absl::StatusOr<RestoreStats> RestoreCheckpoint(

@@ -380,10 +380,11 @@ absl::StatusOr<RowFileInfo> RowFileBuilder::Finish() {
 
 RowFileReader::~RowFileReader() = default;
 
-absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
-    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c,
-    ThreadPool* pool) {
-  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFileParallel(path, pool));
+namespace {
+
+// The size and CRC mismatches Open and VerifyWhole report.
+absl::Status CheckFileCrc(const std::string& path, const FileCrc& crc,
+                          uint64_t expected_size, uint32_t expected_crc32c) {
   if (crc.size_bytes != expected_size) {
     return absl::DataLossError(absl::StrCat(
         "row file ", path, " is ", crc.size_bytes, " bytes but the manifest says ",
@@ -395,35 +396,67 @@ absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
         " but the manifest says ", absl::Hex(expected_crc32c, absl::kZeroPad8),
         ": the file is corrupted"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RowFileReader::VerifyWhole(ThreadPool* pool) const {
+  ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFileParallel(path_, pool));
+  return CheckFileCrc(path_, crc, expected_size_, expected_crc32c_);
+}
+
+absl::StatusOr<std::unique_ptr<RowFileReader>> RowFileReader::Open(
+    const std::string& path, uint64_t expected_size, uint32_t expected_crc32c,
+    ThreadPool* pool, Verify verify) {
+  if (verify == Verify::kBeforeOpen) {
+    ASSIGN_OR_RETURN(const FileCrc crc, ChecksumFileParallel(path, pool));
+    RETURN_IF_ERROR(CheckFileCrc(path, crc, expected_size, expected_crc32c));
+  } else {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) return ErrnoStatus(errno, "cannot open", path);
+    FileCrc size_only{static_cast<uint64_t>(st.st_size), expected_crc32c};
+    RETURN_IF_ERROR(CheckFileCrc(path, size_only, expected_size, expected_crc32c));
+  }
   std::unique_ptr<RowFileReader> out(new RowFileReader());
   out->path_ = path;
-  // Memory-mapped reads: the CRC pass just brought the file into the page
-  // cache, and the iterator then hands out rows in place instead of
-  // copying every block into a buffer of its own (pread) first. A complete
-  // checkpoint's row files are not rewritten (saving a complete step is
-  // refused; compaction writes new files; pruning unlinks, which leaves a
-  // mapping valid), so the mapping does not lose pages under the reader.
-  rocksdb::Options read_sst = SstOptions(64 << 10);
-  read_sst.allow_mmap_reads = true;
-  out->reader_ = std::make_unique<rocksdb::SstFileReader>(read_sst);
-  RETURN_IF_ERROR(FromRocksStatus(out->reader_->Open(path),
-                                  "cannot open row file", path));
-  std::unique_ptr<rocksdb::Iterator> it(
-      out->reader_->NewIterator(rocksdb::ReadOptions()));
-  it->Seek(kHeaderKey);
-  RETURN_IF_ERROR(FromRocksStatus(it->status(), "cannot read row file", path));
-  if (!it->Valid() || it->key() != kHeaderKey ||
-      !out->header_.ParseFromArray(it->value().data(),
-                                   static_cast<int>(it->value().size()))) {
-    return absl::DataLossError(
-        absl::StrCat("row file ", path, " has no readable header entry"));
-  }
-  if (out->header_.format_version() != kRowFileFormatVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "row file ", path, " has format version ", out->header_.format_version(),
-        "; this build reads version ", kRowFileFormatVersion));
+  out->expected_size_ = expected_size;
+  out->expected_crc32c_ = expected_crc32c;
+  if (absl::Status s = out->OpenTable(); !s.ok()) {
+    // Verify::kLater: a file that does not open may be damaged where the
+    // table's index or header lies; the CRC names that best.
+    if (verify == Verify::kLater) RETURN_IF_ERROR(out->VerifyWhole(pool));
+    return s;
   }
   return out;
+}
+
+absl::Status RowFileReader::OpenTable() {
+  // Memory-mapped reads: the CRC pass brought (or is bringing) the file
+  // into the page cache, and the iterator then hands out rows in place
+  // instead of copying every block into a buffer of its own (pread) first.
+  // A complete checkpoint's row files are not rewritten (saving a complete
+  // step is refused; compaction writes new files; pruning unlinks, which
+  // leaves a mapping valid), so the mapping does not lose pages under the
+  // reader.
+  rocksdb::Options read_sst = SstOptions(64 << 10);
+  read_sst.allow_mmap_reads = true;
+  reader_ = std::make_unique<rocksdb::SstFileReader>(read_sst);
+  RETURN_IF_ERROR(FromRocksStatus(reader_->Open(path_), "cannot open row file", path_));
+  std::unique_ptr<rocksdb::Iterator> it(reader_->NewIterator(rocksdb::ReadOptions()));
+  it->Seek(kHeaderKey);
+  RETURN_IF_ERROR(FromRocksStatus(it->status(), "cannot read row file", path_));
+  if (!it->Valid() || it->key() != kHeaderKey ||
+      !header_.ParseFromArray(it->value().data(), static_cast<int>(it->value().size()))) {
+    return absl::DataLossError(
+        absl::StrCat("row file ", path_, " has no readable header entry"));
+  }
+  if (header_.format_version() != kRowFileFormatVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "row file ", path_, " has format version ", header_.format_version(),
+        "; this build reads version ", kRowFileFormatVersion));
+  }
+  return absl::OkStatus();
 }
 
 const v1::CheckpointTable* RowFileReader::FindTable(

@@ -138,9 +138,19 @@ class RowFileReader {
   // opens it and reads its header (DATA_LOSS when absent or unreadable,
   // FAILED_PRECONDITION for an unknown format version).
   // With a pool, the CRC pass reads the file in parallel ranges.
+  // Verify::kLater checks the size only (stat) and leaves the CRC pass to
+  // VerifyWhole, for a caller that overlaps it with reading the rows and
+  // undoes what it read when the check fails (ImportRowFilesVerified).
+  enum class Verify { kBeforeOpen, kLater };
   static absl::StatusOr<std::unique_ptr<RowFileReader>> Open(
       const std::string& path, uint64_t expected_size,
-      uint32_t expected_crc32c, ThreadPool* pool = nullptr);
+      uint32_t expected_crc32c, ThreadPool* pool = nullptr,
+      Verify verify = Verify::kBeforeOpen);
+
+  // The whole-file size and CRC-32C check against the values given to
+  // Open, with Open's errors. Reads the whole file (one thread, or ranges
+  // in parallel on `pool`).
+  absl::Status VerifyWhole(ThreadPool* pool = nullptr) const;
 
   const std::string& path() const { return path_; }
   const v1::RowFileHeader& header() const { return header_; }
@@ -164,8 +174,12 @@ class RowFileReader {
 
  private:
   RowFileReader() = default;
+  // Opens the SST file at path_ and reads its header.
+  absl::Status OpenTable();
 
   std::string path_;
+  uint64_t expected_size_ = 0;
+  uint32_t expected_crc32c_ = 0;
   std::unique_ptr<rocksdb::SstFileReader> reader_;
   v1::RowFileHeader header_;
 };

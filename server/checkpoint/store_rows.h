@@ -138,6 +138,20 @@ absl::StatusOr<int64_t> ImportRowFile(
     absl::Span<const std::vector<uint32_t>> slots_by_table,
     const ImportOptions& options = {});
 
+// Imports the rows of `readers` (a chain's files, oldest first; opened
+// with RowFileReader::Verify::kLater) as ImportRowFile does, while a thread
+// of its own checks each file's whole size and CRC-32C (VerifyWhole), so
+// that the file is read from disk once and the check adds no pass of its
+// own. `store` must hold no row in the restored slots (RestoreChain checks
+// it): when a check or an import fails, those slots are dropped again,
+// leaving the store as it was, and the error is returned (a file's failed
+// check before an import error that its damage may have caused). Returns
+// the rows imported.
+absl::StatusOr<int64_t> ImportRowFilesVerified(
+    absl::Span<const RowFileReader* const> readers, SlotTransfer& store,
+    absl::Span<const std::vector<uint32_t>> slots_by_table,
+    const ImportOptions& options = {});
+
 }  // namespace recps::server::checkpoint
 
 #endif  // RECPS_SERVER_CHECKPOINT_STORE_ROWS_H_

@@ -380,7 +380,7 @@ void FlipByte(const std::string& path, off_t offset) {
   close(fd);
 }
 
-TEST_F(CheckpointTest, CorruptedRowFileIsRefusedBeforeAnyImport) {
+TEST_F(CheckpointTest, CorruptedRowFileIsRefusedAndLeavesNoRow) {
   absl::StatusOr<CheckpointInfo> info = Write(5);
   ASSERT_TRUE(info.ok()) << info.status();
   const std::string file = info->dir + "/shard-00001.sst";
@@ -393,6 +393,43 @@ TEST_F(CheckpointTest, CorruptedRowFileIsRefusedBeforeAnyImport) {
   EXPECT_THAT(stats.status().message(), HasSubstr(file));
   EXPECT_THAT(stats.status().message(), HasSubstr("corrupted"));
   EXPECT_TRUE(AllEmpty(*target));
+}
+
+// The CRC is checked beside the import: a file whose rows all import
+// cleanly but whose CRC is not the manifest's is refused after the fact,
+// and the rows it brought in (and those of the files before it) are
+// dropped again.
+TEST_F(CheckpointTest, ACrcMismatchFoundAfterTheImportUndoesIt) {
+  absl::StatusOr<CheckpointInfo> info = Write(5);
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::vector<std::unique_ptr<RowFileReader>> readers;
+  std::vector<const RowFileReader*> chain;
+  for (const char* name : {"shard-00000.sst", "shard-00001.sst"}) {
+    const std::string file = info->dir + "/" + name;
+    const uint32_t crc = ChecksumFile(file).value().crc32c;
+    // The second file's expected CRC is off by one bit: it reads fine.
+    absl::StatusOr<std::unique_ptr<RowFileReader>> reader = RowFileReader::Open(
+        file, fs::file_size(file), readers.empty() ? crc : crc ^ 1, nullptr,
+        RowFileReader::Verify::kLater);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    chain.push_back(reader->get());
+    readers.push_back(*std::move(reader));
+  }
+  std::unique_ptr<EmbeddingStore> target = MakeStore();
+  const std::vector<uint32_t> all = SlotsOf(0, 1);
+  const std::vector<std::vector<uint32_t>> by_table(target->num_tables(), all);
+  absl::StatusOr<int64_t> rows = ImportRowFilesVerified(chain, *target, by_table);
+  ASSERT_FALSE(rows.ok());
+  EXPECT_EQ(rows.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(rows.status().message(), HasSubstr("shard-00001.sst"));
+  EXPECT_THAT(rows.status().message(), HasSubstr("corrupted"));
+  EXPECT_TRUE(AllEmpty(*target));
+  // With the right CRCs the same files import every row.
+  std::unique_ptr<EmbeddingStore> good = MakeStore();
+  absl::StatusOr<RestoreStats> stats = RestoreCheckpoint(info->dir, kDigest, *good, all);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_GT(stats->rows, 0);
+  EXPECT_FALSE(AllEmpty(*good));
 }
 
 TEST_F(CheckpointTest, TruncatedRowFileIsRefusedBeforeAnyImport) {
