@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/malloc_tuning.h"
@@ -369,6 +370,11 @@ void PrintReport(const Bench& b, const Times& t) {
 // Snapshot stall: push latency (ApplyGradients of 4096 random existing
 // rows, as one sync step of a worker) outside a checkpoint, then while a
 // snapshot's row file is written in the background (copy-on-write).
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
 bool MeasureSnapshotStall(const Bench& b) {
   server::EmbeddingStore* source = b.source.get();
   std::vector<int64_t> push_ids(4096);
@@ -408,7 +414,12 @@ bool MeasureSnapshotStall(const Bench& b) {
     writing = false;
   });
   std::vector<double> during;
-  while (writing.load()) during.push_back(one_push());
+  double worst = 0, worst_at = 0;  // the slowest push, and when it began
+  while (writing.load()) {
+    const double at = Now() - s0;
+    during.push_back(one_push());
+    if (during.back() > worst) std::tie(worst, worst_at) = std::make_pair(during.back(), at);
+  }
   writer.join();
   const int64_t pre_bytes = source->SnapshotBytes();
   source->EndSnapshot();
@@ -421,6 +432,8 @@ bool MeasureSnapshotStall(const Bench& b) {
   std::printf("push of 4096 rows, during the snapshot write (%.2f s): p50 %.3f ms, max %.3f ms (%zu pushes); rows copied aside: %.0f MiB\n",
               snapshot_write_s, p50_in * 1e3, max_in * 1e3, during.size(),
               pre_bytes / 1048576.0);
+  std::printf("slowest push began %.2f s into the write; p99 during: %.3f ms\n", worst_at,
+              Percentile(during, 0.99) * 1e3);
   std::printf("max push during / p50 outside: %.2f (goal <= 2)\n", max_in / p50_out);
   return true;
 }

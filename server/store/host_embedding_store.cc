@@ -355,6 +355,18 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
         const AllStripesLock stripes(*t);
         t->snapshot_cut.store(cut, std::memory_order_relaxed);
         t->write_gen.store(cut + 1, std::memory_order_relaxed);
+        // Mapped, not touched: costs nothing until rows are copied aside.
+        const int64_t rows = t->next_row.load(std::memory_order_relaxed);
+        if (rows > 0) {
+          auto index = AlignedBuffer::Allocate(static_cast<size_t>(rows) * sizeof(int64_t));
+          if (!index.ok()) {
+            std::fprintf(stderr, "store: table '%s': %s\n", t->spec.name.c_str(),
+                         index.status().ToString().c_str());
+            std::abort();  // as a full heap would (IdIndex::Rehash)
+          }
+          t->pre_image_of_row = *std::move(index);
+          t->pre_image_rows = rows;
+        }
       }
     });
   }
@@ -392,11 +404,9 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
           if (gen > since) found.emplace_back(id, row);
           return;
         }
-        if (pre.at.empty()) return;  // created after the cut
-        const auto it = pre.at.find(std::make_pair(slot, id));
-        if (it != pre.at.end() && pre.gens[it->second] > since) {
-          found.emplace_back(id, -1 - it->second);
-        }
+        // Changed since the cut, or created after it (no pre-image).
+        const int64_t k = t->PreImageOf(row);
+        if (k >= 0 && pre.gens[k] > since) found.emplace_back(id, -1 - k);
       });
       done = KeepSmallestIds(found, max_rows);
       out->ids.resize(found.size());
@@ -418,10 +428,13 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     cuts_.End([&] {
       for (const auto& t : tables_) {
         std::array<Table::PreImages, kStripes> dropped;
+        AlignedBuffer dropped_index;
         {
           const AllStripesLock stripes(*t);
           t->snapshot_cut.store(0, std::memory_order_relaxed);
           dropped.swap(t->pre_images);
+          dropped_index = std::move(t->pre_image_of_row);
+          t->pre_image_rows = 0;
           t->pre_image_bytes.store(0, std::memory_order_relaxed);
         }
         // `dropped` frees its memory here, with no table lock held.
@@ -506,6 +519,12 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
       std::memcpy(t.Row(to), t.Row(tail), row_bytes);
       row_ids[to] = id;
       row_gens[to] = row_gens[tail];
+      // A pre-image follows its row (to < tail, so to < pre_image_rows
+      // whenever tail is).
+      if (to < t.pre_image_rows) {
+        int64_t* pre = t.pre_image_of_row.as<int64_t>();
+        pre[to] = tail < t.pre_image_rows ? pre[tail] : 0;
+      }
       const bool moved =
           t.index[SlotOf(t.key, id, t.num_slots)].SetRow(id, to);
       t.SetDenseRow(id, to);
@@ -526,6 +545,9 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
                  end * static_cast<int64_t>(sizeof(int64_t)));
     ReleaseBytes(t.row_gens, new_end * static_cast<int64_t>(sizeof(uint64_t)),
                  end * static_cast<int64_t>(sizeof(uint64_t)));
+    // Rows made there later are new since the cut: no pre-image.
+    ReleaseBytes(t.pre_image_of_row, new_end * static_cast<int64_t>(sizeof(int64_t)),
+                 std::min(end, t.pre_image_rows) * static_cast<int64_t>(sizeof(int64_t)));
     return n;
   }
 

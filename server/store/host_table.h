@@ -97,10 +97,8 @@ struct Table : StoredRowFormat {
   // Rows as they were at the cut, copied aside just before their first
   // change after it; one per stripe, guarded by that stripe.
   struct PreImages {
-    // (slot, id) -> index into gens (rows at index x stride in `rows`).
     // Rows per block of `blocks`.
     static constexpr int64_t kBlockRows = 1024;
-    absl::flat_hash_map<std::pair<uint32_t, int64_t>, int64_t> at;
     // Pre-image k is row k % kBlockRows of blocks[k / kBlockRows]: fixed
     // blocks, so a push that copies a row aside never reallocates (and
     // copies) every row copied before it under the stripe lock.
@@ -114,6 +112,16 @@ struct Table : StoredRowFormat {
   };
   mutable std::array<PreImages, kStripes> pre_images;
   std::atomic<int64_t> pre_image_bytes{0};
+  // Which pre-image row r has: k + 1 into the PreImages of its slot's
+  // stripe, 0 for none; entry r is guarded by that stripe. Indexed by row,
+  // for the rows that existed at the cut ([0, pre_image_rows): later rows
+  // have no cut value), so that copying a row aside never rehashes: a hash
+  // map per stripe grew on every stripe alike, and the push that crossed a
+  // doubling paid all 64 rehashes (recps_checkpoint_bench: 226 ms, 300x a
+  // push's p50). Zero pages until touched; made at the cut, freed at the
+  // end of the snapshot.
+  AlignedBuffer pre_image_of_row;
+  int64_t pre_image_rows = 0;
 
   // Row r as stored (row_words 4-byte words; see precision).
   float* Row(int64_t r) const { return arena.as<float>() + r * row_words; }
@@ -130,15 +138,17 @@ struct Table : StoredRowFormat {
   void Touch(uint32_t slot, int64_t id, int64_t r) {
     uint64_t& gen = RowGens()[r];
     const uint64_t cut = snapshot_cut.load(std::memory_order_relaxed);
-    if (cut != 0 && gen <= cut) SavePreImage(slot, id, r, gen);
+    if (cut != 0 && gen <= cut) SavePreImage(slot, r, gen);
     gen = write_gen.load(std::memory_order_relaxed);
   }
-  void SavePreImage(uint32_t slot, int64_t id, int64_t r, uint64_t gen) {
+  void SavePreImage(uint32_t slot, int64_t r, uint64_t gen) {
+    // gen <= cut: the row existed at the cut (compaction only moves rows
+    // down), so r < pre_image_rows.
+    int64_t& entry = pre_image_of_row.as<int64_t>()[r];
+    if (entry != 0) return;
     PreImages& p = pre_images[slot % kStripes];
-    const auto [it, inserted] = p.at.try_emplace(
-        std::make_pair(slot, id), static_cast<int64_t>(p.gens.size()));
-    if (!inserted) return;
     const int64_t k = static_cast<int64_t>(p.gens.size());
+    entry = k + 1;
     p.gens.push_back(gen);
     if (k % PreImages::kBlockRows == 0) {
       p.blocks.emplace_back(new float[PreImages::kBlockRows * row_words]);
@@ -147,6 +157,11 @@ struct Table : StoredRowFormat {
         p.blocks.back().get() + (k % PreImages::kBlockRows) * row_words,
         Row(r), RowBytes());
     pre_image_bytes.fetch_add(RowBytes(), std::memory_order_relaxed);
+  }
+  // The pre-image of row r (an index into its stripe's PreImages), or -1.
+  // REQUIRES: the row's stripe held.
+  int64_t PreImageOf(int64_t r) const {
+    return r < pre_image_rows ? pre_image_of_row.as<int64_t>()[r] - 1 : -1;
   }
 
   bool InRange(int64_t id) const {
