@@ -487,6 +487,11 @@ class DeviceEmbeddingStore final : private BackendHolder,
     t.slot_rows[slot] = {};
     if (holes.empty()) return 0;
     const auto n = static_cast<int64_t>(holes.size());
+    // The dropped rows leave an open snapshot too: an id made again later
+    // is new since the cut, not its old pre-image (as in the host store).
+    if (t.snapshot_cut != 0) {
+      for (int64_t r : holes) t.pre_at.erase(t.row_ids[r]);
+    }
     std::sort(holes.begin(), holes.end());
     const int64_t end = t.rows.load(std::memory_order_relaxed);
     const int64_t new_end = end - n;
