@@ -59,7 +59,8 @@ ShardDataPlane::ShardDataPlane(LayeredStore* store,
       map_(map),
       holds_(holds),
       work_(work),
-      response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)) {
+      response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)),
+      slot_load_(std::make_unique<SlotLoad>(store->num_slots(), start_time_)) {
   // The clock decides when a step's pushes apply; ApplyPush
   // (shard_data_plane_push.cc, beside the push's checks) applies them.
   clock_ = std::make_unique<StepClock>(
@@ -133,6 +134,14 @@ absl::Status ShardDataPlane::CheckOwned(const MapView& view, const config::Table
     }
   }
   return absl::OkStatus();
+}
+
+void ShardDataPlane::CountLoad(const MapView& view, const config::TableSpec& spec,
+                               absl::Span<const int64_t> ids, SlotLoad::Kind kind) const {
+  const uint64_t key = StableNameKey(spec.name);
+  const TableRoute route = view->map.RouteOf(key);
+  if (route.single_owner() >= 0 || route.column_split()) return;
+  slot_load_->Count(kind, key, ids);
 }
 
 void ShardDataPlane::Lookup(const v1::LookupRequest* request,
@@ -267,6 +276,7 @@ absl::Status ShardDataPlane::RunLookup(const v1::LookupRequest& request,
     }
     const config::TableSpec& spec = store_->spec(table);
     RETURN_IF_ERROR(CheckOwned(view, spec, part.ids));
+    CountLoad(view, spec, part.ids, SlotLoad::Kind::kLookup);
     // The store checks ranges too, but table by table: an id outside a
     // later fixed table would refuse the request after earlier tables
     // created rows (found by tests/fuzz/fuzz_shard_lookup).
@@ -412,11 +422,16 @@ absl::Status ShardDataPlane::Stats(const v1::StatsRequest& request,
   if (request.include_slots() && view->self >= 0) {
     const std::vector<int64_t> per_slot = store_->RowsPerSlot();
     const std::vector<int64_t> bytes = store_->BytesPerSlot();
+    const SlotLoad::Rates rates = slot_load_->RatesAt(absl::Now());
     for (uint32_t slot : view->map.SlotsOf(view->self)) {
       v1::SlotStats* ss = response->add_slots();
       ss->set_slot(slot);
       ss->set_rows(slot < per_slot.size() ? per_slot[slot] : 0);
       ss->set_bytes(slot < bytes.size() ? bytes[slot] : 0);
+      if (slot < slot_load_->num_slots()) {
+        ss->set_lookup_ids_per_second(rates.lookup_ids_per_second[slot]);
+        ss->set_update_ids_per_second(rates.update_ids_per_second[slot]);
+      }
     }
   }
   return absl::OkStatus();

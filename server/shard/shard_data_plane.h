@@ -33,6 +33,7 @@
 #include "recps/v1/shard.pb.h"
 #include "server/shard/lookup_response.h"
 #include "server/shard/shard_map_keeper.h"
+#include "server/shard/slot_load.h"
 #include "server/shard/shard_server_options.h"
 #include "server/shard/step_clock.h"
 #include "server/shard/unit_holds.h"
@@ -93,6 +94,10 @@ class ShardDataPlane {
                            const MapView& view) const;
   absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,
                           absl::Span<const int64_t> ids) const;
+  // Adds `ids` to their slots' load (a table routed by slot; whole tables
+  // and column groups move as one and are weighed by TableStats).
+  void CountLoad(const MapView& view, const config::TableSpec& spec,
+                 absl::Span<const int64_t> ids, SlotLoad::Kind kind) const;
   // Where a lookup's rows go: the serialized response, or (LookupInto)
   // the caller's rows, one run per request table.
   struct LookupOutput {
@@ -138,6 +143,9 @@ class ShardDataPlane {
 
   std::atomic<int64_t> lookup_requests_{0};
   std::atomic<int64_t> push_requests_{0};
+  // Ids per slot, for Stats' per-slot rates (counters only: no state the
+  // requests depend on, hence written from const paths).
+  const std::unique_ptr<SlotLoad> slot_load_;
 
   // Sync mode's exact overlap (LookupRequest.updated_only): the ids each
   // table's rows were updated with by the newest applied step, recorded by

@@ -119,6 +119,7 @@ absl::StatusOr<GradientPush> ShardDataPlane::DecodePush(
           options_.max_ids_per_request, " ids; split the batch"));
     }
     RETURN_IF_ERROR(CheckOwned(view, spec, ids));
+    CountLoad(view, spec, ids, SlotLoad::Kind::kUpdate);
     // The gradient bytes must match before anything is sized from the ids:
     // a request of ids without gradients must not allocate ids x dim floats.
     const size_t width = BytesPerElement(t.encoding());
