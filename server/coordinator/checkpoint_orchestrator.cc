@@ -101,7 +101,22 @@ struct CheckpointOrchestrator::Metrics {
                              .Help("From the first worker's arrival at a cut "
                                    "to the last one's")
                              .Register(registry)
-                             .Add({}, SecondsBuckets())) {}
+                             .Add({}, SecondsBuckets())),
+        last_success_family(
+            prometheus::BuildGauge()
+                .Name("recps_checkpoint_last_success_timestamp_seconds")
+                .Help("Unix time the newest complete checkpoint was written "
+                      "(its manifest's time; absent until there is one)")
+                .Register(registry)) {}
+
+  // Sets the newest complete checkpoint's time. The series is added only
+  // then: a job without checkpoints exports none, so the age alert
+  // (time() - this > 1h) cannot fire on a zero.
+  void SetLastSuccess(double unix_seconds) {
+    absl::MutexLock lock(&mu);
+    if (last_success == nullptr) last_success = &last_success_family.Add({});
+    last_success->Set(unix_seconds);
+  }
   prometheus::Family<prometheus::Counter>& outcomes;
   prometheus::Counter& written;
   prometheus::Counter& failed;
@@ -109,6 +124,9 @@ struct CheckpointOrchestrator::Metrics {
   prometheus::Histogram& write_seconds;
   prometheus::Histogram& snapshot_seconds;
   prometheus::Histogram& cut_wait_seconds;
+  prometheus::Family<prometheus::Gauge>& last_success_family;
+  absl::Mutex mu;
+  prometheus::Gauge* last_success ABSL_GUARDED_BY(mu) = nullptr;
 };
 
 CheckpointOrchestrator::CheckpointOrchestrator(Coordinator* coordinator,
@@ -576,6 +594,13 @@ void CheckpointOrchestrator::ChooseBase(Writing& w) {
   w.digest = ckpt::JobConfigDigest(w.job);
 }
 
+void CheckpointOrchestrator::NoteNewestComplete(const v1::CheckpointManifest& manifest) {
+  if (metrics_ == nullptr) return;
+  metrics_->SetLastSuccess(manifest.created_unix_ms() > 0
+                               ? manifest.created_unix_ms() / 1000.0
+                               : absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+}
+
 void CheckpointOrchestrator::Commit(const Writing& w, const Cut_& cut,
                                     const v1::CheckpointManifest& manifest) {
   {
@@ -593,6 +618,7 @@ void CheckpointOrchestrator::Commit(const Writing& w, const Cut_& cut,
     metrics_->last_step.Set(static_cast<double>(w.step));
     metrics_->write_seconds.Observe(seconds);
   }
+  NoteNewestComplete(manifest);
   int64_t rows = 0;
   for (const v1::CheckpointFile& f : manifest.files()) rows += f.rows();
   LogInfo("checkpoint at step ", w.step, " complete (",

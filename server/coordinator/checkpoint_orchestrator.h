@@ -157,6 +157,8 @@ class CheckpointOrchestrator {
   bool WaitIdle(absl::Duration timeout);
 
  private:
+  // The newest complete checkpoint's time, for the age metric.
+  void NoteNewestComplete(const v1::CheckpointManifest& manifest);
   struct Metrics;
   struct Arrival {
     v1::WorkerPosition position;

@@ -87,6 +87,7 @@ void CheckpointOrchestrator::AdoptRestore(Restore restore) {
   full_step_ = m.kind() == v1::CHECKPOINT_KIND_INCREMENTAL ? m.full_step() : m.step();
   increments_ = static_cast<int>(restore.chain.size()) - 1;
   last_complete_step_ = m.step();
+  NoteNewestComplete(m);
   restore_ = std::move(restore);
 }
 

@@ -52,7 +52,11 @@ struct MoveOrchestrator::Metrics {
                       .Name("recps_coordinator_moves_in_flight")
                       .Help("Slot moves started and not finished")
                       .Register(registry)
-                      .Add({})) {}
+                      .Add({})) {
+    // Every outcome from the start, at 0: a rate over "failed" then reads 0,
+    // not "no data", before the first failure.
+    for (const char* outcome : {"done", "aborted", "failed"}) moves.Add({{"outcome", outcome}});
+  }
   prometheus::Family<prometheus::Counter>& moves;
   prometheus::Counter& bytes;
   prometheus::Gauge& in_flight;

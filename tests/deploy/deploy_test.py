@@ -872,10 +872,20 @@ def metrics():
     coordinator, shard server or worker."""
     procs = Processes()
     work = tempfile.mkdtemp(prefix="recps-deploy-metrics-")
-    job = os.path.join(SRC, "examples/small.textproto")
+    # The small job with checkpoints, so the coordinator exports the newest
+    # complete checkpoint's time (the checkpoint-age alert's metric).
+    job = os.path.join(work, "job.textproto")
+    with open(os.path.join(SRC, "examples/small.textproto")) as f:
+        text = f.read()
+    if "\ntraining {" not in text:
+        raise RuntimeError("examples/small.textproto has no training block to add checkpoints to")
+    with open(job, "w") as f:
+        f.write(text.replace("\ntraining {", '\ntraining {\n  checkpoint { dir: "%s" every_steps: 1000 }'
+                             % os.path.join(work, "checkpoints"), 1))
     try:
         c = procs.start("coordinator", [binary("recps-coordinator"), "--state_dir=" + work + "/coord",
-                                        "--job=" + job, "--num_shards=1", "--listen=127.0.0.1:0", "--lease=1s",
+                                        "--job=" + job, "--num_shards=1", "--world_size=1", "--listen=127.0.0.1:0",
+                                        "--lease=1s",
                                         "--metrics_listen=127.0.0.1:0", "--port_file=" + work + "/coord.ports",
                                         "--insecure"],
                         clean_env(), work + "/coordinator.log")
