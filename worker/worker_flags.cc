@@ -68,6 +68,11 @@ ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(5),
           "with --coordinator: how long a starting worker waits for the "
           "coordinator's resume state (it answers UNAVAILABLE while the shard "
           "servers restore their rows)");
+ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(60),
+          "deadline of each lookup and push attempt to a shard server; a "
+          "sync-mode lookup waits for the slowest worker's push of the step "
+          "before, so keep it well above a step time (a silently dead link "
+          "is noticed sooner, by keepalive pings, within ~5 s)");
 ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Minutes(10),
           "how long a worker waits at a checkpoint cut for the other workers "
           "and the shard servers' snapshots (for the final and pre-emption "

@@ -285,6 +285,11 @@ int CreateClient(RankRun& run) {
   client::EmbeddingClientOptions client_options;
   client_options.worker_rank = run.rank;
   client_options.encoding = config::WireEncoding(run.job.training());
+  client_options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  if (client_options.rpc_timeout <= absl::ZeroDuration()) {
+    LogError("--rpc_timeout must be positive, not ", absl::FormatDuration(client_options.rpc_timeout));
+    return 2;
+  }
   if (run.embedded_shard != nullptr) {
     client_options.in_process_shard = run.embedded_shard->endpoint();
   }

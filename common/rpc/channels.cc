@@ -266,6 +266,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            ChannelKind kind,
                                            const TransportSecurity& security) {
   grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  // Keep pinging while a call stays open without data (a sync lookup
+  // parked for its step, a map watch): gRPC stops after 2 by default.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   switch (kind) {
     case ChannelKind::kControl:
       // Quick reconnects after a restart. Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS:
@@ -281,6 +286,18 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
       break;
   }
   return grpc::CreateCustomChannel(address, ChannelCredentials(security), args);
+}
+
+void ConfigureServerKeepalive(grpc::ServerBuilder* builder) {
+  // Clients' pings every kKeepaliveTimeMs, with or without data, are
+  // welcome: never a GOAWAY for "too many pings".
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                              kKeepaliveTimeMs / 2);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // A dead client's connection (and its parked calls) go within ~15 s.
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
 }
 
 void SetTimeout(absl::Duration timeout, grpc::ClientContext* context) {

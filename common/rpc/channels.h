@@ -12,6 +12,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
 
 namespace recps::rpc {
 
@@ -89,6 +90,19 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address, ChannelKind kind,
     const TransportSecurity& security = TransportSecurity());
+
+// Keepalive, so that a peer behind a link that went silently dead (no FIN,
+// no RST: a cut cable, a partition, a frozen host) is noticed within
+// seconds instead of at a call's deadline. Clients ping every
+// kKeepaliveTime while calls are open and close the connection when a ping
+// is not answered within kKeepaliveTimeout (its calls then fail UNAVAILABLE
+// and are retried or reported); servers accept those pings (gRPC's default
+// answers a client pinging more often than every 5 minutes with GOAWAY) and
+// ping idle clients themselves, less often.
+inline constexpr int kKeepaliveTimeMs = 2000;
+inline constexpr int kKeepaliveTimeoutMs = 2000;
+// Applies the server side of the above to a server about to be built.
+void ConfigureServerKeepalive(grpc::ServerBuilder* builder);
 
 // Sets a call's deadline `timeout` from now (every client call has one).
 void SetTimeout(absl::Duration timeout, grpc::ClientContext* context);

@@ -269,6 +269,7 @@ absl::StatusOr<std::unique_ptr<Serving>> StartServing(
   // a port another process of the same user listens on (a restart on its
   // old port) silently shares it, the kernel splitting connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  rpc::ConfigureServerKeepalive(&builder);
   builder.RegisterService(serving->service.get());
   // Room for the largest value a KvSet may carry and the largest dense
   // state a checkpoint cut may carry, and not much more: a bigger request is

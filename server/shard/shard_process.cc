@@ -172,6 +172,7 @@ absl::Status ShardProcess::Serve() {
   // a port another process of the same user listens on (a restart on its
   // old port) silently shares it, the kernel splitting connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  rpc::ConfigureServerKeepalive(&builder);
   builder.RegisterService(data_service_.get());
   builder.RegisterService(admin_service_.get());
   builder.SetMaxReceiveMessageSize(o.max_message_mb << 20);

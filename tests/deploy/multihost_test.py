@@ -7,8 +7,9 @@ nodes (`recps launch --nnodes=2`) each on its own host.
 
 1. train: the small job for a fixed number of steps across the hosts; rank
    0's held-out AUC is the one `recps local` gives with the same steps;
-2. cut: a longer run, shard server 1's link set down mid-run: the launchers
-   exit non-zero within CUT_BOUND_S, naming the unreachable server;
+2. cut: a longer run, shard server 1's link set down mid-run: a worker
+   reports the unreachable server within NOTICE_BOUND_S (keepalive pings,
+   not the RPC deadline) and the launchers exit non-zero within CUT_BOUND_S;
 3. tbf: the same short run unlimited, then with shard server 0's link
    limited both ways by `tc qdisc ... tbf` to each of TBF_RATES: the
    workers' lookup + push time per step (their `done:` line) grows with
@@ -22,6 +23,7 @@ every process it starts is stopped, however it ends.
 """
 
 import atexit
+import datetime
 import os
 import re
 import shutil
@@ -40,6 +42,7 @@ TBF_STEPS = 40
 TBF_RATES = ["80mbit", "20mbit"]  # each step's lookup + push must grow with
 TBF_MIN_FACTOR = 2.0               # each cut in the rate, by this factor at least
 CUT_BOUND_S = 120.0   # the launchers must fail this soon after the cut
+NOTICE_BOUND_S = 10.0  # a worker must report the dead server this soon (keepalive; 67 s at the RPC deadline before)
 SUBNET = "10.213.0"
 COORD_PORT, SHARD_PORT = 7000, 7100
 HOSTS = ["coord", "shard0", "shard1", "node0", "node1"]  # 10.213.0.1 .. .5
@@ -320,8 +323,20 @@ def run_cut(net, procs, work):
                 fail("cut: the launcher on %s exited 0 after the cut" % host)
         # The first rank to fail names the server; the other may fail on the
         # allreduce its peer left (`Connection closed by peer`) first.
-        if not any(victim in l for l in text.splitlines() if "training failed" in l):
+        named = [l for l in text.splitlines() if "training failed" in l and victim in l]
+        if not named:
             fail("cut: no worker's `training failed` line names the unreachable server %s" % victim)
+        # Noticed by keepalive pings, not at the RPC deadline: the first such
+        # line's own timestamp (UTC, the log's) against the cut.
+        stamps = [datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%fZ")
+                  .replace(tzinfo=datetime.timezone.utc).timestamp()
+                  for m in (re.match(r"(\d{4}-\d\d-\d\dT[\d:.]+Z)", l) for l in named) if m]
+        if not stamps:
+            fail("cut: cannot read the time of the `training failed` lines:\n  " + "\n  ".join(named))
+        noticed = min(stamps) - t_cut
+        info("cut: the first worker reported %s %.1fs after the cut" % (victim, noticed))
+        if noticed > NOTICE_BOUND_S:
+            fail("cut: the dead server was reported %.1fs after the cut (bound %.0fs)" % (noticed, NOTICE_BOUND_S))
     finally:
         cl.stop()
         sh("ip", "-n", net.ns("shard1"), "link", "set", "eth0", "up", check=False)
