@@ -1,6 +1,7 @@
 #include "common/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -28,13 +29,20 @@ TEST(ThreadPool, CoversEveryIndexExactlyOnce) {
 
 TEST(ThreadPool, UsesMoreThanOneThread) {
   ThreadPool pool(2);
+  // Each of the two tasks stays inside until it has seen the other inside
+  // too (or 30 s pass): two at once because the pool runs two, not because
+  // a sleep made an overlap likely. Run one after the other, the first
+  // waits out its 30 s and the check fails.
   std::atomic<int> inside{0}, max_inside{0};
-  pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
+  pool.ParallelFor(2, 1, [&](int64_t, int64_t) {
     const int now = inside.fetch_add(1) + 1;
     int seen = max_inside.load();
     while (now > seen && !max_inside.compare_exchange_weak(seen, now)) {
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (max_inside.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
     inside.fetch_sub(1);
   });
   EXPECT_EQ(max_inside.load(), 2);

@@ -117,15 +117,16 @@ class CoordinatorLimitsTest : public ::testing::Test {
     return response;
   }
 
-  // A heartbeat round trip: the daemon is up and its lock is not held long.
-  absl::Duration HeartbeatTime(const std::string& member_id) {
+  // A heartbeat is answered (within Call's deadline): the daemon is up and
+  // nothing a refused request did holds its lock. Not a wall-clock bound:
+  // a busy machine may take any time short of the deadline.
+  bool HeartbeatAnswered(const std::string& member_id) {
     v1::HeartbeatRequest request;
     request.set_member_id(member_id);
     v1::HeartbeatResponse response;
-    const absl::Time start = absl::Now();
     grpc::Status s = Call(&v1::Coordinator::Stub::Heartbeat, request, &response);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    return absl::Now() - start;
+    return s.ok();
   }
 
   std::string RegisterWorker(int rank) {
@@ -218,14 +219,14 @@ TEST_F(CoordinatorLimitsTest, BarrierCountsAreBoundedByTheWorldSize) {
     request.set_rank(0);
     request.set_timeout_ms(60000);
     v1::BarrierResponse response;
-    const absl::Time start = absl::Now();
+    // Refused at once: a parked barrier would end in DEADLINE_EXCEEDED at
+    // Call's 10 s deadline (its own timeout is 60 s), not in this status.
     grpc::Status s = Call(&v1::Coordinator::Stub::Barrier, request, &response);
-    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << count;
     EXPECT_THAT(s.error_message(),
                 AllOf(HasSubstr(absl::StrCat("count ", count)), HasSubstr("limit 4"),
                       HasSubstr("--world_size")));
-    EXPECT_LT(HeartbeatTime(worker), absl::Milliseconds(500));
+    EXPECT_TRUE(HeartbeatAnswered(worker));
   }
   // A barrier within the world size still works.
   for (int rank = 0; rank < 2; ++rank) {
@@ -249,7 +250,7 @@ TEST_F(CoordinatorLimitsTest, BarrierCountsWithoutAWorldSizeAreBoundedByMaxMembe
   grpc::Status s = Call(&v1::Coordinator::Stub::Barrier, request, &response);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), AllOf(HasSubstr("limit 64"), HasSubstr("--max_members")));
-  EXPECT_LT(HeartbeatTime(worker), absl::Milliseconds(500));
+  EXPECT_TRUE(HeartbeatAnswered(worker));
   EXPECT_EQ(Members().members_size(), 1);
 }
 
