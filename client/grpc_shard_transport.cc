@@ -62,25 +62,31 @@ class GrpcLookup final
 class GrpcPush final
     : public GrpcCall<v1::PushGradientsRequest, v1::PushGradientsResponse> {
  public:
-  explicit GrpcPush(v1::EmbeddingShard::Stub* stub) : stub_(stub) {}
+  explicit GrpcPush(RawPushStub* stub) : stub_(stub) {}
 
  private:
+  // The request serialized by the batch (request_ holds the header only),
+  // handed to gRPC as one slice that owns the bytes: the gradient rows are
+  // copied once, from the caller's rows into it.
   void BuildRequest() override {
-    batch_->BuildPush(part_.server, encoding_, &request_);
+    auto* bytes = new std::string;
+    batch_->SerializePush(part_.server, encoding_, request_.header(), bytes);
+    const grpc::Slice slice(
+        bytes->data(), bytes->size(), [](void* b) { delete static_cast<std::string*>(b); },
+        bytes);
+    raw_request_ = grpc::ByteBuffer(&slice, 1);
   }
   void Send(absl::Time deadline) override {
     rpc::SetDeadline(deadline, &ctx_);
-    stub_->async()->PushGradients(&ctx_, &request_, &response_,
-                                  [this](grpc::Status status) {
-                                    if (status.ok()) {
-                                      result_.incarnation =
-                                          response_.incarnation();
-                                    }
-                                    FinishGrpc(std::move(status));
-                                  });
+    stub_->UnaryCall(&ctx_, PushMethodName(), grpc::StubOptions(), &raw_request_, &response_,
+                     [this](grpc::Status status) {
+                       if (status.ok()) result_.incarnation = response_.incarnation();
+                       FinishGrpc(std::move(status));
+                     });
   }
 
-  v1::EmbeddingShard::Stub* const stub_;
+  RawPushStub* const stub_;
+  grpc::ByteBuffer raw_request_;
 };
 
 }  // namespace
@@ -91,11 +97,17 @@ const std::string& LookupMethodName() {
   return *kName;
 }
 
+const std::string& PushMethodName() {
+  static const std::string* const kName = new std::string(
+      absl::StrCat("/", v1::EmbeddingShard::service_full_name(), "/PushGradients"));
+  return *kName;
+}
+
 GrpcShardTransport::GrpcShardTransport(const std::string& address,
                                        const rpc::TransportSecurity& security) {
   std::shared_ptr<grpc::Channel> channel =
       rpc::MakeChannel(address, rpc::ChannelKind::kData, security);
-  shard_ = v1::EmbeddingShard::NewStub(channel);
+  raw_push_ = std::make_unique<RawPushStub>(channel);
   raw_lookup_ = std::make_unique<RawLookupStub>(std::move(channel));
 }
 
@@ -104,7 +116,7 @@ std::unique_ptr<ShardCall> GrpcShardTransport::NewLookup() {
 }
 
 std::unique_ptr<ShardCall> GrpcShardTransport::NewPush() {
-  return std::make_unique<GrpcPush>(shard_.get());
+  return std::make_unique<GrpcPush>(raw_push_.get());
 }
 
 }  // namespace recps::client::internal

@@ -22,6 +22,11 @@ using RawLookupStub =
     grpc::TemplatedGenericStub<v1::LookupRequest, grpc::ByteBuffer>;
 // The full method name RawLookupStub calls.
 const std::string& LookupMethodName();
+// A stub for EmbeddingShard.PushGradients that sends a request serialized
+// by RoutedBatch::SerializePush (gradient rows copied once, into it).
+using RawPushStub =
+    grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::PushGradientsResponse>;
+const std::string& PushMethodName();
 
 class GrpcShardTransport final : public ShardTransport {
  public:
@@ -34,7 +39,7 @@ class GrpcShardTransport final : public ShardTransport {
   bool works_on_caller_thread() const override { return false; }
 
  private:
-  std::unique_ptr<v1::EmbeddingShard::Stub> shard_;
+  std::unique_ptr<RawPushStub> raw_push_;
   std::unique_ptr<RawLookupStub> raw_lookup_;
 };
 

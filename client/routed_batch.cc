@@ -307,32 +307,127 @@ void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
       direct->push_back(rows);
       if (rows != nullptr) continue;  // read in place by the server
     }
-    const size_t values = static_cast<size_t>(n) * plan.dim;
     std::string* grads = table->mutable_grads();
-    const size_t row_bytes = sizeof(float) * plan.dim;
-    if (encoding == v1::ROW_ENCODING_FLOAT32) {
-      // Appended row by row straight into the request: a resize() first
-      // would zero the whole buffer (the largest of the call) only to
-      // overwrite it, 40% of the gather's time.
-      grads->clear();
-      grads->reserve(values * sizeof(float));
-      for (int32_t k = 0; k < n; ++k) {
-        grads->append(reinterpret_cast<const char*>(grad_row[plan.routed[begin + k]] +
-                                                    plan.column_offset),
-                      row_bytes);
-      }
-      continue;
-    }
-    // 16-bit rows through gather_, then narrowed.
-    grads->resize(values * BytesPerElement(encoding));
-    gather_.resize(values);
-    char* const rows = reinterpret_cast<char*>(gather_.data());
+    grads->clear();
+    AppendGrads(plan, begin, n, encoding, grads);
+  }
+}
+
+size_t RoutedBatch::GradBytes(const TablePlan& plan, int32_t n, v1::RowEncoding encoding) {
+  return static_cast<size_t>(n) * plan.dim * BytesPerElement(encoding);
+}
+
+void RoutedBatch::AppendGrads(const TablePlan& plan, int32_t begin, int32_t n,
+                              v1::RowEncoding encoding, std::string* out) {
+  const std::vector<const float*>& grad_row = plans[plan.data].grad_row;
+  const size_t values = static_cast<size_t>(n) * plan.dim;
+  const size_t row_bytes = sizeof(float) * plan.dim;
+  if (encoding == v1::ROW_ENCODING_FLOAT32) {
+    // Appended row by row: a resize() first would zero the whole buffer
+    // (the largest of the call) only to overwrite it, 40% of the gather's
+    // time.
+    out->reserve(out->size() + values * sizeof(float));
     for (int32_t k = 0; k < n; ++k) {
-      std::memcpy(rows + k * row_bytes,
-                  grad_row[plan.routed[begin + k]] + plan.column_offset,
+      out->append(reinterpret_cast<const char*>(grad_row[plan.routed[begin + k]] +
+                                                plan.column_offset),
                   row_bytes);
     }
-    EncodeRows(gather_.data(), values, encoding, grads->data());
+    return;
+  }
+  // 16-bit rows through gather_, then narrowed.
+  const size_t at = out->size();
+  out->resize(at + GradBytes(plan, n, encoding));
+  gather_.resize(values);
+  char* const rows = reinterpret_cast<char*>(gather_.data());
+  for (int32_t k = 0; k < n; ++k) {
+    std::memcpy(rows + k * row_bytes, grad_row[plan.routed[begin + k]] + plan.column_offset,
+                row_bytes);
+  }
+  EncodeRows(gather_.data(), values, encoding, out->data() + at);
+}
+
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+
+void AppendVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+size_t VarintSize(uint64_t v) {
+  size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// A length-delimited field's tag and length (its bytes follow).
+void AppendFieldStart(int field, size_t length, std::string* out) {
+  AppendVarint(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), out);
+  AppendVarint(length, out);
+}
+
+size_t FieldSize(int field, size_t length) {
+  return VarintSize(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED)) +
+         VarintSize(length) + length;
+}
+
+// Field numbers of PushGradientsRequest and TableGradients.
+constexpr int kPushHeaderField = 1, kPushTablesField = 2;
+constexpr int kTableNameField = 1, kTableIdsField = 2, kTableGradsField = 3,
+              kTableEncodingField = 4;
+
+}  // namespace
+
+void RoutedBatch::SerializePush(int server, v1::RowEncoding encoding,
+                                const v1::RequestHeader& header, std::string* out) {
+  out->clear();
+  const std::string head = header.SerializeAsString();
+  size_t total = FieldSize(kPushHeaderField, head.size());
+  // Each table's TableGradients size, known before its rows are gathered.
+  auto table_size = [&](const TablePlan& plan, int32_t n) {
+    size_t size = FieldSize(kTableNameField, plan.name->size()) +
+                  FieldSize(kTableIdsField, static_cast<size_t>(n) * sizeof(int64_t)) +
+                  FieldSize(kTableGradsField, GradBytes(plan, n, encoding));
+    if (encoding != 0) {
+      size += VarintSize(WireFormatLite::MakeTag(kTableEncodingField,
+                                                 WireFormatLite::WIRETYPE_VARINT)) +
+              VarintSize(encoding);
+    }
+    return size;
+  };
+  for (int p = 0; p < num_plans; ++p) {
+    const int32_t n = plans[p].count(server);
+    if (n > 0) total += FieldSize(kPushTablesField, table_size(plans[p], n));
+  }
+  out->reserve(total);
+  AppendFieldStart(kPushHeaderField, head.size(), out);
+  out->append(head);
+  for (int p = 0; p < num_plans; ++p) {
+    const TablePlan& plan = plans[p];
+    const int32_t n = plan.count(server);
+    if (n == 0) continue;
+    const int32_t begin = plan.server_begin[server];
+    AppendFieldStart(kPushTablesField, table_size(plan, n), out);
+    AppendFieldStart(kTableNameField, plan.name->size(), out);
+    out->append(*plan.name);
+    AppendFieldStart(kTableIdsField, static_cast<size_t>(n) * sizeof(int64_t), out);
+    out->append(reinterpret_cast<const char*>(plan.routed_ids.data() + begin),
+                static_cast<size_t>(n) * sizeof(int64_t));
+    AppendFieldStart(kTableGradsField, GradBytes(plan, n, encoding), out);
+    AppendGrads(plan, begin, n, encoding, out);
+    // In field order, as protobuf's own serializer writes them.
+    if (encoding != 0) {
+      AppendVarint(WireFormatLite::MakeTag(kTableEncodingField, WireFormatLite::WIRETYPE_VARINT),
+                   out);
+      AppendVarint(encoding, out);
+    }
   }
 }
 

@@ -103,6 +103,19 @@ struct RoutedBatch {
   void BuildPush(int server, v1::RowEncoding encoding,
                  v1::PushGradientsRequest* request,
                  std::vector<const float*>* direct = nullptr);
+  // The same request with `header`, serialized into `out` (cleared first):
+  // the bytes BuildPush + SerializeToString give, but each table's gradient
+  // rows are gathered once, straight into the serialized bytes, instead of
+  // into the message and then again by its serializer (the gRPC push sends
+  // `out` as it is).
+  void SerializePush(int server, v1::RowEncoding encoding,
+                     const v1::RequestHeader& header, std::string* out);
+  // Bytes of n gradient rows of `plan` in `encoding`.
+  static size_t GradBytes(const TablePlan& plan, int32_t n, v1::RowEncoding encoding);
+  // Appends the gradient rows of routed[begin, begin + n) of `plan` to
+  // `out` in `encoding` (one copy from the caller's rows).
+  void AppendGrads(const TablePlan& plan, int32_t begin, int32_t n,
+                   v1::RowEncoding encoding, std::string* out);
   // An in-process lookup part (InProcessShard::LookupInto): when the rows
   // of every table of the part go to one contiguous run of the caller's
   // buffer each (a worker's distinct ids into one buffer per table), sets
