@@ -350,22 +350,15 @@ namespace {
 
 using google::protobuf::internal::WireFormatLite;
 
+using google::protobuf::io::CodedOutputStream;
+
 void AppendVarint(uint64_t v, std::string* out) {
-  while (v >= 0x80) {
-    out->push_back(static_cast<char>(v | 0x80));
-    v >>= 7;
-  }
-  out->push_back(static_cast<char>(v));
+  uint8_t bytes[10];
+  const uint8_t* end = CodedOutputStream::WriteVarint64ToArray(v, bytes);
+  out->append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(end - bytes));
 }
 
-size_t VarintSize(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
+size_t VarintSize(uint64_t v) { return CodedOutputStream::VarintSize64(v); }
 
 // A length-delimited field's tag and length (its bytes follow).
 void AppendFieldStart(int field, size_t length, std::string* out) {
