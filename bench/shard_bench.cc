@@ -59,6 +59,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/shard_bench_util.h"
 #include "client/embedding_client.h"
 #include "common/rpc/channels.h"
 #include "grpcpp/grpcpp.h"
@@ -73,85 +74,12 @@
 namespace recps {
 namespace {
 
-constexpr int kDim = 64;
-
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-// CPU seconds (user + system) process `pid` has used so far.
-double ProcessCpuSeconds(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(stat, line);
-  // Fields after the command name, which may hold spaces: state is field 3,
-  // utime and stime are fields 14 and 15.
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(line.substr(close + 2));
-  std::string field;
-  double utime = 0, stime = 0;
-  for (int i = 3; i <= 15 && rest >> field; ++i) {
-    if (i == 14) utime = std::stod(field);
-    if (i == 15) stime = std::stod(field);
-  }
-  return (utime + stime) / sysconf(_SC_CLK_TCK);
-}
-
-double SelfCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// Bytes per second through one loopback TCP connection in its steady state,
-// sender and receiver in two threads, 4 MiB writes. The first
-// `warmup_bytes` are not timed: a fresh connection starts with small
-// windows and socket buffers, which the kernel grows over the first hundred
-// MiB or so (timed from the start, 512 MiB ran ~20% slower), while the
-// client's connection to the server is long warmed up.
-double RawTcpBandwidth(size_t timed_bytes, size_t warmup_bytes) {
-  const size_t total_bytes = warmup_bytes + timed_bytes;
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen(listener, 1);
-  std::thread receiver([&] {
-    int conn = accept(listener, nullptr, nullptr);
-    std::vector<char> buf(4 << 20);
-    size_t got = 0;
-    while (got < total_bytes) {
-      const ssize_t n = read(conn, buf.data(), buf.size());
-      if (n <= 0) break;
-      got += n;
-    }
-    close(conn);
-  });
-  int sender = socket(AF_INET, SOCK_STREAM, 0);
-  connect(sender, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  std::vector<char> buf(4 << 20, 'x');
-  double start = Now();
-  size_t sent = 0;
-  while (sent < total_bytes) {
-    if (sent == warmup_bytes) start = Now();
-    const size_t chunk = std::min(buf.size(), (sent < warmup_bytes ? warmup_bytes : total_bytes) - sent);
-    const ssize_t n = write(sender, buf.data(), chunk);
-    if (n <= 0) break;
-    sent += n;
-  }
-  close(sender);
-  receiver.join();
-  const double seconds = Now() - start;
-  close(listener);
-  return timed_bytes / seconds;
-}
+using shard_bench::kDim;
+using shard_bench::Median;
+using shard_bench::Now;
+using shard_bench::ProcessCpuSeconds;
+using shard_bench::RawTcpBandwidth;
+using shard_bench::SelfCpuSeconds;
 
 // Gradient bytes per second of the fused update kernel alone: n distinct
 // random rows of an id_space-row arena, `threads` threads (each a contiguous
@@ -190,13 +118,6 @@ double FusedUpdateBandwidth(OptimizerParams params, int64_t id_space,
   return best;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;  // a run whose first move failed
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 struct Result {
   double ids_per_second;
   double payload_bytes_per_second;
@@ -218,245 +139,6 @@ Result Summarise(std::vector<double> latencies, int64_t ids_per_call,
   return {ids_per_s, ids_per_s * kDim * sizeof(float), pct(0.5), pct(0.99)};
 }
 
-// ---- --op=move: slot moves between two servers ----
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
-
-constexpr uint32_t kMoveSlots = 4096;
-
-// The move bench's flags and what its steps share (declared so that the
-// client goes before the servers, and the servers before their files).
-struct MoveBench {
-  std::string binary;
-  int64_t rows = int64_t{1} << 20, ids = 4096, max_bytes_per_second = 0;
-  int moves = 4;
-  std::vector<std::string> extra_flags;  // --move_* and --threads, passed on
-  testing::TempDir dir;
-  std::vector<std::unique_ptr<testing::LocalShard>> servers;
-  std::string a, b;  // the two servers' addresses
-  std::unique_ptr<client::EmbeddingClient> client;
-  std::vector<int64_t> all;  // every row's id
-  int64_t step = 0;
-};
-
-// The worker: one step after the other, recording push latencies in the
-// current phase (0 before the first move, 1 during moves, 2 after).
-struct MoveWorker {
-  std::atomic<int> phase{0};
-  std::atomic<bool> stop{false};
-  absl::Mutex mu;
-  std::vector<double> latencies[3];
-  std::thread thread;
-};
-
-// Two servers (sync, one worker) and a client of both.
-bool StartMoveCluster(MoveBench* m) {
-  const std::string tables = m->dir.WriteFile("tables.textproto", R"(
-tables { name: "t" dim: 64 optimizer { kind: SGD learning_rate: 0.01 } }
-)");
-  std::vector<std::string> flags = {
-      "--tables=" + tables, "--world_size=1", "--consistency=sync",
-      "--num_slots=4096", "--step_timeout=60s"};
-  flags.insert(flags.end(), m->extra_flags.begin(), m->extra_flags.end());
-  auto servers = testing::StartShardCluster(m->binary, flags, 2, kMoveSlots);
-  if (!servers.ok()) {
-    std::fprintf(stderr, "%s\n", servers.status().ToString().c_str());
-    return false;
-  }
-  m->servers = *std::move(servers);
-  m->a = m->servers[0]->address();
-  m->b = m->servers[1]->address();
-  auto client = client::EmbeddingClient::Create(
-      {{"t", kDim}}, client::MakeServerShardMapSource({m->a, m->b}),
-      client::EmbeddingClientOptions());
-  if (!client.ok()) {
-    std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
-    return false;
-  }
-  m->client = *std::move(client);
-  return true;
-}
-
-// Creates the `rows` rows (a lookup and a push of each batch).
-bool FillMoveRows(MoveBench* m) {
-  const int64_t rows = m->rows;
-  m->all.resize(rows);
-  for (int64_t i = 0; i < rows; ++i) m->all[i] = i * 0x9e3779b97f4a7c15LL;
-  std::vector<float> buf(65536 * kDim);
-  for (int64_t lo = 0; lo < rows; lo += 65536) {
-    client::LookupSpec spec{0, absl::MakeConstSpan(m->all).subspan(lo, std::min<int64_t>(65536, rows - lo)), buf.data()};
-    client::PushSpec push{0, spec.ids, buf.data()};
-    std::fill(buf.begin(), buf.end(), 0.0f);
-    if (absl::Status st = m->client->Lookup(m->step, {&spec, 1}); !st.ok()) {
-      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
-      return false;
-    }
-    if (absl::Status st = m->client->PushGradients(m->step++, {&push, 1}); !st.ok()) {
-      std::fprintf(stderr, "fill: %s\n", st.ToString().c_str());
-      return false;
-    }
-  }
-  return true;
-}
-
-void StartMoveWorker(MoveBench* m, MoveWorker* w) {
-  w->thread = std::thread([m, w] {
-    const int64_t ids = m->ids;
-    std::mt19937_64 rng(3);
-    std::vector<int64_t> mine(ids);
-    std::vector<float> grads(ids * kDim, 0.001f);
-    while (ids > 0 && !w->stop.load()) {
-      for (int64_t& id : mine) id = m->all[rng() % m->all.size()];
-      std::sort(mine.begin(), mine.end());
-      mine.erase(std::unique(mine.begin(), mine.end()), mine.end());
-      client::LookupSpec spec{0, mine, grads.data()};
-      if (!m->client->Lookup(m->step, {&spec, 1}).ok()) break;
-      std::fill(grads.begin(), grads.end(), 0.001f);
-      client::PushSpec push{0, mine, grads.data()};
-      const int ph = w->phase.load();
-      const double t0 = Now();
-      const absl::Status st = m->client->PushGradients(m->step++, {&push, 1});
-      const double dt = Now() - t0;
-      if (!st.ok()) {
-        std::fprintf(stderr, "push: %s\n", st.ToString().c_str());
-        break;
-      }
-      absl::MutexLock lock(&w->mu);
-      w->latencies[ph].push_back(dt);
-      mine.resize(ids);
-    }
-  });
-}
-
-std::unique_ptr<v1::ShardAdmin::Stub> Admin(const std::string& address) {
-  return v1::ShardAdmin::NewStub(
-      rpc::MakeChannel(address, rpc::ChannelKind::kControl));
-}
-
-void SetDeadline(grpc::ClientContext* ctx) {
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(10));
-}
-
-// Move `index`: every slot that `map` gives the server it leaves (0 on
-// even moves, 1 on odd) to the other one (MigrateIn, then HandOver),
-// timed against raw TCP measured just before it; prints its row and
-// appends its ratio. False (said on stderr) when an RPC fails.
-bool MoveOnce(const MoveBench& m, int index, v1::ShardMap* map,
-              std::vector<double>* ratios) {
-  const int from = index % 2 == 0 ? 0 : 1;
-  const std::string src = from == 0 ? m.a : m.b, dst = from == 0 ? m.b : m.a;
-  const double tcp = RawTcpBandwidth(size_t{512} << 20, size_t{64} << 20);
-  v1::MigrateInRequest in;
-  in.set_move_id(absl::StrCat("bench-", index));
-  in.set_source(src);
-  in.set_epoch(map->epoch());
-  in.set_max_bytes_per_second(m.max_bytes_per_second);
-  v1::ShardMap next = *map;
-  next.set_epoch(map->epoch() + 1);
-  for (uint32_t s = 0; s < kMoveSlots; ++s) {
-    if (map->slot_owner(s) == static_cast<uint32_t>(from)) {
-      in.add_slots(s);
-      next.set_slot_owner(s, 1 - from);
-    }
-  }
-  // A source exports only what the coordinator allowed before MigrateIn.
-  v1::AllowExportRequest allow;
-  allow.set_move_id(in.move_id());
-  *allow.mutable_slots() = in.slots();
-  allow.set_ttl_ms(600000);
-  v1::AllowExportResponse allowed;
-  grpc::ClientContext c0;
-  SetDeadline(&c0);
-  grpc::Status st = Admin(src)->AllowExport(&c0, allow, &allowed);
-  if (!st.ok()) {
-    std::fprintf(stderr, "AllowExport: %s\n", st.error_message().c_str());
-    return false;
-  }
-  v1::MigrateInResponse copied;
-  grpc::ClientContext c1;
-  SetDeadline(&c1);
-  st = Admin(dst)->MigrateIn(&c1, in, &copied);
-  if (!st.ok()) {
-    std::fprintf(stderr, "MigrateIn: %s\n", st.error_message().c_str());
-    return false;
-  }
-  v1::HandOverRequest over;
-  over.set_move_id(in.move_id());
-  over.set_target(dst);
-  over.set_self(src);
-  *over.mutable_new_map() = next;
-  v1::HandOverResponse handed;
-  grpc::ClientContext c2;
-  SetDeadline(&c2);
-  st = Admin(src)->HandOver(&c2, over, &handed);
-  if (!st.ok()) {
-    std::fprintf(stderr, "HandOver: %s\n", st.error_message().c_str());
-    return false;
-  }
-  *map = next;
-  const double rate = copied.bytes() / copied.seconds();
-  ratios->push_back(rate / tcp);
-  std::printf("%-5d %10lld %10.1f %9.3f %9.1f %7.3f %9lld %9.2f\n", index,
-              static_cast<long long>(copied.rows()), copied.bytes() / 1e6,
-              copied.seconds(), rate / 1e6, rate / tcp,
-              static_cast<long long>(handed.delta_rows()),
-              handed.hold_seconds() * 1e3);
-  return true;
-}
-
-void PrintMoveSummary(const MoveBench& m, MoveWorker* w,
-                      const std::vector<double>& ratios) {
-  std::printf("\nmove rate / raw TCP (each copy against TCP measured just "
-              "before it): median %.3f (goal >= 0.3)\n", Median(ratios));
-  std::printf("push latency of a %lld-id step (ms):  %-7s %8s %8s %8s %7s\n",
-              static_cast<long long>(m.ids), "", "p50", "p99", "max", "steps");
-  const char* names[3] = {"before moves", "during moves", "after moves"};
-  for (int ph = 0; ph < 3; ++ph) {
-    absl::MutexLock lock(&w->mu);
-    std::printf("  %-34s %8.2f %8.2f %8.2f %7zu\n", names[ph],
-                Percentile(w->latencies[ph], 0.5) * 1e3,
-                Percentile(w->latencies[ph], 0.99) * 1e3,
-                Percentile(w->latencies[ph], 1.0) * 1e3, w->latencies[ph].size());
-  }
-}
-
-// Two servers (sync, one worker), `rows` rows of dim 64 (SGD: 256 B each)
-// spread over them; a worker steps (lookup + push of `ids` ids) the whole
-// time. Moves every slot of server 0 to server 1 (MigrateIn, then
-// HandOver) and back, timing each copy against raw TCP measured just
-// before it, and the worker's push latency before and during the moves.
-int MoveMain(MoveBench* m) {
-  if (!StartMoveCluster(m) || !FillMoveRows(m)) return 1;
-  MoveWorker w;
-  StartMoveWorker(m, &w);
-  absl::SleepFor(absl::Seconds(2));  // latencies before
-  v1::ShardMap map;
-  {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx);
-    Admin(m->a)->GetShardMap(&ctx, v1::GetShardMapRequest(), &map);
-  }
-  std::printf("%-5s %10s %10s %9s %9s %7s %9s %9s\n", "move", "rows", "MB",
-              "copy s", "MB/s", "x_tcp", "delta", "hold ms");
-  std::vector<double> ratios;
-  w.phase = 1;
-  bool moved = true;
-  for (int i = 0; i < m->moves && moved; ++i) moved = MoveOnce(*m, i, &map, &ratios);
-  w.phase = 2;
-  absl::SleepFor(absl::Seconds(1));
-  w.stop = true;
-  w.thread.join();
-  PrintMoveSummary(*m, &w, ratios);
-  return moved ? 0 : 1;  // a failed move fails the run
-}
-
-// ---- lookups and pushes against one server ----
-
-// The flags (those of --op=move are read by RunMoveOp).
 struct Flags {
   std::string binary = RECPS_SHARD_BINARY;
   double seconds_per_case = 2.0;
@@ -515,25 +197,6 @@ bool ParseOptimizer(const std::string& optimizer, OptimizerParams* params,
     return false;
   }
   return true;
-}
-
-// --op=move: its own flags, and the shard flags it passes on.
-int RunMoveOp(int argc, char** argv, const Flags& f) {
-  MoveBench m;
-  m.binary = f.binary;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--rows=", 0) == 0) m.rows = std::stoll(a.substr(7));
-    if (a.rfind("--moves=", 0) == 0) m.moves = std::stoi(a.substr(8));
-    if (a.rfind("--ids=", 0) == 0) m.ids = std::stoll(a.substr(6));
-    if (a.rfind("--max_bytes_per_second=", 0) == 0) m.max_bytes_per_second = std::stoll(a.substr(23));
-  }
-  for (const std::string& flag : f.shard_flags) {
-    if (flag.rfind("--move", 0) == 0 || flag.rfind("--threads", 0) == 0) {
-      m.extra_flags.push_back(flag);
-    }
-  }
-  return MoveMain(&m);
 }
 
 // A server and the client that calls it: the same table and rows, reached
@@ -802,7 +465,9 @@ int Main(int argc, char** argv) {
   for (const std::string& f : flags.shard_flags) {
     if (f.rfind("--store_threads=", 0) == 0) store_threads = std::stoi(f.substr(16));
   }
-  if (flags.only_op == "move") return RunMoveOp(argc, argv, flags);
+  if (flags.only_op == "move") {
+    return shard_bench::RunMoveBench(flags.binary, argc, argv, flags.shard_flags);
+  }
   if (flags.inflight < 1 || flags.rounds < 1) {
     std::fprintf(stderr, "--inflight and --rounds must be at least 1\n");
     return 2;
