@@ -347,7 +347,8 @@ bool CheckpointOrchestrator::WaitIdle(absl::Duration timeout) {
   return mu_.AwaitWithTimeout(
       absl::Condition(
           +[](CheckpointOrchestrator* o) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !o->writing_ && !o->queued_.has_value() && !o->restore_queued_;
+            return !o->writing_ && !o->queued_.has_value() && !o->restore_queued_ &&
+                   o->rollback_ != Rollback::kQueued;
           },
           this),
       timeout);
@@ -356,17 +357,24 @@ bool CheckpointOrchestrator::WaitIdle(absl::Duration timeout) {
 void CheckpointOrchestrator::Loop() {
   while (true) {
     std::optional<Cut_> cut;
+    bool rollback = false;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](CheckpointOrchestrator* o) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return o->stop_ || o->restore_queued_ || o->queued_.has_value();
+            return o->stop_ || o->restore_queued_ || o->queued_.has_value() ||
+                   o->rollback_ == Rollback::kQueued;
           },
           this));
       if (stop_) return;
       writing_ = true;
+      // A complete cut of the run that failed is written first: it may be
+      // the newest checkpoint the rollback goes back to.
       if (restore_queued_) {
         restore_queued_ = false;
+      } else if (rollback_ == Rollback::kQueued && !queued_.has_value()) {
+        rollback_ = Rollback::kRunning;
+        rollback = true;
       } else {
         cut = std::move(queued_);
         queued_.reset();
@@ -377,6 +385,8 @@ void CheckpointOrchestrator::Loop() {
     }
     if (cut.has_value()) {
       RunCheckpoint(*std::move(cut));
+    } else if (rollback) {
+      RunRollback();
     } else {
       RunRestore();
     }

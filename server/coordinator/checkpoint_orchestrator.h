@@ -143,9 +143,18 @@ class CheckpointOrchestrator {
   absl::StatusOr<v1::RequestCheckpointResponse> Request(const std::string& reason);
   uint64_t request_id() const { return request_id_.load(); }
   absl::StatusOr<v1::ListCheckpointsResponse> List() const;
-  // UNAVAILABLE until the rows are restored (or with the restore's error);
-  // resume=false without --restore.
+  // UNAVAILABLE until the rows are restored (or with the restore's error)
+  // and while a rollback waits for ranks or runs; resume=false without
+  // --restore and after a rollback to step 0.
   absl::StatusOr<v1::GetResumeStateResponse> ResumeState(int32_t rank) const;
+
+  // A worker registered for `rank` (Coordinator::Register). A rank that
+  // registers a second time in this coordinator's life is a restarted
+  // worker process: the job restarts. Once every rank has registered again
+  // (the dead run's workers are gone then: each rank is one process), the
+  // servers are rolled back in place to the newest intact checkpoint (step
+  // 0 without one), and the ranks' resume state says where to go on.
+  void WorkerRegistered(int32_t rank);
 
   // Fails a cut whose workers did not all arrive in time, and a complete
   // cut that waited too long for the previous checkpoint.
@@ -200,7 +209,7 @@ class CheckpointOrchestrator {
   // digest, worker count, dense state). Without a step: the newest intact
   // one older than `below` (when set), a damaged one skipped with a warning
   // saying why (its step added to `skipped_steps`).
-  absl::StatusOr<Restore> ResolveRestore(const v1::JobConfig& job,
+  absl::StatusOr<Restore> ResolveRestore(const std::string& spec, const v1::JobConfig& job,
                                          std::optional<uint64_t> below = std::nullopt,
                                          std::vector<uint64_t>* skipped_steps = nullptr) const;
   // ResolveRestore's check of one checkpoint (ref.step set). `*damaged`:
@@ -212,7 +221,18 @@ class CheckpointOrchestrator {
   // Makes `restore` the one to restore and the base of the next checkpoint.
   void AdoptRestore(Restore restore) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
-  void RunRestore();
+  // RestoreRows on every server of the map: restore_ (replace: as a
+  // rollback, the servers forgetting what they hold first).
+  void RunRestore(bool replace = false);
+  // The rollback of a restarted job (checkpoint_rollback.cc): the newest
+  // intact checkpoint of the job's root (else the --restore one, else step
+  // 0) restored onto every server in place.
+  void RunRollback();
+  // RunRollback without a checkpoint: every server forgets its rows, the
+  // next checkpoint is a full one.
+  void ForgetAll();
+  // ResumeState's answer while a rollback waits or runs.
+  absl::Status RollbackUnavailable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One checkpoint being written: what RunCheckpoint's steps share.
   struct Writing;
   // Writes one checkpoint; the cut's callbacks are all answered.
@@ -266,6 +286,13 @@ class CheckpointOrchestrator {
   std::optional<Cut_> queued_ ABSL_GUARDED_BY(mu_);   // complete, to write
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool restore_queued_ ABSL_GUARDED_BY(mu_) = false;
+  // A restarted job (WorkerRegistered): kGathering until every rank is
+  // back, kQueued for the loop, kRunning while the servers roll back.
+  enum class Rollback { kNone, kGathering, kQueued, kRunning };
+  Rollback rollback_ ABSL_GUARDED_BY(mu_) = Rollback::kNone;
+  // The ranks registered since the job (re)started.
+  std::set<int32_t> ranks_registered_ ABSL_GUARDED_BY(mu_);
+  int restarts_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<Progress> progress_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);
@@ -284,6 +311,8 @@ class CheckpointOrchestrator {
   uint64_t last_complete_step_ ABSL_GUARDED_BY(mu_) = 0;
   // --restore.
   std::optional<Restore> restore_ ABSL_GUARDED_BY(mu_);
+  // What names it: --restore, or "latest" after a rollback.
+  std::string restore_spec_ ABSL_GUARDED_BY(mu_);
   bool restored_ ABSL_GUARDED_BY(mu_) = false;
   // Complete checkpoints newer than the restored one that the restore
   // skipped as damaged: the resumed run writes them anew when it gets there

@@ -69,13 +69,15 @@ absl::Status CheckpointOrchestrator::Start() {
         job.status().message()));
   }
   std::vector<uint64_t> skipped;
-  ASSIGN_OR_RETURN(Restore restore, ResolveRestore(*job, std::nullopt, &skipped));
+  ASSIGN_OR_RETURN(Restore restore,
+                   ResolveRestore(options_.restore, *job, std::nullopt, &skipped));
   const v1::CheckpointManifest& m = restore.manifest;
   LogInfo("restoring step ", m.step(), " from ", absl::StrJoin(restore.chain, ", "),
           " (", m.files_size(), " row files saved by ", m.shard_map().servers_size(),
           " shard servers; ", m.workers_size(), " workers)");
   absl::MutexLock lock(&mu_);
   damaged_steps_.insert(skipped.begin(), skipped.end());
+  restore_spec_ = options_.restore;
   AdoptRestore(std::move(restore));
   restore_queued_ = true;
   return absl::OkStatus();
@@ -118,9 +120,8 @@ absl::Status CheckpointOrchestrator::CheckNoCheckpoints(const v1::JobConfig& job
 }
 
 absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::ResolveRestore(
-    const v1::JobConfig& job, std::optional<uint64_t> below,
+    const std::string& spec, const v1::JobConfig& job, std::optional<uint64_t> below,
     std::vector<uint64_t>* skipped_steps) const {
-  const std::string& spec = options_.restore;
   auto error = [&](const absl::Status& s) {
     return absl::Status(s.code(), absl::StrCat("--restore=", spec, ": ", s.message()));
   };
@@ -220,16 +221,18 @@ absl::StatusOr<CheckpointOrchestrator::Restore> CheckpointOrchestrator::CheckRes
   return restore;
 }
 
-void CheckpointOrchestrator::RunRestore() {
+void CheckpointOrchestrator::RunRestore(bool replace) {
   const absl::Time deadline = absl::Now() + options_.restore_timeout;
   std::vector<std::string> chain;
   uint64_t step = 0;
   std::string root;
+  std::string spec;
   {
     absl::MutexLock lock(&mu_);
     chain = restore_->chain;
     step = restore_->manifest.step();
     root = restore_->root;
+    spec = restore_spec_;
   }
   auto fail = [&](const absl::Status& s) {
     const absl::Status failure(
@@ -272,21 +275,23 @@ void CheckpointOrchestrator::RunRestore() {
           absl::FormatDuration(options_.restore_timeout))));
     }
   }
-  const bool restored_before = store_->Get(kRestoredKey).ok();
+  // A rollback replaces whatever the servers hold.
+  const bool restored_before = !replace && store_->Get(kRestoredKey).ok();
   absl::StatusOr<v1::JobConfig> job = coordinator_->GetJob();
   if (!job.ok()) return fail(job.status());
   // --restore without a step may fall back to an older checkpoint when the
   // servers find this one damaged; not after a restore by an earlier
   // process of this coordinator (its servers hold that step's rows).
-  absl::StatusOr<ckpt::CheckpointRef> ref = ckpt::ParseCheckpointRef(options_.restore);
+  absl::StatusOr<ckpt::CheckpointRef> ref = ckpt::ParseCheckpointRef(spec);
   const bool may_fall_back =
-      !restored_before && (options_.restore == "latest" || (ref.ok() && !ref->step.has_value()));
+      !restored_before && (spec == "latest" || (ref.ok() && !ref->step.has_value()));
   int64_t rows = 0;
   while (true) {
     v1::RestoreRowsRequest request;
     for (const std::string& dir : chain) request.add_checkpoint_dirs(dir);
     request.set_expected_digest(ckpt::JobConfigDigest(*job));
     request.set_step(step);
+    request.set_replace(replace);
     const int n = map.servers_size();
     std::vector<absl::StatusOr<v1::RestoreRowsResponse>> results(
         n, absl::UnknownError("not called"));
@@ -323,7 +328,7 @@ void CheckpointOrchestrator::RunRestore() {
     const absl::Status failure(code, absl::StrJoin(errors, "; "));
     if (!damaged) return fail(failure);
     std::vector<uint64_t> skipped = {step};
-    absl::StatusOr<Restore> older = ResolveRestore(*job, step, &skipped);
+    absl::StatusOr<Restore> older = ResolveRestore(spec, *job, step, &skipped);
     if (!older.ok()) {
       return fail(absl::Status(code, absl::StrCat(failure.message(), "; and ",
                                                   older.status().message())));
@@ -361,8 +366,9 @@ absl::StatusOr<v1::GetResumeStateResponse> CheckpointOrchestrator::ResumeState(
   }
   v1::GetResumeStateResponse response;
   absl::MutexLock lock(&mu_);
-  if (!restore_.has_value()) return response;  // resume = false
+  if (rollback_ != Rollback::kNone) return RollbackUnavailable();
   if (!restore_failure_.ok()) return restore_failure_;
+  if (!restore_.has_value()) return response;  // resume = false
   const v1::CheckpointManifest& m = restore_->manifest;
   if (!restored_) {
     return absl::UnavailableError(absl::StrCat(

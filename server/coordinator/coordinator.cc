@@ -385,6 +385,10 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     response.set_shard_map_epoch(map_.epoch());
   }
   deferred.Run(this);
+  // Outside mu_: the orchestrator calls into this coordinator.
+  if (request.role() == v1::WORKER && request.rank() >= 0) {
+    checkpoints_->WorkerRegistered(request.rank());
+  }
   return response;
 }
 

@@ -337,14 +337,20 @@ void ShardSnapshots::RestoreRows(const v1::RestoreRowsRequest* request,
 absl::Status ShardSnapshots::DoRestoreRows(const v1::RestoreRowsRequest& request,
                                         v1::RestoreRowsResponse* response) {
   const absl::Time start = absl::Now();
-  if (request.checkpoint_dirs().empty()) {
+  const bool forget_only = request.replace() && request.checkpoint_dirs().empty();
+  if (request.checkpoint_dirs().empty() && !forget_only) {
     return absl::InvalidArgumentError("RestoreRows: checkpoint_dirs is empty");
+  }
+  if (forget_only && request.step() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RestoreRows: replace without checkpoint_dirs starts again at step 0, not ",
+        request.step()));
   }
   if (request.step() > static_cast<uint64_t>(INT64_MAX)) {
     return absl::InvalidArgumentError(
         absl::StrCat("RestoreRows: step ", request.step(), " is out of range"));
   }
-  if (clock_->started()) {
+  if (clock_->started() && !request.replace()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "RestoreRows: this server already applied pushes (up to step ",
         clock_->applied_step(), "); restore into a freshly started server"));
@@ -353,6 +359,13 @@ absl::Status ShardSnapshots::DoRestoreRows(const v1::RestoreRowsRequest& request
     return absl::FailedPreconditionError(
         "RestoreRows: this server has no shard map that lists it yet; install "
         "the map first (rows are restored by the slots it gives this server)");
+  }
+  if (request.replace()) {
+    RETURN_IF_ERROR(ForgetEverything());
+    if (forget_only) {
+      response->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+      return absl::OkStatus();
+    }
   }
   const std::vector<std::string> dirs(request.checkpoint_dirs().begin(),
                                       request.checkpoint_dirs().end());
@@ -388,6 +401,23 @@ absl::Status ShardSnapshots::DoRestoreRows(const v1::RestoreRowsRequest& request
   LogInfo("restored ", stats.rows, " rows from ", stats.files, " row files (",
           dirs.size(), " checkpoint(s), last ", dirs.back(), "); next step ",
           request.step());
+  return absl::OkStatus();
+}
+
+absl::Status ShardSnapshots::ForgetEverything() {
+  // On the checkpoint thread: no snapshot is being written. The clock
+  // first, so no push of the earlier run applies to what is restored; at
+  // step 0, as a fresh server's, so the restore goes on as into one.
+  RETURN_IF_ERROR(clock_->Restart(0));
+  int64_t rows = 0;
+  for (uint32_t slot = 0; slot < store_->num_slots(); ++slot) {
+    ASSIGN_OR_RETURN(const int64_t n, store_->DropSlot(SlotTransfer::kAllTables, slot));
+    rows += n;
+  }
+  absl::MutexLock lock(&mu_);
+  bases_.clear();
+  deferred_drops_.clear();
+  LogInfo("rollback: forgot ", rows, " rows, the buffered pushes and the step clock");
   return absl::OkStatus();
 }
 

@@ -116,6 +116,9 @@ class ShardSnapshots {
                      uint64_t since);
   absl::Status DoRestoreRows(const v1::RestoreRowsRequest& request,
                              v1::RestoreRowsResponse* response);
+  // RestoreRowsRequest.replace: restarts the clock at step 0 and drops
+  // every row of every table.
+  absl::Status ForgetEverything();
   // Ends the open snapshot's hold on handed-over units: drops them.
   void RunDeferredDrops();
   // Records `cut` as the snapshot of `step` that increments may build on.

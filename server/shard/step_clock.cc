@@ -413,6 +413,36 @@ absl::Status StepClock::ResumeAt(int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status StepClock::Restart(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
+  }
+  std::vector<Waiter> aborted;
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](StepClock* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+          return !c->applying_ || c->stopping_;
+        },
+        this));
+    if (stopping_) return absl::UnavailableError("shard server is shutting down");
+    pending_.clear();
+    for (auto& ring : parts_) ring.clear();
+    std::fill(parts_next_.begin(), parts_next_.end(), 0);
+    apply_error_ = absl::OkStatus();
+    adopted_step_ = -1;
+    any_push_ = false;
+    applied_step_ = step - 1;
+    aborted.swap(waiters_);
+    waiting_ids_ = 0;
+  }
+  for (Waiter& w : aborted) {
+    std::move(w.done)(absl::AbortedError(absl::StrCat(
+        "the job rolled back to step ", step, "; this lookup was of its earlier run")));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StepClock::AdoptStep(int64_t step) {
   if (step < -1) {
     return absl::InvalidArgumentError(absl::StrCat("step ", step, " < -1"));

@@ -146,6 +146,13 @@ class StepClock {
   // INVALID_ARGUMENT for a negative step.
   absl::Status ResumeAt(int64_t step);
 
+  // A rollback (RestoreRowsRequest.replace): waits for the apply that runs
+  // (if any), then forgets the earlier run: buffered pushes, remembered
+  // push identities, an apply error and AdoptStep's step; fails waiting
+  // lookups with ABORTED; and starts again as ResumeAt(step) on a fresh
+  // clock would. INVALID_ARGUMENT for a negative step.
+  absl::Status Restart(int64_t step);
+
   // A server that starts owning slots while the job trains (a new or
   // drained server, the target of a slot move) joins at the source's step:
   // steps up to `step` count as applied (lookups of step+1 run, pushes of

@@ -4,8 +4,15 @@
 //   state dir: the workers carry on and the job finishes with a sane loss;
 // - kill -9 a worker: the coordinator marks its lease expired, and the
 //   surviving worker fails (instead of hanging) naming rank 1;
-// - `recps launch` starts two workers of a cluster and the job finishes.
+// - `recps launch` starts two workers of a cluster and the job finishes;
+// - `recps launch --max_restarts=1`: a worker killed after a checkpoint
+//   makes the launcher restart the node's workers, which resume from the
+//   newest checkpoint (the coordinator restores the servers' rows) and
+//   finish the job.
 #include <signal.h>
+
+#include <filesystem>
+#include <regex>
 
 #include <cmath>
 #include <fstream>
@@ -240,6 +247,97 @@ TEST(Cluster, LaunchFailsNamingTheRankThatFailed) {
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_NE(*code, 0);
   EXPECT_THAT(::recps::testing::ReadAll(out), ::testing::ContainsRegex("rank [01] \\(local rank [01]\\) failed"));
+}
+
+// One `recps launch --max_restarts=1` of the small example (checkpoints
+// every 20 steps) against its own coordinator and shard server; with
+// `kill_rank1`, rank 1 is killed once the step-40 checkpoint is complete.
+// Returns rank 0's and rank 1's result JSON, concatenated (empty on
+// failure, with the test failed).
+std::string LaunchWithRestarts(const TempDir& dir, bool kill_rank1) {
+  std::string job = ::recps::testing::ReadAll(Job());
+  const size_t training = job.find("\ntraining {");
+  EXPECT_NE(training, std::string::npos);
+  if (training == std::string::npos) return "";
+  const std::string checkpoints = dir.path() + "/checkpoints";
+  job.insert(training + 11, "\n  checkpoint { dir: \"" + checkpoints + "\" every_steps: 20 }");
+  const std::string job_file = dir.WriteFile("job.textproto", job);
+  auto coordinator = LocalShard::Start(
+      RECPS_COORDINATOR_BINARY, {"--state_dir=" + dir.path() + "/coordinator", "--job=" + job_file,
+                                 "--num_shards=1", "--world_size=2", "--lease=2s", "--tick=20ms"});
+  EXPECT_TRUE(coordinator.ok()) << coordinator.status();
+  if (!coordinator.ok()) return "";
+  const std::string address = (*coordinator)->address();
+  auto shard = LocalShard::Start(RECPS_SHARD_BINARY, {"--job=" + job_file, "--world_size=2",
+                                                      "--threads=1", "--coordinator=" + address});
+  EXPECT_TRUE(shard.ok()) << shard.status();
+  if (!shard.ok()) return "";
+  const std::string log = dir.path() + "/launch.log";
+  // {rank}: each rank its own file (they evaluate their own data).
+  const std::string result = dir.path() + "/result{rank}.json";
+  const std::string result0 = dir.path() + "/result0.json";
+  absl::StatusOr<client::ChildProcess> launch = client::ChildProcess::Spawn(
+      RECPS_LAUNCHER_BINARY,
+      {"launch", "--nproc-per-node=2", "--nnodes=1", "--coordinator=" + address, "--gpus=none",
+       "--max_restarts=1", "--log_dir=" + dir.path() + "/logs", "--insecure", "--", "--steps=400",
+       "--threads=1", "--result_json=" + result},
+      log);
+  EXPECT_TRUE(launch.ok()) << launch.status();
+  if (!launch.ok()) return "";
+  if (kill_rank1) {
+    // Once the step-40 checkpoint is complete: kill rank 1 (its pid from
+    // the launcher's log).
+    const std::string step40 = checkpoints + "/step-000000000040/MANIFEST";
+    EXPECT_TRUE(Eventually([&] { return std::filesystem::exists(step40); }, absl::Minutes(3)))
+        << ::recps::testing::ReadAll(log);
+    std::smatch m;
+    const std::string text = ::recps::testing::ReadAll(log);
+    EXPECT_TRUE(
+        std::regex_search(text, m, std::regex(R"(rank 1 \(local rank 1, [^)]*\): pid (\d+))")))
+        << text;
+    EXPECT_FALSE(std::filesystem::exists(result0)) << "the job ended before the kill";
+    if (m.empty() || std::filesystem::exists(result0)) return "";
+    EXPECT_EQ(kill(std::stoi(m[1].str()), SIGKILL), 0);
+  }
+  absl::StatusOr<int> code = launch->Wait(absl::Minutes(4));
+  EXPECT_TRUE(code.ok()) << code.status();
+  const std::string after = ::recps::testing::ReadAll(log);
+  const std::string worker0 = ::recps::testing::ReadAll(dir.path() + "/logs/worker0.log");
+  EXPECT_EQ(code.value_or(-1), 0) << after << worker0;
+  if (kill_rank1) {
+    EXPECT_THAT(after, HasSubstr("restart 1/1 after"));
+    EXPECT_THAT(worker0, HasSubstr("resuming at step"));
+  }
+  EXPECT_TRUE(std::filesystem::exists(checkpoints + "/step-000000000400/MANIFEST"));
+  return ::recps::testing::ReadAll(result0) + ::recps::testing::ReadAll(dir.path() + "/result1.json");
+}
+
+// The last evaluation of each result JSON in `results` ("evals":[...,{...}]).
+std::string LastEvals(const std::string& results) {
+  std::string last_evals;
+  for (size_t evals = results.find("\"evals\":["); evals != std::string::npos;
+       evals = results.find("\"evals\":[", evals + 1)) {
+    const size_t end = results.find("]", evals);
+    const size_t last = results.rfind("{\"step\"", end);
+    if (end == std::string::npos || last == std::string::npos || last < evals) return "";
+    absl::StrAppend(&last_evals, results.substr(last, end - last), "\n");
+  }
+  return last_evals;
+}
+
+// The servers hold rows of steps past the checkpoint when the workers
+// restart: the coordinator rolls them back in place, and the restarted run
+// ends exactly where an uninterrupted one does (sync mode is
+// deterministic).
+TEST(Cluster, LaunchMaxRestartsResumesTheNodeFromTheNewestCheckpoint) {
+  TempDir reference_dir, restarted_dir;
+  const std::string reference = LaunchWithRestarts(reference_dir, false);
+  const std::string restarted = LaunchWithRestarts(restarted_dir, true);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_THAT(restarted, HasSubstr("\"steps\":400"));
+  ASSERT_THAT(LastEvals(reference), ::testing::ContainsRegex("step.:400.*\n.*step.:400"))
+      << reference;
+  EXPECT_EQ(LastEvals(restarted), LastEvals(reference));
 }
 
 }  // namespace

@@ -641,3 +641,81 @@ TEST_F(CheckpointOrchestratorTest, ResumeStateWithoutRestoreAndRestoreFailure) {
 
 }  // namespace
 }  // namespace recps::server
+
+namespace recps::server {
+namespace {
+
+void RegisterWorker(Coordinator& c, int rank) {
+  v1::RegisterRequest r;
+  r.set_role(v1::WORKER);
+  r.set_rank(rank);
+  ASSERT_TRUE(c.Register(r).ok());
+}
+
+// `recps launch --max_restarts` (or a recreated worker pod): new processes
+// for every rank while the servers hold the rows of later steps.
+TEST_F(CheckpointOrchestratorTest, RestartedRanksRollEveryServerBackToTheNewestCheckpoint) {
+  auto c = Open(Job(root_));
+  RegisterWorker(*c, 0);
+  RegisterWorker(*c, 1);
+  for (uint64_t step : {10, 20}) ASSERT_TRUE(CutAll(*c, step).ok());
+  // A cut the failed run opened: answered, never written.
+  Answer late;
+  c->checkpoints().Cut(CutAt(0, 30, true), [&](auto r) {
+    absl::MutexLock lock(&late.mu);
+    late.result = std::move(r);
+  });
+  RegisterWorker(*c, 1);
+  EXPECT_TRUE(absl::IsAborted(late.get().status())) << late.get().status();
+  absl::StatusOr<v1::GetResumeStateResponse> waiting = c->checkpoints().ResumeState(1);
+  EXPECT_TRUE(absl::IsUnavailable(waiting.status())) << waiting.status();
+  EXPECT_THAT(waiting.status().message(), HasSubstr("waiting for worker rank(s) 0"));
+  RegisterWorker(*c, 0);
+  ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+  absl::StatusOr<v1::GetResumeStateResponse> r = c->checkpoints().ResumeState(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->resume());
+  EXPECT_EQ(r->step(), 20u);
+  EXPECT_EQ(r->dense_state(), "dense-20");
+  {
+    absl::MutexLock lock(&shards_->mu);
+    ASSERT_EQ(shards_->restores.size(), 2u);
+    for (const auto& [address, req] : shards_->restores) {
+      EXPECT_TRUE(req.replace()) << address;
+      EXPECT_EQ(req.step(), 20u);
+      EXPECT_THAT(std::vector<std::string>(req.checkpoint_dirs().begin(),
+                                           req.checkpoint_dirs().end()),
+                  ElementsAre(root_ + "/step-000000000020"));
+    }
+  }
+  // The run goes on from there, and a second restart rolls back again.
+  ASSERT_TRUE(CutAll(*c, 30).ok());
+  RegisterWorker(*c, 0);
+  RegisterWorker(*c, 1);
+  ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+  r = c->checkpoints().ResumeState(1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->step(), 30u);
+}
+
+TEST_F(CheckpointOrchestratorTest, RestartedRanksWithoutACheckpointStartAgainAtStepZero) {
+  auto c = Open(Job(root_));
+  for (int round = 0; round < 2; ++round) {
+    RegisterWorker(*c, 0);
+    RegisterWorker(*c, 1);
+  }
+  ASSERT_TRUE(c->checkpoints().WaitIdle(absl::Seconds(30)));
+  absl::StatusOr<v1::GetResumeStateResponse> r = c->checkpoints().ResumeState(0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->resume());
+  absl::MutexLock lock(&shards_->mu);
+  ASSERT_EQ(shards_->restores.size(), 2u);
+  for (const auto& [address, req] : shards_->restores) {
+    EXPECT_TRUE(req.replace()) << address;
+    EXPECT_EQ(req.step(), 0u);
+    EXPECT_EQ(req.checkpoint_dirs_size(), 0);
+  }
+}
+
+}  // namespace
+}  // namespace recps::server

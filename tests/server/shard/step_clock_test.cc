@@ -243,6 +243,40 @@ TEST(StepClock, AdoptStepJoinsARunningJobAtTheSourcesStep) {
   EXPECT_EQ(clock.AdoptStep(-2).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A rollback: the earlier run's buffered pushes, push identities and
+// waiting lookups are gone, and the clock runs again from the new start.
+TEST(StepClock, RestartForgetsTheEarlierRun) {
+  Applied applied;
+  StepClock clock(Sync(2), applied.Fn());
+  for (int64_t step = 0; step < 3; ++step) {
+    ASSERT_TRUE(clock.Push(0, step, OnePush(0, {1}, {1.0f}), 100 + step).ok());
+    ASSERT_TRUE(clock.Push(1, step, OnePush(0, {1}, {1.0f}), 200 + step).ok());
+  }
+  ASSERT_TRUE(clock.Push(0, 3, OnePush(0, {1}, {5.0f}), 103).ok());  // rank 1 died
+  Ready waiting;
+  clock.AwaitLookup(4, waiting.Fn());
+  ASSERT_FALSE(waiting.done.HasBeenNotified());
+  ASSERT_TRUE(clock.Restart(0).ok());
+  ASSERT_TRUE(waiting.done.HasBeenNotified());
+  EXPECT_TRUE(absl::IsAborted(waiting.status)) << waiting.status;
+  EXPECT_FALSE(clock.started());
+  EXPECT_EQ(clock.applied_step(), -1);
+  // What a restored server does next, then the new run's pushes, with the
+  // same identities as the earlier run's: not taken for retries.
+  ASSERT_TRUE(clock.ResumeAt(2).ok());
+  applied.pushes.clear();
+  ASSERT_TRUE(clock.Push(0, 2, OnePush(0, {1}, {2.0f}), 102).ok());
+  ASSERT_TRUE(clock.Push(1, 2, OnePush(0, {1}, {3.0f}), 202).ok());
+  ASSERT_TRUE(clock.Push(1, 3, OnePush(0, {1}, {4.0f}), 203).ok());
+  ASSERT_TRUE(clock.Push(0, 3, OnePush(0, {1}, {6.0f}), 103).ok());
+  EXPECT_EQ(clock.applied_step(), 3);
+  ASSERT_EQ(applied.pushes.size(), 2u);
+  EXPECT_EQ(applied.pushes[0][0].grads, std::vector<float>{5.0f});
+  // Step 3's sum holds the new rank 0 push, not the one kept from before.
+  EXPECT_EQ(applied.pushes[1][0].grads, std::vector<float>{10.0f});
+  EXPECT_TRUE(absl::IsInvalidArgument(clock.Restart(-1)));
+}
+
 TEST(SumInRankOrder, SumsPerIdInRankOrderAcrossTables) {
   std::vector<GradientPush> pushes(3);
   pushes[0] = {TableGradients{0, 2, {5, 6}, {1, 2, 3, 4}}};
