@@ -77,6 +77,11 @@ ABSL_FLAG(absl::Duration, checkpoint_timeout, absl::Minutes(10),
           "how long a worker waits at a checkpoint cut for the other workers "
           "and the shard servers' snapshots (for the final and pre-emption "
           "checkpoints: for the whole checkpoint to be written)");
+ABSL_FLAG(std::string, gpu_allreduce, "auto",
+          "GPU workers' dense allreduce: nccl, gloo (through host memory: each "
+          "step copies the dense gradients to the host and back), or auto "
+          "(NCCL; Gloo through host memory when NCCL cannot be set up, e.g. a "
+          "build without NCCL)");
 ABSL_FLAG(absl::Duration, collective_timeout, absl::Seconds(120),
           "how long a worker waits for its peers at set-up and in each "
           "allreduce before failing");

@@ -55,7 +55,7 @@
 #include "worker/collectives/coordinator_kv_store.h"
 #include "worker/collectives/gloo_collectives.h"
 #include "worker/collectives/kv_store.h"
-#include "worker/collectives/nccl_collectives.h"
+#include "worker/collectives/host_staged_collectives.h"
 #include "worker/data/criteo.h"
 #include "worker/data/prefetch.h"
 #include "worker/data/synthetic.h"
@@ -404,13 +404,14 @@ int JoinAllreduce(RankRun& run) {
     }
   }
   absl::StatusOr<std::unique_ptr<Collectives>> made =
-      run.on_gpu ? CreateNcclCollectives(*run.rendezvous, prefix, rank, world,
-                                         run.shared->cuda_device,
-                                         absl::GetFlag(FLAGS_collective_timeout))
+      run.on_gpu ? CreateGpuCollectives(*run.rendezvous, prefix, run.rank, run.world,
+                                        run.shared->cuda_device, hostname,
+                                        absl::GetFlag(FLAGS_gpu_allreduce),
+                                        absl::GetFlag(FLAGS_collective_timeout))
                  : CreateGlooCollectives(*run.rendezvous, prefix, rank, world, hostname,
                                          absl::GetFlag(FLAGS_collective_timeout));
   if (!made.ok()) {
-    LogError(run.on_gpu ? "NCCL" : "Gloo", " allreduce set-up failed: ",
+    LogError(run.on_gpu ? "the GPU" : "Gloo", " allreduce set-up failed: ",
              made.status().ToString());
     return 1;
   }

@@ -39,24 +39,6 @@ ABSL_DECLARE_FLAG(absl::Duration, stop_timeout);
 namespace recps::client {
 namespace {
 
-// GPUs to hand out, one per local rank: --gpus, else the inherited
-// CUDA_VISIBLE_DEVICES, else the /dev/nvidiaN devices (probed with
-// std::filesystem: device nodes, not files the seam reads or writes).
-// Empty: CPU workers.
-std::vector<std::string> GpuList() {
-  const std::string flag = absl::GetFlag(FLAGS_gpus);
-  if (flag == "none") return {};
-  if (flag != "auto") return absl::StrSplit(flag, ',', absl::SkipEmpty());
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0') {
-    return absl::StrSplit(v, ',', absl::SkipEmpty());
-  }
-  std::vector<std::string> gpus;
-  for (int i = 0; std::filesystem::exists(absl::StrCat("/dev/nvidia", i)); ++i) {
-    gpus.push_back(absl::StrCat(i));
-  }
-  return gpus;
-}
-
 }  // namespace
 
 int RunLaunch(const std::vector<std::string>& positional,
@@ -85,7 +67,7 @@ int RunLaunch(const std::vector<std::string>& positional,
     LogError("cannot find recps-worker; set --bin_dir");
     return 2;
   }
-  const std::vector<std::string> gpus = GpuList();
+  const std::vector<std::string> gpus = ParseGpuList(absl::GetFlag(FLAGS_gpus));
   const int local_workers = static_cast<int>(topology->workers.size());
   if (!gpus.empty() && topology->local_world_size > static_cast<int>(gpus.size())) {
     LogWarning(topology->local_world_size, " workers per node share ", gpus.size(),

@@ -1,9 +1,12 @@
 #include "client/launcher/launch_topology.h"
 
+#include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 
 namespace recps::client {
@@ -109,6 +112,20 @@ GpuAssignment AssignGpu(const std::vector<std::string>& gpus, int local_rank) {
   a.args.push_back("--device=cuda:0");
   a.where = "GPU " + gpu;
   return a;
+}
+
+std::vector<std::string> ParseGpuList(const std::string& flag) {
+  if (flag == "none") return {};
+  if (flag != "auto") return absl::StrSplit(flag, ',', absl::SkipEmpty());
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v != nullptr && *v != '\0') {
+    return absl::StrSplit(v, ',', absl::SkipEmpty());
+  }
+  // std::filesystem: device nodes, not files the seam reads or writes.
+  std::vector<std::string> gpus;
+  for (int i = 0; std::filesystem::exists(absl::StrCat("/dev/nvidia", i)); ++i) {
+    gpus.push_back(absl::StrCat(i));
+  }
+  return gpus;
 }
 
 }  // namespace recps::client

@@ -61,6 +61,11 @@ struct GpuAssignment {
 };
 GpuAssignment AssignGpu(const std::vector<std::string>& gpus, int local_rank);
 
+// The GPUs a --gpus value names, one per local rank: a list such as 0,1,2,3;
+// "none" (CPU workers); or "auto": the inherited CUDA_VISIBLE_DEVICES, else
+// every /dev/nvidiaN. Empty: CPU workers.
+std::vector<std::string> ParseGpuList(const std::string& flag);
+
 }  // namespace recps::client
 
 #endif  // RECPS_CLIENT_LAUNCHER_LAUNCH_TOPOLOGY_H_

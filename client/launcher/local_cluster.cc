@@ -17,8 +17,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/launcher/launch_topology.h"
 #include "client/launcher/process.h"
 #include "client/launcher/supervise.h"
 #include "client/launcher/work_dir.h"
@@ -230,6 +232,11 @@ int CheckTopology(const LocalClusterOptions& o, LocalPlan* plan) {
              "servers embedded by --in_process keep their rows in host memory");
     return 2;
   }
+  if (o.one_process && !o.gpus.empty()) {
+    LogError("--one_process runs every rank in one process; --gpus gives each worker "
+             "process its own GPU: drop one of them");
+    return 2;
+  }
   if (o.one_process && !o.in_process) {
     LogError("--one_process runs the workers around an embedded shard server: it needs "
              "--in_process");
@@ -328,6 +335,7 @@ int Prepare(const LocalClusterOptions& o, LocalPlan* plan) {
           : o.in_process ? " (one inside each worker, --in_process)"
                          : "",
           ", ", o.workers, " worker(s)", o.one_process ? " as threads of one process" : "",
+          o.gpus.empty() ? "" : absl::StrCat(" on GPUs ", absl::StrJoin(o.gpus, ",")),
           "; logs in ", plan->work);
   absl::StatusOr<LocalSecurity> tls = SetUpLocalSecurity(
       o.tls, plan->work, o.workers, o.in_process, plan->ranks_per_process);
@@ -528,8 +536,12 @@ absl::Status LocalAttempt::StartWorkers() {
     for (std::string& a : plan_.tls.Args(WorkerCertName(r, ranks_per_process, o_.workers))) {
       args.push_back(std::move(a));
     }
+    // Each worker sees only its GPU and trains on it (--device=cuda:0).
+    const GpuAssignment gpu = AssignGpu(o_.gpus, r);
+    args.insert(args.end(), gpu.args.begin(), gpu.args.end());
+    if (!o_.gpus.empty()) LogInfo("worker ", r, ": ", gpu.where);
     args.insert(args.end(), o_.worker_args.begin(), o_.worker_args.end());  // last wins
-    absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(plan_.worker_bin, args);
+    absl::StatusOr<ChildProcess> w = ChildProcess::Spawn(plan_.worker_bin, args, "", gpu.env);
     if (!w.ok()) return w.status();
     workers_.push_back(*std::move(w));
     names_.push_back(o_.one_process ? absl::StrCat("workers 0-", o_.workers - 1)

@@ -22,6 +22,8 @@ struct LocalClusterOptions {
   std::string job;  // "": examples/small.textproto
   int shards = 0;   // 0: 2, or with in_process one per worker
   int workers = 2;
+  // One per worker, reused round-robin (--gpus); empty: CPU workers.
+  std::vector<std::string> gpus;
   bool in_process = false;
   bool one_process = false;
   std::string sync_prefetch = "auto";

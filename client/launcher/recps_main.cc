@@ -43,6 +43,7 @@
 #include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "client/launcher/launch_command.h"
+#include "client/launcher/launch_topology.h"
 #include "client/launcher/local_cluster.h"
 #include "common/flags_usage.h"
 #include "common/log.h"
@@ -113,9 +114,11 @@ ABSL_FLAG(int, node_rank, -1,
           "launch: this node's index (default: $SLURM_NODEID, else "
           "$JOB_COMPLETION_INDEX, else 0 with one node)");
 ABSL_FLAG(std::string, gpus, "auto",
-          "launch: GPUs for the local ranks (CUDA_VISIBLE_DEVICES=one each): "
-          "auto (the inherited CUDA_VISIBLE_DEVICES, else every /dev/nvidiaN), "
-          "none, or a list such as 0,1,2,3");
+          "GPUs for the workers, one each (CUDA_VISIBLE_DEVICES=its GPU, "
+          "--device=cuda:0): auto (the inherited CUDA_VISIBLE_DEVICES, else "
+          "every /dev/nvidiaN), none, or a list such as 0,1,2,3. launch: "
+          "default auto, for the local ranks. local: CPU workers unless given; "
+          "then one worker per GPU unless --workers is given too");
 ABSL_FLAG(std::string, log_dir, "",
           "launch: write each worker's output to DIR/worker<rank>.log (default: "
           "this terminal)");
@@ -124,6 +127,20 @@ ABSL_FLAG(absl::Duration, start_timeout, absl::Seconds(60),
 
 namespace recps::client {
 namespace {
+
+// Whether --`name` (or --no`name`, a boolean flag's "false") is on the
+// command line, argv[1..argc) before "--". abseil's IsSpecifiedOnCommandLine
+// is private in Debian's abseil, and comparing with the default would miss
+// a value given equal to it.
+bool OnCommandLine(absl::string_view name, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view a = argv[i];
+    if (!absl::ConsumePrefix(&a, "--") && !absl::ConsumePrefix(&a, "-")) continue;
+    a = a.substr(0, a.find('='));
+    if (a == name || (absl::StartsWith(a, "no") && a.substr(2) == name)) return true;
+  }
+  return false;
+}
 
 // The first flag on the command line (argv[1..argc), before "--") that
 // `command` ("local" or "launch") does not read, or "".
@@ -134,28 +151,32 @@ std::string FlagOfTheOtherCommand(const std::string& command, int argc, char** a
       "staleness",   "steps",         "work_dir",   "result_dir",
       "coordinator_restarts", "resume", "start_timeout"};
   static constexpr const char* kLaunchOnly[] = {"coordinator", "nproc_per_node", "nnodes",
-                                                "node_rank", "gpus", "log_dir"};
+                                                "node_rank", "log_dir"};
   absl::Span<const char* const> others;
   if (command == "launch") others = kLocalOnly;
   if (command == "local") others = kLaunchOnly;
-  for (int i = 1; i < argc; ++i) {
-    absl::string_view a = argv[i];
-    if (!absl::ConsumePrefix(&a, "--") && !absl::ConsumePrefix(&a, "-")) continue;
-    a = a.substr(0, a.find('='));
-    for (const char* name : others) {
-      // --noresume is a boolean flag's "false".
-      if (a == name || (absl::StartsWith(a, "no") && a.substr(2) == name)) return name;
-    }
+  for (const char* name : others) {
+    if (OnCommandLine(name, argc, argv)) return name;
   }
   return "";
 }
 
 // `recps local`'s flags, as RunLocal takes them (it checks them).
-LocalClusterOptions LocalOptionsFromFlags(std::vector<std::string> worker_args) {
+LocalClusterOptions LocalOptionsFromFlags(std::vector<std::string> worker_args, int argc,
+                                          char** argv) {
   LocalClusterOptions o;
   o.job = absl::GetFlag(FLAGS_job);
   o.shards = absl::GetFlag(FLAGS_shards);
   o.workers = absl::GetFlag(FLAGS_workers);
+  // CPU workers unless --gpus is given (launch's default, auto, would turn
+  // every local run on a GPU machine into a GPU run); one worker per GPU
+  // unless --workers is given too.
+  if (OnCommandLine("gpus", argc, argv)) {
+    o.gpus = ParseGpuList(absl::GetFlag(FLAGS_gpus));
+    if (!o.gpus.empty() && !OnCommandLine("workers", argc, argv)) {
+      o.workers = static_cast<int>(o.gpus.size());
+    }
+  }
   o.in_process = absl::GetFlag(FLAGS_in_process);
   o.one_process = absl::GetFlag(FLAGS_one_process);
   o.sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
@@ -196,7 +217,8 @@ int main(int argc, char** argv) {
   recps::SetFlagsUsageFromMainFile(__FILE__);
   absl::SetProgramUsageMessage(
       "recps launcher.\n"
-      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--in_process [--one_process]] "
+      "  recps local [--job=FILE] [--shards=N] [--workers=N] [--gpus=0,1,..] "
+      "[--in_process [--one_process]] "
       "[--insecure] "
       "[--consistency=sync|bounded|async] [--steps=N] [--resume] [--max_restarts=N] "
       "[-- WORKER FLAGS]\n"
@@ -231,7 +253,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (command == "local" && args.size() == 2) {
-    return recps::client::RunLocal(recps::client::LocalOptionsFromFlags(worker_args));
+    return recps::client::RunLocal(
+        recps::client::LocalOptionsFromFlags(worker_args, argc, argv));
   }
   if (command == "launch") {
     return recps::client::RunLaunch(std::vector<std::string>(args.begin() + 2, args.end()),

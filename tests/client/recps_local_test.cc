@@ -262,6 +262,36 @@ TEST(RecpsLocal, ShardDeviceReachesTheShardServers) {
   EXPECT_THAT(::recps::testing::ReadAll(cuda), HasSubstr("device cuda:0"));
 }
 
+// --gpus gives each worker process its own GPU: CUDA_VISIBLE_DEVICES=its GPU
+// and --device=cuda:0, one worker per listed GPU. Without a GPU the workers
+// stop at start naming the device and the GPU they were given.
+TEST(RecpsLocal, GpusGiveEachWorkerItsOwnGpu) {
+  testing::TempDir dir;
+  auto run = [&](std::vector<std::string> args, const std::string& log) {
+    args.insert(args.begin(), {"local", "--insecure", "--work_dir=" + dir.path() + "/work",
+                               "--shards=1", "--steps=5"});
+    absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, args, log);
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    int status = 0;
+    waitpid(*pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  };
+  const std::string one_process = dir.path() + "/one_process.log";
+  EXPECT_EQ(run({"--gpus=0", "--in_process", "--one_process"}, one_process), 2);
+  EXPECT_THAT(::recps::testing::ReadAll(one_process), HasSubstr("drop one of them"));
+  absl::StatusOr<int> gpus = kernels::CudaDeviceCount();
+  if (!gpus.ok() || *gpus > 0) return;  // the workers may train here
+  const std::string log = dir.path() + "/gpus.log";
+  EXPECT_NE(run({"--gpus=0,1"}, log), 0);
+  const std::string text = ::recps::testing::ReadAll(log);
+  EXPECT_THAT(text, HasSubstr("2 worker(s) on GPUs 0,1"));
+  EXPECT_THAT(text, HasSubstr("worker 0: GPU 0"));
+  EXPECT_THAT(text, HasSubstr("worker 1: GPU 1"));
+  EXPECT_THAT(text, HasSubstr("device cuda:0"));
+  EXPECT_THAT(text, ::testing::AnyOf(HasSubstr("CUDA_VISIBLE_DEVICES=0)"),
+                                     HasSubstr("CUDA_VISIBLE_DEVICES=1)")));
+}
+
 // A hand-started cluster rides out a coordinator restart; so does
 // `recps local`: it starts the coordinator again on its port with its state.
 TEST(RecpsLocal, KilledCoordinatorIsRestartedAndTheJobFinishes) {

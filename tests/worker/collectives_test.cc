@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "tests/worker/collectives_test_util.h"
 #include "worker/collectives/gloo_collectives.h"
+#include "worker/collectives/host_staged_collectives.h"
 #include "worker/collectives/kv_store.h"
 
 namespace recps::worker {
@@ -139,6 +140,46 @@ TEST_P(GlooTest, ProcessesThroughFileStore) {
         return Exercise(**c, nullptr);
       });
   for (int r = 0; r < w; ++r) EXPECT_EQ(results[r], "OK") << "rank " << r;
+}
+
+// The GPU workers' fallback where NCCL cannot be set up, with its CPU twin
+// (kCpu copies): the same sums and broadcasts as Gloo on host buffers, and
+// one copy of each buffer each way per call.
+TEST(HostStagedCollectivesTest, StagesThroughHostMemoryAndGivesGloosAnswers) {
+  TempDir dir;
+  FileKeyValueStore store(dir.path() + "/kv");
+  const std::string prefix = UniquePrefix("staged");
+  std::vector<absl::Status> results = RunThreads(2, [&](int rank) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<Collectives>> gloo =
+        CreateGlooCollectives(store, prefix, rank, 2, "127.0.0.1", kTimeout);
+    if (!gloo.ok()) return gloo.status();
+    absl::StatusOr<std::unique_ptr<kernels::ExecResources>> exec =
+        kernels::ExecResources::Create(kernels::Device::kCpu, 0, nullptr);
+    if (!exec.ok()) return exec.status();
+    HostStagedCollectives staged(*std::move(gloo), *std::move(exec));
+    std::vector<float> v = RankInput(rank, 1000);
+    if (absl::Status s = staged.AllReduceSum(absl::MakeSpan(v)); !s.ok()) return s;
+    if (absl::Status s = CheckSum(v, 2); !s.ok()) return s;
+    std::vector<float> b(10, float(rank));
+    if (absl::Status s = staged.Broadcast(absl::MakeSpan(b), 1); !s.ok()) return s;
+    for (float x : b) {
+      if (x != 1.0f) return absl::InternalError("broadcast mismatch");
+    }
+    if (staged.staged_floats() != 1010) {
+      return absl::InternalError(absl::StrCat("staged ", staged.staged_floats(), " floats"));
+    }
+    return staged.Barrier();
+  });
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+}
+
+TEST(CreateGpuCollectivesTest, RefusesAnUnknownMode) {
+  TempDir dir;
+  FileKeyValueStore store(dir.path() + "/kv");
+  absl::StatusOr<std::unique_ptr<Collectives>> c =
+      CreateGpuCollectives(store, "p", 0, 2, 0, "127.0.0.1", "mpi", kTimeout);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("expected auto, nccl or gloo"));
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooTest, ::testing::Values(1, 2, 3),
