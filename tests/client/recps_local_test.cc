@@ -7,9 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -168,32 +171,80 @@ TEST_P(RecpsLocalWire, TrainsWithLowerPrecisionOnTheWire) {
 
 INSTANTIATE_TEST_SUITE_P(Precisions, RecpsLocalWire, ::testing::Values("FLOAT16", "BFLOAT16"));
 
-// Criteo-format TSV with one categorical field per job feature (here the
-// small example's 8, one of them multi-hot) trains: the worker reads as many
-// fields as the job has features (it read 26 whatever the job said).
-TEST(RecpsLocal, TrainsOnCriteoTsvWithTheJobsFeatureCount) {
-  testing::TempDir dir;
-  std::string lines;
-  for (int i = 0; i < 4 * 512; ++i) {  // 4 steps of the example's batch
-    absl::StrAppend(&lines, i % 3 == 0 ? 1 : 0);
-    for (int d = 0; d < 13; ++d) absl::StrAppend(&lines, "\t", (i * 7 + d) % 11);
-    for (int f = 0; f < 8; ++f) {
-      absl::StrAppend(&lines, "\t", absl::Hex((i * 31 + f * 17) % 97));
-      if (f == 2) absl::StrAppend(&lines, ",", absl::Hex(i % 5));
+// Criteo TSV lines (label, 13 integer fields, `categorical` hex fields)
+// with a planted signal: a click's log-odds are +-1.5 by C1 (one of 64
+// values, the sign by the value's parity) plus 0.8 (log1p(I1) - 2.5), where
+// log1p(I1) is uniform on [0, 5). The other fields are noise; C3 is
+// multi-hot. The true probabilities' AUC is about 0.87; a model that uses
+// only C1 can reach about 0.76, only I1 about 0.71 (the signal needs both).
+std::string PlantedCriteoTsv(int categorical, int lines, uint32_t seed) {
+  // mt19937's outputs are fixed by the standard (its distributions' are not).
+  std::mt19937 rng(seed);
+  auto below = [&rng](uint32_t n) { return static_cast<int>(rng() % n); };
+  auto unit = [&rng] { return rng() / 4294967296.0; };
+  std::string text;
+  for (int i = 0; i < lines; ++i) {
+    const int key = below(64);
+    const int64_t i1 = static_cast<int64_t>(std::expm1(5.0 * unit()));
+    const double logit = (key % 2 == 0 ? 1.5 : -1.5) + 0.8 * (std::log1p(i1) - 2.5);
+    const bool label = unit() < 1.0 / (1.0 + std::exp(-logit));
+    absl::StrAppend(&text, label ? 1 : 0, "\t", i1);
+    for (int d = 1; d < 13; ++d) absl::StrAppend(&text, "\t", below(101));
+    absl::StrAppend(&text, "\t", absl::Hex(0x68fd1e00 + key));
+    for (int f = 1; f < categorical; ++f) {
+      absl::StrAppend(&text, "\t", absl::Hex(0x10000 * f + below(1000)));
+      if (f == 2) absl::StrAppend(&text, ",", absl::Hex(0x10000 * f + below(1000)));
     }
-    absl::StrAppend(&lines, "\n");
+    absl::StrAppend(&text, "\n");
   }
-  const std::string train = dir.WriteFile("train.tsv", lines);
-  const std::string eval = dir.WriteFile("eval.tsv", lines);
-  std::string job = ::recps::testing::ReadAll(Job());
-  job = job.substr(0, job.find("\ndata {"));
-  absl::StrAppend(&job, "\ndata { criteo { train_paths: \"", train, "\" eval_paths: \"", eval,
-                  "\" } }\n");
-  LocalRun run({"--job=" + dir.WriteFile("job.textproto", job), "--shards=1", "--workers=1",
-                "--steps=4"});
-  EXPECT_EQ(run.Wait(absl::Minutes(2)), 0) << run.output();
-  EXPECT_GE(PrintedAuc(run.output()), 0) << run.output();
+  return text;
 }
+
+// A job of `features` tables and features (one TSV field each) on Criteo
+// files.
+std::string CriteoJob(int features, const std::string& train, const std::string& eval,
+                      int steps) {
+  std::string job = "name: \"criteo\"\n";
+  for (int f = 0; f < features; ++f) {
+    absl::StrAppend(&job, "tables { name: \"t", f,
+                    "\" dim: 16 optimizer { kind: ROWWISE_ADAGRAD learning_rate: 0.05 } }\n",
+                    "features { name: \"f", f, "\" table: \"t", f, "\" pooling: SUM }\n");
+  }
+  absl::StrAppend(&job, "model { bottom_mlp: [64, 16] top_mlp: [64, 32, 1] }\n",
+                  "training { batch_size: 512 steps: ", steps,
+                  " dense_optimizer { kind: ADAM learning_rate: 0.003 }"
+                  " consistency { mode: SYNC } eval_interval: 0 eval_batches: 16 seed: 1 }\n",
+                  "data { criteo { train_paths: \"", train, "\" eval_paths: \"", eval,
+                  "\" } }\n");
+  return job;
+}
+
+// Criteo-format TSV trains through the real worker path (recps local: a
+// coordinator, a shard server, a worker) to the AUC of the signal planted in
+// it, with Criteo's 26 categorical fields and with 8 (the worker reads as
+// many fields as the job has features; it read 26 whatever the job said).
+// recps reaches 0.852 (26 fields) and 0.855 (8) in 40 steps; with labels
+// independent of the features it got 0.499 and 0.493, and with eval's C1
+// values unseen in training (the model cannot use C1) 0.697 and 0.693.
+class RecpsLocalCriteo : public ::testing::TestWithParam<int> {};
+
+TEST_P(RecpsLocalCriteo, TrainsToThePlantedSignal) {
+  const int features = GetParam();
+  constexpr int kSteps = 40;
+  testing::TempDir dir;
+  const std::string train =
+      dir.WriteFile("train.tsv", PlantedCriteoTsv(features, kSteps * 512, /*seed=*/1));
+  const std::string eval =
+      dir.WriteFile("eval.tsv", PlantedCriteoTsv(features, 16 * 512, /*seed=*/2));
+  const std::string job =
+      dir.WriteFile("job.textproto", CriteoJob(features, train, eval, kSteps));
+  LocalRun run({"--job=" + job, "--shards=1", "--workers=1"});
+  EXPECT_EQ(run.Wait(absl::Minutes(2)), 0) << run.output();
+  EXPECT_THAT(run.output(), HasSubstr(absl::StrCat("after step ", kSteps, " ")));
+  EXPECT_GE(PrintedAuc(run.output()), 0.80) << run.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(Fields, RecpsLocalCriteo, ::testing::Values(26, 8));
 
 TEST(RecpsLocal, BadJobIsRefusedBeforeAnythingStarts) {
   testing::TempDir dir;

@@ -119,12 +119,10 @@ class RecpsctlTest : public ::testing::Test {
       shards_->push_back(*std::move(shard));
     }
     // Wait until both servers route by the coordinator's map.
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
     for (const std::string& address : servers_) {
-      while (ServerStats(address).shard_map_epoch() != 1) {
-        ASSERT_LT(absl::Now(), deadline) << address << " got no shard map";
-        absl::SleepFor(absl::Milliseconds(50));
-      }
+      ASSERT_TRUE(testing::Eventually(
+          [&] { return ServerStats(address).shard_map_epoch() == 1; }))
+          << address << " got no shard map";
     }
     // Rows: 300 "user" ids and 100 "item" ids, looked up twice.
     auto client = client::EmbeddingClient::Create(
@@ -146,6 +144,7 @@ class RecpsctlTest : public ::testing::Test {
     delete shards_;
     delete coordinator_;
     delete dir_;
+    servers_.clear();  // --gtest_repeat sets the suite up again
   }
 
   static TempDir* dir_;
@@ -350,8 +349,9 @@ TEST_F(RecpsctlTest, AddressesArePortCheckedAndTheWrongServiceIsNamed) {
 TEST(RecpsctlPlanLimitsTest, CountFlagsAreBoundedAndSayTheLimit) {
   TempDir dir;
   const std::string job = std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto";
-  const absl::Time start = absl::Now();
-  // Once grew to 7.9 GB and died; 100000 ran past a minute.
+  // Once grew to 7.9 GB and died; 100000 ran past a minute. Each is refused
+  // with the limit it broke, before any planning (RunCtl kills a run past
+  // 60 s).
   for (const char* servers : {"--servers=100000000", "--servers=100000"}) {
     const Output r = RunCtl(dir, {"plan", job, servers, "--memory=1GiB"});
     EXPECT_EQ(r.code, 2) << servers;
@@ -367,30 +367,54 @@ TEST(RecpsctlPlanLimitsTest, CountFlagsAreBoundedAndSayTheLimit) {
   r = RunCtl(dir, {"status", "--coordinator=127.0.0.1:1", "--timeout=1000h"});
   EXPECT_EQ(r.code, 2);
   EXPECT_THAT(r.err, HasSubstr("the limit is 1h"));
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   // The largest allowed plan still runs.
   r = RunCtl(dir, {"plan", job, "--servers=4096", "--memory=1GiB"});
   EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST_F(RecpsctlTest, UnreachableCoordinatorFailsFastWithExitCode1) {
-  // Port 1: nothing listens there. A refused connection must not wait for
-  // the 60 s deadline.
-  const absl::Time start = absl::Now();
+  // Port 1: nothing listens there. A refused connection fails the call; it
+  // must not wait for the deadline (an hour: RunCtl would kill it first).
   const Output r =
-      RunCtl(*dir_, {"status", "--coordinator=127.0.0.1:1", "--timeout=60s"});
+      RunCtl(*dir_, {"status", "--coordinator=127.0.0.1:1", "--timeout=1h"});
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_THAT(r.err, HasSubstr("cannot ask the coordinator 127.0.0.1:1"));
+  EXPECT_THAT(r.err, HasSubstr("Connection refused"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("Deadline")));
   EXPECT_TRUE(r.out.empty());
+}
+
+// gRPC's log of a channel's connect attempts (GRPC_VERBOSITY=info): one
+// "connect failed (... Connection refused ...), backing off for N ms" line
+// per refused attempt.
+int Refusals(const std::string& log) {
+  int n = 0;
+  for (size_t at = log.find("connect failed ("); at != std::string::npos;
+       at = log.find("connect failed (", at + 1)) {
+    ++n;
+  }
+  return n;
+}
+std::vector<int> Backoffs(const std::string& log) {
+  std::vector<int> ms;
+  const std::string key = "backing off for ";
+  for (size_t at = log.find(key); at != std::string::npos; at = log.find(key, at + 1)) {
+    ms.push_back(std::atoi(log.c_str() + at + key.size()));
+  }
+  return ms;
 }
 
 // A coordinator that is down when recpsctl first dials it and back a moment
 // later (kill -9, restarted in place as `recps local` does) is reached as
-// soon as it serves. gRPC 1.51 advances a connection attempt that no call
-// polls only from its backup poller, every 5 s by default: each try after
-// the first refusal stalled that long, and a test that polled `recpsctl
-// moves` during a coordinator restart saw nothing for 5-10 s.
+// soon as it serves. Control channels back off from 100 ms growing to 1 s
+// (gRPC's default: 1 s growing to 2 min); gRPC 1.51 advances a connection
+// attempt that no call polls only from its backup poller, every 5 s by
+// default (common/rpc/channels.cc sets 100 ms): each try after the first
+// refusal stalled that long, and a test that polled `recpsctl moves` during
+// a coordinator restart saw nothing for 5-10 s. The test checks the retry
+// schedule recpsctl logs and that it connects at its first try after the
+// coordinator serves; how long that takes is not checked here (a wall-clock
+// bound on real processes; nothing benchmarks it).
 TEST(RecpsctlRestartTest, ACoordinatorBackFromACrashIsReachedAtOnce) {
   TempDir dir;
   const std::vector<std::string> args = {"--state_dir=" + dir.path() + "/state",
@@ -399,21 +423,33 @@ TEST(RecpsctlRestartTest, ACoordinatorBackFromACrashIsReachedAtOnce) {
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
   const std::string address = (*coordinator)->address();
   (*coordinator)->Kill();
+  const std::string log_path = dir.path() + "/recpsctl.log";
   absl::StatusOr<client::ChildProcess> ctl = client::ChildProcess::Spawn(
       RECPSCTL_BINARY, {"moves", "--coordinator=" + address, "--insecure", "--timeout=60s"},
-      dir.path() + "/recpsctl.log");
+      log_path, {"GRPC_VERBOSITY=info"});
   ASSERT_TRUE(ctl.ok()) << ctl.status();
-  absl::SleepFor(absl::Milliseconds(300));  // its first tries are refused
+  // Its first three tries are refused (with gRPC's default backoff the
+  // second wait would be over 1 s).
+  ASSERT_TRUE(testing::Eventually(
+      [&] { return Refusals(::recps::testing::ReadAll(log_path)) >= 3; }))
+      << ::recps::testing::ReadAll(log_path);
   std::vector<std::string> again = args;
   again.push_back("--listen=" + address);
   coordinator = LocalShard::Start(RECPS_COORDINATOR_BINARY, again);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status();
-  const absl::Time serving = absl::Now();
+  const int refused_before_serving = Refusals(::recps::testing::ReadAll(log_path));
   absl::StatusOr<int> code = ctl->Wait(absl::Seconds(60));
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << ::recps::testing::ReadAll(dir.path() + "/recpsctl.log");
-  // Its retries are at most 1 s apart; before the fix this was 4-5 s.
-  EXPECT_LT(absl::Now() - serving, absl::Seconds(2.5));
+  const std::string log = ::recps::testing::ReadAll(log_path);
+  EXPECT_EQ(*code, 0) << log;
+  // At most the attempt under way while the coordinator started was
+  // refused: the next one connected.
+  EXPECT_LE(Refusals(log), refused_before_serving + 1) << log;
+  // Every wait between tries was at most the 1 s maximum plus gRPC's 20%
+  // jitter.
+  const std::vector<int> backoffs = Backoffs(log);
+  EXPECT_GE(backoffs.size(), 3u) << log;
+  for (int ms : backoffs) EXPECT_LE(ms, 1200) << log;
 }
 
 TEST_F(RecpsctlTest, AServerThatDoesNotAnswerMakesTheClusterUnhealthy) {
@@ -498,24 +534,21 @@ TEST(RecpsctlHealthTest, ADeadShardServerMakesStatusExit3) {
   ASSERT_TRUE(shard.ok()) << shard.status();
   const std::string address = (*shard)->address();
   const std::string where = "--coordinator=" + (*coordinator)->address();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
   Output r;
-  do {
-    ASSERT_LT(absl::Now(), deadline) << r.out << r.err;
-    absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(testing::Eventually([&] {
     r = RunCtl(dir, {"status", "--interval=0", where});
-  } while (r.code != 0);
+    return r.code == 0;
+  })) << r.out << r.err;
 
   (*shard)->Kill();
   v1::ClusterStatus status;
-  do {
-    ASSERT_LT(absl::Now(), deadline) << r.out << r.err;
-    absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(testing::Eventually([&] {
     r = RunCtl(dir,
                {"status", "--interval=0", "--json", "--timeout=2s", where});
     status = ParseJson<v1::ClusterStatus>(r.out);
-  } while (status.servers_size() != 1 ||
-           status.servers(0).member_state() != v1::EXPIRED);
+    return status.servers_size() == 1 &&
+           status.servers(0).member_state() == v1::EXPIRED;
+  })) << r.out << r.err;
   EXPECT_EQ(r.code, 3);
   EXPECT_FALSE(status.healthy());
   EXPECT_FALSE(status.servers(0).reachable());

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "tests/testing/local_shard.h"  // Eventually
 #include "tests/worker/data_test_util.h"
 #include "worker/data/synthetic.h"
 
@@ -25,16 +26,19 @@ SyntheticConfig Config() {
 }
 
 // Yields `batches` one-sample batches whose dense value is their index, then
-// `end` (OK for the end of data); counts calls and notices its destruction.
+// `end` (OK for the end of data); counts the batches it returned (in
+// `returned`, when given) and notices its destruction.
 class FakeSource : public BatchSource {
  public:
   FakeSource(int batches, absl::Status end, std::atomic<bool>* destroyed,
-             std::chrono::milliseconds delay = std::chrono::milliseconds(0))
-      : batches_(batches), end_(end), destroyed_(destroyed), delay_(delay) {}
+             std::chrono::milliseconds delay = std::chrono::milliseconds(0),
+             std::atomic<int>* returned = nullptr)
+      : batches_(batches), end_(end), destroyed_(destroyed), delay_(delay),
+        returned_(returned) {}
   ~FakeSource() override { *destroyed_ = true; }
 
   absl::StatusOr<bool> Next(Batch* batch) override {
-    std::this_thread::sleep_for(delay_);
+    std::this_thread::sleep_for(delay_);  // a slow source, not a wait
     if (next_ == batches_) {
       if (!end_.ok()) return end_;
       return false;
@@ -43,6 +47,7 @@ class FakeSource : public BatchSource {
     batch->dense.push_back(static_cast<float>(next_++));
     batch->labels.push_back(0);
     batch->size = 1;
+    if (returned_ != nullptr) ++*returned_;
     return true;
   }
 
@@ -51,6 +56,7 @@ class FakeSource : public BatchSource {
   const absl::Status end_;
   std::atomic<bool>* destroyed_;
   const std::chrono::milliseconds delay_;
+  std::atomic<int>* returned_;
   int next_ = 0;
 };
 
@@ -93,14 +99,22 @@ TEST(PrefetchingSource, PropagatesAnErrorAfterTheBatchesBeforeIt) {
 }
 
 TEST(PrefetchingSource, StopsCleanlyWhenDestroyedMidStream) {
-  // An endless source with a full queue: the thread waits for room.
+  // A source without end and a full queue: the thread read the two batches
+  // taken and three more, and waits for room; it reads no further.
   {
-    auto source =
-        MakePrefetchingSource(MakeSyntheticSource(Config(), 0, 1, 64, -1), 3);
+    std::atomic<bool> destroyed{false};
+    std::atomic<int> returned{0};
+    auto source = MakePrefetchingSource(
+        std::make_unique<FakeSource>(1 << 30, absl::OkStatus(), &destroyed,
+                                     std::chrono::milliseconds(0), &returned),
+        3);
     Batch batch;
     ASSERT_TRUE(*source->Next(&batch));
     ASSERT_TRUE(*source->Next(&batch));
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_TRUE(testing::Eventually([&] { return returned == 5; }));
+    source.reset();
+    EXPECT_TRUE(destroyed);
+    EXPECT_EQ(returned, 5);
   }
   // Destroyed before any Next, and while the thread is inside a slow Next.
   for (int reads : {0, 1}) {
