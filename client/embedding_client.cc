@@ -169,6 +169,8 @@ struct EmbeddingClient::Rounds {
   std::vector<std::unique_ptr<ShardCall>> calls;
   bool failed = false;  // a call failed: the round ends the call
   bool again = false;   // some ids go out again next round
+  // Lookup: the oldest LookupResponse.applied_step answered so far.
+  std::optional<int64_t> oldest_applied;
 };
 
 absl::StatusOr<std::unique_ptr<EmbeddingClient>> EmbeddingClient::Create(
@@ -342,18 +344,20 @@ absl::Status EmbeddingClient::NoteRefusedIncarnation(const std::string& address,
 }
 
 absl::Status EmbeddingClient::Lookup(int64_t step,
-                                     absl::Span<const LookupSpec> batch) {
-  return LookupImpl(step, batch, /*updated_only=*/false);
+                                     absl::Span<const LookupSpec> batch,
+                                     LookupInfo* info) {
+  return LookupImpl(step, batch, /*updated_only=*/false, info);
 }
 
 absl::Status EmbeddingClient::LookupUpdated(int64_t step,
-                                            absl::Span<const LookupSpec> batch) {
-  return LookupImpl(step, batch, /*updated_only=*/true);
+                                            absl::Span<const LookupSpec> batch,
+                                            LookupInfo* info) {
+  return LookupImpl(step, batch, /*updated_only=*/true, info);
 }
 
 absl::Status EmbeddingClient::LookupImpl(int64_t step,
                                          absl::Span<const LookupSpec> batch,
-                                         bool updated_only) {
+                                         bool updated_only, LookupInfo* info) {
   RETURN_IF_ERROR(CheckBatch(step, batch, tables_.size()));
   RETURN_IF_ERROR(LostStatus());
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -367,8 +371,15 @@ absl::Status EmbeddingClient::LookupImpl(int64_t step,
   const std::shared_ptr<const Routing> routing = CurrentRouting();
   routed->PrepareLookup(batch, tables_, table_keys_, routing->map);
   routed->updated_only = updated_only;
-  absl::Status status = Run<LookupRpc>(step, *routed);
+  std::optional<int64_t> oldest_applied;
+  absl::Status status = Run<LookupRpc>(step, *routed, &oldest_applied);
   ReleaseBatch(std::move(routed));
+  if (info != nullptr) {
+    // A read after the step was applied (a sync prefetch answered late)
+    // is not stale: 0.
+    info->staleness_steps =
+        oldest_applied.has_value() ? std::max<int64_t>(0, step - 1 - *oldest_applied) : -1;
+  }
   return status;
 }
 
@@ -398,7 +409,8 @@ absl::Status EmbeddingClient::PushGradients(int64_t step,
 // after a backoff and/or one map refresh (internal::RetryState::Judge
 // decides), where they are routed again; any other error ends the call.
 template <typename Rpc>
-absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
+absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch,
+                                  std::optional<int64_t>* oldest_applied) {
   Rounds rounds(options_, Rpc::kName);
   for (;;) {
     const std::shared_ptr<const Routing> routing = CurrentRouting();
@@ -408,6 +420,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch) {
     internal::DoneQueue done(static_cast<int>(rounds.calls.size()));
     StartCalls(*routing, rounds, done);
     JudgeCalls<Rpc>(routing->map, batch, done, rounds);
+    if (oldest_applied != nullptr) *oldest_applied = rounds.oldest_applied;
     if (rounds.failed) {
       absl::Status lost = LostStatus();
       return lost.ok() ? rounds.retry.error() : lost;
@@ -528,6 +541,9 @@ void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
           rounds.failed = true;
         } else if (Rpc::kEveryServer) {
           rounds.accepted.insert(address);
+        } else if (r.applied_step.has_value()) {
+          rounds.oldest_applied = std::min(
+              rounds.oldest_applied.value_or(*r.applied_step), *r.applied_step);
         }
         break;
       case internal::CallVerdict::kRetry:

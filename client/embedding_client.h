@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -110,6 +111,16 @@ struct LookupSpec {
   bool distinct = false;
 };
 
+// What a lookup learned besides its rows.
+struct LookupInfo {
+  // How many steps stale the rows read were (docs/training.md, Staleness):
+  // `step - 1` minus the oldest LookupResponse.applied_step among the
+  // servers that answered (the newest step whose pushes from every worker
+  // each had applied when it read them), at least 0. 0 in sync mode; at
+  // most k in bounded mode. -1 when no server sent one (older servers).
+  int64_t staleness_steps = -1;
+};
+
 // One gradient row per id, ids.size() x dim floats. Ids should be distinct;
 // rows of a repeated id (also across specs of one table) are summed.
 struct PushSpec {
@@ -146,8 +157,10 @@ class EmbeddingClient {
   // returns, whatever it returns. On error, `out` may be partly written; the
   // message names the server that failed. INVALID_ARGUMENT for a bad spec
   // (nothing sent), UNAVAILABLE / CANCELLED / ABORTED once retries are used
-  // up, otherwise the server's own code.
-  absl::Status Lookup(int64_t step, absl::Span<const LookupSpec> batch);
+  // up, otherwise the server's own code. `info`, if set, receives the
+  // lookup's staleness on success.
+  absl::Status Lookup(int64_t step, absl::Span<const LookupSpec> batch,
+                      LookupInfo* info = nullptr);
 
   // Sync mode's exact overlap (docs/training.md): every spec's `out`
   // already holds its rows as read while step `step - 1` was being applied
@@ -155,8 +168,10 @@ class EmbeddingClient {
   // lookup of `step` and overwrites only the rows that step `step - 1`
   // updated on their server; a server that cannot tell sends every row.
   // The caller must redo a plain Lookup if the shard map's epoch changed
-  // since the first read (rows that moved are not covered).
-  absl::Status LookupUpdated(int64_t step, absl::Span<const LookupSpec> batch);
+  // since the first read (rows that moved are not covered). `info` as for
+  // Lookup (this read's staleness: that of the rows as corrected).
+  absl::Status LookupUpdated(int64_t step, absl::Span<const LookupSpec> batch,
+                             LookupInfo* info = nullptr);
 
   // Sends each distinct (table, id)'s gradient to its owner, and an empty
   // push to every other server of the map that owns something (a server
@@ -222,10 +237,13 @@ class EmbeddingClient {
                                       uint64_t known, const std::string& why);
 
   absl::Status LookupImpl(int64_t step, absl::Span<const LookupSpec> batch,
-                          bool updated_only);
+                          bool updated_only, LookupInfo* info);
   // Sends `batch` in rounds until every part is accepted (see the .cc).
+  // `oldest_applied`, if set, receives the oldest applied_step of the
+  // lookup answers (nullopt: none carried one).
   template <typename Rpc>
-  absl::Status Run(int64_t step, internal::RoutedBatch& batch);
+  absl::Status Run(int64_t step, internal::RoutedBatch& batch,
+                   std::optional<int64_t>* oldest_applied = nullptr);
   // A round's steps: make and build its calls, start them, and judge them
   // as they finish.
   template <typename Rpc>

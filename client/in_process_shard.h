@@ -51,10 +51,11 @@ class InProcessShard {
   // As Lookup for a request without updated_only whose rows are fp32:
   // the rows of request table i land in rows[i] (its ids x dim floats,
   // contiguous, in request order) and no response is built; `incarnation`
-  // receives the server's (LookupResponse.incarnation) before done(OK).
+  // and `applied_step` receive what LookupResponse.incarnation and
+  // .applied_step would carry, before done(OK).
   virtual void LookupInto(const v1::LookupRequest* request,
                           absl::Span<float* const> rows, uint64_t* incarnation,
-                          absl::Time deadline, Done done) = 0;
+                          int64_t* applied_step, absl::Time deadline, Done done) = 0;
   // As PushGradients, where grads[i], if not null, holds the fp32
   // gradients of request table i (its ids x dim values, contiguous) and
   // that table's `grads` bytes are empty. They are read until done runs.

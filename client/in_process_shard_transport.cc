@@ -52,8 +52,11 @@ class InProcessLookup final
   void Send(absl::Time deadline) override {
     if (in_place_) {
       // Rows written in place leave no response to consume.
-      shard_.LookupInto(&request_, rows_, &result_.incarnation, deadline,
-                        [this](absl::Status s) { FinishInProcess(s); });
+      shard_.LookupInto(&request_, rows_, &result_.incarnation, &applied_step_, deadline,
+                        [this](absl::Status s) {
+                          if (s.ok()) result_.applied_step = applied_step_;
+                          FinishInProcess(s);
+                        });
       return;
     }
     shard_.Lookup(&request_, &response_, deadline, [this](absl::Status s) {
@@ -64,6 +67,7 @@ class InProcessLookup final
 
   bool in_place_ = false;  // the lookup's rows go to `rows_`, one per table
   std::vector<float*> rows_;
+  int64_t applied_step_ = -1;  // in place: the server's, before done(OK)
 };
 
 class InProcessPush final

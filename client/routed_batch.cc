@@ -451,6 +451,8 @@ constexpr uint32_t kUpdatedOnlyTag =
     WireFormatLite::MakeTag(5, WireFormatLite::WIRETYPE_VARINT);
 constexpr uint32_t kIncarnationTag =
     WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_FIXED64);
+constexpr uint32_t kAppliedStepTag =
+    WireFormatLite::MakeTag(3, WireFormatLite::WIRETYPE_VARINT);
 
 absl::Status Malformed(const char* what) {
   return absl::InternalError(
@@ -698,8 +700,10 @@ absl::Status TableRowsReader::WrongTable(const RowsTarget& t) const {
 absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
                                         v1::RowEncoding encoding,
                                         grpc::ByteBuffer* response,
-                                        uint64_t* incarnation) const {
+                                        uint64_t* incarnation,
+                                        std::optional<int64_t>* applied_step) const {
   if (incarnation != nullptr) *incarnation = 0;
+  if (applied_step != nullptr) applied_step->reset();
   grpc::ProtoBufferReader reader(response);
   if (!reader.status().ok()) return Malformed("unreadable buffer");
   google::protobuf::io::CodedInputStream in(&reader);
@@ -716,6 +720,12 @@ absl::Status RoutedBatch::ConsumeLookup(int server, int32_t begin, int32_t end,
       uint64_t v;
       if (!in.ReadLittleEndian64(&v)) return Malformed("bad incarnation");
       if (incarnation != nullptr) *incarnation = v;
+      continue;
+    }
+    if (tag == kAppliedStepTag) {
+      uint64_t v;
+      if (!in.ReadVarint64(&v)) return Malformed("bad applied step");
+      if (applied_step != nullptr) *applied_step = static_cast<int64_t>(v);
       continue;
     }
     if (tag != kTablesTag) {

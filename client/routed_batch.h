@@ -8,6 +8,7 @@
 #define RECPS_CLIENT_ROUTED_BATCH_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -129,11 +130,13 @@ struct RoutedBatch {
   // partly written. Parts write disjoint bytes of the callers' buffers, so
   // the client consumes each response on the gRPC thread that received it,
   // several at once; Requeue may run meanwhile (it touches other fields).
-  // `incarnation`, if set, receives LookupResponse.incarnation (0: none).
+  // `incarnation`, if set, receives LookupResponse.incarnation (0: none),
+  // `applied_step` LookupResponse.applied_step (nullopt: none).
   absl::Status ConsumeLookup(int server, int32_t begin, int32_t end,
                              v1::RowEncoding encoding,
                              grpc::ByteBuffer* response,
-                             uint64_t* incarnation = nullptr) const;
+                             uint64_t* incarnation = nullptr,
+                             std::optional<int64_t>* applied_step = nullptr) const;
 
   std::vector<TablePlan> plans;  // only the first num_plans are in use
   int num_plans = 0;

@@ -31,7 +31,7 @@ void ShardCall::Finish(grpc::Status status) {
 void ShardCall::ConsumeLookup(grpc::ByteBuffer* response) {
   result_.consumed =
       batch_->ConsumeLookup(part_.server, part_.begin, part_.end, encoding_,
-                            response, &result_.incarnation);
+                            response, &result_.incarnation, &result_.applied_step);
 }
 
 Transports::Transports(rpc::TransportSecurity security,

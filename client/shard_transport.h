@@ -58,6 +58,8 @@ struct CallResult {
   absl::Time deadline;
   // Of the server that answered OK (0: unknown).
   uint64_t incarnation = 0;
+  // A lookup's LookupResponse.applied_step (none: an older server).
+  std::optional<int64_t> applied_step;
   // Not OK when an OK answer could not be consumed (a malformed response).
   absl::Status consumed;
 };
@@ -97,7 +99,7 @@ class ShardCall {
   // Records `status` and runs done. Call once, last.
   void Finish(grpc::Status status);
   // Writes the rows of an OK lookup's serialized response to the caller's
-  // buffers and records its incarnation.
+  // buffers and records its incarnation and applied step.
   void ConsumeLookup(grpc::ByteBuffer* response);
 
   RoutedBatch* batch_ = nullptr;

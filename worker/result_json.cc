@@ -54,13 +54,13 @@ std::string ResultJson(const TrainResult& r, int world_size) {
       "\"backward\":%.4f,\"push\":%.4f,\"allreduce\":%.4f,\"optimizer\":%.4f,"
       "\"lookup_wait\":%.4f,\"eval\":%.4f,\"prefetch\":%.4f},"
       "\"evals\":[%s],\"losses\":[%s],\"start_step\":%d,\"step_seconds\":[%s],"
-      "\"checkpoints\":[%s],\"preempted\":%s}\n",
+      "\"checkpoints\":[%s],\"preempted\":%s,\"max_lookup_staleness_steps\":%d}\n",
       r.steps, r.samples, r.seconds, r.samples / std::max(r.seconds, 1e-9),
       timed.warmup_steps, timed.steps, timed.seconds, timed.samples_per_second, world_size,
       world_size * timed.samples_per_second, r.last_loss,
       t.data, t.lookup, t.forward, t.backward, t.push, t.allreduce, t.optimizer,
       t.lookup_wait, t.eval, t.prefetch, evals, losses, r.steps - static_cast<int64_t>(r.losses.size()),
-      step_seconds, checkpoints, r.preempted ? "true" : "false");
+      step_seconds, checkpoints, r.preempted ? "true" : "false", r.max_lookup_staleness);
 }
 
 }  // namespace recps::worker

@@ -30,6 +30,7 @@ TimedRate TimedRateOf(const TrainResult& r);
 // and checkpoints included); `timed_samples_per_second` is TimedRateOf's;
 // `job_timed_samples_per_second` is world_size times it (the workers of a
 // sync job step in lockstep; an estimate in bounded and async modes).
+// `max_lookup_staleness_steps` is TrainResult::max_lookup_staleness.
 std::string ResultJson(const TrainResult& r, int world_size = 1);
 
 }  // namespace recps::worker

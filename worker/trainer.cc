@@ -131,12 +131,14 @@ absl::Status Trainer::CorrectAndPool(const Batch& batch, int64_t step,
                                      uint64_t prefetch_epoch, StepTimes* times,
                                      LookupBuffers* buf) {
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(client_->LookupUpdated(step, buf->specs));
+  client::LookupInfo info;
+  RETURN_IF_ERROR(client_->LookupUpdated(step, buf->specs, &info));
   // Rows that moved to another server since the prefetch are not covered
   // by its answer: read everything again (rare: a map change).
   if (client_->shard_map_epoch() != prefetch_epoch) {
-    RETURN_IF_ERROR(client_->Lookup(step, buf->specs));
+    RETURN_IF_ERROR(client_->Lookup(step, buf->specs, &info));
   }
+  buf->staleness = info.staleness_steps;
   Charge(start, &times->lookup);
   return Pool(batch, times, buf);
 }
@@ -178,7 +180,9 @@ absl::Status Trainer::DedupAndLookup(const Batch& batch, int64_t step,
                      /*distinct=*/true});
   }
   absl::Time start = absl::Now();
-  RETURN_IF_ERROR(client_->Lookup(step, specs));
+  client::LookupInfo info;
+  RETURN_IF_ERROR(client_->Lookup(step, specs, &info));
+  buf->staleness = info.staleness_steps;
   Charge(start, &times->lookup);
   return absl::OkStatus();
 }
@@ -694,6 +698,9 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     result.samples += batches[cur].size;
     result.last_loss = *loss;
     result.losses.push_back(*loss);
+    result.last_lookup_staleness = buffers_[cur].staleness;
+    result.max_lookup_staleness =
+        std::max(result.max_lookup_staleness, result.last_lookup_staleness);
     more = prefetch.more;
     // Reported before a checkpoint cut at step+1: a worker killed once the cut
     // is saved resumes after this step, so it must not still owe its loss.

@@ -73,6 +73,10 @@ struct TrainResult {
   // Stopped early by TrainerOptions::stop_requested (pre-emption), after a
   // checkpoint at `steps`.
   bool preempted = false;
+  // Staleness (client::LookupInfo) of the rows the last step trained on,
+  // and the most of any step this run; -1: not known (older servers).
+  int64_t last_lookup_staleness = -1;
+  int64_t max_lookup_staleness = -1;
 };
 
 // What the trainer hands to TrainerOptions::checkpoint at a cut.
@@ -185,6 +189,7 @@ class Trainer {
     std::vector<FeatureState> features;
     std::vector<float> pooled;  // B x F x D, sample-major
     std::vector<client::LookupSpec> specs;  // of the last lookup
+    int64_t staleness = -1;  // of the rows read (client::LookupInfo)
     // pool_on_device: per TableGroup, its features' indices one after the
     // other and their offsets (B bags per feature, shifted), so that one
     // kernel call pools (and differentiates) every feature of a table.

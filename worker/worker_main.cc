@@ -433,7 +433,7 @@ void ReportProgress(RankRun& run, TrainerOptions* options) {
     }
     const double rate = r.samples / std::max(r.seconds, 1e-9);
     run.metrics->ObserveStep(r.times, run.times_so_far, r.samples - run.samples_so_far, loss,
-                             rate);
+                             rate, r.last_lookup_staleness);
     run.times_so_far = r.times;
     run.samples_so_far = r.samples;
     if (absl::Now() - run.last_print < every && step + 1 != total_steps) return;

@@ -1,6 +1,7 @@
 // The worker's Prometheus metrics (docs/training.md, Monitoring): steps,
-// samples, loss and held-out evaluation figures, and the per-phase step
-// times as one histogram with a `phase` label.
+// samples, loss and held-out evaluation figures, the per-phase step times
+// as one histogram with a `phase` label, and the staleness of the rows each
+// step trained on.
 #ifndef RECPS_WORKER_WORKER_METRICS_H_
 #define RECPS_WORKER_WORKER_METRICS_H_
 
@@ -70,7 +71,14 @@ class WorkerMetrics {
                           .Name("recps_worker_step_seconds")
                           .Help("Seconds one training step spent per phase (lookup_wait: "
                                 "waiting for an overlapped lookup)")
-                          .Register(registry)) {
+                          .Register(registry)),
+        lookup_staleness_(prometheus::BuildHistogram()
+                              .Name("recps_worker_lookup_staleness_steps")
+                              .Help("Steps of pushes (from every worker) missing from the "
+                                    "embedding rows a training step read: 0 in sync mode, "
+                                    "at most the staleness bound in bounded mode")
+                              .Register(registry)
+                              .Add(labels, StalenessBuckets())) {
     for (size_t i = 0; i < kPhases.size(); ++i) {
       prometheus::Labels phase = labels;
       phase["phase"] = kPhases[i].name;
@@ -78,10 +86,13 @@ class WorkerMetrics {
     }
   }
 
-  // One step: the phase times are `now - before` (both summed over steps).
+  // One step: the phase times are `now - before` (both summed over steps);
+  // `lookup_staleness` is the step's (TrainResult::last_lookup_staleness;
+  // -1, not known, is not observed).
   void ObserveStep(const StepTimes& now, const StepTimes& before, int64_t samples,
-                   float loss, double samples_per_second) {
+                   float loss, double samples_per_second, int64_t lookup_staleness) {
     steps_.Increment();
+    if (lookup_staleness >= 0) lookup_staleness_.Observe(static_cast<double>(lookup_staleness));
     samples_.Increment(static_cast<double>(samples));
     loss_.Set(loss);
     samples_per_second_.Set(samples_per_second);
@@ -124,6 +135,12 @@ class WorkerMetrics {
     b.push_back(10);
     return b;
   }
+  // Each step up to 4, then powers of two up to 1024.
+  static prometheus::Histogram::BucketBoundaries StalenessBuckets() {
+    prometheus::Histogram::BucketBoundaries b = {0, 1, 2, 3, 4};
+    for (double s = 8; s <= 1024; s *= 2) b.push_back(s);
+    return b;
+  }
 
   prometheus::Counter& steps_;
   prometheus::Counter& samples_;
@@ -134,6 +151,7 @@ class WorkerMetrics {
   prometheus::Gauge& eval_log_loss_;
   prometheus::Gauge& eval_ne_;
   prometheus::Family<prometheus::Histogram>& step_seconds_;
+  prometheus::Histogram& lookup_staleness_;
   std::array<prometheus::Histogram*, kPhases.size()> phases_{};
 };
 

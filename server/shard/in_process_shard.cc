@@ -54,8 +54,8 @@ void ShardServerEndpoint::Lookup(const v1::LookupRequest* request,
 
 void ShardServerEndpoint::LookupInto(const v1::LookupRequest* request,
                                      absl::Span<float* const> rows,
-                                     uint64_t* incarnation, absl::Time deadline,
-                                     Done done) {
+                                     uint64_t* incarnation, int64_t* applied_step,
+                                     absl::Time deadline, Done done) {
   const absl::Time start = absl::Now();
   server_->LookupInto(
       request, rows,
@@ -65,7 +65,7 @@ void ShardServerEndpoint::LookupInto(const v1::LookupRequest* request,
         Record(metrics_, "Lookup", s, start);
         std::move(done)(std::move(s));
       },
-      [deadline] { return absl::Now() >= deadline; });
+      [deadline] { return absl::Now() >= deadline; }, applied_step);
 }
 
 void ShardServerEndpoint::PushGradients(const v1::PushGradientsRequest* request,

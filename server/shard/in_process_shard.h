@@ -30,7 +30,8 @@ class ShardServerEndpoint final : public client::InProcessShard {
   void PushGradients(const v1::PushGradientsRequest* request,
                      v1::PushGradientsResponse* response, Done done) override;
   void LookupInto(const v1::LookupRequest* request, absl::Span<float* const> rows,
-                  uint64_t* incarnation, absl::Time deadline, Done done) override;
+                  uint64_t* incarnation, int64_t* applied_step, absl::Time deadline,
+                  Done done) override;
   void PushGradientsFrom(const v1::PushGradientsRequest* request,
                          absl::Span<const float* const> grads,
                          v1::PushGradientsResponse* response, Done done) override;

@@ -23,6 +23,9 @@ constexpr uint8_t kUpdatedOnlyTag = (5 << 3) | 0;
 // LookupResponse.incarnation = 2 (fixed64).
 constexpr uint8_t kIncarnationTag = (2 << 3) | 1;
 constexpr size_t kIncarnationBytes = 1 + sizeof(uint64_t);
+// LookupResponse.applied_step = 3 (varint; int64: a negative value takes
+// ten bytes).
+constexpr uint8_t kAppliedStepTag = (3 << 3) | 0;
 // Rows start on a cache line: the store copies whole rows into them.
 constexpr size_t kRowsAlignment = 64;
 
@@ -67,7 +70,8 @@ size_t TableFieldsSize(const SerializedLookupResponse::Table& t) {
 
 absl::Status SerializedLookupResponse::Init(BufferPool& pool,
                                             absl::Span<const Table> tables,
-                                            uint64_t incarnation) {
+                                            uint64_t incarnation,
+                                            std::optional<int64_t> applied_step) {
   // Per table: [tag, length, name, dim, rows tag, rows length] right before
   // its rows, and padding before that, so each table's bytes are one
   // segment with its rows aligned.
@@ -85,13 +89,18 @@ absl::Status SerializedLookupResponse::Init(BufferPool& pool,
     end = rows + t.rows_bytes;
     message_bytes += header + t.rows_bytes;
   }
-  // The incarnation last (parsers accept fields in any order).
-  size_t incarnation_at = 0;
-  if (incarnation != 0) {
-    incarnation_at = end;
-    segments_.push_back({end, kIncarnationBytes});
-    end += kIncarnationBytes;
-    message_bytes += kIncarnationBytes;
+  // The incarnation and the applied step last, in one segment (parsers
+  // accept fields in any order).
+  const size_t trailer_at = end;
+  size_t trailer = 0;
+  if (incarnation != 0) trailer += kIncarnationBytes;
+  if (applied_step.has_value()) {
+    trailer += 1 + VarintSize(static_cast<uint64_t>(*applied_step));
+  }
+  if (trailer != 0) {
+    segments_.push_back({trailer_at, trailer});
+    end += trailer;
+    message_bytes += trailer;
   }
   if (message_bytes > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -101,10 +110,14 @@ absl::Status SerializedLookupResponse::Init(BufferPool& pool,
   absl::StatusOr<PooledBuffer> buffer = pool.Take(end);
   if (!buffer.ok()) return buffer.status();
   buffer_ = *std::move(buffer);
+  char* tail = buffer_.data() + trailer_at;
   if (incarnation != 0) {
-    char* p = buffer_.data() + incarnation_at;
-    *p++ = kIncarnationTag;
-    for (int b = 0; b < 8; ++b) *p++ = static_cast<char>(incarnation >> (8 * b));
+    *tail++ = kIncarnationTag;
+    for (int b = 0; b < 8; ++b) *tail++ = static_cast<char>(incarnation >> (8 * b));
+  }
+  if (applied_step.has_value()) {
+    *tail++ = kAppliedStepTag;
+    PutVarint(static_cast<uint64_t>(*applied_step), tail);
   }
   for (size_t i = 0; i < tables.size(); ++i) {
     const Table& t = tables[i];

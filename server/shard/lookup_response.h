@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,9 +42,11 @@ class SerializedLookupResponse {
   // Lays out `tables` in a buffer from `pool` and writes everything but the
   // rows, which the caller then writes through rows(i). RESOURCE_EXHAUSTED
   // when the message would pass protobuf's 2 GiB limit or memory runs out.
-  // A nonzero `incarnation` is written as LookupResponse.incarnation.
+  // A nonzero `incarnation` is written as LookupResponse.incarnation, an
+  // `applied_step` as LookupResponse.applied_step (after the tables).
   absl::Status Init(BufferPool& pool, absl::Span<const Table> tables,
-                    uint64_t incarnation = 0);
+                    uint64_t incarnation = 0,
+                    std::optional<int64_t> applied_step = std::nullopt);
 
   // Table i's rows_bytes bytes of rows, 64-byte aligned.
   char* rows(int table) const { return buffer_.data() + rows_offset_[table]; }

@@ -60,7 +60,8 @@ ShardDataPlane::ShardDataPlane(LayeredStore* store,
       holds_(holds),
       work_(work),
       response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)),
-      slot_load_(std::make_unique<SlotLoad>(store->num_slots(), start_time_)) {
+      slot_load_(std::make_unique<SlotLoad>(store->num_slots(), start_time_)),
+      worker_steps_(options->consistency.world_size) {
   // The clock decides when a step's pushes apply; ApplyPush
   // (shard_data_plane_push.cc, beside the push's checks) applies them.
   clock_ = std::make_unique<StepClock>(
@@ -150,9 +151,14 @@ void ShardDataPlane::Lookup(const v1::LookupRequest* request,
   StartLookup(request, LookupOutput{response, {}}, std::move(done), std::move(cancelled));
 }
 
+int64_t ShardDataPlane::StepAppliedByAll() const {
+  return options_.consistency.mode == ConsistencyMode::kAsync ? worker_steps_.Oldest()
+                                                             : clock_->applied_step();
+}
+
 void ShardDataPlane::LookupInto(const v1::LookupRequest* request,
                              absl::Span<float* const> rows, Done done,
-                             std::function<bool()> cancelled) {
+                             std::function<bool()> cancelled, int64_t* applied_step) {
   absl::Status s;
   if (request->updated_only()) {
     s = absl::InvalidArgumentError("an updated_only lookup cannot write rows in place");
@@ -168,7 +174,8 @@ void ShardDataPlane::LookupInto(const v1::LookupRequest* request,
     std::move(done)(s);
     return;
   }
-  StartLookup(request, LookupOutput{nullptr, rows}, std::move(done), std::move(cancelled));
+  StartLookup(request, LookupOutput{nullptr, rows, applied_step}, std::move(done),
+              std::move(cancelled));
 }
 
 void ShardDataPlane::StartLookup(const v1::LookupRequest* request, LookupOutput out,
@@ -309,9 +316,12 @@ absl::Status ShardDataPlane::RunLookup(const v1::LookupRequest& request,
           positions[i].size() * sizeof(int32_t));
     }
   }
+  // Read before the rows: they hold at least the pushes it counts.
+  const int64_t applied_step = StepAppliedByAll();
+  if (out.applied_step != nullptr) *out.applied_step = applied_step;
   SerializedLookupResponse* const response = out.response;
   if (response != nullptr) {
-    RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_));
+    RETURN_IF_ERROR(response->Init(*response_buffers_, layout, incarnation_, applied_step));
   }
   std::vector<float> converted;
   int64_t bytes = 0;

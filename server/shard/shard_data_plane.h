@@ -37,6 +37,7 @@
 #include "server/shard/shard_server_options.h"
 #include "server/shard/step_clock.h"
 #include "server/shard/unit_holds.h"
+#include "server/shard/worker_steps.h"
 #include "server/store/layered_store.h"
 
 namespace recps::server {
@@ -62,10 +63,13 @@ class ShardDataPlane {
               std::function<bool()> cancelled = nullptr);
   // As Lookup, for an in-process caller (client::InProcessShard::LookupInto)
   // of fp32 rows without updated_only: request table i's rows are written
-  // to rows[i] (ids x dim floats), no response is built.
+  // to rows[i] (ids x dim floats), no response is built; `applied_step`, if
+  // set, receives what LookupResponse.applied_step would carry before
+  // done(OK).
   void LookupInto(const v1::LookupRequest* request,
                   absl::Span<float* const> rows, Done done,
-                  std::function<bool()> cancelled = nullptr);
+                  std::function<bool()> cancelled = nullptr,
+                  int64_t* applied_step = nullptr);
   // Checks the push completely, then hands it to the step clock; done(OK)
   // means it was accepted (applied at once in async mode). `grads`, if not
   // empty (an in-process caller, client::InProcessShard::PushGradientsFrom),
@@ -99,11 +103,16 @@ class ShardDataPlane {
   void CountLoad(const MapView& view, const config::TableSpec& spec,
                  absl::Span<const int64_t> ids, SlotLoad::Kind kind) const;
   // Where a lookup's rows go: the serialized response, or (LookupInto)
-  // the caller's rows, one run per request table.
+  // the caller's rows, one run per request table and the applied step
+  // (may be null).
   struct LookupOutput {
     SerializedLookupResponse* response = nullptr;
     absl::Span<float* const> rows;
+    int64_t* applied_step = nullptr;
   };
+  // LookupResponse.applied_step now: the newest step every worker's pushes
+  // were applied up to.
+  int64_t StepAppliedByAll() const;
   void StartLookup(const v1::LookupRequest* request, LookupOutput out,
                    Done done, std::function<bool()> cancelled);
   absl::Status RunLookup(const v1::LookupRequest& request, LookupOutput out);
@@ -172,6 +181,8 @@ class ShardDataPlane {
       ABSL_GUARDED_BY(updates_mu_);
 
   std::unique_ptr<StepClock> clock_;
+  // Async mode: each worker's newest applied push (StepAppliedByAll).
+  WorkerSteps worker_steps_;
 };
 
 // An ABORTED status telling the caller to refresh its map to `epoch`.

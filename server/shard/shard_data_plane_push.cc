@@ -211,7 +211,13 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
     std::optional<absl::Status> applied;
     if (options_.consistency.mode == ConsistencyMode::kAsync) {
       absl::ReaderMutexLock gate(&holds_->push_gate());
+      // The first push since the clock (re)started (fresh, ResumeAt, a
+      // rollback): every worker counts as caught up with its start.
+      if (!clock_->any_push()) worker_steps_.Reset(clock_->applied_step());
       applied = HoldOrApply(request, direct, response, *std::move(push), done);
+      if (applied.has_value() && applied->ok()) {
+        worker_steps_.Applied(request->header().worker_rank(), request->header().step());
+      }
     } else {
       applied = HoldOrApply(request, direct, response, *std::move(push), done);
     }

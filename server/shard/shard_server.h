@@ -56,8 +56,9 @@ class ShardServer {
   }
   void LookupInto(const v1::LookupRequest* request,
                   absl::Span<float* const> rows, Done done,
-                  std::function<bool()> cancelled = nullptr) {
-    data_->LookupInto(request, rows, std::move(done), std::move(cancelled));
+                  std::function<bool()> cancelled = nullptr,
+                  int64_t* applied_step = nullptr) {
+    data_->LookupInto(request, rows, std::move(done), std::move(cancelled), applied_step);
   }
   void PushGradients(const v1::PushGradientsRequest* request,
                      v1::PushGradientsResponse* response, Done done,

@@ -64,6 +64,11 @@ bool StepClock::started() const {
   return any_push_ || applied_step_ >= 0;
 }
 
+bool StepClock::any_push() const {
+  absl::MutexLock lock(&mu_);
+  return any_push_;
+}
+
 int64_t StepClock::applied_step() const {
   absl::MutexLock lock(&mu_);
   return applied_step_;

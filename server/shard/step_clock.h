@@ -167,6 +167,9 @@ class StepClock {
 
   // Whether any push arrived or a step was applied (ResumeAt is refused).
   bool started() const;
+  // Whether any push arrived since the clock started (ResumeAt keeps it
+  // false; a restart clears it).
+  bool any_push() const;
 
   // Newest applied step; -1 before the first.
   int64_t applied_step() const;

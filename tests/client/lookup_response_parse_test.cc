@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -183,6 +184,33 @@ TEST_F(ConsumeLookupTest, PartSpanningTwoTablesWithUnknownFieldsAndOddOrder) {
     EXPECT_EQ(out_i_[c], FakeRowValue("item", 20, c));
     EXPECT_EQ(out_i_[4 + c], -1.0f);
   }
+}
+
+// LookupResponse.incarnation and .applied_step, after the tables as a
+// server writes them; an older server's answer has no applied step.
+TEST_F(ConsumeLookupTest, IncarnationAndAppliedStep) {
+  const auto f32 = v1::ROW_ENCODING_FLOAT32;
+  for (const int64_t step : {int64_t{-1}, int64_t{0}, int64_t{123456}}) {
+    v1::LookupResponse answer;
+    ASSERT_TRUE(answer.ParseFromString(
+        Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32)),
+                  TableRows("item", 4, Rows("item", 4, {20, 21}, f32))})));
+    answer.set_incarnation(99);
+    answer.set_applied_step(step);
+    grpc::Slice slice(answer.SerializeAsString());
+    grpc::ByteBuffer buffer(&slice, 1);
+    uint64_t incarnation = 0;
+    std::optional<int64_t> applied;
+    ASSERT_TRUE(batch_.ConsumeLookup(0, 0, 5, f32, &buffer, &incarnation, &applied).ok());
+    EXPECT_EQ(incarnation, 99u);
+    EXPECT_EQ(applied, step);
+  }
+  grpc::Slice slice(Response({TableRows("user", 8, Rows("user", 8, {10, 11, 12}, f32)),
+                              TableRows("item", 4, Rows("item", 4, {20, 21}, f32))}));
+  grpc::ByteBuffer buffer(&slice, 1);
+  std::optional<int64_t> applied = 5;
+  ASSERT_TRUE(batch_.ConsumeLookup(0, 0, 5, f32, &buffer, nullptr, &applied).ok());
+  EXPECT_EQ(applied, std::nullopt);
 }
 
 TEST_F(ConsumeLookupTest, HalfPrecisionRowsAcrossSlices) {

@@ -74,7 +74,7 @@ class FakeInProcessShard final : public InProcessShard {
   }
   void LookupInto(const v1::LookupRequest* request,
                   absl::Span<float* const> rows, uint64_t* incarnation,
-                  absl::Time, Done done) override {
+                  int64_t* applied_step, absl::Time, Done done) override {
     ++lookups_in_place;
     for (int i = 0; i < request->tables_size(); ++i) {
       const v1::TableIds& t = request->tables(i);
@@ -83,6 +83,7 @@ class FakeInProcessShard final : public InProcessShard {
       std::copy(values.begin(), values.end(), rows[i]);
     }
     *incarnation = 0;
+    *applied_step = -1;
     std::move(done)(absl::OkStatus());
   }
   void PushGradientsFrom(const v1::PushGradientsRequest* request,

@@ -60,5 +60,14 @@ TEST(TimedRate, ShortRunsTimeEveryStepAndNoStepsGiveZero) {
   EXPECT_EQ(t.samples_per_second, 0);
 }
 
+// The most steps of pushes a training lookup missed (the e2e tests read
+// it); -1 when the servers did not say.
+TEST(ResultJson, CarriesTheMaxLookupStaleness) {
+  TrainResult r;
+  EXPECT_THAT(ResultJson(r), HasSubstr("\"max_lookup_staleness_steps\":-1}"));
+  r.max_lookup_staleness = 2;
+  EXPECT_THAT(ResultJson(r), HasSubstr("\"max_lookup_staleness_steps\":2}"));
+}
+
 }  // namespace
 }  // namespace recps::worker

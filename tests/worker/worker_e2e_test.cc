@@ -1,6 +1,7 @@
-// End to end: one real recps-shard process and one real recps-worker process
-// train the small example job (800 steps of 512 samples) on synthetic data;
-// the model must learn.
+// End to end: a real recps-shard process and one or two real recps-worker
+// processes train the small example job (800 steps of 512 samples per
+// worker) on synthetic data; the model must learn, in every consistency
+// mode, with the staleness the mode allows.
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -8,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/launcher/process.h"
@@ -31,31 +34,56 @@ std::vector<double> Aucs(const std::string& json) {
   return out;
 }
 
-// Trains the small example (800 steps) in `mode` with one shard server and
-// one worker; returns the held-out AUCs.
-std::vector<double> TrainSmall(const std::string& mode) {
+// Bounded mode's staleness bound in TrainTwo: 1, so that async mode (whose
+// staleness the dense allreduce keeps at 2 or less, see below) can exceed it.
+constexpr int kStaleness = 1;
+
+// One worker's run: its held-out AUCs and the most steps of pushes its
+// training lookups missed (the result JSON's max_lookup_staleness_steps).
+struct WorkerRun {
+  std::vector<double> aucs;
+  int64_t max_staleness = -2;  // -2: not in the JSON
+};
+
+// Trains the small example (800 steps) in `mode` (BOUNDED: staleness
+// kStaleness) with one shard server and two workers that allreduce their
+// dense gradients (each one compute thread).
+std::vector<WorkerRun> TrainTwo(const std::string& mode) {
   testing::TempDir dir;
-  std::stringstream text;
-  text << std::ifstream(std::string(RECPS_SOURCE_DIR) + "/examples/small.textproto").rdbuf();
-  std::string job_text = text.str();
+  std::string job_text = ::recps::testing::ReadAll(std::string(RECPS_SOURCE_DIR) +
+                                                   "/examples/small.textproto");
   const std::string sync = "consistency { mode: SYNC }";
   job_text.replace(job_text.find(sync), sync.size(),
-                   "consistency { mode: " + mode + " staleness: 2 }");
+                   absl::StrCat("consistency { mode: ", mode, " staleness: ", kStaleness, " }"));
   const std::string job = dir.WriteFile("job.textproto", job_text);
   auto shard = testing::LocalShard::Start(
-      RECPS_SHARD_BINARY, {"--job=" + job, "--standalone", "--world_size=1"});
+      RECPS_SHARD_BINARY, {"--job=" + job, "--standalone", "--world_size=2"});
   EXPECT_TRUE(shard.ok()) << shard.status();
   if (!shard.ok()) return {};
-  const std::string result = dir.path() + "/result.json";
-  absl::StatusOr<int> code = testing::RunProcess(
-      RECPS_WORKER_BINARY,
-      {"--config=" + job, "--shards=" + (*shard)->address(), "--steps=800",
-       "--result_json=" + result},
-      absl::Minutes(5));
-  EXPECT_TRUE(code.ok() && *code == 0) << code.status();
-  std::stringstream json;
-  json << std::ifstream(result).rdbuf();
-  return Aucs(json.str());
+  std::vector<std::thread> workers;
+  for (int r = 0; r < 2; ++r) {
+    workers.emplace_back([&, r] {
+      absl::StatusOr<int> code = testing::RunProcess(
+          RECPS_WORKER_BINARY,
+          {"--config=" + job, "--shards=" + (*shard)->address(), absl::StrCat("--rank=", r),
+           "--world_size=2", "--steps=800", "--threads=1",
+           "--rendezvous_dir=" + dir.path() + "/rendezvous",
+           absl::StrCat("--result_json=", dir.path(), "/result", r, ".json")},
+          absl::Minutes(5));
+      EXPECT_TRUE(code.ok() && *code == 0) << mode << " rank " << r << ": " << code.status();
+    });
+  }
+  for (std::thread& w : workers) w.join();
+  std::vector<WorkerRun> runs(2);
+  for (int r = 0; r < 2; ++r) {
+    const std::string json =
+        ::recps::testing::ReadAll(absl::StrCat(dir.path(), "/result", r, ".json"));
+    runs[r].aucs = Aucs(json);
+    const std::string key = "\"max_lookup_staleness_steps\":";
+    const size_t at = json.find(key);
+    if (at != std::string::npos) runs[r].max_staleness = std::stoll(json.substr(at + key.size()));
+  }
+  return runs;
 }
 
 // Runs `binary` with `args` to completion (killed after `timeout`); returns
@@ -225,13 +253,34 @@ TEST(WorkerEndToEnd, BlasKernelsFollowTheCpuNotAPinnedEnvironment) {
   }
 }
 
+// Two workers in each mode: bounded and async reach sync's AUC, and each
+// worker's lookups see the staleness its mode allows, no more and (where
+// the mode allows any) some. Sync: a lookup of step t waits for step t-1,
+// every worker's push of it applied: 0. Bounded and async: the lookup of
+// step t+1 runs beside step t, before this worker's own push of step t is
+// in, so at least 1 (over 800 steps some lookup is answered before it);
+// bounded at most k = 1. Async has no bound of its own, but the allreduce
+// keeps the workers within a step of each other: a lookup made during step
+// t finds every worker's step t-2 applied, at most 2. A server that ran
+// bounded as sync would fail `> 0`; one that ignored the bound, `<= k`
+// whenever a lookup runs before the other worker's push of the step
+// before (tests/server/shard/lookup_staleness_test.cc pins that case down
+// with the pushes in the test's hands).
 TEST(WorkerEndToEnd, BoundedAndAsyncReachTheAucOfSync) {
-  const std::vector<double> sync = TrainSmall("SYNC");
-  ASSERT_FALSE(sync.empty());
+  const std::vector<WorkerRun> sync = TrainTwo("SYNC");
+  ASSERT_EQ(sync.size(), 2u);
+  ASSERT_FALSE(sync[0].aucs.empty());
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(sync[r].max_staleness, 0) << "SYNC rank " << r;
   for (const char* mode : {"BOUNDED", "ASYNC"}) {
-    const std::vector<double> aucs = TrainSmall(mode);
-    ASSERT_FALSE(aucs.empty()) << mode;
-    EXPECT_NEAR(aucs.back(), sync.back(), 0.01) << mode;
+    const std::vector<WorkerRun> runs = TrainTwo(mode);
+    ASSERT_EQ(runs.size(), 2u) << mode;
+    ASSERT_FALSE(runs[0].aucs.empty()) << mode;
+    EXPECT_NEAR(runs[0].aucs.back(), sync[0].aucs.back(), 0.01) << mode;
+    const int64_t bound = std::string(mode) == "BOUNDED" ? kStaleness : 2;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_GT(runs[r].max_staleness, 0) << mode << " rank " << r;
+      EXPECT_LE(runs[r].max_staleness, bound) << mode << " rank " << r;
+    }
   }
 }
 

@@ -86,9 +86,10 @@ class RecordingShard final : public client::InProcessShard {
                           });
   }
   void LookupInto(const v1::LookupRequest* request, absl::Span<float* const> rows,
-                  uint64_t* incarnation, absl::Time deadline, Done done) override {
+                  uint64_t* incarnation, int64_t* applied_step, absl::Time deadline,
+                  Done done) override {
     ++lookups_in_place;
-    inner_->LookupInto(request, rows, incarnation, deadline,
+    inner_->LookupInto(request, rows, incarnation, applied_step, deadline,
                        [this, done = std::move(done)](absl::Status s) mutable {
                          Note(s);
                          std::move(done)(std::move(s));

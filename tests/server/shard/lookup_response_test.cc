@@ -41,6 +41,32 @@ TEST(SerializedLookupResponseTest, MatchesGeneratedCode) {
 
 TEST(SerializedLookupResponseTest, NoTables) { ExpectSameAsGenerated({}); }
 
+// The incarnation and the applied step come after the tables, in field
+// order, as the generated code writes them; -1 (none applied yet) takes a
+// ten-byte varint, 0 is written too (the field has presence).
+TEST(SerializedLookupResponseTest, IncarnationAndAppliedStepMatchGeneratedCode) {
+  auto pool = BufferPool::Create(size_t{64} << 20);
+  for (const int64_t step : {int64_t{-1}, int64_t{0}, int64_t{300}}) {
+    SerializedLookupResponse response;
+    ASSERT_TRUE(response.Init(*pool, {{"t", 1, 4}}, 0x1234, step).ok());
+    std::memset(response.rows(0), 7, 4);
+    v1::LookupResponse expected;
+    v1::TableRows* t = expected.add_tables();
+    t->set_table("t");
+    t->set_dim(1);
+    t->set_rows(std::string(4, '\7'));
+    expected.set_incarnation(0x1234);
+    expected.set_applied_step(step);
+    EXPECT_EQ(response.ToString(), expected.SerializeAsString()) << step;
+  }
+  // Without one (the default), no field: an older server's answer.
+  SerializedLookupResponse response;
+  ASSERT_TRUE(response.Init(*pool, {}).ok());
+  v1::LookupResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(response.ToString()));
+  EXPECT_FALSE(parsed.has_applied_step());
+}
+
 // An updated_only answer: the generated code reads the flag, the positions
 // and the rows, and positions come before rows (the client places rows as
 // they arrive).
