@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/shard_fanout.h"
 #include "common/rpc/channels.h"
@@ -91,6 +92,21 @@ absl::Status ClusterReader::ReadFromCoordinator(ClusterSnapshot* snapshot) {
     // An older coordinator answers UNIMPLEMENTED: no moves shown.
     if (stub->ListMoves(&ctx, v1::ListRebalanceMovesRequest(), &moves).ok()) {
       snapshot->moves = std::move(moves);
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    rpc::SetTimeout(options_.rpc_timeout, &ctx);
+    v1::GetPlanResponse plan;
+    const grpc::Status s = stub->GetPlan(&ctx, v1::GetPlanRequest(), &plan);
+    if (s.ok()) {
+      snapshot->sharding = absl::StrFormat(
+          "planned (plan %d, %s): predicted step %.3f ms", plan.plan().plan_id(),
+          plan.plan().proposer(), plan.plan().predicted_step_seconds() * 1e3);
+    } else if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+      snapshot->sharding = absl::StrCat("even: ", s.error_message());
+    } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      snapshot->sharding = absl::StrCat("planning: ", s.error_message());
     }
   }
   {

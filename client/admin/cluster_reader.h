@@ -41,6 +41,9 @@ struct ClusterSnapshot {
   // The coordinator's slot moves (nullopt: asked servers directly, or the
   // coordinator does not serve ListMoves).
   std::optional<v1::ListRebalanceMovesResponse> moves;
+  // How the map places the tables, from GetPlan: "planned (plan 1, ...)"
+  // or "even (why)"; empty when servers were asked directly.
+  std::string sharding;
   // The current map (epoch 0 when there is none yet; `map_error` says why).
   v1::ShardMap map;
   std::string map_error;

@@ -271,6 +271,7 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
     out.set_rebalance_running(after.moves->running());
     out.set_last_rebalance(after.moves->last_outcome());
   }
+  out.set_sharding(after.sharding);
   bool healthy = out.problems().empty();
   for (const v1::ServerStatus& s : out.servers())
     healthy &= s.problems().empty();

@@ -136,6 +136,7 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
                         ? std::string("none yet")
                         : absl::StrCat("epoch ", status.shard_map_epoch(), ", ",
                                        status.num_slots(), " slots")});
+  if (!status.sharding().empty()) head.AddRow({"sharding", status.sharding()});
   head.AddRow({"health", status.healthy()
                              ? std::string("healthy")
                              : absl::StrCat("UNHEALTHY (", problems, " problem",

@@ -232,6 +232,10 @@ int CheckTopology(const LocalClusterOptions& o, LocalPlan* plan) {
              "servers embedded by --in_process keep their rows in host memory");
     return 2;
   }
+  if (o.sharding != "planned" && o.sharding != "even") {
+    LogError("--sharding=", o.sharding, ": expected planned or even");
+    return 2;
+  }
   if (o.one_process && !o.gpus.empty()) {
     LogError("--one_process runs every rank in one process; --gpus gives each worker "
              "process its own GPU: drop one of them");
@@ -438,6 +442,7 @@ absl::StatusOr<std::pair<ChildProcess, int>> LocalAttempt::SpawnCoordinator(
       absl::StrCat("--num_shards=", plan_.num_shards),
       // Bounds ranks and barrier counts by the job's real size.
       absl::StrCat("--world_size=", o_.workers), "--listen=" + listen,
+      "--sharding=" + o_.sharding,
       "--port_file=" + coord_ports_};
   if (restore_) args.push_back("--restore=" + plan_.checkpoint_root);
   for (std::string& a : plan_.tls.Args("coordinator")) args.push_back(std::move(a));

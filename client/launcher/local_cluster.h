@@ -29,6 +29,8 @@ struct LocalClusterOptions {
   std::string sync_prefetch = "auto";
   std::string shard_device = "cpu";
   std::string consistency;  // "": the job's
+  // recps-coordinator --sharding: planned or even.
+  std::string sharding = "planned";
   int staleness = 1;
   int64_t steps = 0;  // 0: the job's
   std::string bin_dir;

@@ -71,6 +71,11 @@ ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
 ABSL_FLAG(std::string, sync_prefetch, "auto",
           "local: the workers' --sync_prefetch (auto: the worker's own "
           "default, off with --in_process)");
+ABSL_FLAG(std::string, sharding, "planned",
+          "local: how the coordinator places the tables on the shard servers: "
+          "planned (the sharding planner, from each server's memory and "
+          "device; docs/planner.md) or even (every table row-wise over every "
+          "server)");
 ABSL_FLAG(std::string, shard_device, "cpu",
           "local: where the shard servers keep their rows (recps-shard "
           "--device): cpu, or cuda:N for the GPU store (docs/gpu.md); the "
@@ -147,7 +152,7 @@ bool OnCommandLine(absl::string_view name, int argc, char** argv) {
 std::string FlagOfTheOtherCommand(const std::string& command, int argc, char** argv) {
   static constexpr const char* kLocalOnly[] = {
       "job",         "shards",        "in_process", "one_process",
-      "workers",     "sync_prefetch", "shard_device", "consistency",
+      "workers",     "sync_prefetch", "shard_device", "sharding", "consistency",
       "staleness",   "steps",         "work_dir",   "result_dir",
       "coordinator_restarts", "resume", "start_timeout"};
   static constexpr const char* kLaunchOnly[] = {"coordinator", "nproc_per_node", "nnodes",
@@ -181,6 +186,7 @@ LocalClusterOptions LocalOptionsFromFlags(std::vector<std::string> worker_args, 
   o.one_process = absl::GetFlag(FLAGS_one_process);
   o.sync_prefetch = absl::GetFlag(FLAGS_sync_prefetch);
   o.shard_device = absl::GetFlag(FLAGS_shard_device);
+  o.sharding = absl::GetFlag(FLAGS_sharding);
   o.consistency = absl::GetFlag(FLAGS_consistency);
   o.staleness = absl::GetFlag(FLAGS_staleness);
   o.steps = absl::GetFlag(FLAGS_steps);

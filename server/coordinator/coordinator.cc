@@ -86,7 +86,8 @@ Coordinator::Coordinator(std::unique_ptr<CoordinatorStore> store,
                          CoordinatorOptions options, prometheus::Registry* registry)
     : store_(std::move(store)),
       options_(std::move(options)),
-      plans_(store_.get(), options_.plan_spec, options_.num_slots) {
+      plans_(store_.get(), options_.sharding, options_.plan_spec, options_.num_slots,
+             options_.world_size) {
   if (registry != nullptr) metrics_ = std::make_unique<CoordinatorMetrics>(*registry);
 }
 
@@ -347,6 +348,7 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     record.set_state(v1::ALIVE);
     record.set_registered_unix_ms(ToUnixMs(now));
     record.set_identity(caller.uri);
+    if (request.role() == v1::SHARD_SERVER) *record.mutable_capacity() = request.capacity();
     if (request.role() == v1::WORKER && has_job_ && job_started_.empty()) {
       // From now on the job may have trained: it is no longer replaceable.
       std::string started = absl::StrCat(record.member_id(), " (rank ", record.rank(),
@@ -404,21 +406,27 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   // Sorted, not in arrival order: the same servers always give the same map.
   std::sort(servers.begin(), servers.end());
   servers.resize(options_.num_shards);
-  v1::ShardMap map;
+  std::optional<v1::ShardMap> planned_map;
   if (plans_.enabled()) {
     absl::StatusOr<v1::ShardMap> planned =
-        plans_.Build(servers, has_job_ ? &job_ : nullptr);
-    if (!planned.ok()) {
+        plans_.Build(servers, members_.CapacitiesOf(servers), has_job_ ? &job_ : nullptr);
+    if (planned.ok()) {
+      planned_map = *std::move(planned);
+    } else if (plans_.failure_blocks()) {
       // No map until the spec or the cluster changes: a member's Register
       // must not fail for it; GetShardMap and GetPlan say why.
       plans_.SetError(std::string(planned.status().message()));
       LogError("cannot plan the shard map: ", plans_.error());
       return absl::OkStatus();
+    } else {
+      plans_.SetFellBack(std::string(planned.status().message()));
+      LogInfo("no sharding plan for the servers as they reported themselves (",
+              planned.status().message(), "): spreading slots evenly");
     }
-    map = *std::move(planned);
-  } else {
-    map = ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
   }
+  const v1::ShardMap map = planned_map.has_value()
+                               ? *std::move(planned_map)
+                               : ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
   RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
   map_ = map;
   if (metrics_ != nullptr) metrics_->epoch.Set(1);

@@ -82,10 +82,11 @@ struct CoordinatorOptions {
   absl::Duration max_wait = absl::Hours(1);
   // Time source; default absl::Now. Tests inject a fake.
   std::function<absl::Time()> clock;
-  // When set, the first map comes from the sharding planner (job tables +
-  // this topology and hints, the registered servers' addresses) instead of
-  // uniform slots; the plan is stored and served by GetPlan. See
-  // docs/planner.md.
+  // kPlanned: the first map comes from the sharding planner (job tables +
+  // plan_spec's topology and hints, or without one what the shard servers
+  // reported of themselves) instead of uniform slots; the plan is stored
+  // and served by GetPlan. See docs/planner.md.
+  Sharding sharding = Sharding::kPlanned;
   std::optional<v1::PlanSpec> plan_spec;
   // Checkpoints: --restore, timeouts, the shard servers' RPCs
   // (checkpoint_orchestrator.h). The checkpoint directory and policy come

@@ -62,11 +62,18 @@ ABSL_FLAG(int, num_shards, 0,
           "shard servers to wait for: once this many registered, the "
           "coordinator builds shard map epoch 1 over them and pushes it. "
           "0: never build a map automatically");
+ABSL_FLAG(std::string, sharding, "planned",
+          "how shard map epoch 1 places the tables: planned (the sharding "
+          "planner, from --plan_spec or else from the memory and device each "
+          "shard server reports at registration; slots spread evenly when "
+          "that plans nothing) or even (every table row-wise over every "
+          "server, slots in equal blocks)");
 ABSL_FLAG(std::string, plan_spec, "",
           "path of a text-format recps.v1.PlanSpec (topology: server memory, "
-          "bandwidth, workers, batch; per-table hints). When set, shard map "
-          "epoch 1 comes from the sharding planner instead of uniform slots, "
-          "and GetPlan serves the plan (docs/planner.md)");
+          "bandwidth, workers, batch; per-table hints) for the sharding "
+          "planner, instead of what the shard servers report; a plan that "
+          "does not fit then leaves the cluster without a map, saying why "
+          "(docs/planner.md)");
 ABSL_FLAG(uint32_t, num_slots, 4096,
           "slots of the cluster (fixed for its life; a stored map keeps its own)");
 ABSL_FLAG(int, world_size, 0,
@@ -205,7 +212,11 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
   if (absl::GetFlag(FLAGS_max_dense_state_bytes) < 0) {
     return absl::InvalidArgumentError("--max_dense_state_bytes must be >= 0");
   }
+  ASSIGN_OR_RETURN(options.sharding, ParseSharding(absl::GetFlag(FLAGS_sharding)));
   if (const std::string path = absl::GetFlag(FLAGS_plan_spec); !path.empty()) {
+    if (options.sharding == Sharding::kEven) {
+      return absl::InvalidArgumentError("--plan_spec plans the map: it needs --sharding=planned");
+    }
     v1::PlanSpec spec;
     RETURN_IF_ERROR(ReadTextProto(path, &spec));
     options.plan_spec = std::move(spec);

@@ -1,5 +1,6 @@
 #include "server/coordinator/coordinator_plan.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -47,14 +48,46 @@ absl::StatusOr<v1::Topology> TopologyFor(
 
 }  // namespace
 
+absl::StatusOr<Sharding> ParseSharding(const std::string& name) {
+  if (name == "planned") return Sharding::kPlanned;
+  if (name == "even") return Sharding::kEven;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--sharding=", name, ": expected planned or even"));
+}
+
+absl::StatusOr<v1::PlanSpec> CoordinatorPlans::SpecFromReports(
+    const std::vector<std::string>& servers,
+    const std::vector<v1::ServerSpec>& reported) const {
+  v1::PlanSpec spec;
+  v1::Topology* topology = spec.mutable_topology();
+  for (size_t i = 0; i < servers.size(); ++i) {
+    if (i >= reported.size() || reported[i].memory_bytes() <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard server ", servers[i], " reported no memory at registration (an older "
+          "recps-shard?); give the coordinator --plan_spec"));
+    }
+    v1::ServerSpec* s = topology->add_servers();
+    *s = reported[i];
+    s->set_address(servers[i]);
+  }
+  topology->set_num_workers(std::max(num_workers_, 1));
+  return spec;
+}
+
 absl::StatusOr<v1::ShardMap> CoordinatorPlans::Build(
-    const std::vector<std::string>& servers, const v1::JobConfig* job) {
+    const std::vector<std::string>& servers, const std::vector<v1::ServerSpec>& reported,
+    const v1::JobConfig* job) {
   if (job == nullptr) {
     return absl::FailedPreconditionError(
         "planning needs the job's tables: start the coordinator with "
         "--job=FILE");
   }
-  v1::PlanSpec spec = *spec_;
+  v1::PlanSpec spec;
+  if (spec_.has_value()) {
+    spec = *spec_;
+  } else {
+    ASSIGN_OR_RETURN(spec, SpecFromReports(servers, reported));
+  }
   ASSIGN_OR_RETURN(*spec.mutable_topology(),
                    TopologyFor(spec, servers, *job, num_slots_));
   ASSIGN_OR_RETURN(
@@ -86,11 +119,15 @@ absl::Status CoordinatorPlans::Load() {
 
 absl::StatusOr<v1::ShardingPlan> CoordinatorPlans::Get() const {
   if (plan_.plan_id() != 0) return plan_;
-  if (!spec_.has_value()) {
+  if (!enabled()) {
     return absl::NotFoundError(
-        "no sharding plan: the coordinator builds a uniform row-wise map "
-        "(start it "
-        "with --plan_spec=FILE to plan)");
+        "no sharding plan: the coordinator spreads slots evenly (--sharding=even)");
+  }
+  if (!fell_back_.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no sharding plan: the planner found none for the servers as they reported "
+        "themselves (",
+        fell_back_, "), so the coordinator spreads slots evenly"));
   }
   if (!error_.empty()) {
     return absl::UnavailableError(

@@ -90,4 +90,14 @@ std::vector<std::string> MemberTable::OfClient(const std::string& client) const 
   return ids;
 }
 
+std::vector<v1::ServerSpec> MemberTable::CapacitiesOf(
+    const std::vector<std::string>& addresses) const {
+  std::vector<v1::ServerSpec> capacities;
+  for (const std::string& address : addresses) {
+    const MemberEntry* e = FindSame(v1::SHARD_SERVER, address, -1);
+    capacities.push_back(e != nullptr ? e->record.capacity() : v1::ServerSpec());
+  }
+  return capacities;
+}
+
 }  // namespace recps::server

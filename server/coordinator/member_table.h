@@ -50,6 +50,9 @@ class MemberTable {
   MemberEntry* FindSame(v1::MemberRole role, const std::string& address, int32_t rank) {
     return const_cast<MemberEntry*>(std::as_const(*this).FindSame(role, address, rank));
   }
+  // What each shard server at `addresses` reported of itself at
+  // registration (empty for one not registered).
+  std::vector<v1::ServerSpec> CapacitiesOf(const std::vector<std::string>& addresses) const;
   // A record for a new member of `role`: its id ("worker-3"), role and
   // registration sequence. Add it to take the id.
   v1::MemberRecord NewRecord(v1::MemberRole role) const;

@@ -18,6 +18,7 @@
 #include "common/rpc/health_port.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
+#include "kernels/cuda_util.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -34,6 +35,42 @@
 namespace recps::server {
 
 namespace {
+
+// MemAvailable from /proc/meminfo.
+absl::StatusOr<int64_t> MemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::stringstream text;
+  text << in.rdbuf();
+  return config::ParseMemAvailable(text.str());
+}
+
+// What this server tells the coordinator's sharding planner about itself
+// (RegisterRequest.capacity), measured before its store takes memory: the
+// host memory available, or the GPU's memory for a GPU store. Unreported
+// (memory 0) when it cannot be read: the coordinator then spreads slots
+// evenly.
+v1::ServerSpec MeasureCapacity(kernels::Device device, int cuda_device,
+                               int64_t max_rows_per_table) {
+  v1::ServerSpec capacity;
+  capacity.set_max_rows_per_table(max_rows_per_table);
+  if (device == kernels::Device::kCuda) {
+    capacity.set_device(v1::GPU);
+#if defined(RECPS_HAVE_CUDA)
+    int64_t free_bytes = 0, total_bytes = 0;
+    if (kernels::CudaMemInfo(cuda_device, &free_bytes, &total_bytes).ok()) {
+      capacity.set_memory_bytes(total_bytes);
+    }
+#else
+    (void)cuda_device;
+#endif
+    return capacity;
+  }
+  capacity.set_device(v1::CPU);
+  if (absl::StatusOr<int64_t> available = MemAvailable(); available.ok()) {
+    capacity.set_memory_bytes(*available);
+  }
+  return capacity;
+}
 
 // The share of the fixed tables to commit at start: `share`, or 0 (with a
 // warning) when that would take more than 80% of the memory the machine
@@ -53,10 +90,7 @@ double PrefaultShare(const std::vector<config::TableSpec>& specs, double share) 
              static_cast<double>(HostDenseIndexBytes(spec.num_rows));
   }
   if (bytes == 0) return share;
-  std::ifstream in("/proc/meminfo");
-  std::stringstream text;
-  text << in.rdbuf();
-  const absl::StatusOr<int64_t> available = config::ParseMemAvailable(text.str());
+  const absl::StatusOr<int64_t> available = MemAvailable();
   if (available.ok() && bytes > 0.8 * static_cast<double>(*available)) {
     LogWarning("not committing the fixed tables' memory at start: ", HumanBytes(bytes),
                " (", 100 * share, "% of their rows) is more than 80% of the ",
@@ -92,6 +126,8 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
                         absl::StrCat("--device: ", device.status().message()));
   }
   store_options.device = *device;
+  p->capacity_ =
+      MeasureCapacity(*device, store_options.cuda_device, o.max_rows_per_table);
   store_options.prefault_fixed_share = PrefaultShare(p->specs_, o.prefault_fixed_share);
   const absl::Time store_start = absl::Now();
   ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingStore> store,
@@ -222,6 +258,7 @@ absl::Status ShardProcess::Serve() {
     // What the coordinator checks against the cluster and the job.
     request.set_num_slots(o.num_slots);
     *request.mutable_tables() = o.tables.tables();
+    *request.mutable_capacity() = capacity_;
     lease_ = std::make_unique<client::CoordinatorLease>(
         coordinator_.get(), request, nullptr,
         [refused = o.on_registration_refused](const absl::Status& s) {

@@ -24,6 +24,7 @@
 #include "common/rpc/call_gate.h"
 #include "common/rpc/channels.h"
 #include "recps/v1/job.pb.h"
+#include "recps/v1/plan.pb.h"
 #include "server/shard/step_clock.h"
 
 namespace grpc {
@@ -124,6 +125,8 @@ class ShardProcess {
 
   ShardProcessOptions options_;
   std::vector<config::TableSpec> specs_;
+  // What it reports to the coordinator (RegisterRequest.capacity).
+  v1::ServerSpec capacity_;
   std::unique_ptr<ThreadPool> compute_pool_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ShardMetrics> metrics_;

@@ -46,6 +46,7 @@ absl::StatusOr<std::vector<SlotMoves::Unit>> SlotMoves::ResolveUnits(
   const v1::ShardMap proto = view->map.ToProto();
   absl::flat_hash_set<uint32_t> seen;
   std::vector<Unit> units;
+  bool no_row_wise = false;
   for (uint32_t slot : slots) {
     if (slot >= num_slots) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -70,9 +71,11 @@ absl::StatusOr<std::vector<SlotMoves::Unit>> SlotMoves::ResolveUnits(
       any = true;
     }
     if (row_wise == 0) {
-      return absl::InvalidArgumentError(
-          "the move's slots hold no row-wise table (every table is "
-          "table-wise or split column-wise): name tables instead");
+      // A planned map keeps slot owners with every table whole: a drain
+      // hands the slots over (they hold no row) beside the tables it moves,
+      // and a move's later copy streams carry only slots.
+      no_row_wise = true;
+      continue;
     }
     if (!any) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -94,6 +97,7 @@ absl::StatusOr<std::vector<SlotMoves::Unit>> SlotMoves::ResolveUnits(
   }
   std::sort(units.begin(), units.end());
   units.erase(std::unique(units.begin(), units.end()), units.end());
+  if (units.empty() && no_row_wise) return units;  // routing only, no rows
   if (units.empty()) {
     return absl::InvalidArgumentError(
         slots.empty() && tables.empty()

@@ -147,6 +147,15 @@ TEST(BuildClusterStatusTest, RatesLatencyAndImbalanceOverTheInterval) {
   EXPECT_DOUBLE_EQ(status.lookup_imbalance(), 1.5);
 }
 
+TEST(BuildClusterStatusTest, SaysHowTheMapPlacesTheTables) {
+  ClusterSnapshot after = TwoServers(Stats(100, 1000, 10.0), Stats(300, 1000, 10.0));
+  after.sharding = "planned (plan 1, table-wise-after-0): predicted step 1.462 ms";
+  const v1::ClusterStatus status = BuildClusterStatus(nullptr, after);
+  EXPECT_EQ(status.sharding(), after.sharding);
+  EXPECT_THAT(FormatClusterStatus(status),
+              ::testing::ContainsRegex("sharding +planned \\(plan 1, table-wise-after-0\\)"));
+}
+
 TEST(BuildClusterStatusTest, SpareServersAreNotPartOfTheBalance) {
   ClusterSnapshot s = TwoServers(Stats(100, 0, 1.0), Stats(300, 0, 1.0));
   *s.members->add_members() = ShardMember("shard-2", "c:1", v1::ALIVE);

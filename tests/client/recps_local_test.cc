@@ -122,6 +122,11 @@ class LocalRun {
     return -1;
   }
 
+  // A file of the run's work folder.
+  std::string WorkFile(const std::string& name) const {
+    return ::recps::testing::ReadAll(dir_.path() + "/work/" + name);
+  }
+
   // Waits until rank 0 printed a progress line (training is under way).
   bool Training() const {
     return testing::Eventually(
@@ -147,6 +152,8 @@ TEST(RecpsLocal, TrainsWithTwoShardsAndTwoWorkers) {
   EXPECT_EQ(run.Wait(absl::Minutes(4)), 0) << run.output();
   // The small example reaches about 0.78 (0.5 is chance).
   EXPECT_GE(PrintedAuc(run.output()), 0.75) << run.output();
+  // On the planner's map, from what the two servers reported (the default).
+  EXPECT_THAT(run.WorkFile("coordinator.log"), HasSubstr("planned the shard map (plan 1"));
 }
 
 // training.wire_precision reaches the workers' client: rows and gradients

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/wire/shard_map.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -18,14 +19,17 @@ using ::testing::HasSubstr;
 
 class CoordinatorPlanTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Coordinator> Open(std::optional<v1::PlanSpec> spec) {
-    auto store = CoordinatorStore::Open(dir_.path() + "/state");
+  std::unique_ptr<Coordinator> Open(std::optional<v1::PlanSpec> spec,
+                                    Sharding sharding = Sharding::kPlanned,
+                                    const std::string& state = "state") {
+    auto store = CoordinatorStore::Open(dir_.path() + "/" + state);
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return nullptr;
     CoordinatorOptions options;
     options.num_shards = 2;
     options.num_slots = 64;
     options.plan_spec = std::move(spec);
+    options.sharding = sharding;
     auto c = Coordinator::Create(*std::move(store), options, nullptr);
     EXPECT_TRUE(c.ok()) << c.status();
     return c.ok() ? *std::move(c) : nullptr;
@@ -70,10 +74,15 @@ class CoordinatorPlanTest : public ::testing::Test {
     return spec;
   }
 
-  static v1::RegisterRequest Shard(const std::string& address) {
+  // `memory`: what it reports of itself (0: nothing, an older server).
+  static v1::RegisterRequest Shard(const std::string& address, int64_t memory = 0) {
     v1::RegisterRequest r;
     r.set_role(v1::SHARD_SERVER);
     r.set_address(address);
+    if (memory > 0) {
+      r.mutable_capacity()->set_memory_bytes(memory);
+      r.mutable_capacity()->set_device(v1::CPU);
+    }
     return r;
   }
 
@@ -106,12 +115,50 @@ TEST_F(CoordinatorPlanTest, FirstMapComesFromThePlanAndThePlanIsKept) {
   EXPECT_EQ(plan->plan_id(), 1u);
 }
 
-TEST_F(CoordinatorPlanTest, WithoutASpecThereIsNoPlan) {
+// The default: planned from what the servers report, no spec needed.
+TEST_F(CoordinatorPlanTest, WithoutASpecTheServersReportsArePlanned) {
   auto c = Open(std::nullopt);
-  ASSERT_TRUE(c->Register(Shard("a:1")).ok());
-  ASSERT_TRUE(c->Register(Shard("b:2")).ok());
+  ASSERT_TRUE(c->SetJob(Job()).ok());
+  ASSERT_TRUE(c->Register(Shard("a:1", int64_t{1} << 30)).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2", int64_t{1} << 30)).ok());
+  absl::StatusOr<v1::ShardingPlan> plan = c->GetPlan();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->servers(), ::testing::ElementsAre("a:1", "b:2"));
+  absl::StatusOr<v1::ShardMap> map = c->GetShardMap();
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->epoch(), 1u);
+}
+
+// A cluster always starts: servers that report nothing, or too little
+// memory for any plan, get the even spread, and GetPlan says why.
+TEST_F(CoordinatorPlanTest, WhatNoPlanFitsGetsTheEvenSpreadSayingWhy) {
+  for (const int64_t memory : {int64_t{0}, int64_t{1024}}) {
+    auto c = Open(std::nullopt, Sharding::kPlanned, absl::StrCat("state", memory));
+    ASSERT_TRUE(c->SetJob(Job()).ok());
+    ASSERT_TRUE(c->Register(Shard("a:1", memory)).ok());
+    ASSERT_TRUE(c->Register(Shard("b:2", memory)).ok());
+    absl::StatusOr<v1::ShardMap> map = c->GetShardMap();
+    ASSERT_TRUE(map.ok()) << map.status();
+    EXPECT_EQ(map->SerializeAsString(),
+              ShardMap::Uniform(1, 64, {"a:1", "b:2"}).ToProto().SerializeAsString())
+        << memory;
+    absl::StatusOr<v1::ShardingPlan> plan = c->GetPlan();
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kNotFound) << memory;
+    EXPECT_THAT(plan.status().message(), HasSubstr("spreads slots evenly"));
+    EXPECT_THAT(plan.status().message(),
+                HasSubstr(memory == 0 ? "reported no memory" : "user"));
+  }
+}
+
+TEST_F(CoordinatorPlanTest, EvenShardingNeverPlans) {
+  auto c = Open(std::nullopt, Sharding::kEven);
+  ASSERT_TRUE(c->SetJob(Job()).ok());
+  ASSERT_TRUE(c->Register(Shard("a:1", int64_t{1} << 30)).ok());
+  ASSERT_TRUE(c->Register(Shard("b:2", int64_t{1} << 30)).ok());
   EXPECT_TRUE(c->GetShardMap().ok());
-  EXPECT_EQ(c->GetPlan().status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<v1::ShardingPlan> plan = c->GetPlan();
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(plan.status().message(), HasSubstr("--sharding=even"));
 }
 
 TEST_F(CoordinatorPlanTest, AColumnWisePinBecomesColumnGroupsInTheMap) {
