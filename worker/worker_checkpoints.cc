@@ -54,6 +54,8 @@ WorkerCheckpoints::WorkerCheckpoints(int rank, const v1::JobConfig& job,
   if (enabled_) InstallStopHandler();
 }
 
+bool WorkerCheckpoints::StopSignalledHere() { return g_stop_requested.load(); }
+
 int WorkerCheckpoints::Resume() {
   if (coordinator_ == nullptr) return 0;
   absl::StatusOr<v1::GetResumeStateResponse> resume = FetchResumeState(*coordinator_, rank_);

@@ -36,6 +36,9 @@ namespace recps::worker {
 //   FinalExitCode     kExitFinalCheckpointFailed if the final cut failed
 class WorkerCheckpoints {
  public:
+  // Whether this process got SIGTERM/SIGINT (its own pre-emption), as
+  // opposed to stopping at a pre-emption checkpoint another rank asked for.
+  static bool StopSignalledHere();
   // `cut_timeout`: how long one CheckpointCut may take (--checkpoint_timeout).
   WorkerCheckpoints(int rank, const v1::JobConfig& job,
                     client::CoordinatorClient* coordinator,

@@ -620,13 +620,15 @@ int Train(RankRun& run) {
   absl::StatusOr<TrainResult> result = run.trainer->Run();
   if (!result.ok()) return ReportFailure(run, result.status());
   if (result->preempted) {
-    LogInfo("pre-empted: checkpoint at step ", result->steps);
+    const bool here = WorkerCheckpoints::StopSignalledHere();
+    LogInfo("pre-empted", here ? "" : " (another rank was; start this one again to resume)",
+            ": checkpoint at step ", result->steps);
     if (const std::string path = PathForRank(absl::GetFlag(FLAGS_result_json), run.rank);
         !path.empty()) {
       std::ofstream(path) << ResultJson(*result, run.world);
     }
     Leave(run);
-    return 0;
+    return here ? 0 : kExitStoppedForPeer;
   }
   return ReportDone(run, *result);
 }

@@ -156,6 +156,10 @@ int RunLaunch(const std::vector<std::string>& positional,
     LogError("the workers trained every step and wrote their results, but the final "
              "checkpoint failed (their error above says why); not restarted");
   }
+  if (exit_code == kExitStoppedForPeer) {
+    LogWarning("the workers stopped at a pre-emption checkpoint another node's rank asked "
+               "for: start this node again (with the others) to resume from it");
+  }
   if (exit_code == 0) LogInfo("all ", local_workers, " worker(s) finished");
   return exit_code;
 }

@@ -90,6 +90,9 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
   // A worker that trained to the end but whose final checkpoint failed:
   // the others finish too (they got the same answer), nothing restarts.
   bool final_checkpoint_failed = false;
+  // A worker that stopped at another rank's pre-emption checkpoint: saved,
+  // not done; the others stop at the same checkpoint.
+  bool stopped_for_peer = false;
   size_t remaining = workers.size();
   while (remaining > 0 && exit_code == 0) {
     timespec tick{0, 100 * 1000 * 1000};
@@ -106,6 +109,8 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       --remaining;
       if (*code == kExitFinalCheckpointFailed) {
         final_checkpoint_failed = true;
+      } else if (*code == kExitStoppedForPeer) {
+        stopped_for_peer = true;
       } else if (*code != 0 && exit_code == 0) {
         LogError(names[i], " failed with exit code ", *code, "; stopping ", what);
         note(absl::StrCat(names[i], *code > 128 ? " died (" : " failed (", how_code(*code), ")"));
@@ -153,6 +158,7 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
     if (w.running()) (void)w.Stop(absl::Seconds(1));
   }
   if (exit_code == 0 && final_checkpoint_failed) return kExitFinalCheckpointFailed;
+  if (exit_code == 0 && stopped_for_peer) return kExitStoppedForPeer;
   return exit_code;
 }
 

@@ -58,7 +58,8 @@ void WritePidFile(const std::string& path, const std::vector<LocalServer>& serve
 // worker or server failed: the log names which), 128 + the signal, or
 // kExitFinalCheckpointFailed (common/exit_codes.h) when every worker
 // finished and one or more exited with it (not a failure that stops the
-// others or restarts the job).
+// others or restarts the job), else kExitStoppedForPeer when one or more
+// stopped at another rank's pre-emption checkpoint.
 // `on_change` runs after a server was restarted (to rewrite the pid file).
 // `failure` (when not null) gets what failed first, e.g. "shard-1 died
 // (signal 9)" or "worker 0 failed (exit code 1)". After a failure the

@@ -5,13 +5,13 @@ binaries.
 
   deploy_test.py CHECK SOURCE_DIR BUILD_DIR
 
-CHECK is one of: image, manifests, k8s_local, monitoring, metrics, slurm
-(see the functions of the same names). Tools come from tests/deploy/setup.sh;
+CHECK is one of: image, manifests (manifests_test.py), k8s_local, k8s_drain
+and k8s_resume (k8s_drain_test.py), monitoring, metrics, slurm (see the
+functions of the same names). Tools come from tests/deploy/setup.sh;
 a check whose tool cannot be had exits 77 (ctest: skipped) saying which.
 Every process a check starts is stopped when it ends, however it ends.
 """
 
-import atexit
 import glob
 import json
 import os
@@ -19,117 +19,22 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
+import k8s_drain_test
+import manifests_test
 import testlib
-from testlib import (MIN_AUC, SKIP, binary, clean_env, fail, failures, info,
-                     skip, tail, wait_for)
+from k8slib import (IMAGE_BIN_DIR, LocalCluster, Processes, by_kind, final_evals, flag_value,
+                    free_port, free_port_range, job_steps, load_tools, need_yaml, render, scrape,
+                    split_launch_args)
+from testlib import MIN_AUC, SKIP, binary, clean_env, fail, failures, info, skip, tail, wait_for
 
 BINARIES = ["recps", "recps-shard", "recps-coordinator", "recps-worker", "recpsctl"]
-OVERLAYS = ["cpu", "gpu", "large", "monitoring"]
-IMAGE_BIN_DIR = "/opt/recps/bin"  # where the Dockerfile puts the binaries
-K8S_VERSION = "1.33.0"  # the Kubernetes API rendered objects are checked against
-# The worker metrics another change renames (recps_worker{quantity=...}
-# gauges today). Until it lands, their absence is reported, not a failure.
-WORKER_RENAMED = {
-    "recps_worker_samples_per_second", "recps_worker_step_seconds",
-    "recps_worker_loss", "recps_worker_eval_auc", "recps_worker_steps_total",
-}
 
 SRC = BUILD = None
-partly_skipped = []  # parts of a check left out for a missing tool
-
-
-
-def k8s_quantity(q):
-    """A Kubernetes quantity ("2Gi", "500M", "1", "250m") in plain units, rounded up."""
-    q = str(q)
-    suffixes = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-                "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "m": 1e-3}
-    for suffix, scale in sorted(suffixes.items(), key=lambda kv: -len(kv[0])):
-        if q.endswith(suffix):
-            return int(-(-float(q[:-len(suffix)]) * scale // 1))
-    return int(-(-float(q) // 1))
-
-# ---------------------------------------------------------------- processes
-
-class Processes:
-    """Children in their own sessions; all stopped at exit or on a signal."""
-
-    def __init__(self):
-        self.procs = []  # (name, Popen, log path)
-        atexit.register(self.stop_all)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame):
-        self.stop_all()
-        sys.exit(128 + signum)
-
-    def start(self, name, argv, env, log, cwd=None):
-        out = open(log, "wb")
-        p = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, cwd=cwd, start_new_session=True)
-        out.close()
-        self.procs.append((name, p, log))
-        return p
-
-    def stop(self, p, grace=10.0):
-        if p.poll() is not None:
-            return p.returncode
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            return p.wait(grace)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return p.wait()
-
-    def stop_all(self):
-        for _, p, _ in reversed(self.procs):
-            if p.poll() is None:
-                self.stop(p, grace=5.0)
-            else:
-                # The process is gone; anything it left in its group is not.
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def free_port_range(n):
-    """n consecutive free ports (the SLURM script numbers ports base + i)."""
-    for _ in range(200):
-        base = free_port()
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                s.bind(("127.0.0.1", base + i))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no %d consecutive free ports" % n)
 
 
 def session_members(sid):
@@ -143,106 +48,6 @@ def session_members(sid):
         if int(fields[3]) == sid:  # state ppid pgrp session ...
             pids.append(int(stat.split("/")[2]))
     return pids
-
-
-# -------------------------------------------------------------------- tools
-
-def load_tools():
-    setup = os.path.join(SRC, "tests/deploy/setup.sh")
-    r = subprocess.run([setup, BUILD], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tools = {}
-    path = os.path.join(BUILD, "deploy-tools/tools.env")
-    if r.returncode != 0 or not os.path.exists(path):
-        info(r.stdout)
-        skip("tests/deploy/setup.sh failed")
-    for line in open(path):
-        k, _, v = line.strip().partition("=")
-        tools[k] = v.strip("'")
-    return tools
-
-
-def need_yaml(tools):
-    """Re-runs this check under the venv's Python (PyYAML) when not there yet."""
-    try:
-        import yaml  # noqa: F401
-        return
-    except ImportError:
-        pass
-    py = tools.get("VENV_PYTHON")
-    if not py:
-        skip("PyYAML unavailable: " + tools.get("VENV_WHY", ""))
-    os.execv(py, [py] + sys.argv)
-
-
-_flags_cache = {}
-
-
-def known_flags(name):
-    """The flags a binary defines, from its --helpfull."""
-    if name not in _flags_cache:
-        r = subprocess.run([binary(name), "--helpfull"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
-        _flags_cache[name] = set(re.findall(r"^\s+--([a-z0-9_]+) \(", r.stdout, re.M))
-        if not _flags_cache[name]:
-            raise RuntimeError("no flags in %s --helpfull" % name)
-    return _flags_cache[name]
-
-
-# ------------------------------------------------------------------- render
-
-def render(kubectl, overlay):
-    import yaml
-    path = os.path.join(SRC, "deploy/k8s", overlay)
-    r = subprocess.run([kubectl, "kustomize", path], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True)
-    if r.returncode != 0:
-        raise RuntimeError("%s kustomize %s failed:\n%s" % (kubectl, path, r.stderr))
-    return [d for d in yaml.safe_load_all(r.stdout) if d]
-
-
-def by_kind(objs, kind):
-    return [o for o in objs if o["kind"] == kind]
-
-
-def pod_templates(objs):
-    for o in objs:
-        if o["kind"] in ("StatefulSet", "Job", "Deployment"):
-            yield o, o["spec"]["template"]
-
-
-def flag_value(args, name):
-    for a in args:
-        if a.startswith("--" + name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
-def split_launch_args(args):
-    """recps launch args -> (launcher flags normalised to '_', worker flags)."""
-    if "--" in args:
-        i = args.index("--")
-        own, worker = args[:i], args[i + 1:]
-    else:
-        own, worker = args, []
-    norm = []
-    for a in own:
-        if a.startswith("--"):
-            k, eq, v = a[2:].partition("=")
-            a = "--" + k.replace("-", "_") + eq + v
-        norm.append(a)
-    return norm, worker
-
-
-def check_flags(where, name, args):
-    known = known_flags(name)
-    for a in args:
-        if not a.startswith("--"):
-            continue
-        flag = a[2:].split("=", 1)[0]
-        if flag.startswith("no") and flag[2:] in known:
-            continue
-        if flag not in known:
-            fail("%s: %s does not know --%s" % (where, name, flag))
 
 
 # ------------------------------------------------------------------- checks
@@ -343,369 +148,6 @@ def image():
             fail("runtime package %s is unknown to apt" % p)
     else:
         info("apt lists absent: did not check that the packages exist in the archive")
-
-
-def check_rendered(overlay, objs):
-    """Static checks of one overlay's objects against the binaries."""
-    where = lambda o: "%s: %s/%s" % (overlay, o["kind"], o["metadata"]["name"])  # noqa: E731
-    stss = {o["metadata"]["name"]: o for o in by_kind(objs, "StatefulSet")}
-    jobs = by_kind(objs, "Job")
-    coord = stss.get("recps-coordinator")
-    shard = stss.get("recps-shard")
-    if coord is None or shard is None or len(jobs) != 1:
-        fail("%s: expected StatefulSets recps-coordinator, recps-shard and one Job" % overlay)
-        return
-    job = jobs[0]
-    c_args = coord["spec"]["template"]["spec"]["containers"][0]["args"]
-    s_args = shard["spec"]["template"]["spec"]["containers"][0]["args"]
-    w_args = job["spec"]["template"]["spec"]["containers"][0]["args"]
-    launch, worker_flags = split_launch_args(w_args)
-    if coord["spec"]["replicas"] != 1:
-        fail("%s: the coordinator must have 1 replica" % where(coord))
-    if str(shard["spec"]["replicas"]) != flag_value(c_args, "num_shards"):
-        fail("%s: coordinator --num_shards=%s but %s replicas" % (
-            overlay, flag_value(c_args, "num_shards"), shard["spec"]["replicas"]))
-    spec = job["spec"]
-    if spec.get("completionMode") != "Indexed":
-        fail("%s: the worker Job is not Indexed" % where(job))
-    nnodes = int(flag_value(launch, "nnodes") or -1)
-    nproc = int(flag_value(launch, "nproc_per_node") or 1)
-    if not (spec.get("completions") == spec.get("parallelism") == nnodes):
-        fail("%s: completions %s, parallelism %s and --nnodes %s must agree" % (
-            where(job), spec.get("completions"), spec.get("parallelism"), nnodes))
-    if int(flag_value(s_args, "world_size") or 1) != nnodes * nproc:
-        fail("%s: shard --world_size=%s but %d workers (%d nodes x %d)" % (
-            overlay, flag_value(s_args, "world_size"), nnodes * nproc, nnodes, nproc))
-    if flag_value(launch, "node_rank") is not None:
-        fail("%s: --node_rank is set; the rank must come from JOB_COMPLETION_INDEX" % where(job))
-    if shard["spec"].get("podManagementPolicy") != "Parallel":
-        fail("%s: shard servers must start in parallel (none is ready before all are)" % where(shard))
-    headless = [s for s in by_kind(objs, "Service") if s["metadata"]["name"] == shard["spec"]["serviceName"]]
-    if not headless or headless[0]["spec"].get("clusterIP") != "None" or \
-            not headless[0]["spec"].get("publishNotReadyAddresses"):
-        fail("%s: the shard Service must be headless and publish not-ready addresses" % overlay)
-    if not any(p["spec"]["selector"]["matchLabels"] == shard["spec"]["selector"]["matchLabels"]
-               for p in by_kind(objs, "PodDisruptionBudget")):
-        fail("%s: no PodDisruptionBudget covers the shard servers" % overlay)
-    if not any(v["metadata"]["name"] for v in coord["spec"].get("volumeClaimTemplates", [])):
-        fail("%s: the coordinator has no PersistentVolumeClaim" % overlay)
-    state_dir = flag_value(c_args, "state_dir") or ""
-    mounts = coord["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
-    pvc_names = {v["metadata"]["name"] for v in coord["spec"]["volumeClaimTemplates"]}
-    if not any(m["name"] in pvc_names and state_dir.startswith(m["mountPath"]) for m in mounts):
-        fail("%s: --state_dir=%s is not on the coordinator's PVC" % (overlay, state_dir))
-    if not shard["spec"].get("volumeClaimTemplates"):
-        fail("%s: the shard servers have no PersistentVolumeClaim" % overlay)
-
-    for o, tmpl in pod_templates(objs):
-        pspec = tmpl["spec"]
-        ann = tmpl["metadata"].get("annotations", {})
-        if ann.get("prometheus.io/scrape") != "true":
-            fail("%s: pods are not annotated prometheus.io/scrape" % where(o))
-        psc = pspec.get("securityContext", {})
-        if not psc.get("runAsNonRoot"):
-            fail("%s: pods do not run as non-root" % where(o))
-        volumes = {v["name"] for v in pspec.get("volumes", [])}
-        volumes |= {v["metadata"]["name"] for v in o["spec"].get("volumeClaimTemplates", [])}
-        for c in pspec["containers"]:
-            csc = c.get("securityContext", {})
-            if not csc.get("readOnlyRootFilesystem") or csc.get("allowPrivilegeEscalation") is not False:
-                fail("%s: container %s needs readOnlyRootFilesystem and no privilege escalation"
-                     % (where(o), c["name"]))
-            res = c.get("resources", {})
-            if not res.get("requests") or not res.get("limits"):
-                fail("%s: container %s has no resource requests/limits" % (where(o), c["name"]))
-            for m in c.get("volumeMounts", []):
-                if m["name"] not in volumes:
-                    fail("%s: volume %s is mounted but not defined" % (where(o), m["name"]))
-            ports = {p["containerPort"]: p.get("name") for p in c.get("ports", [])}
-            if int(ann.get("prometheus.io/port", 0)) not in ports:
-                fail("%s: prometheus.io/port %s is not a container port" % (where(o), ann.get("prometheus.io/port")))
-            cmd = c["command"][0]
-            if os.path.dirname(cmd) != IMAGE_BIN_DIR:
-                fail("%s: command %s is not in the image's %s" % (where(o), cmd, IMAGE_BIN_DIR))
-            name = os.path.basename(cmd)
-            args = c.get("args", [])
-            env_names = {e["name"] for e in c.get("env", [])}
-            for ref in re.findall(r"\$\((\w+)\)", " ".join(args)):
-                if ref not in env_names:
-                    fail("%s: $(%s) is used but not in the container's env" % (where(o), ref))
-            if name == "recps":
-                own, wflags = split_launch_args(args)
-                if own[:1] != ["launch"]:
-                    fail("%s: the worker pods must run `recps launch`" % where(o))
-                check_flags(where(o), "recps", own[1:])
-                check_flags(where(o), "recps-worker", wflags)
-                metrics = flag_value(wflags, "metrics_listen")
-            else:
-                check_flags(where(o), name, args)
-                metrics = flag_value(args, "metrics_listen")
-                listen = flag_value(args, "listen")
-                lport = int(listen.rsplit(":", 1)[1]) if listen else None
-                # With mutual TLS the kubelet's gRPC probe asks the plaintext
-                # health-only port (--health_listen).
-                health = flag_value(args, "health_listen")
-                hport = int(health.rsplit(":", 1)[1]) if health else lport
-                for probe in ("readinessProbe", "livenessProbe"):
-                    pr = c.get(probe)
-                    if not pr:
-                        fail("%s: no %s" % (where(o), probe))
-                        continue
-                    port = (pr.get("grpc") or pr.get("tcpSocket") or {}).get("port")
-                    want = hport if "grpc" in pr else lport
-                    if port != want:
-                        fail("%s: %s port %s is not the %s port %s" % (
-                            where(o), probe, port, "--health_listen" if "grpc" in pr else "--listen", want))
-                if "grpc" not in c.get("readinessProbe", {}):
-                    fail("%s: the readiness probe is not a grpc probe" % where(o))
-            # Thread counts follow the CPU limit (the binaries' default is
-            # one per core of the node, which a container does not have).
-            cpu = str(res.get("limits", {}).get("cpu", ""))
-            cores = int(cpu[:-1]) // 1000 if cpu.endswith("m") else int(cpu or 0)
-            env_values = {e["name"]: e.get("value") for e in c.get("env", [])}
-            expected = {}
-            if name == "recps":
-                expected = {"--threads": flag_value(wflags, "threads"),
-                            "OPENBLAS_NUM_THREADS": env_values.get("OPENBLAS_NUM_THREADS")}
-            elif name == "recps-shard":
-                expected = {"--threads": flag_value(args, "threads"),
-                            "--store_threads": flag_value(args, "store_threads")}
-            for what, v in expected.items():
-                if v is None or int(v) != max(cores, 1):
-                    fail("%s: %s=%s does not match the CPU limit %s" % (where(o), what, v, cpu))
-            if metrics is None or int(metrics.rsplit(":", 1)[1]) != int(ann.get("prometheus.io/port", -1)):
-                fail("%s: --metrics_listen=%s does not serve prometheus.io/port %s" % (
-                    where(o), metrics, ann.get("prometheus.io/port")))
-    if overlay == "gpu":
-        res = job["spec"]["template"]["spec"]["containers"][0]["resources"]
-        if str(res.get("limits", {}).get("nvidia.com/gpu")) != "1":
-            fail("gpu: worker pods must ask for one nvidia.com/gpu")
-        env = {e["name"] for e in job["spec"]["template"]["spec"]["containers"][0].get("env", [])}
-        if not any(n.startswith("NCCL_") for n in env):
-            fail("gpu: no NCCL settings in the worker env")
-    if overlay == "monitoring":
-        sms = [o for o in objs if o["kind"] == "ServiceMonitor"]
-        if not sms:
-            fail("monitoring: no ServiceMonitor")
-        for sm in sms:
-            sel = sm["spec"]["selector"]["matchLabels"]
-            svcs = [s for s in by_kind(objs, "Service")
-                    if all(s["metadata"].get("labels", {}).get(k) == v for k, v in sel.items())]
-            for ep in sm["spec"]["endpoints"]:
-                hit = [s for s in svcs if any(p.get("name") == ep["port"] for p in s["spec"]["ports"])]
-                comps = {s["spec"]["selector"]["app.kubernetes.io/name"] for s in hit}
-                if comps != {"recps-coordinator", "recps-shard", "recps-worker"}:
-                    fail("monitoring: ServiceMonitor port %s reaches %s, not all three components"
-                         % (ep["port"], sorted(comps)))
-
-
-def manifests():
-    """Every overlay renders with every kubectl, validates, lints and agrees
-    with the binaries' flags."""
-    tools = load_tools()
-    need_yaml(tools)
-    import yaml
-    kubectls = tools["KUBECTLS"].split()
-    if not kubectls:
-        skip(tools["KUBECTL_WHY"])
-    for copy, orig in (("deploy/k8s/base/small.textproto", "examples/small.textproto"),
-                       ("deploy/k8s/overlays/large/criteo.textproto", "examples/criteo.textproto")):
-        if open(os.path.join(SRC, copy)).read() != open(os.path.join(SRC, orig)).read():
-            fail("%s is not a copy of %s: cp %s %s" % (copy, orig, orig, copy))
-    validator = os.path.join(os.path.dirname(tools["VENV_PYTHON"]), "kubernetes-validate") \
-        if tools["VENV_PYTHON"] else None
-    tmp = tempfile.mkdtemp(prefix="recps-deploy-render-")
-    try:
-        for overlay in ["base"] + ["overlays/" + o for o in OVERLAYS]:
-            kinds = None
-            for kubectl in kubectls:
-                objs = render(kubectl, overlay)
-                ver = subprocess.run([kubectl, "version", "--client"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True).stdout.split("\n")[0][:60]
-                names = sorted((o["kind"], o["metadata"]["name"].rsplit("-", 1)[0]
-                                if o["kind"] == "ConfigMap" else o["metadata"]["name"]) for o in objs)
-                info("%s with %s: %d objects" % (overlay, ver, len(objs)))
-                if kinds is not None and names != kinds:
-                    fail("%s renders different objects with %s: %s vs %s" % (overlay, kubectl, names, kinds))
-                kinds = names
-                check_rendered(overlay, objs)
-                if validator is None:
-                    continue
-                files = []
-                for i, o in enumerate(objs):
-                    if "." in o["apiVersion"].split("/")[0] and not o["apiVersion"].startswith(
-                            ("apps/", "batch/", "policy/")):
-                        info("  not validated (custom resource): %s/%s" % (o["kind"], o["metadata"]["name"]))
-                        continue
-                    f = os.path.join(tmp, "%s-%d-%s.yaml" % (overlay.replace("/", "-"), i, o["kind"]))
-                    with open(f, "w") as out:
-                        yaml.safe_dump(o, out)
-                    files.append(f)
-                r = subprocess.run([validator, "--strict", "-k", K8S_VERSION, "--quiet"] + files,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                if r.returncode != 0:
-                    fail("kubernetes-validate %s (%s):\n%s" % (overlay, kubectl, r.stdout))
-                for f in files:
-                    os.unlink(f)
-        if validator is None:
-            partly_skipped.append("kubernetes-validate and yamllint: " + tools["VENV_WHY"])
-        else:
-            lint = os.path.join(os.path.dirname(tools["VENV_PYTHON"]), "yamllint")
-            r = subprocess.run([lint, "--strict", "-c", os.path.join(SRC, "deploy/.yamllint"),
-                                os.path.join(SRC, "deploy")], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-            if r.returncode != 0:
-                fail("yamllint:\n" + r.stdout)
-            else:
-                info("yamllint: clean")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ------------------------------------------------- the manifests, run locally
-
-class LocalCluster:
-    """Runs a rendered overlay's pods as local processes: the exact command
-    lines, with what Kubernetes would fill in replaced by local stand-ins."""
-
-    def __init__(self, objs, work, procs):
-        self.objs, self.work, self.procs = objs, work, procs
-        self.services = {s["metadata"]["name"]: s for s in by_kind(objs, "Service")}
-        self.configmaps = {c["metadata"]["name"]: c for c in by_kind(objs, "ConfigMap")}
-        self.pods = []  # dicts: name, owner, template, index, ports {containerPort: local}
-        for o, tmpl in pod_templates(objs):
-            n = o["spec"].get("replicas", 1) if o["kind"] == "StatefulSet" else o["spec"]["parallelism"]
-            for i in range(n):
-                name = "%s-%d" % (o["metadata"]["name"], i)
-                if o["kind"] == "Job":
-                    name += "-x7k2p"  # Kubernetes adds a random suffix
-                c = tmpl["spec"]["containers"][0]
-                self.pods.append({
-                    "name": name, "owner": o, "template": tmpl, "index": i,
-                    "ports": {p["containerPort"]: free_port() for p in c.get("ports", [])},
-                    "named": {p.get("name"): p["containerPort"] for p in c.get("ports", [])},
-                })
-
-    def tls_secret(self, secret, pod_name, d):
-        """What docs/security.md puts in a recps-tls-<role> Secret (ca.crt,
-        tls.crt, tls.key), made with recpsctl certs from one CA."""
-        m = re.match(r"recps-tls-(\w+)$", secret)
-        if not m:
-            raise RuntimeError("secret %s is not a recps-tls-<role> Secret" % secret)
-        ca = os.path.join(self.work, "ca")
-        if not os.path.exists(os.path.join(ca, "ca.key")):
-            subprocess.run([binary("recpsctl"), "certs", "init", ca], check=True,
-                           stdout=subprocess.DEVNULL)
-        subprocess.run([binary("recpsctl"), "certs", "issue", "--role=" + m.group(1),
-                        "--name=" + pod_name, "--ca=" + ca, "--out=" + d], check=True,
-                       stdout=subprocess.DEVNULL)
-        os.rename(os.path.join(d, pod_name + ".crt"), os.path.join(d, "tls.crt"))
-        os.rename(os.path.join(d, pod_name + ".key"), os.path.join(d, "tls.key"))
-
-    def pods_of(self, kind, name):
-        return [p for p in self.pods if p["owner"]["kind"] == kind and p["owner"]["metadata"]["name"] == name]
-
-    def _matches(self, pod, selector):
-        labels = pod["template"]["metadata"].get("labels", {})
-        return all(labels.get(k) == v for k, v in selector.items())
-
-    def resolve(self, host, port):
-        """host:port as a pod would dial it -> the local port serving it."""
-        parts = host.split(".")
-        svc = self.services.get(parts[0])
-        if svc is not None and (len(parts) == 1 or parts[1:3] in (["svc"], [])):
-            pods = [p for p in self.pods if self._matches(p, svc["spec"]["selector"])]
-            sp = [p for p in svc["spec"]["ports"] if p["port"] == port]
-            if not pods or not sp:
-                raise RuntimeError("Service %s has no pod or no port %d" % (host, port))
-            target = sp[0].get("targetPort", port)
-            pod = pods[0]
-            cport = pod["named"][target] if isinstance(target, str) else target
-            return pod["ports"][cport]
-        if len(parts) >= 2 and parts[1] in self.services:
-            svc = self.services[parts[1]]
-            if svc["spec"].get("clusterIP") != "None":
-                raise RuntimeError("%s: pod DNS names need a headless Service" % host)
-            for p in self.pods:
-                if p["name"] == parts[0] and self._matches(p, svc["spec"]["selector"]):
-                    return p["ports"][port]
-        raise RuntimeError("%s:%d does not resolve to any pod of the manifests" % (host, port))
-
-    def command_line(self, pod):
-        """(argv, env) of the pod's container, as a local process."""
-        tmpl = pod["template"]
-        c = tmpl["spec"]["containers"][0]
-        env = clean_env()
-        kenv = {}
-        if pod["owner"]["kind"] == "Job" and pod["owner"]["spec"].get("completionMode") == "Indexed":
-            kenv["JOB_COMPLETION_INDEX"] = str(pod["index"])
-        for e in c.get("env", []):
-            if "value" in e:
-                kenv[e["name"]] = e["value"]
-            elif "resourceFieldRef" in e["valueFrom"]:
-                # What the kubelet gives: the container's limit in plain units
-                # (bytes for memory, whole cores rounded up for cpu).
-                ref = e["valueFrom"]["resourceFieldRef"]
-                kenv[e["name"]] = str(k8s_quantity(c["resources"]["limits"][ref["resource"].split(".", 1)[1]]))
-            else:
-                field = e["valueFrom"]["fieldRef"]["fieldPath"]
-                kenv[e["name"]] = {"metadata.name": pod["name"], "metadata.namespace": "default",
-                                   "metadata.annotations['batch.kubernetes.io/job-completion-index']":
-                                   str(pod["index"])}[field]
-        env.update(kenv)
-        # Volumes -> directories of this pod.
-        mounts = {}
-        volumes = {v["name"]: v for v in tmpl["spec"].get("volumes", [])}
-        for m in c.get("volumeMounts", []):
-            d = os.path.join(self.work, pod["name"], m["name"])
-            os.makedirs(d, exist_ok=True)
-            v = volumes.get(m["name"])
-            if v is not None and "configMap" in v:
-                cm = self.configmaps[v["configMap"]["name"]]
-                for key, data in cm["data"].items():
-                    with open(os.path.join(d, key), "w") as f:
-                        f.write(data)
-            if v is not None and "secret" in v:
-                self.tls_secret(v["secret"]["secretName"], pod["name"], d)
-            mounts[m["mountPath"]] = d
-
-        def subst(a):
-            a = re.sub(r"\$\((\w+)\)", lambda m: kenv[m.group(1)], a)
-            if mounts:  # one pass: a replacement may itself start with a mount path
-                alt = "|".join(re.escape(mp) for mp in sorted(mounts, key=len, reverse=True))
-                a = re.sub(r"(^|=)(" + alt + r")(?=/|$)", lambda m: m.group(1) + mounts[m.group(2)], a)
-
-            def addr(m):
-                host, port = m.group(1), int(m.group(2))
-                if host in ("0.0.0.0", "[::]", ""):
-                    return "127.0.0.1:%d" % pod["ports"][port]
-                return "127.0.0.1:%d" % self.resolve(host, port)
-            return re.sub(r"(?<=[=])([A-Za-z0-9][A-Za-z0-9.-]*|\[::\]):(\d+)$", addr, a)
-
-        cmd = [subst(x) for x in c["command"]]
-        name = os.path.basename(cmd[0])
-        if os.path.dirname(cmd[0]) != IMAGE_BIN_DIR:
-            raise RuntimeError("%s runs %s, not a binary of the image" % (pod["name"], cmd[0]))
-        return [binary(name)] + cmd[1:] + [subst(a) for a in c.get("args", [])], env
-
-    def start(self, pod):
-        argv, env = self.command_line(pod)
-        log = os.path.join(self.work, pod["name"] + ".log")
-        info("start %s: %s" % (pod["name"], " ".join(shlex.quote(a) for a in argv)))
-        return self.procs.start(pod["name"], argv, env, log, cwd=os.path.join(self.work, pod["name"]))
-
-
-def final_evals(log_text):
-    """rank -> (step, auc) of its last evaluation, from worker output."""
-    evals = {}
-    for m in re.finditer(r"recps-worker (\d+)\] eval after step (\d+): auc ([0-9.]+)", log_text):
-        evals[int(m.group(1))] = (int(m.group(2)), float(m.group(3)))
-    return evals
-
-
-def job_steps(objs_or_text):
-    m = re.search(r"^\s*steps:\s*(\d+)", objs_or_text, re.M)
-    return int(m.group(1))
 
 
 def k8s_local():
@@ -848,13 +290,6 @@ def referenced_metrics():
     return names
 
 
-def scrape(port, timeout=2.0):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=timeout) as r:
-            return r.read().decode()
-    except OSError:
-        return None
-
 
 def exported_names(text):
     names, types = set(), {}
@@ -929,8 +364,9 @@ def metrics():
             names.update(n)
             types.update(t)
             return n
-        # The shard server sets its per-table gauges (recps_shard_table_rows,
-        # _bytes) only when asked for Stats, as `recpsctl status` does.
+        # The shard server refreshes its per-table gauges (recps_shard_table_rows,
+        # _bytes) every second and on Stats, which `recpsctl status` asks for:
+        # the scrape below has them without waiting.
         r = subprocess.run([binary("recpsctl"), "--coordinator=127.0.0.1:%d" % cports[0], "--insecure",
                             "status"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env())
@@ -945,22 +381,14 @@ def metrics():
                  30, [("coordinator", c)])
         info("exported: %d metric names (worker: %s)"
              % (len(names), sorted(x for x in worker_names if x.startswith("recps_"))))
-        pending = []
         for name in sorted(referenced_metrics()):
             base = re.sub(r"_(bucket|sum|count)$", "", name)
             ok = name in names or (name != base and types.get(base) == "histogram") or \
                 types.get(name) == "histogram"
             if ok:
                 info("  exported: " + name)
-            elif (name in WORKER_RENAMED or base in WORKER_RENAMED) and "recps_worker" in worker_names:
-                # The worker still exports the old recps_worker{quantity=...}
-                # gauges: the rename is not on this branch yet.
-                pending.append(name)
-                info("  SKIPPED (the worker metrics rename has not landed on this branch): " + name)
             else:
                 fail("the dashboard or the rules use %s, which no daemon exports" % name)
-        if pending:
-            info("%d worker metric name(s) wait for the rename: %s" % (len(pending), ", ".join(pending)))
     finally:
         procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)
@@ -1023,7 +451,8 @@ def slurm():
             info("logs kept in " + work)
 
 
-CHECKS = {f.__name__: f for f in (image, manifests, k8s_local, monitoring, metrics, slurm)}
+CHECKS = {f.__name__: f for f in (image, manifests_test.manifests, k8s_local, monitoring, metrics, slurm,
+                                   k8s_drain_test.k8s_drain, k8s_drain_test.k8s_resume)}
 
 
 def main():
@@ -1032,7 +461,7 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     SRC, BUILD = os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
-    testlib.BUILD = BUILD
+    testlib.SRC, testlib.BUILD = SRC, BUILD
     t0 = time.time()
     try:
         CHECKS[sys.argv[1]]()
@@ -1040,9 +469,9 @@ def main():
         fail(str(e))
     if failures:
         verdict, code = "FAILED (%d)" % len(failures), 1
-    elif partly_skipped:
+    elif testlib.partly_skipped:
         # What ran passed, but the check is not complete: report a skip.
-        for why in partly_skipped:
+        for why in testlib.partly_skipped:
             info("SKIPPED: " + why)
         verdict, code = "passed in part, rest skipped", SKIP
     else:

@@ -1,5 +1,5 @@
 """What the deploy tests share: reporting, child environments, waiting, the
-built binaries. Each test script sets `testlib.BUILD` before calling binary()."""
+built binaries. Each test script sets `testlib.SRC` and `testlib.BUILD` first."""
 
 import os
 import sys
@@ -7,8 +7,9 @@ import time
 
 SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests
 MIN_AUC = 0.75
-BUILD = None  # the CMake build directory, set by the test's main()
+SRC = BUILD = None  # the source and CMake build directories, set by the test's main()
 failures = []
+partly_skipped = []  # parts of a check left out for a missing tool (then exit 77)
 
 
 def fail(msg):
