@@ -419,9 +419,7 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
       LogError("cannot plan the shard map: ", plans_.error());
       return absl::OkStatus();
     } else {
-      plans_.SetFellBack(std::string(planned.status().message()));
-      LogInfo("no sharding plan for the servers as they reported themselves (",
-              planned.status().message(), "): spreading slots evenly");
+      plans_.SetFellBack(std::string(planned.status().message()));  // logs it
     }
   }
   const v1::ShardMap map = planned_map.has_value()
@@ -761,6 +759,9 @@ void Coordinator::Tick() {
     absl::MutexLock lock(&mu_);
     if (metrics_ != nullptr) {
       metrics_->kv_pending_waits.Set(static_cast<double>(kv_waiters_.size()));
+      size_t parked = 0;
+      for (const auto& [name, barrier] : barriers_) parked += barrier.waiters.size();
+      metrics_->barrier_pending_waits.Set(static_cast<double>(parked));
     }
     const absl::Time now = Now();
     bool changed = false;

@@ -36,12 +36,19 @@ struct CoordinatorMetrics {
                              .Help("KvGet/KvWait calls parked until their keys "
                                    "are set (updated every tick)")
                              .Register(registry)
-                             .Add({})) {}
+                             .Add({})),
+        barrier_pending_waits(prometheus::BuildGauge()
+                                  .Name("recps_coordinator_barrier_pending_waits")
+                                  .Help("Barrier arrivals parked until every rank "
+                                        "arrives (updated every tick)")
+                                  .Register(registry)
+                                  .Add({})) {}
   prometheus::Family<prometheus::Gauge>& members;
   prometheus::Family<prometheus::Counter>& expirations;
   prometheus::Gauge& epoch;
   prometheus::Counter& push_refusals;
   prometheus::Gauge& kv_pending_waits;
+  prometheus::Gauge& barrier_pending_waits;
 };
 
 }  // namespace recps::server

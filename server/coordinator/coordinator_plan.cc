@@ -117,6 +117,12 @@ absl::Status CoordinatorPlans::Load() {
   return absl::OkStatus();
 }
 
+void CoordinatorPlans::SetFellBack(std::string why) {
+  LogInfo("no sharding plan for the servers as they reported themselves (", why,
+          "): spreading slots evenly");
+  fell_back_ = std::move(why);
+}
+
 absl::StatusOr<v1::ShardingPlan> CoordinatorPlans::Get() const {
   if (plan_.plan_id() != 0) return plan_;
   if (!enabled()) {

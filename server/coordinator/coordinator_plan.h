@@ -59,9 +59,9 @@ class CoordinatorPlans {
   // Records why planning failed (GetShardMap and Get report it).
   void SetError(std::string error) { error_ = std::move(error); }
   const std::string& error() const { return error_; }
-  // Records that the planner found nothing for the reported servers and the
-  // map spreads slots evenly (Get says so).
-  void SetFellBack(std::string why) { fell_back_ = std::move(why); }
+  // Records (and logs) that the planner found nothing for the reported
+  // servers and the map spreads slots evenly (Get says so).
+  void SetFellBack(std::string why);
   // The plan the map was built from; NOT_FOUND when planning is off (or
   // fell back) and none is stored, saying why; UNAVAILABLE, with the
   // planner's error, when it failed or has not run yet.

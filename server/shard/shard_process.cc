@@ -18,7 +18,6 @@
 #include "common/rpc/health_port.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
-#include "kernels/cuda_util.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -55,14 +54,7 @@ v1::ServerSpec MeasureCapacity(kernels::Device device, int cuda_device,
   capacity.set_max_rows_per_table(max_rows_per_table);
   if (device == kernels::Device::kCuda) {
     capacity.set_device(v1::GPU);
-#if defined(RECPS_HAVE_CUDA)
-    int64_t free_bytes = 0, total_bytes = 0;
-    if (kernels::CudaMemInfo(cuda_device, &free_bytes, &total_bytes).ok()) {
-      capacity.set_memory_bytes(total_bytes);
-    }
-#else
-    (void)cuda_device;
-#endif
+    capacity.set_memory_bytes(DeviceStoreMemoryBytes(cuda_device));
     return capacity;
   }
   capacity.set_device(v1::CPU);

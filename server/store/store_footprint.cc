@@ -1,5 +1,6 @@
 #include "server/store/store_footprint.h"
 
+#include "kernels/cuda_util.h"
 #include "server/store/id_index.h"
 
 namespace recps::server {
@@ -30,6 +31,16 @@ int64_t HostDenseIndexBytes(int64_t num_rows) {
 
 int64_t HostIndexBytesForRows(int64_t rows) {
   return HostIndexAllocBytes(IdIndex::CapacityForRows(rows));
+}
+
+int64_t DeviceStoreMemoryBytes(int cuda_device) {
+#if defined(RECPS_HAVE_CUDA)
+  int64_t free_bytes = 0, total_bytes = 0;
+  if (kernels::CudaMemInfo(cuda_device, &free_bytes, &total_bytes).ok()) return total_bytes;
+#else
+  (void)cuda_device;
+#endif
+  return 0;
 }
 
 }  // namespace recps::server

@@ -38,6 +38,11 @@ inline constexpr int64_t kHostDenseIndexMaxRows = int64_t{1} << 24;
 // TableInfo.index_bytes and of the planner's fixed bytes per table.
 int64_t HostDenseIndexBytes(int64_t num_rows);
 
+// The memory of GPU `cuda_device` a GPU store's rows may use (its total
+// bytes, as the shard server reports it to the sharding planner); 0 when it
+// cannot be read (no GPU, a build without CUDA).
+int64_t DeviceStoreMemoryBytes(int cuda_device);
+
 }  // namespace recps::server
 
 #endif  // RECPS_SERVER_STORE_STORE_FOOTPRINT_H_

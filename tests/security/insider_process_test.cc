@@ -269,7 +269,14 @@ TEST_F(InsiderProcessTest, CancelledBarriersAreReleasedAndWaitsAreBounded) {
     });
     parked.push_back(std::move(p));
   }
-  absl::SleepFor(absl::Seconds(1));  // the four are parked
+  // The four are parked (the coordinator's gauge, updated every tick).
+  ASSERT_TRUE(::recps::testing::Eventually(
+      [&] {
+        return ::recps::testing::MetricValue(
+                   ::recps::testing::ScrapeMetrics(coordinator->metrics_port()),
+                   "recps_coordinator_barrier_pending_waits") == 4;
+      },
+      absl::Seconds(10)));
   // A short barrier timeout: were it admitted, it would not park for long.
   const grpc::Status fifth = Barrier(a.get(), "fifth", 2, 0, 200);
   EXPECT_EQ(fifth.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << fifth.error_message();
