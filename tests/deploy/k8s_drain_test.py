@@ -54,8 +54,12 @@ PENDING = {
         "started again at the same address and given slots while the workers train fails every "
         "worker: DATA_LOSS, 'shard server ... restarted: the request names incarnation ...')",
 }
-DRAIN_AT_STEP = 2000   # rank 0's evaluation after which the shard pod is deleted
-RESUME_AFTER_STEP = 2000  # the complete checkpoint after which a worker pod is lost
+# The job's length here: half the manifests' (CI time), with checkpoints and
+# evaluations every 500 steps instead of 1000.
+STEPS = 3000
+EVERY = 500
+DRAIN_AT_STEP = 1000   # rank 0's evaluation after which the shard pod is deleted
+RESUME_AFTER_STEP = 1000  # the complete checkpoint after which a worker pod is lost
 
 
 def admin_flags(cluster):
@@ -183,7 +187,13 @@ def render_cpu():
     need_yaml(tools)
     if not tools["KUBECTLS"]:
         skip(tools["KUBECTL_WHY"])
-    return render(tools["KUBECTLS"].split()[0], "overlays/cpu")
+    objs = render(tools["KUBECTLS"].split()[0], "overlays/cpu")
+    config = by_kind(objs, "ConfigMap")[0]["data"]
+    for key, text in config.items():
+        text = re.sub(r"^(\s*steps:\s*)\d+", r"\g<1>%d" % STEPS, text, count=1, flags=re.M)
+        text = re.sub(r"every_steps:\s*\d+", "every_steps: %d" % EVERY, text)
+        config[key] = re.sub(r"eval_interval:\s*\d+", "eval_interval: %d" % EVERY, text)
+    return objs
 
 
 def undisturbed(objs, tables):
