@@ -20,6 +20,8 @@
 #   ONE_PROCESS=1          with IN_PROCESS=1 and W > 1: every worker a thread of
 #     one process around one embedded shard server (recps local --one_process).
 #   TLS=1                  the same over mutual TLS (default plaintext).
+#   SHARDING=planned|even  recps local --sharding (default: recps local's,
+#     planned): how the coordinator places the tables.
 #   WORKER_FLAGS="..."     more recps-worker flags (e.g. --threads=2; after
 #     `recps local`'s own, so they win).
 set -euo pipefail
@@ -58,6 +60,7 @@ print(f"{len(b) / best / 1e9:.2f}")'
 
 local_extra=()
 [[ ${ONE_PROCESS:-0} == 1 ]] && local_extra+=(--one_process)
+[[ -n ${SHARDING:-} ]] && local_extra+=(--sharding="$SHARDING")
 [[ ${IN_PROCESS:-0} == 1 ]] && SHARDS="$WORKERS(in-process)"
 [[ ${ONE_PROCESS:-0} == 1 ]] && SHARDS="1(one-process)"
 printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %8s  (ms/step)\n' \
@@ -87,7 +90,7 @@ for config in "${CONFIGS[@]}"; do
     kill -TERM %1; wait %1 || true
   else
     "$BIN_DIR/recps" local --job="$config" --workers="$WORKERS" --shards="$SHARDS" \
-      --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
+      "${local_extra[@]}" --steps="$STEPS" --bin_dir="$BIN_DIR" --work_dir="$work/local" \
       --result_dir="$work/out" "${local_tls[@]}" -- "${extra[@]}" >/dev/null 2>&1
   fi
   /usr/bin/python3 - "$work/out" "$job" "$config" "$anchor" <<'PY'
