@@ -609,6 +609,54 @@ TEST(SlotMigration, ATableWiseTableMovesWhole) {
   EXPECT_EQ(TableRows(cluster.address(0), "item"), 0);
 }
 
+// A planned map that keeps every table whole still has slot owners: a
+// drain hands them over, as a move that copies no row (it failed twice:
+// MigrateIn refused slots holding no row-wise table, and HandOver found that
+// the new map "moves nothing").
+TEST(SlotMigration, SlotsThatRouteNoRowMoveAsRoutingOnly) {
+  Cluster cluster(2, 1, "sync");
+  v1::ShardMap whole = cluster.map();
+  whole.set_epoch(2);
+  for (const char* table : {"user", "item"}) {
+    v1::TableRouting* routing = whole.add_tables();
+    routing->set_table(table);
+    routing->set_owner(1);
+  }
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    v1::SetShardMapRequest set;
+    *set.mutable_shard_map() = whole;
+    set.set_self(cluster.address(i));
+    v1::SetShardMapResponse resp;
+    ASSERT_TRUE(ShardAdminStub(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
+  }
+  auto client = cluster.NewClient(0);
+  for (int s = 0; s < 2; ++s) Step(*client, 0, s);
+  v1::MigrateInRequest in;
+  in.set_move_id("routing");
+  in.set_source(cluster.address(0));
+  v1::ShardMap next = whole;
+  next.set_epoch(3);
+  for (int slot = 0; slot < whole.slot_owner_size(); ++slot) {
+    if (whole.slot_owner(slot) != 0) continue;
+    in.add_slots(static_cast<uint32_t>(slot));
+    next.set_slot_owner(slot, 1);
+  }
+  ASSERT_GT(in.slots_size(), 0);
+  v1::MigrateInResponse copied;
+  const grpc::Status m = MigrateIn(cluster.address(1), in, &copied);
+  ASSERT_TRUE(m.ok()) << m.error_message();
+  EXPECT_EQ(copied.rows(), 0);
+  v1::HandOverRequest over;
+  over.set_move_id("routing");
+  over.set_target(cluster.address(1));
+  *over.mutable_new_map() = next;
+  const grpc::Status h = HandOver(cluster.address(0), over);
+  ASSERT_TRUE(h.ok()) << h.error_message();
+  for (int s = 2; s < 4; ++s) Step(*client, 0, s);
+}
+
 // Rows of the checkpoint file `server` writes for `step` (SaveRows, then
 // SaveRowsStatus until DONE).
 int64_t CheckpointRows(const std::string& server, uint64_t step,
