@@ -291,6 +291,20 @@ TEST(RecpsLocal, AFlagOfTheOtherCommandIsRefusedNamingIt) {
   }
 }
 
+// `recps local --insecure --shards=1 --steps=5 ARGS` in `dir`, output to
+// `log`; its exit code (128 + the signal when killed).
+int RunLocalToExit(const testing::TempDir& dir, std::vector<std::string> args,
+                   const std::string& log) {
+  args.insert(args.begin(), {"local", "--insecure", "--work_dir=" + dir.path() + "/work",
+                             "--shards=1", "--steps=5"});
+  absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, args, log);
+  EXPECT_TRUE(pid.ok()) << pid.status();
+  if (!pid.ok()) return -1;
+  int status = 0;
+  waitpid(*pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 // --shard_device reaches every recps-shard: on a machine without a usable
 // GPU, cuda:0 stops the run at start with the shard server's reason; a
 // value that is no device, and a GPU store with --in_process, are refused
@@ -298,13 +312,8 @@ TEST(RecpsLocal, AFlagOfTheOtherCommandIsRefusedNamingIt) {
 TEST(RecpsLocal, ShardDeviceReachesTheShardServers) {
   testing::TempDir dir;
   auto run = [&](std::vector<std::string> args, const std::string& log) {
-    args.insert(args.begin(), {"local", "--insecure", "--work_dir=" + dir.path() + "/work",
-                               "--workers=1", "--shards=1", "--steps=5"});
-    absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, args, log);
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    int status = 0;
-    waitpid(*pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    args.insert(args.begin(), "--workers=1");
+    return RunLocalToExit(dir, std::move(args), log);
   };
   const std::string bad = dir.path() + "/bad.log";
   EXPECT_EQ(run({"--shard_device=gpu"}, bad), 2);
@@ -326,13 +335,7 @@ TEST(RecpsLocal, ShardDeviceReachesTheShardServers) {
 TEST(RecpsLocal, GpusGiveEachWorkerItsOwnGpu) {
   testing::TempDir dir;
   auto run = [&](std::vector<std::string> args, const std::string& log) {
-    args.insert(args.begin(), {"local", "--insecure", "--work_dir=" + dir.path() + "/work",
-                               "--shards=1", "--steps=5"});
-    absl::StatusOr<pid_t> pid = client::SpawnProcess(RECPS_LAUNCHER_BINARY, args, log);
-    EXPECT_TRUE(pid.ok()) << pid.status();
-    int status = 0;
-    waitpid(*pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    return RunLocalToExit(dir, std::move(args), log);
   };
   const std::string one_process = dir.path() + "/one_process.log";
   EXPECT_EQ(run({"--gpus=0", "--in_process", "--one_process"}, one_process), 2);

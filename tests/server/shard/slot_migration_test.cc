@@ -565,6 +565,19 @@ int64_t TableRows(const std::string& address, const std::string& table) {
   return -1;
 }
 
+// Sets `map` on the first `servers` servers of `cluster`.
+void InstallMap(Cluster& cluster, const v1::ShardMap& map, int servers) {
+  for (int i = 0; i < servers; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(absl::Seconds(10)));
+    v1::SetShardMapRequest set;
+    *set.mutable_shard_map() = map;
+    set.set_self(cluster.address(i));
+    v1::SetShardMapResponse resp;
+    ASSERT_TRUE(ShardAdminStub(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
+  }
+}
+
 TEST(SlotMigration, ATableWiseTableMovesWhole) {
   Cluster cluster(2, 1, "sync");
   // Epoch 2, before any row: "item" lives whole on server 0.
@@ -573,15 +586,7 @@ TEST(SlotMigration, ATableWiseTableMovesWhole) {
   v1::TableRouting* routing = table_wise.add_tables();
   routing->set_table("item");
   routing->set_owner(0);
-  for (int i = 0; i < 2; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(10)));
-    v1::SetShardMapRequest set;
-    *set.mutable_shard_map() = table_wise;
-    set.set_self(cluster.address(i));
-    v1::SetShardMapResponse resp;
-    ASSERT_TRUE(ShardAdminStub(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
-  }
+  InstallMap(cluster, table_wise, 2);
   auto client = cluster.NewClient(0);
   for (int s = 0; s < 3; ++s) Step(*client, 0, s);
   const int64_t items = TableRows(cluster.address(0), "item");
@@ -622,15 +627,7 @@ TEST(SlotMigration, SlotsThatRouteNoRowMoveAsRoutingOnly) {
     routing->set_table(table);
     routing->set_owner(1);
   }
-  for (int i = 0; i < 2; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(In(absl::Seconds(10)));
-    v1::SetShardMapRequest set;
-    *set.mutable_shard_map() = whole;
-    set.set_self(cluster.address(i));
-    v1::SetShardMapResponse resp;
-    ASSERT_TRUE(ShardAdminStub(cluster.address(i))->SetShardMap(&ctx, set, &resp).ok());
-  }
+  InstallMap(cluster, whole, 2);
   auto client = cluster.NewClient(0);
   for (int s = 0; s < 2; ++s) Step(*client, 0, s);
   v1::MigrateInRequest in;
