@@ -1,7 +1,8 @@
 // Shard server throughput on loopback against raw TCP on the same machine.
 //
 // Starts real recps-shard processes (standalone, sync, one worker): one
-// over plaintext gRPC and one over mutual TLS (--wire), then
+// over plaintext gRPC, one over mutual TLS and one over mutual TLS with
+// same-host rows (the rows through shared memory; --wire), then
 // drives batched Lookups and PushGradients of 4k..64k unique ids of width 64
 // through the embedding client, and measures in the same run the bandwidth
 // of one TCP connection over loopback (the anchor): once for the run, and
@@ -14,7 +15,7 @@
 //                     [--max_ids_per_lookup_request=N]
 //                     [--id_space=ROWS] [--shard_flag=--threads=1 ...]
 //                     [--inflight=N] [--optimizer=sgd|adagrad|rowwise_adagrad]
-//                     [--wire=both|plain|tls]
+//                     [--wire=all|both|plain|tls|shm]
 //   recps_shard_bench --op=move [--rows=N] [--moves=N] [--ids=N]
 //                     [--max_bytes_per_second=N]
 //   --op=move: two servers, a worker stepping all the time; moves every
@@ -152,9 +153,11 @@ struct Flags {
   // Each case is split into rounds, each paired with its own anchor.
   int rounds = 5;
   std::string optimizer = "sgd";
-  // Servers to run each case against: "plain", "tls", or "both" (one of
-  // each, the same table and rows, the cases alternating between them).
-  std::string wire = "both";
+  // Servers to run each case against: "plain", "tls", "shm" (TLS, with
+  // same-host rows: docs/shard-server.md), "both" (plain and tls) or "all"
+  // (one of each, the same table and rows, the cases alternating between
+  // them).
+  std::string wire = "all";
   std::vector<std::string> shard_flags = {"--standalone", "--world_size=1",
                                           "--consistency=sync"};
   client::EmbeddingClientOptions options;
@@ -203,7 +206,7 @@ bool ParseOptimizer(const std::string& optimizer, OptimizerParams* params,
 // over plaintext gRPC or over mutual TLS (each case runs against both, so
 // that the cost of the encryption is measured in the same run).
 struct Target {
-  std::string wire;  // "plain" or "tls"
+  std::string wire;  // "plain", "tls" or "shm"
   std::unique_ptr<testing::LocalShard> shard;
   std::unique_ptr<client::EmbeddingClient> client;
   int64_t step = 0;  // pushes advance the step; lookups read at the next one
@@ -235,7 +238,9 @@ tables { name: "t" dim: 64 optimizer { kind: )" + kind_name +
   std::vector<std::string> shard_flags = b->flags.shard_flags;
   shard_flags.push_back("--tables=" + tables);
   client::EmbeddingClientOptions options = b->flags.options;
-  if (wire == "tls") {
+  // Rows through the socket but for "shm", which is what it measures.
+  options.same_host_rows = wire == "shm";
+  if (wire == "tls" || wire == "shm") {
     const std::string certs = b->dir.path() + "/certs";
     if (!std::filesystem::exists(certs + "/ca.key")) {
       if (absl::Status s = security::InitCertDir(certs, security::CertOptions()); !s.ok()) {
@@ -476,13 +481,16 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--id_space must exceed the largest batch, 65536\n");
     return 2;
   }
-  if (flags.wire != "plain" && flags.wire != "tls" && flags.wire != "both") {
-    std::fprintf(stderr, "--wire must be plain, tls or both\n");
+  if (flags.wire != "plain" && flags.wire != "tls" && flags.wire != "shm" &&
+      flags.wire != "both" && flags.wire != "all") {
+    std::fprintf(stderr, "--wire must be all, both, plain, tls or shm\n");
     return 2;
   }
   Bench b(flags, params, store_threads);
-  for (const char* wire : {"plain", "tls"}) {
-    if (flags.wire != "both" && flags.wire != wire) continue;
+  for (const char* wire : {"plain", "tls", "shm"}) {
+    const bool wanted = flags.wire == wire || flags.wire == "all" ||
+                        (flags.wire == "both" && std::string(wire) != "shm");
+    if (!wanted) continue;
     if (!StartServer(kind_name, wire, &b) || !CreateRows(&b, &b.targets.back())) return 1;
   }
 

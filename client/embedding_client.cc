@@ -221,7 +221,7 @@ EmbeddingClient::EmbeddingClient(std::vector<TableSchema> tables,
       options_(std::move(options)),
       source_(std::move(source)),
       transports_(std::make_unique<internal::Transports>(
-          options_.security, options_.in_process_shard)),
+          options_.security, options_.in_process_shard, options_.same_host_rows)),
       routing_(MakeRouting(std::move(map))),
       next_push_part_(absl::Uniform<uint64_t>(absl::BitGen()) | 1) {
   for (size_t i = 0; i < tables_.size(); ++i) {

@@ -80,6 +80,10 @@ struct EmbeddingClientOptions {
   // stale epochs and incarnations are handled as for any server. Not owned:
   // it must outlive the client.
   InProcessShard* in_process_shard = nullptr;
+  // Same-host rows (docs/shard-server.md): to a server on this host's
+  // loopback, pushes and lookup answers go through shared memory instead
+  // of the socket; a server that cannot map it gets bytes.
+  bool same_host_rows = true;
 };
 
 // Where the client gets the current shard map: at start and whenever a

@@ -2,10 +2,13 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/routed_batch.h"
+#include "common/log.h"
 #include "common/rpc/status_conversion.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/support/slice.h"
 
 namespace recps::client::internal {
 namespace {
@@ -32,15 +35,43 @@ class GrpcCall : public ShardCall {
   Response response_;
 };
 
+// Whether the server answered the call (so it no longer writes to the
+// call's shared memory): OK, or a refusal of the request itself. A
+// deadline, a cancel or a broken channel may have left it at work.
+bool ServerIsDone(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::DATA_LOSS:
+      return true;
+    default:
+      return false;
+  }
+}
+
 class GrpcLookup final
     : public GrpcCall<v1::LookupRequest, grpc::ByteBuffer> {
  public:
-  explicit GrpcLookup(RawLookupStub* stub) : stub_(stub) {}
+  GrpcLookup(RawLookupStub* stub, GrpcShardTransport* transport)
+      : stub_(stub), transport_(*transport), same_host_(transport->same_host()) {}
 
  private:
   void BuildRequest() override {
     request_.set_row_encoding(encoding_);
     batch_->BuildLookup(part_.server, part_.begin, part_.end, &request_);
+    if (same_host_ == nullptr || !transport_.shared_lookups()) return;
+    // Memory the server may write its answer to (same-host rows); without
+    // it, the answer comes as bytes.
+    absl::StatusOr<std::unique_ptr<SharedMemory>> memory = same_host_->Acquire(
+        batch_->LookupResponseBound(part_.server, part_.begin, part_.end, encoding_));
+    if (!memory.ok()) return;
+    shared_ = *std::move(memory);
+    *request_.mutable_response_buffer() = shared_->Describe(0, shared_->size());
   }
   void Send(absl::Time deadline) override {
     rpc::SetDeadline(deadline, &ctx_);
@@ -51,24 +82,72 @@ class GrpcLookup final
     // (-18% to +33%), client CPU per call 0-16% lower.
     stub_->UnaryCall(&ctx_, LookupMethodName(), grpc::StubOptions(),
                      &request_, &response_, [this](grpc::Status status) {
-                       if (status.ok()) ConsumeLookup(&response_);
+                       if (status.ok()) Consume();
+                       if (shared_ != nullptr && ServerIsDone(status)) {
+                         same_host_->Release(std::move(shared_));
+                       }
+                       shared_.reset();  // the server may still write: dropped
                        FinishGrpc(std::move(status));
                      });
   }
+  void Consume() {
+    if (shared_ != nullptr) {
+      // An answer in the shared memory comes as a LookupResponse with only
+      // shared_length: a few bytes, where rows take at least a row's.
+      constexpr size_t kMaxSharedAnswer = 16;
+      v1::LookupResponse answer;
+      grpc::ByteBuffer small(response_);  // shares the slices; read up by parsing
+      if (response_.Length() <= kMaxSharedAnswer &&
+          grpc::SerializationTraits<v1::LookupResponse>::Deserialize(&small, &answer).ok() &&
+          answer.shared_length() > 0) {
+        if (answer.shared_length() > shared_->size()) {
+          result_.consumed = absl::InternalError(absl::StrCat(
+              "the server says its answer takes ", answer.shared_length(),
+              " bytes of a ", shared_->size(), "-byte shared buffer"));
+          return;
+        }
+        grpc::Slice slice(shared_->data(), answer.shared_length(), grpc::Slice::STATIC_SLICE);
+        grpc::ByteBuffer rows(&slice, 1);
+        ConsumeLookup(&rows);
+        return;
+      }
+      // Memory offered, bytes answered: the server cannot or may not map
+      // it (its log says why), so it is offered no more.
+      transport_.StopSharedLookups();
+    }
+    ConsumeLookup(&response_);
+  }
 
   RawLookupStub* const stub_;
+  GrpcShardTransport& transport_;
+  SameHostBuffers* const same_host_;  // null: no same-host rows
+  std::unique_ptr<SharedMemory> shared_;
 };
 
 class GrpcPush final
     : public GrpcCall<v1::PushGradientsRequest, v1::PushGradientsResponse> {
  public:
-  explicit GrpcPush(RawPushStub* stub) : stub_(stub) {}
+  GrpcPush(RawPushStub* stub, GrpcShardTransport* transport)
+      : stub_(stub), transport_(*transport) {}
+
+  void Cancel() override {
+    absl::MutexLock lock(&cancel_mu_);
+    cancelled_ = true;
+    ctx_.TryCancel();
+    if (bytes_ctx_ != nullptr) bytes_ctx_->TryCancel();
+  }
 
  private:
+  void BuildRequest() override {
+    if (transport_.same_host() != nullptr && transport_.shared_pushes() && BuildShared()) {
+      return;
+    }
+    BuildBytes();
+  }
   // The request serialized by the batch (request_ holds the header only),
   // handed to gRPC as one slice that owns the bytes: the gradient rows are
   // copied once, from the caller's rows into it.
-  void BuildRequest() override {
+  void BuildBytes() {
     auto* bytes = new std::string;
     batch_->SerializePush(part_.server, encoding_, request_.header(), bytes);
     const grpc::Slice slice(
@@ -76,17 +155,88 @@ class GrpcPush final
         bytes);
     raw_request_ = grpc::ByteBuffer(&slice, 1);
   }
+  // The same bytes, written to shared memory (same-host rows), and a
+  // SharedPushRequest naming them; false when there is no memory for them.
+  bool BuildShared() {
+    const size_t size = batch_->PushBytes(part_.server, encoding_, request_.header());
+    absl::StatusOr<std::unique_ptr<SharedMemory>> memory = transport_.same_host()->Acquire(size);
+    if (!memory.ok() || !batch_->SerializePush(part_.server, encoding_, request_.header(),
+                                               (*memory)->data(), size).ok()) {
+      return false;
+    }
+    shared_ = *std::move(memory);
+    v1::SharedPushRequest request;
+    *request.mutable_request() = shared_->Describe(0, size);
+    bool own_buffer = false;
+    return grpc::SerializationTraits<v1::SharedPushRequest>::Serialize(request, &raw_request_,
+                                                                       &own_buffer)
+        .ok();
+  }
   void Send(absl::Time deadline) override {
+    deadline_ = deadline;
     rpc::SetDeadline(deadline, &ctx_);
-    stub_->UnaryCall(&ctx_, PushMethodName(), grpc::StubOptions(), &raw_request_, &response_,
-                     [this](grpc::Status status) {
-                       if (status.ok()) result_.incarnation = response_.incarnation();
-                       FinishGrpc(std::move(status));
+    const bool shared = shared_ != nullptr;
+    stub_->UnaryCall(&ctx_, shared ? PushSharedMethodName() : PushMethodName(),
+                     grpc::StubOptions(), &raw_request_, &response_,
+                     [this, shared](grpc::Status status) {
+                       if (shared) {
+                         if (ServerIsDone(status)) transport_.same_host()->Release(std::move(shared_));
+                         shared_.reset();
+                         if (RefusedShared(status)) {
+                           transport_.StopSharedPushes(status.error_message());
+                           SendBytes();
+                           return;
+                         }
+                       }
+                       Done(std::move(status));
                      });
+  }
+  // A server that cannot map the push's memory (or predates same-host
+  // rows) said so before looking at the push.
+  static bool RefusedShared(const grpc::Status& status) {
+    return status.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+           (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+            absl::StartsWith(status.error_message(), kSameHostRefusal));
+  }
+  // The refused push again, as bytes, on a context of its own (a gRPC
+  // context serves one call).
+  void SendBytes() {
+    BuildBytes();
+    grpc::ClientContext* context = nullptr;
+    {
+      absl::MutexLock lock(&cancel_mu_);
+      if (!cancelled_) {
+        bytes_ctx_ = std::make_unique<grpc::ClientContext>();
+        context = bytes_ctx_.get();
+        rpc::SetDeadline(deadline_, context);
+      }
+    }
+    if (context == nullptr) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the push was cancelled"));
+      return;
+    }
+    stub_->UnaryCall(context, PushMethodName(), grpc::StubOptions(), &raw_request_,
+                     &response_, [this, context](grpc::Status status) {
+                       if (status.error_code() == grpc::StatusCode::ABORTED) {
+                         result_.server_epoch = rpc::ShardMapEpochOf(*context);
+                       }
+                       if (status.ok()) result_.incarnation = response_.incarnation();
+                       Finish(std::move(status));
+                     });
+  }
+  void Done(grpc::Status status) {
+    if (status.ok()) result_.incarnation = response_.incarnation();
+    FinishGrpc(std::move(status));
   }
 
   RawPushStub* const stub_;
+  GrpcShardTransport& transport_;
   grpc::ByteBuffer raw_request_;
+  std::unique_ptr<SharedMemory> shared_;  // the request's bytes (same-host rows)
+  absl::Time deadline_;
+  absl::Mutex cancel_mu_;
+  bool cancelled_ ABSL_GUARDED_BY(cancel_mu_) = false;
+  std::unique_ptr<grpc::ClientContext> bytes_ctx_ ABSL_GUARDED_BY(cancel_mu_);
 };
 
 }  // namespace
@@ -103,8 +253,21 @@ const std::string& PushMethodName() {
   return *kName;
 }
 
+const std::string& PushSharedMethodName() {
+  static const std::string* const kName = new std::string(
+      absl::StrCat("/", v1::EmbeddingShard::service_full_name(), "/PushGradientsShared"));
+  return *kName;
+}
+
 GrpcShardTransport::GrpcShardTransport(const std::string& address,
-                                       const rpc::TransportSecurity& security) {
+                                       const rpc::TransportSecurity& security,
+                                       bool same_host_rows)
+    : address_(address),
+      same_host_(same_host_rows && IsLoopbackAddress(address)
+                     ? std::make_unique<SameHostBuffers>()
+                     : nullptr),
+      shared_lookups_(same_host_ != nullptr),
+      shared_pushes_(same_host_ != nullptr) {
   std::shared_ptr<grpc::Channel> channel =
       rpc::MakeChannel(address, rpc::ChannelKind::kData, security);
   raw_push_ = std::make_unique<RawPushStub>(channel);
@@ -112,11 +275,25 @@ GrpcShardTransport::GrpcShardTransport(const std::string& address,
 }
 
 std::unique_ptr<ShardCall> GrpcShardTransport::NewLookup() {
-  return std::make_unique<GrpcLookup>(raw_lookup_.get());
+  return std::make_unique<GrpcLookup>(raw_lookup_.get(), this);
 }
 
 std::unique_ptr<ShardCall> GrpcShardTransport::NewPush() {
-  return std::make_unique<GrpcPush>(raw_push_.get());
+  return std::make_unique<GrpcPush>(raw_push_.get(), this);
+}
+
+void GrpcShardTransport::StopSharedLookups() {
+  if (shared_lookups_.exchange(false)) {
+    LogInfo("lookups from ", address_,
+            " come as bytes: the server answered one in bytes where memory was offered");
+  }
+}
+
+void GrpcShardTransport::StopSharedPushes(absl::string_view why) {
+  if (shared_pushes_.exchange(false)) {
+    LogInfo("pushes to ", address_, " go as bytes: the server refused same-host rows (",
+            why, ")");
+  }
 }
 
 }  // namespace recps::client::internal

@@ -14,6 +14,49 @@
 #include "common/wire/wire_format.h"
 
 namespace recps::client::internal {
+
+// Where a serialized push goes: a string that grows, or memory of a size
+// known in advance (same-host rows).
+class RoutedBatch::ByteWriter {
+ public:
+  explicit ByteWriter(std::string* out) : string_(out) {}
+  ByteWriter(char* out, size_t size) : at_(out), end_(out + size) {}
+  void reserve(size_t n) {
+    if (string_ != nullptr) string_->reserve(string_->size() + n);
+  }
+  void append(const char* bytes, size_t n) {
+    if (string_ != nullptr) {
+      string_->append(bytes, n);
+      return;
+    }
+    if (char* to = Take(n)) std::memcpy(to, bytes, n);
+  }
+  // n bytes to be written by the caller; null past the end of fixed memory
+  // (then nothing more is written and filled() is false).
+  char* Take(size_t n) {
+    if (string_ != nullptr) {
+      const size_t at = string_->size();
+      string_->resize(at + n);
+      return string_->data() + at;
+    }
+    if (overflow_ || n > static_cast<size_t>(end_ - at_)) {
+      overflow_ = true;
+      return nullptr;
+    }
+    char* p = at_;
+    at_ += n;
+    return p;
+  }
+  // Fixed memory: written exactly to its end.
+  bool filled() const { return !overflow_ && at_ == end_; }
+
+ private:
+  std::string* string_ = nullptr;
+  char* at_ = nullptr;
+  char* end_ = nullptr;
+  bool overflow_ = false;
+};
+
 namespace {
 
 // One row from the wire into `out`. REQUIRES: encoding is FLOAT32, FLOAT16 or
@@ -309,7 +352,8 @@ void RoutedBatch::BuildPush(int server, v1::RowEncoding encoding,
     }
     std::string* grads = table->mutable_grads();
     grads->clear();
-    AppendGrads(plan, begin, n, encoding, grads);
+    ByteWriter writer(grads);
+    AppendGrads(plan, begin, n, encoding, writer);
   }
 }
 
@@ -318,7 +362,7 @@ size_t RoutedBatch::GradBytes(const TablePlan& plan, int32_t n, v1::RowEncoding 
 }
 
 void RoutedBatch::AppendGrads(const TablePlan& plan, int32_t begin, int32_t n,
-                              v1::RowEncoding encoding, std::string* out) {
+                              v1::RowEncoding encoding, ByteWriter& out) {
   const std::vector<const float*>& grad_row = plans[plan.data].grad_row;
   const size_t values = static_cast<size_t>(n) * plan.dim;
   const size_t row_bytes = sizeof(float) * plan.dim;
@@ -326,24 +370,24 @@ void RoutedBatch::AppendGrads(const TablePlan& plan, int32_t begin, int32_t n,
     // Appended row by row: a resize() first would zero the whole buffer
     // (the largest of the call) only to overwrite it, 40% of the gather's
     // time.
-    out->reserve(out->size() + values * sizeof(float));
+    out.reserve(values * sizeof(float));
     for (int32_t k = 0; k < n; ++k) {
-      out->append(reinterpret_cast<const char*>(grad_row[plan.routed[begin + k]] +
-                                                plan.column_offset),
-                  row_bytes);
+      out.append(reinterpret_cast<const char*>(grad_row[plan.routed[begin + k]] +
+                                               plan.column_offset),
+                 row_bytes);
     }
     return;
   }
   // 16-bit rows through gather_, then narrowed.
-  const size_t at = out->size();
-  out->resize(at + GradBytes(plan, n, encoding));
+  char* const to = out.Take(GradBytes(plan, n, encoding));
+  if (to == nullptr) return;
   gather_.resize(values);
   char* const rows = reinterpret_cast<char*>(gather_.data());
   for (int32_t k = 0; k < n; ++k) {
     std::memcpy(rows + k * row_bytes, grad_row[plan.routed[begin + k]] + plan.column_offset,
                 row_bytes);
   }
-  EncodeRows(gather_.data(), values, encoding, out->data() + at);
+  EncodeRows(gather_.data(), values, encoding, to);
 }
 
 namespace {
@@ -352,16 +396,18 @@ using google::protobuf::internal::WireFormatLite;
 
 using google::protobuf::io::CodedOutputStream;
 
-void AppendVarint(uint64_t v, std::string* out) {
+template <typename Out>
+void AppendVarint(uint64_t v, Out& out) {
   uint8_t bytes[10];
   const uint8_t* end = CodedOutputStream::WriteVarint64ToArray(v, bytes);
-  out->append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(end - bytes));
+  out.append(reinterpret_cast<const char*>(bytes), static_cast<size_t>(end - bytes));
 }
 
 size_t VarintSize(uint64_t v) { return CodedOutputStream::VarintSize64(v); }
 
 // A length-delimited field's tag and length (its bytes follow).
-void AppendFieldStart(int field, size_t length, std::string* out) {
+template <typename Out>
+void AppendFieldStart(int field, size_t length, Out& out) {
   AppendVarint(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED), out);
   AppendVarint(length, out);
 }
@@ -378,41 +424,64 @@ constexpr int kTableNameField = 1, kTableIdsField = 2, kTableGradsField = 3,
 
 }  // namespace
 
+size_t RoutedBatch::PushBytes(int server, v1::RowEncoding encoding,
+                              const v1::RequestHeader& header) const {
+  size_t total = FieldSize(kPushHeaderField, header.ByteSizeLong());
+  for (int p = 0; p < num_plans; ++p) {
+    const int32_t n = plans[p].count(server);
+    if (n > 0) total += FieldSize(kPushTablesField, PushTableBytes(plans[p], n, encoding));
+  }
+  return total;
+}
+
+size_t RoutedBatch::PushTableBytes(const TablePlan& plan, int32_t n, v1::RowEncoding encoding) {
+  size_t size = FieldSize(kTableNameField, plan.name->size()) +
+                FieldSize(kTableIdsField, static_cast<size_t>(n) * sizeof(int64_t)) +
+                FieldSize(kTableGradsField, GradBytes(plan, n, encoding));
+  if (encoding != 0) {
+    size += VarintSize(WireFormatLite::MakeTag(kTableEncodingField,
+                                               WireFormatLite::WIRETYPE_VARINT)) +
+            VarintSize(encoding);
+  }
+  return size;
+}
+
 void RoutedBatch::SerializePush(int server, v1::RowEncoding encoding,
                                 const v1::RequestHeader& header, std::string* out) {
   out->clear();
-  const std::string head = header.SerializeAsString();
-  size_t total = FieldSize(kPushHeaderField, head.size());
-  // Each table's TableGradients size, known before its rows are gathered.
-  auto table_size = [&](const TablePlan& plan, int32_t n) {
-    size_t size = FieldSize(kTableNameField, plan.name->size()) +
-                  FieldSize(kTableIdsField, static_cast<size_t>(n) * sizeof(int64_t)) +
-                  FieldSize(kTableGradsField, GradBytes(plan, n, encoding));
-    if (encoding != 0) {
-      size += VarintSize(WireFormatLite::MakeTag(kTableEncodingField,
-                                                 WireFormatLite::WIRETYPE_VARINT)) +
-              VarintSize(encoding);
-    }
-    return size;
-  };
-  for (int p = 0; p < num_plans; ++p) {
-    const int32_t n = plans[p].count(server);
-    if (n > 0) total += FieldSize(kPushTablesField, table_size(plans[p], n));
+  out->reserve(PushBytes(server, encoding, header));
+  ByteWriter writer(out);
+  WritePush(server, encoding, header, writer);
+}
+
+absl::Status RoutedBatch::SerializePush(int server, v1::RowEncoding encoding,
+                                        const v1::RequestHeader& header, char* out,
+                                        size_t size) {
+  ByteWriter writer(out, size);
+  WritePush(server, encoding, header, writer);
+  if (!writer.filled()) {
+    return absl::InternalError(
+        absl::StrCat("a serialized push does not fill the ", size, " bytes PushBytes gave"));
   }
-  out->reserve(total);
+  return absl::OkStatus();
+}
+
+void RoutedBatch::WritePush(int server, v1::RowEncoding encoding,
+                            const v1::RequestHeader& header, ByteWriter& out) {
+  const std::string head = header.SerializeAsString();
   AppendFieldStart(kPushHeaderField, head.size(), out);
-  out->append(head);
+  out.append(head.data(), head.size());
   for (int p = 0; p < num_plans; ++p) {
     const TablePlan& plan = plans[p];
     const int32_t n = plan.count(server);
     if (n == 0) continue;
     const int32_t begin = plan.server_begin[server];
-    AppendFieldStart(kPushTablesField, table_size(plan, n), out);
+    AppendFieldStart(kPushTablesField, PushTableBytes(plan, n, encoding), out);
     AppendFieldStart(kTableNameField, plan.name->size(), out);
-    out->append(*plan.name);
+    out.append(plan.name->data(), plan.name->size());
     AppendFieldStart(kTableIdsField, static_cast<size_t>(n) * sizeof(int64_t), out);
-    out->append(reinterpret_cast<const char*>(plan.routed_ids.data() + begin),
-                static_cast<size_t>(n) * sizeof(int64_t));
+    out.append(reinterpret_cast<const char*>(plan.routed_ids.data() + begin),
+               static_cast<size_t>(n) * sizeof(int64_t));
     AppendFieldStart(kTableGradsField, GradBytes(plan, n, encoding), out);
     AppendGrads(plan, begin, n, encoding, out);
     // In field order, as protobuf's own serializer writes them.
@@ -422,6 +491,21 @@ void RoutedBatch::SerializePush(int server, v1::RowEncoding encoding,
       AppendVarint(encoding, out);
     }
   }
+}
+
+size_t RoutedBatch::LookupResponseBound(int server, int32_t begin, int32_t end,
+                                        v1::RowEncoding encoding) const {
+  // incarnation, applied_step, shared_length and room for a field to come.
+  size_t total = 64;
+  ForEachTableOf(server, begin, end, [&](int p, int32_t, int32_t n) {
+    const TablePlan& plan = plans[p];
+    // TableRows: its tag and length, the name, dim, updated_only, and
+    // with updated_only at most every position.
+    total += 32 + FieldSize(kTableNameField, plan.name->size()) +
+             FieldSize(3, GradBytes(plan, n, encoding)) +
+             (updated_only ? FieldSize(4, static_cast<size_t>(n) * sizeof(int32_t)) : 0);
+  });
+  return total;
 }
 
 // The response is parsed by hand rather than into a v1::LookupResponse: the

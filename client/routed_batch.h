@@ -111,12 +111,18 @@ struct RoutedBatch {
   // `out` as it is).
   void SerializePush(int server, v1::RowEncoding encoding,
                      const v1::RequestHeader& header, std::string* out);
+  // The same into `size` bytes at `out` (same-host rows), which must be
+  // PushBytes(server, encoding, header) (INTERNAL when it is not).
+  absl::Status SerializePush(int server, v1::RowEncoding encoding,
+                             const v1::RequestHeader& header, char* out, size_t size);
+  size_t PushBytes(int server, v1::RowEncoding encoding,
+                   const v1::RequestHeader& header) const;
   // Bytes of n gradient rows of `plan` in `encoding`.
   static size_t GradBytes(const TablePlan& plan, int32_t n, v1::RowEncoding encoding);
-  // Appends the gradient rows of routed[begin, begin + n) of `plan` to
-  // `out` in `encoding` (one copy from the caller's rows).
-  void AppendGrads(const TablePlan& plan, int32_t begin, int32_t n,
-                   v1::RowEncoding encoding, std::string* out);
+  // At least the bytes of the serialized LookupResponse a server answers a
+  // part with (same-host rows: the memory the server may write it to).
+  size_t LookupResponseBound(int server, int32_t begin, int32_t end,
+                             v1::RowEncoding encoding) const;
   // An in-process lookup part (InProcessShard::LookupInto): when the rows
   // of every table of the part go to one contiguous run of the caller's
   // buffer each (a worker's distinct ids into one buffer per table), sets
@@ -166,6 +172,16 @@ struct RoutedBatch {
     int32_t first;
     int32_t n;
   };
+
+  class ByteWriter;
+  void WritePush(int server, v1::RowEncoding encoding, const v1::RequestHeader& header,
+                 ByteWriter& out);
+  // Bytes of one TableGradients of n ids of `plan`.
+  static size_t PushTableBytes(const TablePlan& plan, int32_t n, v1::RowEncoding encoding);
+  // Appends the gradient rows of routed[begin, begin + n) of `plan` to
+  // `out` in `encoding` (one copy from the caller's rows).
+  void AppendGrads(const TablePlan& plan, int32_t begin, int32_t n,
+                   v1::RowEncoding encoding, ByteWriter& out);
 
   std::vector<int64_t> spec_pos_;  // per plan: next position while scattering
   std::vector<float> gather_;      // push: one server's rows of one plan

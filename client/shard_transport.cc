@@ -35,8 +35,8 @@ void ShardCall::ConsumeLookup(grpc::ByteBuffer* response) {
 }
 
 Transports::Transports(rpc::TransportSecurity security,
-                       InProcessShard* in_process)
-    : security_(std::move(security)) {
+                       InProcessShard* in_process, bool same_host_rows)
+    : security_(std::move(security)), same_host_rows_(same_host_rows) {
   if (in_process != nullptr) {
     in_process_ = std::make_unique<InProcessShardTransport>(in_process);
     in_process_address_ = &in_process->address();
@@ -52,7 +52,7 @@ ShardTransport* Transports::For(const std::string& address) {
   absl::MutexLock lock(&mu_);
   std::unique_ptr<ShardTransport>& transport = grpc_[address];
   if (transport == nullptr) {
-    transport = std::make_unique<GrpcShardTransport>(address, security_);
+    transport = std::make_unique<GrpcShardTransport>(address, security_, same_host_rows_);
   }
   return transport.get();
 }

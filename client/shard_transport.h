@@ -125,17 +125,20 @@ class ShardTransport {
 };
 
 // The transport of every server address: `in_process`'s for its address
-// (if not null; not owned), gRPC over `security` for any other. Made on
-// first use and kept, so channels outlive shard-map changes. Thread-safe.
+// (if not null; not owned), gRPC over `security` for any other, offering
+// same-host rows to loopback servers when `same_host_rows`. Made on first
+// use and kept, so channels outlive shard-map changes. Thread-safe.
 class Transports {
  public:
-  Transports(rpc::TransportSecurity security, InProcessShard* in_process);
+  Transports(rpc::TransportSecurity security, InProcessShard* in_process,
+             bool same_host_rows);
   ~Transports();
   // Lives as long as this object.
   ShardTransport* For(const std::string& address);
 
  private:
   const rpc::TransportSecurity security_;
+  const bool same_host_rows_;
   std::unique_ptr<ShardTransport> in_process_;  // null: none
   const std::string* in_process_address_ = nullptr;
   absl::Mutex mu_;

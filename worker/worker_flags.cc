@@ -68,6 +68,10 @@ ABSL_FLAG(absl::Duration, resume_timeout, absl::Minutes(5),
           "with --coordinator: how long a starting worker waits for the "
           "coordinator's resume state (it answers UNAVAILABLE while the shard "
           "servers restore their rows)");
+ABSL_FLAG(bool, same_host_rows, true,
+          "to shard servers on this host's loopback, pass pushes and lookup "
+          "answers through shared memory instead of the socket "
+          "(docs/shard-server.md, Same-host rows); false: bytes always");
 ABSL_FLAG(absl::Duration, rpc_timeout, absl::Seconds(60),
           "deadline of each lookup and push attempt to a shard server; a "
           "sync-mode lookup waits for the slowest worker's push of the step "

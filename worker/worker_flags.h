@@ -33,6 +33,7 @@ ABSL_DECLARE_FLAG(std::string, loss_log);
 ABSL_DECLARE_FLAG(absl::Duration, resume_timeout);
 ABSL_DECLARE_FLAG(absl::Duration, checkpoint_timeout);
 ABSL_DECLARE_FLAG(absl::Duration, rpc_timeout);
+ABSL_DECLARE_FLAG(bool, same_host_rows);
 ABSL_DECLARE_FLAG(std::string, gpu_allreduce);
 ABSL_DECLARE_FLAG(absl::Duration, collective_timeout);
 ABSL_DECLARE_FLAG(bool, embedded_shard);

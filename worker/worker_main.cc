@@ -286,6 +286,7 @@ int CreateClient(RankRun& run) {
   client_options.worker_rank = run.rank;
   client_options.encoding = config::WireEncoding(run.job.training());
   client_options.rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout);
+  client_options.same_host_rows = absl::GetFlag(FLAGS_same_host_rows);
   if (client_options.rpc_timeout <= absl::ZeroDuration()) {
     LogError("--rpc_timeout must be positive, not ", absl::FormatDuration(client_options.rpc_timeout));
     return 2;

@@ -28,6 +28,7 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           // Data plane.
           {"EmbeddingShard.Lookup", W},
           {"EmbeddingShard.PushGradients", W},
+          {"EmbeddingShard.PushGradientsShared", W},
           // Shard servers' operations: the coordinator acts for admins.
           {"ShardAdmin.Stats", C | R},
           {"ShardAdmin.GetShardMap", W | S | C | R},

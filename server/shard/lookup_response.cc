@@ -68,49 +68,67 @@ size_t TableFieldsSize(const SerializedLookupResponse::Table& t) {
 
 }  // namespace
 
-absl::Status SerializedLookupResponse::Init(BufferPool& pool,
-                                            absl::Span<const Table> tables,
-                                            uint64_t incarnation,
-                                            std::optional<int64_t> applied_step) {
+size_t SerializedLookupResponse::Layout(absl::Span<const Table> tables, size_t alignment,
+                                        uint64_t incarnation,
+                                        std::optional<int64_t> applied_step,
+                                        size_t* trailer_at) {
   // Per table: [tag, length, name, dim, rows tag, rows length] right before
   // its rows, and padding before that, so each table's bytes are one
   // segment with its rows aligned.
   rows_offset_.clear();
   segments_.clear();
   size_t end = 0;
-  size_t message_bytes = 0;
+  message_bytes_ = 0;
   for (const Table& t : tables) {
     const size_t inner = TableFieldsSize(t) + t.rows_bytes;
     const size_t header = 1 + VarintSize(inner) + TableFieldsSize(t);
-    const size_t rows =
-        (end + header + kRowsAlignment - 1) / kRowsAlignment * kRowsAlignment;
+    const size_t rows = (end + header + alignment - 1) / alignment * alignment;
     segments_.push_back({rows - header, header + t.rows_bytes});
     rows_offset_.push_back(rows);
     end = rows + t.rows_bytes;
-    message_bytes += header + t.rows_bytes;
+    message_bytes_ += header + t.rows_bytes;
   }
   // The incarnation and the applied step last, in one segment (parsers
   // accept fields in any order).
-  const size_t trailer_at = end;
+  *trailer_at = end;
   size_t trailer = 0;
   if (incarnation != 0) trailer += kIncarnationBytes;
   if (applied_step.has_value()) {
     trailer += 1 + VarintSize(static_cast<uint64_t>(*applied_step));
   }
   if (trailer != 0) {
-    segments_.push_back({trailer_at, trailer});
+    segments_.push_back({*trailer_at, trailer});
     end += trailer;
-    message_bytes += trailer;
+    message_bytes_ += trailer;
   }
-  if (message_bytes > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+  return end;
+}
+
+absl::Status SerializedLookupResponse::Init(BufferPool& pool,
+                                            absl::Span<const Table> tables,
+                                            uint64_t incarnation,
+                                            std::optional<int64_t> applied_step) {
+  size_t trailer_at = 0;
+  in_external_ = false;
+  size_t end = 0;
+  if (external_ != nullptr) {
+    // Without padding: the message is then one run a reader takes as it is.
+    end = Layout(tables, 1, incarnation, applied_step, &trailer_at);
+    in_external_ = end <= external_capacity_;
+  }
+  if (!in_external_) end = Layout(tables, kRowsAlignment, incarnation, applied_step, &trailer_at);
+  if (message_bytes_ > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+    in_external_ = false;
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the lookup response would be ", message_bytes,
+        "the lookup response would be ", message_bytes_,
         " bytes, over protobuf's 2 GiB message limit; split the batch"));
   }
-  absl::StatusOr<PooledBuffer> buffer = pool.Take(end);
-  if (!buffer.ok()) return buffer.status();
-  buffer_ = *std::move(buffer);
-  char* tail = buffer_.data() + trailer_at;
+  if (!in_external_) {
+    absl::StatusOr<PooledBuffer> buffer = pool.Take(end);
+    if (!buffer.ok()) return buffer.status();
+    buffer_ = *std::move(buffer);
+  }
+  char* tail = base() + trailer_at;
   if (incarnation != 0) {
     *tail++ = kIncarnationTag;
     for (int b = 0; b < 8; ++b) *tail++ = static_cast<char>(incarnation >> (8 * b));
@@ -121,7 +139,7 @@ absl::Status SerializedLookupResponse::Init(BufferPool& pool,
   }
   for (size_t i = 0; i < tables.size(); ++i) {
     const Table& t = tables[i];
-    char* p = buffer_.data() + segments_[i].offset;
+    char* p = base() + segments_[i].offset;
     *p++ = kTablesTag;
     p = PutVarint(TableFieldsSize(t) + t.rows_bytes, p);
     if (!t.name.empty()) {

@@ -48,10 +48,22 @@ class SerializedLookupResponse {
                     uint64_t incarnation = 0,
                     std::optional<int64_t> applied_step = std::nullopt);
 
-  // Table i's rows_bytes bytes of rows, 64-byte aligned.
-  char* rows(int table) const { return buffer_.data() + rows_offset_[table]; }
+  // Memory of the caller's (same-host rows) that Init lays the message out
+  // in, as one segment without padding, when it fits there; otherwise Init
+  // takes a pooled buffer as usual. Set before Init.
+  void WriteInto(char* memory, size_t capacity) {
+    external_ = memory;
+    external_capacity_ = capacity;
+  }
+  // Whether Init wrote to the WriteInto memory: the message is then its
+  // first message_bytes() bytes.
+  bool in_external_memory() const { return in_external_; }
+  size_t message_bytes() const { return message_bytes_; }
 
-  const char* data() const { return buffer_.data(); }
+  // Table i's rows_bytes bytes of rows, 64-byte aligned in a pooled buffer.
+  char* rows(int table) const { return base() + rows_offset_[table]; }
+
+  const char* data() const { return base(); }
   absl::Span<const Segment> segments() const { return segments_; }
   // The serialized message, copied into one string.
   std::string ToString() const;
@@ -61,7 +73,17 @@ class SerializedLookupResponse {
   PooledBuffer TakeBuffer() { return std::move(buffer_); }
 
  private:
+  char* base() const { return in_external_ ? external_ : buffer_.data(); }
+  // Lays the tables out from offset 0, rows aligned to `alignment`; returns
+  // the end of the layout.
+  size_t Layout(absl::Span<const Table> tables, size_t alignment, uint64_t incarnation,
+                std::optional<int64_t> applied_step, size_t* trailer_at);
+
   PooledBuffer buffer_;
+  char* external_ = nullptr;
+  size_t external_capacity_ = 0;
+  bool in_external_ = false;
+  size_t message_bytes_ = 0;
   std::vector<size_t> rows_offset_;
   std::vector<Segment> segments_;
 };

@@ -109,6 +109,10 @@ ABSL_FLAG(double, prefault_fixed_tables, -1,
           "table's rows, the share this server expects to hold (a first touch "
           "inside a training step costs more); 0: none, memory is committed as "
           "rows appear; negative (default -1): 1 with --standalone, else 0");
+ABSL_FLAG(bool, same_host_rows, true,
+          "for workers on this host's loopback, read pushes from and write "
+          "lookup answers to their shared memory instead of the socket "
+          "(docs/shard-server.md, Same-host rows); false: bytes always");
 ABSL_FLAG(std::string, port_file, "",
           "if set, write '<grpc port> <metrics port>' here once serving (for "
           "launchers and tests)");
@@ -309,6 +313,7 @@ int Run() {
   options.advertise = absl::GetFlag(FLAGS_advertise);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  options.same_host_rows = absl::GetFlag(FLAGS_same_host_rows);
   options.coordinator = absl::GetFlag(FLAGS_coordinator);
   options.standalone = absl::GetFlag(FLAGS_standalone);
   const double prefault = absl::GetFlag(FLAGS_prefault_fixed_tables);

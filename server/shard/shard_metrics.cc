@@ -34,6 +34,12 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                         .Help("Requests refused as bad, by method and reason "
                               "(malformed, invalid_argument, over_limit)")
                         .Register(registry)),
+      same_host_bytes_(prometheus::BuildCounter()
+                           .Name("recps_shard_same_host_bytes_total")
+                           .Help("Bytes of requests (PushGradients) and answers "
+                                 "(Lookup) passed through a same-host caller's "
+                                 "shared memory instead of the socket, by method")
+                           .Register(registry)),
       lookup_ids_(prometheus::BuildCounter()
                       .Name("recps_shard_lookup_ids_total")
                       .Help("Ids served by Lookup")
@@ -204,6 +210,10 @@ void ShardMetrics::AddBadRequest(const std::string& rpc,
                                  const std::string& reason) {
   // Few distinct labels; Family::Add finds an existing child under its lock.
   bad_requests_.Add({{"rpc", rpc}, {"reason", reason}}).Increment();
+}
+
+void ShardMetrics::AddSameHostBytes(const std::string& rpc, int64_t bytes) {
+  same_host_bytes_.Add({{"rpc", rpc}}).Increment(static_cast<double>(bytes));
 }
 
 void ShardMetrics::AddLookedUpIds(int64_t ids, int64_t bytes) {

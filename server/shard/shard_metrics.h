@@ -50,6 +50,9 @@ class ShardMetrics {
   // invalid_argument or over_limit (RESOURCE_EXHAUSTED).
   void AddBadRequest(const std::string& rpc, const std::string& reason);
   void AddLookedUpIds(int64_t ids, int64_t bytes);
+  // Same-host rows: a request's bytes (`rpc` Lookup: the answer; Push: the
+  // request) passed through the caller's memory instead of the socket.
+  void AddSameHostBytes(const std::string& rpc, int64_t bytes);
   void AddUpdatedIds(int64_t ids);
   // Time a lookup waited for its step (sync and bounded modes).
   void RecordSyncWait(double seconds);
@@ -68,6 +71,7 @@ class ShardMetrics {
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Counter>& bad_requests_;
+  prometheus::Family<prometheus::Counter>& same_host_bytes_;
   prometheus::Counter& lookup_ids_;
   prometheus::Counter& lookup_bytes_;
   prometheus::Counter& update_ids_;

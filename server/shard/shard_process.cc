@@ -189,6 +189,7 @@ absl::Status ShardProcess::Serve() {
   data_service_ = std::make_unique<EmbeddingShardService>(shard_.get(), metrics_.get());
   admin_service_ = std::make_unique<ShardAdminService>(shard_.get(), metrics_.get());
   data_service_->set_gate(gate_.get());
+  if (o.same_host_rows) data_service_->AllowSameHostRows();
   admin_service_->set_gate(gate_.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

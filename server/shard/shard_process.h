@@ -74,6 +74,9 @@ struct ShardProcessOptions {
   std::string health_listen;   // empty: no plaintext health port
   std::string coordinator;     // empty: no registration
   bool standalone = false;     // serve every slot alone, epoch 1
+  // Same-host rows (common/wire/same_host_memory.h): map the shared memory
+  // of callers on loopback instead of carrying their rows through the socket.
+  bool same_host_rows = true;
   // StoreOptions::prefault_fixed_share: the share of each fixed table's
   // rows this server expects to hold, whose memory is committed at start.
   double prefault_fixed_share = 0;

@@ -1,5 +1,6 @@
 #include "server/shard/shard_service.h"
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,14 +70,16 @@ struct LookupCall {
   rpc::Admission admission;
   v1::LookupRequest request;
   SerializedLookupResponse response;
+  // The caller's memory the response may be written to (same-host rows).
+  SharedMemoryMapper::Region shared;
 };
 
-// A push in flight: the parsed request and its answer.
-struct PushCall {
-  rpc::Admission admission;
-  v1::PushGradientsRequest request;
-  v1::PushGradientsResponse response;
-};
+// Same-host requests that could not be served so (logged at most 5 lines
+// per minute: the caller falls back to bytes and carries on).
+LogLimiter& SameHostLog() {
+  static LogLimiter* const limiter = new LogLimiter(5, absl::Minutes(1));
+  return *limiter;
+}
 
 // The caller's admission (role and per-client limits); an empty one when
 // there is no gate. On refusal: finishes the call and returns nullopt.
@@ -102,6 +105,38 @@ bool CreatesRows(const ShardServer& server, const v1::LookupRequest& request) {
 }
 
 }  // namespace
+
+// A push in flight: the parsed request and its answer.
+struct EmbeddingShardService::PushCall {
+  rpc::Admission admission;
+  v1::PushGradientsRequest request;
+  v1::PushGradientsResponse response;
+};
+
+absl::StatusOr<SharedMemoryMapper::Region> EmbeddingShardService::MapSameHost(
+    grpc::CallbackServerContext* context, const v1::SharedBuffer& buffer) {
+  absl::Status refused;
+  if (same_host_ == nullptr) {
+    // Configured so: the caller logs the refusal once, the server not at all.
+    return absl::FailedPreconditionError(
+        absl::StrCat(kSameHostRefusal, "this server runs with --same_host_rows=false"));
+  }
+  if (!IsLoopbackPeer(context->peer())) {
+    refused = absl::FailedPreconditionError(
+        absl::StrCat("the caller ", context->peer(), " is not on this host's loopback"));
+  } else {
+    absl::StatusOr<SharedMemoryMapper::Region> region = same_host_->Map(buffer);
+    if (region.ok()) return region;
+    refused = region.status();
+  }
+  refused = absl::FailedPreconditionError(absl::StrCat(kSameHostRefusal, refused.message()));
+  int64_t suppressed = 0;
+  if (SameHostLog().Allow(&suppressed)) {
+    LogInfo("a request from ", context->peer(), " goes as bytes: ", refused.message(),
+            suppressed > 0 ? absl::StrCat(" [", suppressed, " such lines suppressed]") : "");
+  }
+  return refused;
+}
 
 grpc::ByteBuffer LookupResponseToByteBuffer(SerializedLookupResponse& response) {
   auto* buffer = new PooledBuffer(response.TakeBuffer());
@@ -158,11 +193,34 @@ grpc::ServerUnaryReactor* EmbeddingShardService::Lookup(
       return reactor;
     }
   }
+  if (call->request.has_response_buffer()) {
+    // Same-host rows: the answer goes to the caller's memory when it can.
+    absl::StatusOr<SharedMemoryMapper::Region> shared =
+        MapSameHost(context, call->request.response_buffer());
+    if (shared.ok()) {
+      call->shared = *std::move(shared);
+      call->response.WriteInto(call->shared.data, call->shared.length);
+    }
+  }
   LookupCall* c = call.get();
   server_->Lookup(&c->request, &c->response,
                   [this, context, reactor, start, response,
                    call = std::move(call)](absl::Status s) {
-                    if (s.ok()) *response = LookupResponseToByteBuffer(call->response);
+                    if (s.ok() && call->response.in_external_memory()) {
+                      v1::LookupResponse answer;
+                      answer.set_shared_length(call->response.message_bytes());
+                      bool own_buffer = false;
+                      const grpc::Status serialized =
+                          grpc::SerializationTraits<v1::LookupResponse>::Serialize(
+                              answer, response, &own_buffer);
+                      if (!serialized.ok()) s = absl::InternalError(serialized.error_message());
+                      if (metrics_ != nullptr) {
+                        metrics_->AddSameHostBytes(
+                            "Lookup", static_cast<int64_t>(call->response.message_bytes()));
+                      }
+                    } else if (s.ok()) {
+                      *response = LookupResponseToByteBuffer(call->response);
+                    }
                     if (absl::IsInvalidArgument(s)) call->admission.NoteBadRequest();
                     Finish("Lookup", context, reactor, s, start, metrics_);
                   },
@@ -196,18 +254,73 @@ grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
     call->admission.NoteBadRequest();
     return reactor;
   }
+  Push(std::move(call), context, reactor, response, start, "PushGradients");
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* EmbeddingShardService::PushGradientsShared(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  // Counted and limited as PushGradients, of which it is another form.
+  std::optional<rpc::Admission> admission =
+      AdmitOrFinish(gate_, "PushGradients", "EmbeddingShard.PushGradientsShared", context,
+                    reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  auto call = std::make_unique<PushCall>();
+  call->admission = *std::move(admission);
+  grpc::ByteBuffer bytes(*request);  // shares the slices
+  v1::SharedPushRequest shared;
+  if (!grpc::SerializationTraits<v1::SharedPushRequest>::Deserialize(&bytes, &shared).ok()) {
+    Finish("PushGradients", context, reactor,
+           absl::InvalidArgumentError("the request does not parse as a "
+                                      "recps.v1.SharedPushRequest"),
+           start, metrics_, "malformed");
+    call->admission.NoteBadRequest();
+    return reactor;
+  }
+  absl::StatusOr<SharedMemoryMapper::Region> region = MapSameHost(context, shared.request());
+  if (!region.ok()) {
+    Finish("PushGradients", context, reactor, region.status(), start, metrics_);
+    return reactor;
+  }
+  // Parsed out of the caller's memory: the message owns its copy after
+  // this, whatever the caller does to that memory.
+  if (region->length > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+      !call->request.ParseFromArray(region->data, static_cast<int>(region->length))) {
+    Finish("PushGradients", context, reactor,
+           absl::InvalidArgumentError(absl::StrCat(
+               "the shared request does not parse as a recps.v1.PushGradientsRequest (",
+               region->length, " bytes)")),
+           start, metrics_, "malformed");
+    call->admission.NoteBadRequest();
+    return reactor;
+  }
+  if (metrics_ != nullptr) {
+    metrics_->AddSameHostBytes("PushGradients", static_cast<int64_t>(region->length));
+  }
+  Push(std::move(call), context, reactor, response, start, "PushGradients");
+  return reactor;
+}
+
+void EmbeddingShardService::Push(std::unique_ptr<PushCall> call,
+                                 grpc::CallbackServerContext* context,
+                                 grpc::ServerUnaryReactor* reactor,
+                                 grpc::ByteBuffer* response, absl::Time start,
+                                 const char* rpc) {
   // A worker certificate bound to a rank pushes as that rank only: another
   // rank's part would be taken as that rank's push of the step.
   if (absl::Status s = call->admission.CheckRank(call->request.header().worker_rank(),
                                                  "push gradients");
       !s.ok()) {
-    Finish("PushGradients", context, reactor, s, start, metrics_);
-    return reactor;
+    Finish(rpc, context, reactor, s, start, metrics_);
+    return;
   }
   PushCall* c = call.get();
   server_->PushGradients(
       &c->request, &c->response,
-      [this, context, reactor, start, response, call = std::move(call)](absl::Status s) {
+      [this, context, reactor, start, response, rpc, call = std::move(call)](absl::Status s) {
         if (s.ok()) {
           bool own_buffer = false;
           const grpc::Status serialized =
@@ -216,9 +329,8 @@ grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
           if (!serialized.ok()) s = absl::InternalError(serialized.error_message());
         }
         if (absl::IsInvalidArgument(s)) call->admission.NoteBadRequest();
-        Finish("PushGradients", context, reactor, s, start, metrics_);
+        Finish(rpc, context, reactor, s, start, metrics_);
       });
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* ShardAdminService::Stats(

@@ -3,7 +3,10 @@
 #ifndef RECPS_SERVER_SHARD_SHARD_SERVICE_H_
 #define RECPS_SERVER_SHARD_SHARD_SERVICE_H_
 
+#include <memory>
+
 #include "common/rpc/call_gate.h"
+#include "common/wire/same_host_memory.h"
 #include "grpcpp/grpcpp.h"
 #include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
@@ -25,10 +28,16 @@ grpc::ByteBuffer LookupResponseToByteBuffer(SerializedLookupResponse& response);
 // PushGradients is registered raw too, so that a request that does not
 // parse is answered INVALID_ARGUMENT and counted against its client like
 // any bad request (the generated handler answers it before our code runs).
+//
+// Same-host rows (common/wire/same_host_memory.h), once allowed: a lookup
+// that names a response_buffer gets its answer written there, and
+// PushGradientsShared reads the push from the caller's memory; both only
+// for a caller on loopback.
 class EmbeddingShardService final
     : public v1::EmbeddingShard::WithRawCallbackMethod_Lookup<
           v1::EmbeddingShard::WithRawCallbackMethod_PushGradients<
-              v1::EmbeddingShard::Service>> {
+              v1::EmbeddingShard::WithRawCallbackMethod_PushGradientsShared<
+                  v1::EmbeddingShard::Service>>> {
  public:
   // Neither pointer is owned; metrics may be null.
   EmbeddingShardService(ShardServer* server, ShardMetrics* metrics)
@@ -43,11 +52,28 @@ class EmbeddingShardService final
   grpc::ServerUnaryReactor* PushGradients(grpc::CallbackServerContext* context,
                                           const grpc::ByteBuffer* request,
                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* PushGradientsShared(grpc::CallbackServerContext* context,
+                                                const grpc::ByteBuffer* request,
+                                                grpc::ByteBuffer* response) override;
+
+  // Serve same-host rows (off until called).
+  void AllowSameHostRows() { same_host_ = std::make_unique<SharedMemoryMapper>(); }
 
  private:
+  // The caller's memory a same-host request names: FAILED_PRECONDITION
+  // starting with kSameHostRefusal when it may not or cannot be used.
+  absl::StatusOr<SharedMemoryMapper::Region> MapSameHost(
+      grpc::CallbackServerContext* context, const v1::SharedBuffer& buffer);
+  // The parsed, admitted push (bytes or shared memory), to the server.
+  struct PushCall;
+  void Push(std::unique_ptr<PushCall> call, grpc::CallbackServerContext* context,
+            grpc::ServerUnaryReactor* reactor, grpc::ByteBuffer* response,
+            absl::Time start, const char* rpc);
+
   ShardServer* server_;
   ShardMetrics* metrics_;
   rpc::CallGate* gate_ = nullptr;
+  std::unique_ptr<SharedMemoryMapper> same_host_;  // null: bytes only
 };
 
 class ShardAdminService final : public v1::ShardAdmin::CallbackService {

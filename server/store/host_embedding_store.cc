@@ -186,7 +186,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
           error.Set(t->FullError());
           return;
         }
-        t->Touch(b.slot[p], ids[p], rows[k]);
+        t->Touch(b.slot[p], rows[k]);
         PrefetchRow(t->Row(rows[k]), static_cast<int>(t->row_words));
         PrefetchRow(grads + p * t->spec.dim, t->spec.dim);
         if (k + 1 - done >= kUpdateBlock + kUpdateLag) {
@@ -330,7 +330,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
         return created;
       });
       if (created_now) t->SetDenseRow(ids[p], r);
-      if (!created_now) t->Touch(slot, ids[p], r);
+      if (!created_now) t->Touch(slot, r);
       t->ImportRow(src, t->Row(r));
     }
     return absl::OkStatus();

@@ -132,10 +132,10 @@ struct Table : StoredRowFormat {
   int64_t* RowIds() const { return row_ids.as<int64_t>(); }
   uint64_t* RowGens() const { return row_gens.as<uint64_t>(); }
 
-  // Call before row r (id, in slot) changes, with slot's stripe held as a
+  // Call before row r (in slot) changes, with slot's stripe held as a
   // writer: keeps the row's cut value when a snapshot needs it (its first
   // change since the cut), then stamps the row with the current generation.
-  void Touch(uint32_t slot, int64_t id, int64_t r) {
+  void Touch(uint32_t slot, int64_t r) {
     uint64_t& gen = RowGens()[r];
     const uint64_t cut = snapshot_cut.load(std::memory_order_relaxed);
     if (cut != 0 && gen <= cut) SavePreImage(slot, r, gen);

@@ -138,7 +138,8 @@ class FixedSource final : public ShardMapSource {
 
 TEST(Transports, TheInProcessServersAddressGetsTheInProcessTransport) {
   FakeInProcessShard local;
-  internal::Transports transports(rpc::TransportSecurity::Insecure(), &local);
+  internal::Transports transports(rpc::TransportSecurity::Insecure(), &local,
+                                  /*same_host_rows=*/true);
   internal::ShardTransport* in_process = transports.For(kInProcessAddress);
   internal::ShardTransport* remote = transports.For("127.0.0.1:10");
   EXPECT_NE(dynamic_cast<internal::InProcessShardTransport*>(in_process),
@@ -153,10 +154,26 @@ TEST(Transports, TheInProcessServersAddressGetsTheInProcessTransport) {
 }
 
 TEST(Transports, WithoutAnInProcessServerEveryAddressGoesOverGrpc) {
-  internal::Transports transports(rpc::TransportSecurity::Insecure(), nullptr);
+  internal::Transports transports(rpc::TransportSecurity::Insecure(), nullptr,
+                                  /*same_host_rows=*/true);
   EXPECT_NE(dynamic_cast<internal::GrpcShardTransport*>(
                 transports.For(kInProcessAddress)),
             nullptr);
+}
+
+// Shared memory is offered to a server on this host's loopback only, and
+// not at all when the client is told not to.
+TEST(Transports, SameHostRowsAreOfferedToLoopbackServersOnly) {
+  auto same_host = [](internal::Transports& t, const std::string& address) {
+    return dynamic_cast<internal::GrpcShardTransport*>(t.For(address))->same_host() != nullptr;
+  };
+  internal::Transports on(rpc::TransportSecurity::Insecure(), nullptr, true);
+  EXPECT_TRUE(same_host(on, "127.0.0.1:10"));
+  EXPECT_TRUE(same_host(on, "localhost:10"));
+  EXPECT_FALSE(same_host(on, "10.1.2.3:10"));
+  EXPECT_FALSE(same_host(on, "shard-1.recps:10"));
+  internal::Transports off(rpc::TransportSecurity::Insecure(), nullptr, false);
+  EXPECT_FALSE(same_host(off, "127.0.0.1:10"));
 }
 
 class MixedTransportsTest : public ::testing::Test {

@@ -103,6 +103,45 @@ TEST(SerializedLookupResponseTest, ReusesBuffersAcrossResponses) {
   EXPECT_EQ(response.data(), first);
 }
 
+// Same-host rows: written into the caller's memory as one run, the message
+// is the same bytes; memory too small for it is left alone.
+TEST(SerializedLookupResponseTest, WritesIntoCallerMemoryAsOneRun) {
+  auto pool = BufferPool::Create(size_t{64} << 20);
+  const std::vector<SerializedLookupResponse::Table> tables = {
+      {"user", 3, 3 * 4 * 5, false, {}}, {"item", 50, 50 * 4 * 7, false, {}}};
+  auto fill = [&](SerializedLookupResponse& r) {
+    for (size_t i = 0; i < tables.size(); ++i) {
+      for (size_t b = 0; b < tables[i].rows_bytes; ++b) {
+        r.rows(static_cast<int>(i))[b] = static_cast<char>(b * 3 + i);
+      }
+    }
+  };
+  SerializedLookupResponse pooled;
+  ASSERT_TRUE(pooled.Init(*pool, tables, 0x42, 9).ok());
+  fill(pooled);
+  EXPECT_FALSE(pooled.in_external_memory());
+
+  std::vector<char> memory(4096, '\x7f');
+  SerializedLookupResponse shared;
+  shared.WriteInto(memory.data(), memory.size());
+  ASSERT_TRUE(shared.Init(*pool, tables, 0x42, 9).ok());
+  fill(shared);
+  ASSERT_TRUE(shared.in_external_memory());
+  const std::string expected = pooled.ToString();
+  ASSERT_EQ(shared.message_bytes(), expected.size());
+  EXPECT_EQ(std::string(memory.data(), shared.message_bytes()), expected);
+  EXPECT_EQ(memory[shared.message_bytes()], '\x7f');  // nothing written past it
+
+  std::vector<char> small(expected.size() - 1, '\x7f');
+  SerializedLookupResponse too_small;
+  too_small.WriteInto(small.data(), small.size());
+  ASSERT_TRUE(too_small.Init(*pool, tables, 0x42, 9).ok());
+  fill(too_small);
+  EXPECT_FALSE(too_small.in_external_memory());
+  EXPECT_EQ(too_small.ToString(), expected);
+  EXPECT_EQ(small, std::vector<char>(expected.size() - 1, '\x7f'));
+}
+
 TEST(SerializedLookupResponseTest, RefusesMessagesOverTwoGigabytes) {
   auto pool = BufferPool::Create(0);
   SerializedLookupResponse response;
