@@ -533,9 +533,11 @@ TEST_F(RebalanceKillE2e, KilledSourceRestartsFromTheCheckpoint) {
 }
 
 // Step times before and during a drain of one of three servers, and the
-// move rate; printed for docs/operations.md (not a pass/fail bound here: the
-// machine is shared).
-TEST_F(RebalanceE2e, MeasureStepTimesDuringAMove) {
+// move rate; printed for docs/operations.md. A measurement, not a check
+// (speed is the benchmarks' business, and the drain itself is checked by
+// OneOfThreeServersDrainedBitIdentical), so it does not run with the
+// tests: --gtest_also_run_disabled_tests --gtest_filter='*Measure*'.
+TEST_F(RebalanceE2e, DISABLED_MeasureStepTimesDuringAMove) {
   RebalanceRun run;
   absl::StatusOr<client::ChildProcess> p = run.Start(3, {});
   ASSERT_TRUE(p.ok()) << p.status();

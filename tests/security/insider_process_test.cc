@@ -246,6 +246,16 @@ TEST_F(InsiderProcessTest, CancelledBarriersAreReleasedAndWaitsAreBounded) {
                                    absl::Milliseconds(300));
     EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
   }
+  // Released once the server sees the cancels (their own timeout is 30 s).
+  // The client's DEADLINE_EXCEEDED comes first: under load the server may
+  // learn of a cancel later, and until then the waits hold their slots.
+  auto pending_waits = [&] {
+    return ::recps::testing::MetricValue(
+        ::recps::testing::ScrapeMetrics(coordinator->metrics_port()),
+        "recps_coordinator_barrier_pending_waits");
+  };
+  ASSERT_TRUE(::recps::testing::Eventually([&] { return pending_waits() == 0; },
+                                           absl::Seconds(10)));
   // Their slots are free: four more park at once (the fifth is refused).
   struct Parked {
     grpc::ClientContext context;
@@ -270,13 +280,8 @@ TEST_F(InsiderProcessTest, CancelledBarriersAreReleasedAndWaitsAreBounded) {
     parked.push_back(std::move(p));
   }
   // The four are parked (the coordinator's gauge, updated every tick).
-  ASSERT_TRUE(::recps::testing::Eventually(
-      [&] {
-        return ::recps::testing::MetricValue(
-                   ::recps::testing::ScrapeMetrics(coordinator->metrics_port()),
-                   "recps_coordinator_barrier_pending_waits") == 4;
-      },
-      absl::Seconds(10)));
+  ASSERT_TRUE(::recps::testing::Eventually([&] { return pending_waits() == 4; },
+                                           absl::Seconds(10)));
   // A short barrier timeout: were it admitted, it would not park for long.
   const grpc::Status fifth = Barrier(a.get(), "fifth", 2, 0, 200);
   EXPECT_EQ(fifth.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << fifth.error_message();
