@@ -180,6 +180,7 @@ class GrpcPush final
                      grpc::StubOptions(), &raw_request_, &response_,
                      [this, shared](grpc::Status status) {
                        if (shared) {
+                         if (status.ok()) transport_.NoteSharedPush();
                          if (ServerIsDone(status)) transport_.same_host()->Release(std::move(shared_));
                          shared_.reset();
                          if (RefusedShared(status)) {
@@ -280,6 +281,12 @@ std::unique_ptr<ShardCall> GrpcShardTransport::NewLookup() {
 
 std::unique_ptr<ShardCall> GrpcShardTransport::NewPush() {
   return std::make_unique<GrpcPush>(raw_push_.get(), this);
+}
+
+void GrpcShardTransport::NoteSharedPush() {
+  if (!shared_push_seen_.exchange(true)) {
+    LogInfo("pushes to ", address_, " go through shared memory (same-host rows)");
+  }
 }
 
 void GrpcShardTransport::StopSharedLookups() {

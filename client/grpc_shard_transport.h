@@ -59,6 +59,8 @@ class GrpcShardTransport final : public ShardTransport {
   // The server answered a lookup offered memory in bytes: lookups are
   // offered none from now on.
   void StopSharedLookups();
+  // A shared push was accepted (said once in the log).
+  void NoteSharedPush();
   // The server refused a shared push: pushes go as bytes from now on.
   void StopSharedPushes(absl::string_view why);
 
@@ -69,6 +71,7 @@ class GrpcShardTransport final : public ShardTransport {
   const std::unique_ptr<SameHostBuffers> same_host_;
   std::atomic<bool> shared_lookups_;
   std::atomic<bool> shared_pushes_;
+  std::atomic<bool> shared_push_seen_{false};
 };
 
 }  // namespace recps::client::internal

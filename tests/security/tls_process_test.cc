@@ -553,6 +553,11 @@ TEST_F(TlsProcessTest, RecpsLocalTrainsWithTls) {
       absl::StrContains(::recps::testing::ReadAll(work + "/coordinator.log"), "mutual TLS"));
   EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(work + "/shard0.log"), "mutual TLS"));
   EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(log), "held-out AUC")) << ::recps::testing::ReadAll(log);
+  // The workers and the shard server share the host: rows skip the socket.
+  EXPECT_TRUE(absl::StrContains(::recps::testing::ReadAll(log),
+                                "go through shared memory (same-host rows)"))
+      << ::recps::testing::ReadAll(log);
+  EXPECT_FALSE(absl::StrContains(::recps::testing::ReadAll(log), "go as bytes"));
   EXPECT_FALSE(absl::StrContains(::recps::testing::ReadAll(work + "/shard0.log"), "refused"));
 }
 
