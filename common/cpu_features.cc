@@ -23,10 +23,14 @@ const char* CpuIsaName(CpuIsa isa) {
 #if defined(__x86_64__) && defined(RECPS_HAVE_X86_KERNELS)
 namespace {
 // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
-// not know "f16c".
+// not know "f16c". Asked once: CPUID traps to the hypervisor in a VM (~10 us
+// here), and a kernel called with an explicit ISA resolves it per call.
 bool HasF16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  }();
+  return has;
 }
 }  // namespace
 #endif

@@ -2,33 +2,20 @@
 
 #include <cmath>
 
-#include "common/hashing.h"
-
 namespace recps {
-namespace {
 
-// A uniform float in (0, 1) from 24 random bits (never exactly 0, so the
-// logarithm of Box-Muller is finite).
-inline float UnitOpen(uint64_t bits) {
-  return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
-}
-
-}  // namespace
+using row_init_internal::RowKey;
+using row_init_internal::UniformColumns;
+using row_init_internal::UnitOpen;
 
 void InitRow(const RowInit& init, uint64_t seed, uint64_t table_key, int64_t id,
              int dim, float* out) {
-  const uint64_t key = init.source_key != 0 ? init.source_key : table_key;
-  const uint64_t row_key =
-      Mix64(seed ^ Mix64(key ^ Mix64(static_cast<uint64_t>(id))));
+  const uint64_t row_key = RowKey(init, seed, table_key, id);
   // Column c of the (unsplit) row goes to out[c - first].
   const int first = init.column_offset;
   const int last = first + dim;
   if (init.distribution == RowInit::Distribution::kUniform) {
-    const float span = init.b - init.a;
-    for (int c = first; c < last; ++c) {
-      out[c - first] =
-          init.a + span * UnitOpen(Mix64(row_key + static_cast<uint64_t>(c)));
-    }
+    UniformColumns(init.a, init.b - init.a, row_key, first, dim, out);
     return;
   }
   // Box-Muller on column pairs: columns 2k and 2k+1 share two uniforms (a

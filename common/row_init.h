@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "common/hashing.h"
+
 namespace recps {
 
 struct RowInit {
@@ -29,6 +31,34 @@ struct RowInit {
 // with key init.source_key.
 void InitRow(const RowInit& init, uint64_t seed, uint64_t table_key, int64_t id,
              int dim, float* out);
+
+// The parts of InitRow that kernels/row_init.h compiles once per ISA (one
+// formula, so every build gives the same bits).
+namespace row_init_internal {
+
+// The row's stream: every column's value is a function of it and the column.
+inline uint64_t RowKey(const RowInit& init, uint64_t seed, uint64_t table_key, int64_t id) {
+  const uint64_t key = init.source_key != 0 ? init.source_key : table_key;
+  return Mix64(seed ^ Mix64(key ^ Mix64(static_cast<uint64_t>(id))));
+}
+
+// A uniform float in (0, 1) from 24 random bits (never exactly 0, so the
+// logarithm of Box-Muller is finite).
+inline float UnitOpen(uint64_t bits) {
+  return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
+
+// Columns [first, first + dim) of a uniform row into out[0, dim): a loop
+// without dependences between columns, which vectorises where the ISA has
+// 64-bit multiplies (-ffp-contract=off keeps a + span * u two roundings).
+inline void UniformColumns(float a, float span, uint64_t row_key, int first, int dim,
+                           float* __restrict out) {
+  for (int j = 0; j < dim; ++j) {
+    out[j] = a + span * UnitOpen(Mix64(row_key + static_cast<uint64_t>(first + j)));
+  }
+}
+
+}  // namespace row_init_internal
 
 }  // namespace recps
 

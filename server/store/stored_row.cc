@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/optimizer_registry.h"
 #include "common/row_init.h"
+#include "kernels/row_init.h"
 
 namespace recps::server {
 
@@ -68,7 +69,7 @@ void StoredRowFormat::InitStoredRow(const RowInit& init, uint64_t seed,
                                     uint64_t table_key, int64_t id,
                                     float* row) const {
   if (!Is16Bit()) {
-    InitRow(init, seed, table_key, id, dim, row);
+    kernels::InitRow(init, seed, table_key, id, dim, row);
     InitFusedRowState(kind, dim, row);
     const int64_t used = dim + FusedRowStateWidth(kind, dim);
     std::fill(row + used, row + row_words, 0.0f);
@@ -77,7 +78,7 @@ void StoredRowFormat::InitStoredRow(const RowInit& init, uint64_t seed,
   // One buffer per thread, grown to the widest table (<= 4096 floats).
   thread_local std::vector<float> weights;
   if (weights.size() < static_cast<size_t>(dim)) weights.resize(dim);
-  InitRow(init, seed, table_key, id, dim, weights.data());
+  kernels::InitRow(init, seed, table_key, id, dim, weights.data());
   StoreWeights(weights.data(), row);
   std::memset(row + state_offset, 0, sizeof(float) * (row_words - state_offset));
 }
