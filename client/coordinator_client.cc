@@ -27,8 +27,10 @@ CoordinatorClient::CoordinatorClient(std::string address,
                                      CoordinatorClientOptions options)
     : address_(std::move(address)),
       options_(options),
-      stub_(v1::Coordinator::NewStub(rpc::MakeChannel(address_, rpc::ChannelKind::kControl))),
-      large_stub_(v1::Coordinator::NewStub(rpc::MakeChannel(address_, rpc::ChannelKind::kData))) {}
+      stub_(v1::Coordinator::NewStub(
+          rpc::MakeChannel(address_, rpc::ChannelKind::kControl, options.security))),
+      large_stub_(v1::Coordinator::NewStub(
+          rpc::MakeChannel(address_, rpc::ChannelKind::kData, options.security))) {}
 
 absl::Status CoordinatorClient::ToStatus(const char* rpc_name, const grpc::Status& s) const {
   return rpc::FromGrpcStatus(s, absl::StrCat("coordinator ", address_), rpc_name);

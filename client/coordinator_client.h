@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "client/embedding_client.h"
+#include "common/rpc/channels.h"
 #include "recps/v1/coordinator.grpc.pb.h"
 
 namespace recps::client {
@@ -30,6 +31,10 @@ struct CoordinatorClientOptions {
   // for a restart on the same state dir, short enough that a coordinator
   // that is gone for good fails the call with a clear error.
   absl::Duration retry_for = absl::Minutes(2);
+  // How the channel authenticates (default: the process's). A worker's
+  // embedded shard server registers with its shard certificate, not the
+  // worker's.
+  rpc::TransportSecurity security;
 };
 
 // For one command of a person's (recpsctl): each call answers within

@@ -242,6 +242,7 @@ absl::Status ShardProcess::Serve() {
   if (!o.coordinator.empty()) {
     client::CoordinatorClientOptions coordinator_options;
     coordinator_options.call_timeout = absl::Seconds(5);  // bounds the wait at shutdown
+    coordinator_options.security = o.security;  // a shard's, even inside a worker
     coordinator_ = std::make_unique<client::CoordinatorClient>(o.coordinator,
                                                                coordinator_options);
     v1::RegisterRequest request;

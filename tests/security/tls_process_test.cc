@@ -561,5 +561,24 @@ TEST_F(TlsProcessTest, RecpsLocalTrainsWithTls) {
   EXPECT_FALSE(absl::StrContains(::recps::testing::ReadAll(work + "/shard0.log"), "refused"));
 }
 
+// The embedded shard server of `recps local --in_process` registers with the
+// coordinator as a shard server, with the shard certificate recps local
+// gave it: with the worker's (the process's own), the coordinator refused
+// it and the workers waited out their resume timeout.
+TEST_F(TlsProcessTest, RecpsLocalInProcessTrainsWithTls) {
+  for (const char* form : {"in_process", "one_process"}) {
+    const std::string work = absl::StrCat(dir_->path(), "/local-", form);
+    const std::string log = work + ".log";
+    const int code = Shell(absl::StrCat(
+        "cd ", RECPS_SOURCE_DIR, " && timeout 120 ", RECPS_LAUNCHER_BINARY, " local --in_process",
+        std::string(form) == "one_process" ? " --one_process" : "",
+        " --workers=2 --steps=30 --work_dir=", work, " >", log, " 2>&1"));
+    const std::string text = ::recps::testing::ReadAll(log);
+    EXPECT_EQ(code, 0) << form << ": " << text;
+    EXPECT_FALSE(absl::StrContains(text, "may not register")) << form;
+    EXPECT_TRUE(absl::StrContains(text, "held-out AUC")) << form << ": " << text;
+  }
+}
+
 }  // namespace
 }  // namespace recps
