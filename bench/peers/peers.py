@@ -1,20 +1,25 @@
 """Peer benchmark driver: recps vs PyTorch eager vs TorchRec (docs/performance.md).
 
-Writes one synthetic Criteo TSV dataset per config (a planted signal: labels
+Writes one synthetic Criteo TSV dataset per shape (a planted signal: labels
 from a hidden logistic model over the dense values and per-id weights), the
 recps job for it, then runs every system on it, interleaved, for N rounds,
 and prints samples/s (median/min/max over rounds), held-out AUC (one AUC
 function for every system, on the same held-out file), the peak memory of the
-whole job (sum over its processes of their peak RSS) and recps' ratio to the
-best peer. Only training steps warmup..steps-1 are timed, for every system.
+whole job (sum over its processes of their peak RSS), recps' ratio to the
+best peer and recps' per-phase step split. Only training steps
+warmup..steps-1 are timed, for every system.
 
-Run through bench/peers/run.sh (it makes the virtual environment).
+Run through bench/peers/run.sh (it makes the virtual environment); the data
+writer's checks: python3 bench/peers/peers.py --self_test (numpy only).
 """
 
 import argparse
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,57 +31,214 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# name: (tables, rows per table, ids per bag, global batch)
-CONFIGS = {
-    "S-p1": (8, 100_000, 1, 2048),
-    "S-p20": (8, 100_000, 20, 2048),
-    "M-p1": (26, 1_000_000, 1, 4096),
-}
-SYSTEMS = ["recps-W1S1", "recps-W2S2", "pytorch", "torchrec-W1", "torchrec-W2"]
-TRANSPORTS = ["oneproc", "inproc", "grpc"]
-DIM, NUM_DENSE, LR = 64, 13, 0.005
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One shape of the panel: the data and the model every system trains.
+
+    The embedding dim is one per shape, not per table group: recps' job
+    validation and TorchRec's DLRM both require every table's dim to equal
+    the bottom MLP's last width (the dot interaction multiplies them).
+    """
+    groups: tuple          # ((tables, rows), ...): `tables` tables of `rows` rows
+    batch: int             # global batch
+    dim: int = 64
+    bag: tuple = (1, 1)    # ids per bag, uniform in [lo, hi] (lo == hi: fixed)
+    zipf: float = 0.0      # 0: uniform ids; s > 0: Zipf(s) ranks, scattered
+    dynamic: bool = False  # recps tables without num_rows; ids spread over 63 bits
+    steps: int = 100       # default training steps per run
+    eval_cap: int = 0      # at most this many held-out lines (0: --eval_lines)
+
+    @property
+    def rows(self):
+        """Rows per table, the groups interleaved round robin so that the six
+        informative tables (the first six) span the sizes."""
+        left = [list(g) for g in self.groups]
+        out = []
+        while any(n for n, _ in left):
+            for g in left:
+                if g[0]:
+                    g[0] -= 1
+                    out.append(g[1])
+        return out
+
+    @property
+    def bottom(self):
+        return BOTTOM[:-1] + [self.dim]
+
+
+NUM_DENSE, LR = 13, 0.005
 BOTTOM, TOP = [512, 256, 64], [512, 256, 1]
+SHAPES = {
+    # The first three shapes; their data is byte for byte what the writer
+    # made before the panel (checked by --self_test).
+    "S-p1": Shape(((8, 100_000),), 2048),
+    "S-p20": Shape(((8, 100_000),), 2048, bag=(20, 20)),
+    "M-p1": Shape(((26, 1_000_000),), 4096, steps=60),
+    # Variable bags (mean 50.5 ids), tables of three sizes; a small batch keeps
+    # the ids per step (~670k) near S-p20's and the held-out file small.
+    "U-var": Shape(((8, 1_000), (12, 100_000), (6, 1_000_000)), 512, bag=(1, 100),
+                   eval_cap=16384),
+    "Z-p20": Shape(((8, 100_000),), 2048, bag=(20, 20), zipf=1.05),
+    "Z-var-dyn": Shape(((10, 10_000), (10, 100_000), (6, 1_000_000)), 4096, dim=32,
+                       bag=(1, 15), zipf=1.05, dynamic=True, steps=60),
+    # One dim for all 100 tables (see Shape); 16 as in wide production models.
+    # 101 features make the top MLP's input 5066 wide: ~1.4 s a step for the
+    # dense part alone on 2 vCPUs, hence 60 steps.
+    "Wide-100": Shape(((40, 1_000), (30, 10_000), (20, 50_000), (10, 200_000)), 4096,
+                      dim=16, zipf=1.05, steps=60),
+    "Narrow-16": Shape(((26, 100_000),), 16384, dim=16, steps=60),
+    "Wide-256": Shape(((8, 100_000),), 1024, dim=256, bag=(4, 4)),
+}
+SYSTEMS = ["recps-W1S1", "recps-W2S2", "recps-W2S2-grpc", "pytorch", "torchrec-W1",
+           "torchrec-W2"]
+# The recps forms the goal names: one process at W1 and W2, the service
+# form (separate recps-shard processes) at W2.
+FORMS = {"W1": "recps-W1S1", "W2": "recps-W2S2", "service": "recps-W2S2-grpc"}
+TRANSPORTS = ["oneproc", "inproc", "grpc"]
+HIDDEN_SEED = 12345  # the hidden model and the id scatter: one for train and eval
+
+
+def smoke_shape(s):
+    """The shape at a size that checks the plumbing in seconds."""
+    return dataclasses.replace(s, groups=tuple((n, min(r, 10_000)) for n, r in s.groups),
+                               batch=min(s.batch, 256))
 
 
 # ---------------------------------------------------------------- data
 
-def write_dataset(path, n, tables, rows, bag, seed):
-    """n Criteo TSV lines; ids uniform in [0, rows), hex; labels planted."""
+def scatter_perm(table, rows):
+    """Where Zipf rank r of `table` lands: a fixed random permutation of
+    [0, rows), so hot ids are spread over the table as in real data (not
+    packed at ids 0, 1, 2, ..., which would flatter cache locality)."""
+    return np.random.default_rng([HIDDEN_SEED, table]).permutation(rows)
+
+
+def spread63(x):
+    """A dynamic table's id: splitmix64's finaliser (a bijection of 64-bit
+    words) of x, top bit dropped, so ids are arbitrary non-negative int64."""
+    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return ((z ^ (z >> np.uint64(31))) >> np.uint64(1)).astype(np.int64)
+
+
+def make_samples(shape, n, seed):
+    """n samples of the shape: labels [n], counts [n, NUM_DENSE] (the raw
+    dense integers), lengths [n, tables] (ids per bag) and ids (every id in
+    file order: line, then table, then position in the bag)."""
     rng = np.random.default_rng(seed)
-    hidden = np.random.default_rng(12345)  # the same hidden model for train and eval
+    hidden = np.random.default_rng(HIDDEN_SEED)
     w_dense = hidden.normal(0, 0.6, NUM_DENSE)
+    rows = np.asarray(shape.rows, np.int64)
+    tables = len(rows)
     # Per-id weight: a fixed pseudo-random function of (table, id).
     mult = hidden.integers(1, 2**31 - 1, tables) | 1
     counts = np.floor(np.expm1(rng.exponential(1.2, (n, NUM_DENSE)))).astype(np.int64)
     dense = np.log1p(counts)
-    ids = rng.integers(0, rows, (n, tables, bag), dtype=np.int64)
-    h = ((ids * mult[None, :, None]) % 1_000_003) / 1_000_003.0 - 0.5  # [-0.5, 0.5)
+    lo, hi = shape.bag
+    fixed = lo == hi
+    lengths = (np.full((n, tables), lo, np.int64) if fixed
+               else rng.integers(lo, hi + 1, (n, tables), dtype=np.int64))
+    table = np.repeat(np.tile(np.arange(tables, dtype=np.int16), n), lengths.ravel())
+    if not shape.zipf:
+        # Draws the same stream as rng.integers(0, rows, (n, tables, bag)).
+        ids = rng.integers(0, rows[table], dtype=np.int64)
+    else:
+        u = rng.random(len(table))
+        ids = np.empty(len(table), np.int64)
+        order = np.argsort(table, kind="stable")
+        ends = np.cumsum(np.bincount(table, minlength=tables))
+        cdfs = {}
+        for t in range(tables):
+            r = int(rows[t])
+            if r not in cdfs:  # Zipf over ranks 1..r, inverted by bisection
+                c = np.cumsum(np.arange(1, r + 1, dtype=np.float64) ** -shape.zipf)
+                cdfs[r] = c / c[-1]
+            at = order[(ends[t - 1] if t else 0):ends[t]]  # table t's ids
+            rank = np.minimum(np.searchsorted(cdfs[r], u[at], side="right"), r - 1)
+            ids[at] = scatter_perm(t, r)[rank]
+    h = ((ids * mult[table]) % 1_000_003) / 1_000_003.0 - 0.5  # [-0.5, 0.5)
     informative = min(tables, 6)
-    logit = (dense - dense.mean(0)) @ w_dense * 0.5 + 3.0 * h[:, :informative].mean(2).sum(1)
+    if fixed:  # the same arithmetic as before variable bags, bit for bit
+        pooled = h.reshape(n, tables, lo).mean(2)
+    else:
+        starts = np.cumsum(lengths.ravel()) - lengths.ravel()
+        pooled = (np.add.reduceat(h, starts) / lengths.ravel()).reshape(n, tables)
+    logit = (dense - dense.mean(0)) @ w_dense * 0.5 + 3.0 * pooled[:, :informative].sum(1)
     logit -= np.median(logit)
     labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.int64)
-    with open(path, "w") as f:
-        chunk = 20_000
-        for lo in range(0, n, chunk):
-            hi = min(n, lo + chunk)
-            lines = []
-            for i in range(lo, hi):
-                cats = "\t".join(",".join(format(int(v), "x") for v in ids[i, t])
-                                 for t in range(tables))
-                lines.append(f"{labels[i]}\t" + "\t".join(map(str, counts[i])) + "\t" + cats)
-            f.write("\n".join(lines) + "\n")
+    if shape.dynamic:
+        ids = spread63(ids)  # the label above stays a function of the id
+    return labels, counts, lengths, ids
+
+
+_DIGITS = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def tsv_bytes(labels, counts, lengths, ids):
+    """The Criteo TSV text of these samples: label and counts in decimal,
+    then per table its bag's ids in lower-case hex joined by ','. Vectorised:
+    every number becomes a token followed by its separator."""
+    n, tables = lengths.shape
+    head = NUM_DENSE + 1
+    per_line = head + lengths.sum(1)
+    line_start = np.cumsum(per_line) - per_line
+    total = int(per_line.sum())
+    vals = np.empty(total, np.uint64)
+    sep = np.full(total, ord(","), np.uint8)
+    is_dec = np.zeros(total, bool)
+    dec = (line_start[:, None] + np.arange(head)).ravel()
+    is_dec[dec] = True
+    vals[dec] = np.column_stack([labels, counts]).ravel()
+    sep[dec] = ord("\t")
+    hexes = np.flatnonzero(~is_dec)  # the ids' places, in file order
+    vals[hexes] = ids
+    sep[hexes[np.cumsum(lengths.ravel()) - 1]] = ord("\t")  # a bag's last id
+    sep[line_start + per_line - 1] = ord("\n")
+    digits = np.ones(total, np.int64)
+    for where, base in ((dec, 10), (hexes, 16)):
+        x = vals[where] // base
+        while x.any():
+            digits[where] += x > 0
+            x //= base
+    width = digits + 1
+    start = np.cumsum(width) - width
+    out = np.empty(int(width.sum()), np.uint8)
+    out[start + digits] = sep
+    for where, base in ((dec, 10), (hexes, 16)):
+        x, last, d = vals[where], start[where] + digits[where] - 1, digits[where]
+        for k in range(int(d.max(initial=0))):
+            m = d > k
+            out[last[m] - k] = _DIGITS[(x[m] % base).astype(np.intp)]
+            x = x // base
+    return out.tobytes()
+
+
+def write_dataset(path, shape, n, seed):
+    """n Criteo TSV lines of the shape; returns the fraction of positives."""
+    labels, counts, lengths, ids = make_samples(shape, n, seed)
+    ends = np.cumsum(lengths.sum(1))
+    per_chunk = max(1, 2_000_000 // (NUM_DENSE + 1 + int(ends[-1]) // n))  # ~2M tokens
+    with open(path, "wb") as f:
+        for lo in range(0, n, per_chunk):
+            hi = min(n, lo + per_chunk)
+            first = int(ends[lo - 1]) if lo else 0
+            f.write(tsv_bytes(labels[lo:hi], counts[lo:hi], lengths[lo:hi],
+                              ids[first:int(ends[hi - 1])]))
     return float(labels.mean())
 
 
-def recps_job(path, cfg_name, train, evalp, tables, rows, batch_per_worker, steps,
+def recps_job(path, cfg_name, shape, train, evalp, batch_per_worker, steps,
               eval_batches, wire):
     lines = [f'name: "peers-{cfg_name}"']
-    for t in range(tables):
-        lines.append(f'tables {{ name: "t{t}" dim: {DIM} num_rows: {rows} '
+    for t, rows in enumerate(shape.rows):
+        size = "" if shape.dynamic else f" num_rows: {rows}"
+        lines.append(f'tables {{ name: "t{t}" dim: {shape.dim}{size} '
                      f'optimizer {{ kind: ADAGRAD learning_rate: {LR} }} }}')
-    for t in range(tables):
+    for t in range(len(shape.rows)):
         lines.append(f'features {{ name: "f{t}" table: "t{t}" pooling: SUM }}')
-    lines.append(f"model {{ bottom_mlp: {BOTTOM} top_mlp: {TOP} }}")
+    lines.append(f"model {{ bottom_mlp: {shape.bottom} top_mlp: {TOP} }}")
     extra = f" wire_precision: {wire}" if wire else ""
     lines.append(f"training {{ batch_size: {batch_per_worker} steps: {steps} "
                  f"dense_optimizer {{ kind: ADAGRAD learning_rate: {LR} }} "
@@ -148,13 +310,21 @@ class TreeRss:
 
 def run_tree(cmd, log_path, timeout, env=None):
     with open(log_path, "w") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # A session of its own, so that a run past the timeout (or ^C) ends
+        # with all of its processes (shard servers, workers, torchrec's ranks).
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
         mon = TreeRss(p.pid)
         try:
             rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            p.kill()
             rc = -9
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:  # nothing left
+                pass
+            p.wait()
         peak = mon.finish()
     return rc, peak
 
@@ -165,11 +335,12 @@ def run_recps(a, cfg, d, workers, shards, steps, warm, wire="", transport=None):
     # "inproc" (each worker process embeds its shard server: --in_process)
     # or "grpc" (separate recps-shard processes); default --recps_transport.
     transport = transport or a.recps_transport
-    tables, rows, bag, gb = CONFIGS[cfg]
+    shape = a.shapes[cfg]
+    gb = shape.batch
     job = os.path.join(d, f"job-{workers}{wire}.textproto")
-    eval_batches = max(1, a.eval_lines // gb)
-    recps_job(job, cfg, os.path.join(d, "train.tsv"), os.path.join(d, "eval.tsv"),
-              tables, rows, gb // workers, steps, eval_batches, wire)
+    eval_batches = max(1, a.eval_of[cfg] // gb)
+    recps_job(job, cfg, shape, os.path.join(d, "train.tsv"), os.path.join(d, "eval.tsv"),
+              gb // workers, steps, eval_batches, wire)
     res = tempfile.mkdtemp(dir=d)
     cmd = [os.path.join(a.build_dir, "bin", "recps"), "local", f"--job={job}",
            f"--workers={workers}", f"--result_dir={res}",
@@ -189,11 +360,11 @@ def run_recps(a, cfg, d, workers, shards, steps, warm, wire="", transport=None):
 
 
 def run_torch(a, cfg, d, system, world, steps, warm):
-    tables, rows, bag, gb = CONFIGS[cfg]
+    shape = a.shapes[cfg]
     spec = {"train": os.path.join(d, "train.tsv"), "eval": os.path.join(d, "eval.tsv"),
-            "tables": tables, "rows": rows, "bag": bag, "dim": DIM, "num_dense": NUM_DENSE,
-            "global_batch": gb, "steps": steps, "warmup": warm, "lr": LR,
-            "bottom": BOTTOM, "top": TOP}
+            "rows": shape.rows, "dim": shape.dim, "dynamic": shape.dynamic,
+            "num_dense": NUM_DENSE, "global_batch": shape.batch, "steps": steps,
+            "warmup": warm, "lr": LR, "bottom": shape.bottom, "top": TOP}
     out_dir = tempfile.mkdtemp(dir=d)
     spec_path, out = os.path.join(out_dir, "spec.json"), os.path.join(out_dir, "result.json")
     with open(spec_path, "w") as f:
@@ -238,12 +409,193 @@ def run_system(a, cfg, d, system, steps, warm):
     raise ValueError(f"unknown system {system}")
 
 
+# ---------------------------------------------------------------- report
+
+def cpu_model():
+    name, n, avx512 = "unknown CPU", os.cpu_count(), False
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and name == "unknown CPU":
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    avx512 = avx512 or " avx512f" in line
+    except OSError:
+        pass
+    return f"{name}, {n} logical CPUs{', AVX-512' if avx512 else ''}"
+
+
+def describe(name, s):
+    groups = " + ".join(f"{n} x {r:,}" for n, r in s.groups)
+    bag = s.bag[0] if s.bag[0] == s.bag[1] else f"{s.bag[0]}..{s.bag[1]}"
+    ids = f"Zipf({s.zipf}) scattered" if s.zipf else "uniform"
+    kind = "dynamic" if s.dynamic else "fixed"
+    return f"| {name} | {groups} | {s.dim} | {ids} | {bag} | {s.batch} | {kind} |"
+
+
+def report(a, configs, systems, results):
+    """The result tables (Markdown), as lines."""
+    out = [f"cpu: {cpu_model()}",
+           f"samples/s median (min-max) over {a.rounds} round(s); AUC on the held-out "
+           f"file; peak = sum of the job's process RSS peaks; load = 1-minute load "
+           f"average at the end of each run (median)", "",
+           "| shape | tables x rows | dim | ids | ids per bag | global batch | recps tables |",
+           "|" + "---|" * 7]
+    out += [describe(c, a.shapes[c]) for c in configs]
+    out += ["", "| shape | system | samples/s | min | max | AUC | peak GiB | load |",
+            "|" + "---|" * 8]
+    med, aucs = {}, {}
+    for c in configs:
+        for s in systems:
+            ok = [m for m in results[c][s] if "error" not in m]
+            if not ok:
+                out.append(f"| {c} | {s} | failed: {results[c][s][-1].get('error')} "
+                           f"| | | | | |")
+                continue
+            sps = [m["sps"] for m in ok]
+            med[c, s] = statistics.median(sps)
+            aucs[c, s] = statistics.median(m["auc"] for m in ok)
+            out.append(f"| {c} | {s} | {med[c, s]:.0f} | {min(sps):.0f} | {max(sps):.0f} | "
+                       f"{aucs[c, s]:.4f} | {max(m['peak'] for m in ok) / 2**30:.2f} | "
+                       f"{statistics.median(m['load'] for m in ok):.1f} |")
+    # The goal: recps >= 1.5x the best peer at W1 and W2 (one process),
+    # >= 1.0x in the service form at W2; AUC within 0.005 of every peer.
+    out += ["", "| shape | best peer | samples/s | W1 | W2 | service | max AUC gap | goal |",
+            "|" + "---|" * 8]
+    for c in configs:
+        peers = [s for s in systems if not s.startswith("recps") and (c, s) in med]
+        if not peers:
+            continue
+        best = max(peers, key=lambda s: med[c, s])
+        ratio = {f: med[c, s] / med[c, best] for f, s in FORMS.items() if (c, s) in med}
+        gaps = [abs(aucs[c, r] - aucs[c, p]) for r in systems if r.startswith("recps")
+                and (c, r) in aucs for p in peers]
+        gap = max(gaps) if gaps else None
+        goal = "-"  # unless every form ran
+        if len(ratio) == len(FORMS):
+            met = (ratio["W1"] >= 1.5 and ratio["W2"] >= 1.5 and ratio["service"] >= 1.0
+                   and gap is not None and gap <= 0.005)
+            goal = "met" if met else "not met"
+        cells = [f"{ratio[f]:.2f}x" if f in ratio else "-" for f in FORMS]
+        out.append(f"| {c} | {best} | {med[c, best]:.0f} | " + " | ".join(cells) +
+                   f" | {'-' if gap is None else f'{gap:.4f}'} | {goal} |")
+    # recps' step split: ms per step (rank 0), median over the rounds.
+    keys = []
+    for c in configs:
+        for s in systems:
+            for m in results[c][s]:
+                keys += [k for k in m.get("split", {}) if k not in keys]
+    if keys:
+        out += ["", "recps' step split, ms per step (rank 0; median over rounds):", "",
+                "| shape | system | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
+        for c in configs:
+            for s in systems:
+                ok = [m["split"] for m in results[c][s] if "split" in m]
+                if ok:
+                    out.append(f"| {c} | {s} | " + " | ".join(
+                        f"{statistics.median(sp.get(k, 0.0) for sp in ok):.1f}"
+                        for k in keys) + " |")
+    return out
+
+
+# ---------------------------------------------------------------- self test
+
+# sha256 (first 16 hex digits) of 3000 lines of each first shape, seeds 1 and 2,
+# as the writer made them before the panel: their data must not change.
+LEGACY_DIGESTS = {("S-p1", 1): "cc01082207824429", ("S-p1", 2): "d6acc324004bc10a",
+                  ("S-p20", 1): "b0805bf1e31887f0", ("S-p20", 2): "2a3349011a5df09d",
+                  ("M-p1", 1): "ce7999f2eb86f2bb", ("M-p1", 2): "803b7928cf56de41"}
+
+
+def self_test():
+    """Checks the data writer (numpy only): the first shapes' data as
+    before, ids in range, bag lengths in bounds, Zipf hot ids scattered, the
+    same seed the same file, and torch_dlrm's reader reads back what was
+    written."""
+    sys.path.insert(0, HERE)
+    from torch_dlrm import Samples, parse_tsv  # numpy only at import
+    failures = []
+
+    def check(ok, what):
+        if not ok:
+            failures.append(what)
+        print(f"{'ok  ' if ok else 'FAIL'} {what}")
+
+    d = tempfile.mkdtemp(prefix="peers-self-test-")
+    for (name, seed), want in LEGACY_DIGESTS.items():
+        p = os.path.join(d, f"{name}-{seed}.tsv")
+        write_dataset(p, SHAPES[name], 3000, seed)
+        got = hashlib.sha256(open(p, "rb").read()).hexdigest()[:16]
+        check(got == want, f"{name} seed {seed}: the same data as before ({got})")
+    n = 2000
+    for name, s in SHAPES.items():
+        p, q = os.path.join(d, f"{name}.tsv"), os.path.join(d, f"{name}-again.tsv")
+        pos = write_dataset(p, s, n, 1)
+        write_dataset(q, s, n, 1)
+        check(open(p, "rb").read() == open(q, "rb").read(), f"{name}: same seed, same file")
+        check(0.3 < pos < 0.7, f"{name}: {pos:.2f} positive")
+        labels, dense, lengths, ids = parse_tsv(p, NUM_DENSE, len(s.rows))
+        want = make_samples(s, n, 1)
+        check(np.array_equal(labels, want[0]) and
+              np.array_equal(dense, np.log1p(want[1]).astype(np.float32)) and
+              np.array_equal(lengths, want[2]) and np.array_equal(ids, want[3]),
+              f"{name}: torch_dlrm's reader reads what was written")
+        # A torchrec rank's batch (odd lines, lines 3..7 of those): per table
+        # the bags of its lines, as a loop over the file's lines finds them.
+        tables = len(s.rows)
+        off = np.concatenate([[0], np.cumsum(lengths)])
+        bags = [[ids[off[line * tables + t]:off[line * tables + t + 1]] for t in range(tables)]
+                for line in range(7, 17, 2)]
+        _, _, got, got_len = Samples(labels, dense, lengths, ids).lines(
+            np.arange(1, n, 2)).batch(3, 8)
+        check(np.array_equal(got, np.concatenate([b[t] for t in range(tables) for b in bags]))
+              and np.array_equal(got_len, lengths[7:17:2].T),
+              f"{name}: a rank's batch holds its lines' bags, grouped by table")
+        spec = {"train": p, "rows": s.rows, "num_dense": NUM_DENSE, "dynamic": s.dynamic}
+        loaded = Samples.load(spec, "train")
+        table = np.repeat(np.tile(np.arange(tables), n), lengths.ravel())
+        check(bool((loaded.ids < np.asarray(s.rows)[table]).all()) and
+              (s.dynamic or np.array_equal(loaded.ids, ids)),
+              f"{name}: the torch peers' ids fit their tables"
+              + (" (id mod rows)" if s.dynamic else ""))
+        lo, hi = s.bag
+        check(lengths.min() >= lo and lengths.max() <= hi and
+              (lo == hi or lengths.min() < lengths.max()), f"{name}: bags of {lo}..{hi} ids")
+        rows = np.asarray(s.rows)
+        limit = np.int64(2**63 - 1) if s.dynamic else rows[table]
+        check(bool(ids.min() >= 0) and bool((ids < limit).all()),
+              f"{name}: ids in [0, {'2^63' if s.dynamic else 'rows'})")
+        if s.zipf:
+            hot, share = [], []  # per table: its most frequent id, that id's share
+            for t in range(len(rows)):
+                vals, cnt = np.unique(ids[table == t], return_counts=True)
+                hot.append(int(vals[cnt.argmax()]))
+                share.append(cnt.max() / cnt.sum())
+            low = sum(i < 10 for i in hot)
+            check(low <= len(rows) // 10, f"{name}: the hottest id is below 10 in {low} of "
+                  f"{len(rows)} tables (scattered)")
+            check(min(share) > 0.02, f"{name}: the hottest id takes {min(share):.1%} to "
+                  f"{max(share):.1%} of a table's ids (skewed)")
+        job = os.path.join(d, f"{name}.textproto")
+        recps_job(job, name, s, p, p, s.batch, 10, 1, "")
+        text = open(job).read()
+        check(("num_rows" in text) != s.dynamic and
+              f"bottom_mlp: {BOTTOM[:-1] + [s.dim]}" in text,
+              f"{name}: the job's tables ({'dynamic' if s.dynamic else 'fixed'}) and "
+              f"bottom MLP (ends with {s.dim})")
+    shutil.rmtree(d)
+    print(f"{len(failures)} failed" if failures else "self test passed")
+    return 1 if failures else 0
+
+
 # ---------------------------------------------------------------- main
 
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", default="S-p1,S-p20,M-p1")
+    p.add_argument("--configs", default=None,
+                   help="comma list of shapes (" + ",".join(SHAPES) + ") or 'panel' for "
+                   "all of them; default S-p1,S-p20,M-p1 (--smoke: panel)")
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma list of " + ",".join(SYSTEMS) +
                    "; recps-W1S1-FLOAT16 / -BFLOAT16 (and W2S2) run recps with that "
@@ -258,51 +610,67 @@ def main():
                    "one, --in_process) or grpc (separate recps-shard processes)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=0,
-                   help="training steps per run (0: 100 for S, 60 for M)")
+                   help="training steps per run (0: the shape's, 100 or 60)")
     p.add_argument("--warmup", type=int, default=10, help="untimed first steps")
-    p.add_argument("--eval_lines", type=int, default=65536, help="held-out lines")
+    p.add_argument("--eval_lines", type=int, default=65536,
+                   help="held-out lines (U-var: at most 16384)")
     p.add_argument("--quick", action="store_true", help="1 round, 40 steps, 5 warmup")
     p.add_argument("--smoke", action="store_true",
-                   help="tiny: S-p1 only, 1 round, 8 steps, small tables (checks the plumbing)")
+                   help="tiny: 1 round, 8 steps, tables of at most 10k rows, batches of at "
+                   "most 256 (checks the plumbing)")
+    p.add_argument("--self_test", action="store_true",
+                   help="check the data writer and exit (numpy only)")
     p.add_argument("--data_dir", default="", help="where datasets go (default build/peers-data)")
     p.add_argument("--build_dir", default="build")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--torch_threads", type=int, default=0,
                    help="intra-op threads per PyTorch/TorchRec process (0: CPUs / world size)")
     p.add_argument("--json", default="", help="also write every measurement here")
+    p.add_argument("--markdown", default="", help="also write the result tables here")
     a = p.parse_args()
+    if a.self_test:
+        sys.exit(self_test())
     if a.quick:
         a.rounds, a.steps, a.warmup = 1, a.steps or 40, min(a.warmup, 5)
+    a.configs = a.configs or ("panel" if a.smoke else "S-p1,S-p20,M-p1")
     if a.smoke:
-        CONFIGS["S-p1"] = (8, 10_000, 1, 256)
-        a.configs, a.rounds, a.steps, a.warmup, a.eval_lines = "S-p1", 1, 8, 2, 2048
-    configs = a.configs.split(",")
+        a.rounds, a.steps, a.warmup, a.eval_lines = 1, 8, 2, 2048
+    configs = [c for name in a.configs.split(",")
+               for c in (SHAPES if name == "panel" else [name])]
+    for c in configs:
+        if c not in SHAPES:
+            p.error(f"unknown shape {c}; known: {', '.join(SHAPES)}, panel")
+    a.shapes = {c: smoke_shape(s) if a.smoke else s for c, s in SHAPES.items()}
+    a.eval_of = {c: min(a.eval_lines, s.eval_cap or a.eval_lines) for c, s in a.shapes.items()}
     systems = a.systems.split(",")
     data_root = a.data_dir or os.path.join(a.build_dir, "peers-data" + ("-smoke" if a.smoke else ""))
     os.makedirs(data_root, exist_ok=True)
 
-    steps_of = {c: a.steps or (60 if c.startswith("M") else 100) for c in configs}
+    steps_of = {c: a.steps or a.shapes[c].steps for c in configs}
     dirs = {}
     for c in configs:
-        tables, rows, bag, gb = CONFIGS[c]
+        shape = a.shapes[c]
         d = os.path.abspath(os.path.join(data_root, c))
         os.makedirs(d, exist_ok=True)
-        n_train = steps_of[c] * gb
+        n_train, n_eval = steps_of[c] * shape.batch, a.eval_of[c]
         stamp = os.path.join(d, "stamp.json")
-        want = {"tables": tables, "rows": rows, "bag": bag, "train": n_train, "eval": a.eval_lines}
+        want = {"shape": dataclasses.asdict(shape), "train": n_train, "eval": n_eval}
+        want = json.loads(json.dumps(want))  # tuples as lists, as read back
         have = json.load(open(stamp)) if os.path.exists(stamp) else {}
         if have != want:
             t0 = time.time()
-            pos = write_dataset(os.path.join(d, "train.tsv"), n_train, tables, rows, bag, 1)
-            write_dataset(os.path.join(d, "eval.tsv"), a.eval_lines, tables, rows, bag, 2)
-            for f in ("train.tsv.npz", "eval.tsv.npz"):
-                if os.path.exists(os.path.join(d, f)):
+            pos = write_dataset(os.path.join(d, "train.tsv"), shape, n_train, 1)
+            write_dataset(os.path.join(d, "eval.tsv"), shape, n_eval, 2)
+            for f in os.listdir(d):  # the torch peers' parsed copies
+                if f.endswith(".npz"):
                     os.remove(os.path.join(d, f))
             json.dump(want, open(stamp, "w"))
-            print(f"# {c}: wrote {n_train} train + {a.eval_lines} eval lines "
-                  f"({pos:.2f} positive) in {time.time() - t0:.0f} s", file=sys.stderr)
+            mb = sum(os.path.getsize(os.path.join(d, f)) for f in ("train.tsv", "eval.tsv"))
+            print(f"# {c}: wrote {n_train} train + {n_eval} eval lines ({pos:.2f} positive, "
+                  f"{mb / 2**20:.0f} MiB) in {time.time() - t0:.0f} s", file=sys.stderr)
         dirs[c] = d
 
+    print(f"# cpu: {cpu_model()}", file=sys.stderr)
     results = {c: {s: [] for s in systems} for c in configs}
     for r in range(a.rounds):
         for c in configs:
@@ -321,37 +689,11 @@ def main():
                 print(f"# round {r + 1} {c} {s}: {msg} ({time.time() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
 
-    print(f"\nsamples/s median (min-max) over {a.rounds} round(s); AUC on "
-          f"{a.eval_lines} held-out lines; peak = sum of the job's process RSS peaks")
-    print(f"machine: {os.cpu_count()} CPUs; load = 1-minute load average at the end of "
-          f"each run (median)")
-    print("| config | system | samples/s | min | max | AUC | peak GiB | load |")
-    print("|" + "---|" * 8)
-    for c in configs:
-        best_peer, best_peer_name = 0.0, ""
-        med = {}
-        for s in systems:
-            ok = [m for m in results[c][s] if "error" not in m]
-            if not ok:
-                print(f"| {c} | {s} | failed: {results[c][s][-1].get('error')} | | | | | |")
-                continue
-            sps = [m["sps"] for m in ok]
-            med[s] = statistics.median(sps)
-            print(f"| {c} | {s} | {med[s]:.0f} | {min(sps):.0f} | {max(sps):.0f} | "
-                  f"{statistics.median(m['auc'] for m in ok):.4f} | "
-                  f"{max(m['peak'] for m in ok) / 2**30:.2f} | "
-                  f"{statistics.median(m['load'] for m in ok):.1f} |")
-            if not s.startswith("recps") and med[s] > best_peer:
-                best_peer, best_peer_name = med[s], s
-        for s in systems:
-            if s.startswith("recps") and s in med and best_peer > 0:
-                print(f"|  | {s} / {best_peer_name} | {med[s] / best_peer:.2f}x | | | | | |")
-    for c in configs:
-        for s in systems:
-            ok = [m for m in results[c][s] if "split" in m]
-            if ok:
-                sp = ok[-1]["split"]
-                print(f"# {c} {s} ms/step: " + ", ".join(f"{k} {v:.1f}" for k, v in sp.items()))
+    lines = report(a, configs, systems, results)
+    print("\n" + "\n".join(lines))
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("\n".join(lines) + "\n")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
