@@ -5,6 +5,7 @@
 //
 // Stops gracefully on SIGTERM or SIGINT: no new calls are accepted, calls in
 // flight finish (up to --grace_period).
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -319,9 +320,15 @@ int Run() {
   const double prefault = absl::GetFlag(FLAGS_prefault_fixed_tables);
   options.prefault_fixed_share = prefault >= 0 ? prefault : options.standalone ? 1 : 0;
   options.gate = *gate_options;
-  options.on_registration_refused = [](const absl::Status&) {
+  // To this thread, not the process: a signal sent to the process goes to
+  // any thread that does not block it, and one did in a CI run (the shard
+  // died of SIGTERM, exit 143, without "received signal" in its log; not
+  // reproduced since). Sent to this thread, it can only end the sigwait
+  // below, or wait for it.
+  const pthread_t main_thread = pthread_self();
+  options.on_registration_refused = [main_thread](const absl::Status&) {
     registration_refused.store(true);
-    kill(getpid(), SIGTERM);  // ends the sigwait below
+    pthread_kill(main_thread, SIGTERM);
   };
   absl::StatusOr<std::unique_ptr<ShardProcess>> process =
       ShardProcess::Create(std::move(options));
