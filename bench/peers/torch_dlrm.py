@@ -112,6 +112,18 @@ def build_mlp(torch, sizes, in_features, relu_last):
     return torch.nn.Sequential(*layers)
 
 
+def dlrm_init_(torch, module):
+    """recps' MLP init, which is the reference DLRM's (dlrm_s_pytorch.py):
+    weights N(0, sqrt(2 / (fan_in + fan_out))), biases N(0, sqrt(1 / fan_out)).
+    PyTorch's nn.Linear default (uniform +-1/sqrt(fan_in)) starts with logits
+    about 3x smaller; on U-var (sum bags of up to 100 rows) that alone moved
+    the held-out AUC by 0.013 after 40 steps, so every system starts alike."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, 0.0, (2.0 / (m.in_features + m.out_features)) ** 0.5)
+            torch.nn.init.normal_(m.bias, 0.0, (1.0 / m.out_features) ** 0.5)
+
+
 def run_eager(spec, args):
     import torch
 
@@ -130,6 +142,8 @@ def run_eager(spec, args):
             self.bottom = build_mlp(torch, spec["bottom"], spec["num_dense"], True)
             n = F + 1
             self.top = build_mlp(torch, spec["top"], D + n * (n - 1) // 2, False)
+            dlrm_init_(torch, self.bottom)
+            dlrm_init_(torch, self.top)
             li, lj = torch.tril_indices(n, n, -1)
             self.register_buffer("li", li)
             self.register_buffer("lj", lj)
@@ -214,6 +228,8 @@ def torchrec_worker(rank, world, spec, args, port):
     model = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=spec["num_dense"],
                            dense_arch_layer_sizes=spec["bottom"],
                            over_arch_layer_sizes=spec["top"], dense_device=device))
+    dlrm_init_(torch, model.model.dense_arch)
+    dlrm_init_(torch, model.model.over_arch)
     lr = spec["lr"]
     apply_in_backward(torch.optim.Adagrad, model.model.sparse_arch.parameters(),
                       {"lr": lr, "eps": 1e-8})
