@@ -123,6 +123,7 @@ absl::StatusOr<SharedMemoryMapper::Region> SharedMemoryMapper::Map(
   const absl::Time now = absl::Now();
   const std::pair<dev_t, ino_t> key(st.st_dev, st.st_ino);
   std::shared_ptr<Mapping> mapping;
+  bool newly_mapped = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = mappings_.find(key);
@@ -140,12 +141,16 @@ absl::StatusOr<SharedMemoryMapper::Region> SharedMemoryMapper::Map(
     absl::MutexLock lock(&mu_);
     Entry& entry = mappings_[key];
     // Another call may have mapped it meanwhile: keep one.
-    if (entry.mapping == nullptr) entry.mapping = mapping;
+    if (entry.mapping == nullptr) {
+      entry.mapping = mapping;
+      newly_mapped = true;
+    }
     mapping = entry.mapping;
     entry.last_used = now;
     Evict(now);
   }
   Region region;
+  region.newly_mapped = newly_mapped;
   region.data = mapping->data + buffer.offset();
   region.length = buffer.length();
   region.keep = std::move(mapping);

@@ -66,10 +66,14 @@ class SharedMemoryMapper {
     std::shared_ptr<void> keep;
     char* data = nullptr;
     size_t length = 0;
+    // This call mapped the memfd (no call before it had, or its mapping
+    // had been let go): a steady caller reuses its memfds, so new
+    // mappings stop once its calls have warmed up.
+    bool newly_mapped = false;
   };
 
   explicit SharedMemoryMapper(absl::Duration idle = absl::Seconds(10),
-                              size_t max_mappings = 64)
+                              size_t max_mappings = 1024)
       : idle_(idle), max_mappings_(max_mappings) {}
 
   // FAILED_PRECONDITION, saying why, when the buffer cannot be mapped (not

@@ -40,6 +40,12 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                                  "(Lookup) passed through a same-host caller's "
                                  "shared memory instead of the socket, by method")
                            .Register(registry)),
+      same_host_mappings_(prometheus::BuildCounter()
+                              .Name("recps_shard_same_host_mappings_total")
+                              .Help("Same-host callers' memfds mapped; flat once a "
+                                    "steady job's calls reuse their memfds")
+                              .Register(registry)
+                              .Add({})),
       lookup_ids_(prometheus::BuildCounter()
                       .Name("recps_shard_lookup_ids_total")
                       .Help("Ids served by Lookup")
@@ -211,6 +217,8 @@ void ShardMetrics::AddBadRequest(const std::string& rpc,
   // Few distinct labels; Family::Add finds an existing child under its lock.
   bad_requests_.Add({{"rpc", rpc}, {"reason", reason}}).Increment();
 }
+
+void ShardMetrics::AddSameHostMapping() { same_host_mappings_.Increment(); }
 
 void ShardMetrics::AddSameHostBytes(const std::string& rpc, int64_t bytes) {
   same_host_bytes_.Add({{"rpc", rpc}}).Increment(static_cast<double>(bytes));

@@ -53,6 +53,7 @@ class ShardMetrics {
   // Same-host rows: a request's bytes (`rpc` Lookup: the answer; Push: the
   // request) passed through the caller's memory instead of the socket.
   void AddSameHostBytes(const std::string& rpc, int64_t bytes);
+  void AddSameHostMapping();
   void AddUpdatedIds(int64_t ids);
   // Time a lookup waited for its step (sync and bounded modes).
   void RecordSyncWait(double seconds);
@@ -72,6 +73,7 @@ class ShardMetrics {
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Counter>& bad_requests_;
   prometheus::Family<prometheus::Counter>& same_host_bytes_;
+  prometheus::Counter& same_host_mappings_;
   prometheus::Counter& lookup_ids_;
   prometheus::Counter& lookup_bytes_;
   prometheus::Counter& update_ids_;

@@ -126,7 +126,10 @@ absl::StatusOr<SharedMemoryMapper::Region> EmbeddingShardService::MapSameHost(
         absl::StrCat("the caller ", context->peer(), " is not on this host's loopback"));
   } else {
     absl::StatusOr<SharedMemoryMapper::Region> region = same_host_->Map(buffer);
-    if (region.ok()) return region;
+    if (region.ok()) {
+      if (region->newly_mapped && metrics_ != nullptr) metrics_->AddSameHostMapping();
+      return region;
+    }
     refused = region.status();
   }
   refused = absl::FailedPreconditionError(absl::StrCat(kSameHostRefusal, refused.message()));

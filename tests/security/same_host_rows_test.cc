@@ -106,6 +106,40 @@ TEST_F(SameHostRowsTest, RowsAndUpdatesAreTheSocketPathsBitForBit) {
             -1);
 }
 
+// A step's lookups go in parts of max_ids_per_lookup_request ids, all in
+// flight at once: here 24 parts. The worker keeps the memfds of the calls
+// before for the calls after, so after the first step the server maps no
+// new memfd. (With a fixed pool of 8 free memfds, every step made 16 new
+// ones, their pages faulting in zeroed, and the server kept the dropped
+// ones mapped: 10 steps mapped ~170.)
+TEST_F(SameHostRowsTest, AStepsCallsReuseTheMemfdsOfTheStepsBefore) {
+  auto shard = StartShard({});
+  ASSERT_NE(shard, nullptr);
+  client::EmbeddingClientOptions o;
+  o.security = Tls("worker");
+  o.rpc_timeout = absl::Seconds(20);
+  o.max_ids_per_lookup_request = 256;
+  auto c = client::EmbeddingClient::Create(
+      {{"fixed", 4}, {"dyn", 4}},
+      client::MakeServerShardMapSource({shard->address()}, Tls("worker")), o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  constexpr int kIds = 24 * 256;
+  std::vector<int64_t> ids(kIds);
+  std::vector<float> rows(kIds * 4), grads(kIds * 4, 0.01f);
+  double after_first_step = 0;
+  for (int64_t step = 0; step < 10; ++step) {
+    for (int i = 0; i < kIds; ++i) ids[i] = (i + step * 101) * 7919;
+    const client::LookupSpec specs[] = {{1, ids, rows.data()}};
+    ASSERT_TRUE((*c)->Lookup(step, specs).ok()) << "step " << step;
+    const client::PushSpec pushes[] = {{1, ids, grads.data()}};
+    ASSERT_TRUE((*c)->PushGradients(step, pushes).ok()) << "step " << step;
+    if (step == 0) after_first_step = Metric(*shard, "recps_shard_same_host_mappings_total");
+  }
+  EXPECT_GE(after_first_step, 24);  // the lookup's parts, at least
+  EXPECT_EQ(Metric(*shard, "recps_shard_same_host_mappings_total"), after_first_step);
+  EXPECT_GT(Metric(*shard, "recps_shard_same_host_bytes_total{rpc=\"Lookup\""), 0);
+}
+
 TEST_F(SameHostRowsTest, WhatACallerNamesIsCheckedBeforeItIsTouched) {
   auto shard = StartShard({});
   ASSERT_NE(shard, nullptr);
