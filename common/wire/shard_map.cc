@@ -180,6 +180,17 @@ TableRoute ShardMap::RouteOf(uint64_t table_key) const {
   return route;
 }
 
+double ShardMap::ShareOf(int server, uint64_t table_key) const {
+  const TableRoute route = RouteOf(table_key);
+  if (route.column_split()) return 0;
+  if (route.owners_ == nullptr) return route.single_owner() == server ? 1 : 0;
+  int64_t owned = 0;
+  for (uint32_t slot = 0; slot < num_slots_; ++slot) {
+    owned += static_cast<int>(route.owners_[slot]) == server;
+  }
+  return num_slots_ == 0 ? 0 : static_cast<double>(owned) / num_slots_;
+}
+
 absl::Span<const ColumnGroup> ShardMap::ColumnGroupsOf(
     uint64_t table_key) const {
   if (tables_.empty()) return {};

@@ -113,6 +113,11 @@ class ShardMap {
   absl::Status CheckWidth(absl::string_view table, int dim) const;
   // Index of `server` in servers(), or -1.
   int IndexOf(absl::string_view server) const;
+  // The share of table `table_key`'s ids that server index `server` owns,
+  // with ids spread evenly over slots: 1 or 0 for a table-wise table or a
+  // column group, its slots / num_slots for one routed by slot, 0 for a
+  // table split column-wise (its groups are tables of their own).
+  double ShareOf(int server, uint64_t table_key) const;
   // The slots owned by server index `server` in the global slot owners,
   // ascending.
   std::vector<uint32_t> SlotsOf(int server) const;

@@ -24,6 +24,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "server/store/embedding_store.h"
+#include "server/shard/fixed_row_committer.h"
 #include "server/shard/in_process_shard.h"
 #include "server/shard/shard_metrics.h"
 #include "server/shard/shard_peer_grpc.h"
@@ -75,7 +76,7 @@ double PrefaultShare(const std::vector<config::TableSpec>& specs, double share) 
   double bytes = 0;
   for (const config::TableSpec& spec : specs) {
     if (spec.num_rows <= 0) continue;
-    const double rows = std::ceil(static_cast<double>(spec.num_rows) * share * 1.02) + 64;
+    const auto rows = static_cast<double>(ExpectedFixedRows(spec.num_rows, share));
     // The row, its id and generation (8 bytes each), and the id map.
     bytes += rows * static_cast<double>(HostRowBytes(spec.optimizer.kind, spec.dim,
                                                       spec.precision) + 16) +
@@ -157,6 +158,7 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
       h->SetServingStatus(true);
     }
     if (self->health_port_ != nullptr) self->health_port_->SetServing(true);
+    self->CommitOwnedFixedRows();
   };
   // Column groups of column-wise tables: same seed, slots and limits.
   server_options.create_store = [store_options](std::vector<config::TableSpec> groups) {
@@ -170,7 +172,42 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
   ASSIGN_OR_RETURN(p->shard_, ShardServer::Create(std::move(store), ShardMap(),
                                                   std::move(server_options),
                                                   p->metrics_.get()));
+  if (o.prefault_fixed_share > 0 && *device == kernels::Device::kCpu) {
+    std::vector<int64_t> committed(p->specs_.size(), 0);
+    for (size_t t = 0; t < p->specs_.size(); ++t) {
+      committed[t] = ExpectedFixedRows(p->specs_[t].num_rows, store_options.prefault_fixed_share);
+    }
+    ShardServer* server = p->shard_.get();
+    p->committer_ = std::make_unique<FixedRowCommitter>(
+        [server](int table, int64_t rows) { server->CommitFixedRows(table, rows); },
+        std::move(committed));
+  }
   return p;
+}
+
+void ShardProcess::CommitOwnedFixedRows() {
+  if (committer_ == nullptr) return;
+  std::vector<int64_t> wanted = shard_->OwnedFixedRows();
+  const std::vector<int64_t> committed = committer_->committed();
+  double extra = 0;
+  for (size_t t = 0; t < wanted.size() && t < specs_.size(); ++t) {
+    const int64_t more = wanted[t] - (t < committed.size() ? committed[t] : 0);
+    if (more > 0) {
+      extra += static_cast<double>(more) *
+               static_cast<double>(HostRowBytes(specs_[t].optimizer.kind, specs_[t].dim,
+                                                specs_[t].precision) + 16);
+    }
+  }
+  if (extra <= 0) return;
+  const absl::StatusOr<int64_t> available = MemAvailable();
+  if (available.ok() && extra > 0.8 * static_cast<double>(*available)) {
+    LogWarning("not committing the memory of the fixed tables' rows the shard map gives "
+               "this server: ", HumanBytes(extra), " more is over 80% of the ",
+               HumanBytes(static_cast<double>(*available)),
+               " available; rows take their memory as they appear (--prefault_fixed_tables)");
+    return;
+  }
+  committer_->Want(std::move(wanted));
 }
 
 absl::Status ShardProcess::Serve() {

@@ -48,6 +48,7 @@ class HealthPort;
 
 namespace server {
 
+class FixedRowCommitter;
 class ShardMetrics;
 class ShardServer;
 class EmbeddingShardService;
@@ -79,6 +80,8 @@ struct ShardProcessOptions {
   bool same_host_rows = true;
   // StoreOptions::prefault_fixed_share: the share of each fixed table's
   // rows this server expects to hold, whose memory is committed at start.
+  // When > 0 (CPU store), each shard map installed also tops each fixed
+  // table up to the share of its ids that map gives this server.
   double prefault_fixed_share = 0;
   rpc::CallGateOptions gate;
   // How its gRPC server and its calls to other shard servers (slot moves)
@@ -125,6 +128,10 @@ class ShardProcess {
 
  private:
   explicit ShardProcess(ShardProcessOptions options);
+  // Each map installed: commits, off the install path, the memory of the
+  // fixed tables' rows it gives this server beyond what the start
+  // committed (FixedRowCommitter), when prefault_fixed_share > 0.
+  void CommitOwnedFixedRows();
 
   ShardProcessOptions options_;
   std::vector<config::TableSpec> specs_;
@@ -138,6 +145,8 @@ class ShardProcess {
   std::unique_ptr<rpc::HealthPort> health_port_;
   std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
   std::unique_ptr<ShardServer> shard_;
+  // Declared after shard_: stopped before the server it commits for goes.
+  std::unique_ptr<FixedRowCommitter> committer_;
   std::unique_ptr<rpc::CallGate> gate_;
   std::unique_ptr<EmbeddingShardService> data_service_;
   std::unique_ptr<ShardAdminService> admin_service_;

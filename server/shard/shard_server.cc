@@ -3,10 +3,13 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/hashing.h"
 #include "common/status_macros.h"
+#include "server/store/store_footprint.h"
 
 namespace recps::server {
 namespace {
@@ -97,6 +100,19 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       std::move(facts));
   moves_ = std::make_unique<SlotMoves>(store_.get(), &options_, map_.get(),
                                        holds_.get(), &data_->clock(), snapshots_.get());
+}
+
+std::vector<int64_t> ShardServer::OwnedFixedRows() const {
+  const MapView view = CurrentMap();
+  std::vector<int64_t> rows(store_->num_tables(), 0);
+  if (view->self < 0) return rows;
+  for (int t = 0; t < store_->num_tables(); ++t) {
+    const config::TableSpec& spec = store_->spec(t);
+    if (spec.num_rows <= 0) continue;
+    rows[t] = ExpectedFixedRows(spec.num_rows,
+                                view->map.ShareOf(view->self, StableNameKey(spec.name)));
+  }
+  return rows;
 }
 
 void ShardServer::StopMoves() { moves_->Stop(); }

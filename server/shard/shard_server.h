@@ -105,6 +105,13 @@ class ShardServer {
   void SetSelfAddress(std::string address);
 
   const EmbeddingStore& store() const { return *store_; }
+  // Per table of the store, the rows of a fixed table that the current map
+  // gives this server (ExpectedFixedRows of its share); 0 for dynamic
+  // tables and before a map lists this server.
+  std::vector<int64_t> OwnedFixedRows() const;
+  // EmbeddingStore::CommitFixedRows on the server's store: seconds for
+  // large tables, so not on a request thread.
+  void CommitFixedRows(int table, int64_t rows) { store_->CommitFixedRows(table, rows); }
   // Random, nonzero, fixed for this object's life (one per process): sent
   // on every Lookup and PushGradients response so that clients notice a
   // restarted server (whose rows are gone).

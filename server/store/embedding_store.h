@@ -194,6 +194,14 @@ class SlotTransfer : public virtual StoreCatalog {
   // INVALID_ARGUMENT for a slot >= num_slots, NOT_FOUND for an unknown
   // table.
   virtual absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) = 0;
+  // Commits now the memory of fixed table `table`'s first `rows` rows, as
+  // StoreOptions::prefault_fixed_share does at creation, sized to the share
+  // of its ids a shard map gives this server (a planned map gives servers
+  // uneven shares of a table). Never gives memory back; contents are
+  // unchanged, rows are still created on first use. Runs on the calling
+  // thread, beside lookups and pushes. A store that allocates its rows
+  // whole at creation (the GPU store) has nothing to do.
+  virtual void CommitFixedRows(int table, int64_t rows) = 0;
 
   // Marks: what changed since a point, without a snapshot (moves).
   // Makes every change after the call carry a generation above `mark`, as

@@ -56,7 +56,7 @@ using host_store::kProbeAhead;
 using host_store::kStripes;
 using host_store::MissingRows;
 using host_store::PrefetchRow;
-using host_store::CommitBytes;
+using host_store::CommitRows;
 using host_store::ReleaseBytes;
 using host_store::StripeBuckets;
 using host_store::StripeReaderLocks;
@@ -334,6 +334,11 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
       t->ImportRow(src, t->Row(r));
     }
     return absl::OkStatus();
+  }
+
+  void CommitFixedRows(int table, int64_t rows) override {
+    absl::StatusOr<Table*> t = Get(table);
+    if (t.ok() && (*t)->spec.num_rows > 0) CommitRows(**t, rows, /*pool=*/nullptr);
   }
 
   absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override {
@@ -649,19 +654,10 @@ absl::StatusOr<std::unique_ptr<EmbeddingStore>> CreateHostEmbeddingStore(
       t->dense_rows = *std::move(dense_rows);
     }
     if (options.prefault_fixed_share > 0 && spec.num_rows > 0) {
-      // Rows are packed from the arena's start: this share's rows (2% and a
-      // page of rows over, for the uneven spread of ids over slots) are
-      // the first ones.
-      const int64_t rows = std::min<int64_t>(
-          t->capacity, static_cast<int64_t>(std::ceil(
-                           static_cast<double>(spec.num_rows) *
-                           std::min(1.0, options.prefault_fixed_share) * 1.02)) + 64);
-      const bool committed =
-          CommitBytes(t->arena, rows * static_cast<int64_t>(row_bytes), options.pool) &&
-          CommitBytes(t->row_ids, rows * static_cast<int64_t>(sizeof(int64_t)), options.pool) &&
-          CommitBytes(t->row_gens, rows * static_cast<int64_t>(sizeof(uint64_t)), options.pool) &&
-          CommitBytes(t->dense_rows, static_cast<int64_t>(t->dense_rows.size()), options.pool);
-      (void)committed;  // an old kernel: rows fault as they appear, as without
+      // Rows are packed from the arena's start: this share's rows are the
+      // first ones.
+      CommitRows(*t, ExpectedFixedRows(spec.num_rows, options.prefault_fixed_share),
+                 options.pool);
 
     }
     t->index.resize(options.num_slots);

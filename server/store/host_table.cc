@@ -104,4 +104,15 @@ bool CommitBytes(const AlignedBuffer& buffer, int64_t bytes, ThreadPool* pool) {
   return ok.load();
 }
 
+void CommitRows(const Table& t, int64_t rows, ThreadPool* pool) {
+  rows = std::min(rows, t.capacity);
+  if (rows <= 0) return;
+  const auto row_bytes = static_cast<int64_t>(sizeof(float)) * t.row_words;
+  // False on an old kernel: rows then fault as they appear, as without.
+  (void)(CommitBytes(t.arena, rows * row_bytes, pool) &&
+         CommitBytes(t.row_ids, rows * static_cast<int64_t>(sizeof(int64_t)), pool) &&
+         CommitBytes(t.row_gens, rows * static_cast<int64_t>(sizeof(uint64_t)), pool) &&
+         CommitBytes(t.dense_rows, static_cast<int64_t>(t.dense_rows.size()), pool));
+}
+
 }  // namespace recps::server::host_store

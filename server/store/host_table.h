@@ -401,6 +401,9 @@ void ReleaseBytes(const AlignedBuffer& buffer, int64_t from, int64_t to);
 // changing what they hold (MADV_POPULATE_WRITE), split over `pool`. False
 // when the kernel cannot (before Linux 5.14): rows then fault as they appear.
 bool CommitBytes(const AlignedBuffer& buffer, int64_t bytes, ThreadPool* pool);
+// Commits the memory of table t's first `rows` rows (arena, ids,
+// generations) and of its id map, as if written; contents unchanged.
+void CommitRows(const Table& t, int64_t rows, ThreadPool* pool);
 
 }  // namespace recps::server::host_store
 

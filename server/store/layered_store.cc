@@ -164,6 +164,10 @@ absl::Status LayeredStore::ImportRows(int table, uint32_t slot,
                       : e->store->ImportRows(e->local, slot, ids, rows);
 }
 
+void LayeredStore::CommitFixedRows(int table, int64_t rows) {
+  if (const Entry* e = Get(table)) e->store->CommitFixedRows(e->local, rows);
+}
+
 absl::StatusOr<int64_t> LayeredStore::DropSlot(int table, uint32_t slot) {
   if (table != kAllTables) {
     const Entry* e = Get(table);

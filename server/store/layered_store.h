@@ -59,6 +59,7 @@ class LayeredStore final : public EmbeddingStore {
                           absl::Span<const int64_t> ids,
                           const float* rows) override;
   absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override;
+  void CommitFixedRows(int table, int64_t rows) override;
   // Snapshots span every layer with the same cut; a store added later
   // starts at the last cut's generation.
   absl::Status BeginSnapshot(uint64_t cut) override;

@@ -1,5 +1,8 @@
 #include "server/store/store_footprint.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "kernels/cuda_util.h"
 #include "server/store/id_index.h"
 
@@ -21,6 +24,13 @@ int64_t HostIndexAllocBytes(int64_t capacity) {
 
 int64_t HostRowIdBytes(int64_t rows) {
   return rows <= 0 ? 0 : rows * static_cast<int64_t>(sizeof(int64_t));
+}
+
+int64_t ExpectedFixedRows(int64_t num_rows, double share) {
+  if (num_rows <= 0 || !(share > 0)) return 0;
+  return std::min<int64_t>(
+      num_rows, static_cast<int64_t>(std::ceil(static_cast<double>(num_rows) *
+                                               std::min(1.0, share) * 1.02)) + 64);
 }
 
 int64_t HostDenseIndexBytes(int64_t num_rows) {

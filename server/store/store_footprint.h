@@ -38,6 +38,13 @@ inline constexpr int64_t kHostDenseIndexMaxRows = int64_t{1} << 24;
 // TableInfo.index_bytes and of the planner's fixed bytes per table.
 int64_t HostDenseIndexBytes(int64_t num_rows);
 
+// Rows of a fixed table of `num_rows` that a server holding `share` of its
+// ids should expect (2% and 64 rows over, for the uneven spread of ids
+// over slots): what committing memory ahead (StoreOptions::
+// prefault_fixed_share, EmbeddingStore::CommitFixedRows) covers. 0 for no
+// share.
+int64_t ExpectedFixedRows(int64_t num_rows, double share);
+
 // The memory of GPU `cuda_device` a GPU store's rows may use (its total
 // bytes, as the shard server reports it to the sharding planner); 0 when it
 // cannot be read (no GPU, a build without CUDA).

@@ -92,6 +92,29 @@ TEST(ShardMap, TableRoutingOverridesTheGlobalSlotsForThatTableOnly) {
   EXPECT_EQ(back->OwnerOf(pinned, 12345), 2);
 }
 
+// The share of a table's ids a server owns: what it commits memory for.
+TEST(ShardMap, ShareOfFollowsEachTablesRouting) {
+  v1::ShardMap p = ShardMap::Uniform(4, 64, {"a:1", "b:2", "c:3"}).ToProto();
+  v1::TableRouting* whole = p.add_tables();
+  whole->set_table("pinned");
+  whole->set_owner(2);
+  v1::TableRouting* own = p.add_tables();
+  own->set_table("own");
+  for (uint32_t s = 0; s < 64; ++s) own->add_slot_owner(s % 4 == 0 ? 1 : 0);
+  absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const uint64_t pinned = StableNameKey("pinned"), mine = StableNameKey("own"),
+                 other = StableNameKey("other");
+  EXPECT_EQ(m->ShareOf(2, pinned), 1.0);
+  EXPECT_EQ(m->ShareOf(0, pinned), 0.0);
+  EXPECT_EQ(m->ShareOf(0, mine), 0.75);
+  EXPECT_EQ(m->ShareOf(1, mine), 0.25);
+  EXPECT_EQ(m->ShareOf(2, mine), 0.0);
+  // Global slots: 64 in blocks of 22, 21, 21.
+  EXPECT_DOUBLE_EQ(m->ShareOf(0, other) + m->ShareOf(1, other) + m->ShareOf(2, other), 1.0);
+  EXPECT_DOUBLE_EQ(m->ShareOf(1, other), 21.0 / 64);
+}
+
 TEST(ShardMap, BadTableRoutingsAreRefused) {
   const v1::ShardMap base = ShardMap::Uniform(1, 8, {"a:1", "b:2"}).ToProto();
   v1::ShardMap p = base;

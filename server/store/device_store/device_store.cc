@@ -348,6 +348,9 @@ class DeviceEmbeddingStore final : private BackendHolder,
     return absl::OkStatus();
   }
 
+  // Rows are allocated whole at creation (device memory is not paged in).
+  void CommitFixedRows(int /*table*/, int64_t /*rows*/) override {}
+
   absl::StatusOr<int64_t> DropSlot(int table, uint32_t slot) override {
     RETURN_IF_ERROR(CheckSlot(slot, options_.num_slots));
     if (table == kAllTables) {
