@@ -77,8 +77,9 @@ void FixedRowCommitter::Loop() {
     if (PendingTable() < 0) {
       busy_ = false;
       LogInfo(absl::StrFormat(
-          "committed the memory of %d more rows of the fixed tables (the share the shard "
-          "map gives this server) in %.1f s",
+          "committed the memory of %d rows of the fixed tables (the share of their rows the "
+          "shard map gives this server) in %.1f s: a first touch inside a training step "
+          "costs more",
           rows_done, absl::ToDoubleSeconds(absl::Now() - started)));
     }
   }

@@ -1,11 +1,11 @@
 // Commits, on a thread of its own, the memory of the fixed tables' rows
 // that a shard map gives this server (EmbeddingStore::CommitFixedRows). A
 // planned map gives servers uneven shares of a table (all of one, none of
-// another), so the share committed at start (the expected 1/servers) can
-// fall short: rows created beyond it then fault their pages in inside the
-// step (U-var, service form: 12% of the job's CPU). Installed maps ask
-// (Want); the thread catches up with the latest ask, table by table, and
-// never gives memory back.
+// another), so an expected share committed at start (1/servers) fell short
+// on some tables, whose rows then faulted their pages in inside the step
+// (U-var, service form: 12% of the job's CPU), and was waste on others.
+// Installed maps ask (Want); the thread catches up with the latest ask,
+// table by table, and never gives memory back.
 #ifndef RECPS_SERVER_SHARD_FIXED_ROW_COMMITTER_H_
 #define RECPS_SERVER_SHARD_FIXED_ROW_COMMITTER_H_
 

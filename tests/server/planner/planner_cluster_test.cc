@@ -250,11 +250,13 @@ TEST(PlannerCluster, BytesStoredEstimateIsWithinTenPercentOfTheServersStats) {
 }
 
 // A plan gives servers uneven shares of a table: here all of "big" to
-// server 1. Each server committed the memory of its expected share of the
-// fixed tables' rows at start (--prefault_fixed_tables=0.5); the map tops
-// server 1 up to all of "big", so that the rows it creates in the steps do
-// not fault their pages in there. (Before, it kept its half: rows past it
-// faulted in inside the steps, 12% of the CPU of the U-var service form.)
+// server 1. With --prefault_fixed_tables above 0, each map installed
+// commits the memory of the share of each fixed table it gives the server:
+// half of "big" each under the fixture's uniform map, then the other half
+// on server 1, so that the rows it creates in the steps do not fault their
+// pages in there. (Before, a server committed an expected share at start
+// and kept it: rows past it faulted in inside the steps, 12% of the CPU of
+// the U-var service form.)
 TEST(PlannerCluster, APlannedShareOfAFixedTableIsCommittedAhead) {
   constexpr char kBig[] = R"(
 tables { name: "big" dim: 64 num_rows: 400000 optimizer { kind: SGD learning_rate: 0.1 } }
@@ -265,9 +267,20 @@ tables { name: "user" dim: 8 optimizer { kind: ADAGRAD learning_rate: 0.1 } }
   ASSERT_TRUE(cluster.ok());
   const int64_t half =
       server::HostRowBytes(OptimizerKind::kSgd, 64, RowPrecision::kFp32) * 200000;
-  const int64_t before0 = Stats(cluster.addresses[0]).resident_bytes();
-  const int64_t before1 = Stats(cluster.addresses[1]).resident_bytes();
-  ASSERT_GT(before1, half * 9 / 10);  // the start's half
+  // The commit runs beside the server's requests: poll its resident bytes.
+  const auto resident_reaches = [&](int server, int64_t bytes) {
+    int64_t now = 0;
+    for (int i = 0; i < 200; ++i) {
+      now = Stats(cluster.addresses[server]).resident_bytes();
+      if (now >= bytes) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return now;
+  };
+  const int64_t before0 = resident_reaches(0, half * 9 / 10);
+  const int64_t before1 = resident_reaches(1, half * 9 / 10);
+  ASSERT_GT(before0, half * 9 / 10);  // the uniform map's half
+  ASSERT_GT(before1, half * 9 / 10);
 
   v1::ShardMap map = ShardMap::Uniform(2, kSlots, cluster.addresses).ToProto();
   v1::TableRouting* big = map.add_tables();
@@ -275,14 +288,9 @@ tables { name: "user" dim: 8 optimizer { kind: ADAGRAD learning_rate: 0.1 } }
   big->set_owner(1);
   Install(cluster.shards(), map);
 
-  // The commit runs beside the server's requests: poll its resident bytes.
-  int64_t after1 = before1;
-  for (int i = 0; i < 200 && after1 - before1 < half * 9 / 10; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    after1 = Stats(cluster.addresses[1]).resident_bytes();
-  }
+  const int64_t after1 = resident_reaches(1, before1 + half * 9 / 10);
   EXPECT_GE(after1 - before1, half * 9 / 10) << "server 1 owns all of big now";
-  // Server 0 owns none of it: nothing more (the start's half stays).
+  // Server 0 owns none of it now: nothing more (the first map's half stays).
   EXPECT_LT(Stats(cluster.addresses[0]).resident_bytes() - before0, half / 4);
 }
 
