@@ -107,6 +107,6 @@ ABSL_FLAG(int, local_ranks, 1,
 ABSL_FLAG(std::string, sync_prefetch, "auto",
           "sync mode: read step t+1's rows during step t and re-read only the "
           "rows step t updated (exact either way). true, false (look up after "
-          "each push) or auto: false with --embedded_shard, whose lookups are "
-          "CPU work on this worker's own cores (the overlap would only compete "
-          "with the step for them), true otherwise");
+          "each push) or auto: false with --embedded_shard or --shards all on "
+          "loopback, whose lookups are CPU work on this machine's cores (the "
+          "overlap would only compete with the step for them), true otherwise");

@@ -45,6 +45,7 @@
 #include "common/thread_pool.h"
 #include "common/port_file.h"
 #include "common/status_macros.h"
+#include "common/wire/same_host_memory.h"
 #include "common/rpc/retry.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -228,7 +229,16 @@ int LoadJob(RankRun& run) {
     return 2;
   }
   run.job = *std::move(job);
-  run.sync_prefetch = !absl::GetFlag(FLAGS_embedded_shard);  // auto
+  // auto: off when the shard servers are this machine's (embedded, or
+  // --shards all on loopback): their lookups are CPU work on the cores the
+  // step needs, which the overlap would only compete for.
+  const std::vector<std::string> shards =
+      absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
+  run.sync_prefetch =
+      !absl::GetFlag(FLAGS_embedded_shard) &&
+      !(!shards.empty() && std::all_of(shards.begin(), shards.end(), [](const std::string& a) {
+          return IsLoopbackAddress(a);
+        }));
   if (const std::string prefetch = absl::GetFlag(FLAGS_sync_prefetch);
       prefetch != "auto" && !absl::SimpleAtob(prefetch, &run.sync_prefetch)) {
     LogError("--sync_prefetch=", prefetch, ": expected true, false or auto");

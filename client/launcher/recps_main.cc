@@ -69,8 +69,8 @@ ABSL_FLAG(bool, one_process, false,
           "separate processes");
 ABSL_FLAG(int, workers, 2, "workers to start (data parallel, Gloo allreduce)");
 ABSL_FLAG(std::string, sync_prefetch, "auto",
-          "local: the workers' --sync_prefetch (auto: the worker's own "
-          "default, off with --in_process)");
+          "local: the workers' --sync_prefetch (auto: off, since the shard "
+          "servers run on this machine's cores)");
 ABSL_FLAG(std::string, sharding, "planned",
           "local: how the coordinator places the tables on the shard servers: "
           "planned (the sharding planner, from each server's memory and "
