@@ -121,6 +121,33 @@ TEST(CriteoSource, SkipsAndReportsMalformedLines) {
   EXPECT_FALSE(*source->Next(&batch));
 }
 
+// Bags of hex ids, parsed in one pass per token (worker/data/criteo.cc):
+// digits and letters of either case, up to 16 digits; an empty token
+// anywhere in a bag, or a non-hex byte, makes the line bad.
+TEST(CriteoSource, BagsOfHexIdsAndTheirBadForms) {
+  std::string text = Line("1", {"1"}, {"0,9,a,F,aBcD"});                        // 1: good
+  text += Line("1", {"1"}, {"7fffffffffffffff,ffffffffffffffff"});             // 2: good
+  text += Line("0", {"1"}, {",a"});                                             // 3: bad
+  text += Line("0", {"1"}, {"a,,b"});                                           // 4: bad
+  text += Line("0", {"1"}, {"a,"});                                             // 5: bad
+  text += Line("0", {"1"}, {"a,g"});                                            // 6: bad
+  text += Line("0", {"1"}, {"1,12345678901234567"});                            // 7: bad
+  text += Line("0", {"1"}, {"a b"});                                            // 8: bad
+  text += Line("0", {"2"}, {"", "c"});                                          // 9: good
+  auto source = Open(Paths({WriteFile("bags.tsv", text)}));
+  ASSERT_NE(source, nullptr);
+  Batch batch;
+  ASSERT_TRUE(*source->Next(&batch));
+  ExpectWellFormed(batch);
+  ASSERT_EQ(batch.size, 3);
+  EXPECT_EQ(SampleOf(batch, 0).bags[0], (std::vector<int64_t>{0, 9, 0xa, 0xf, 0xabcd}));
+  EXPECT_EQ(SampleOf(batch, 1).bags[0],
+            (std::vector<int64_t>{0x7fffffffffffffffLL, static_cast<int64_t>(~uint64_t{0})}));
+  EXPECT_TRUE(SampleOf(batch, 2).bags[0].empty());
+  EXPECT_EQ(SampleOf(batch, 2).bags[1], std::vector<int64_t>{0xc});
+  EXPECT_EQ(source->stats().bad_lines, 6);
+}
+
 TEST(CriteoSource, HashBucketsAndMultiHot) {
   CriteoConfig config;
   config.num_dense = 1;
