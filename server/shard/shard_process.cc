@@ -121,13 +121,17 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
   store_options.device = *device;
   p->capacity_ =
       MeasureCapacity(*device, store_options.cuda_device, o.max_rows_per_table);
-  // Standalone, it owns every slot: the share is committed at start. With a
-  // shard map to come, each map installed commits the share of each table
-  // it gives this server (CommitOwnedFixedRows): a planned map gives uneven
-  // shares (all of one table, none of another), and an expected 1/servers
-  // of every table at start fell short on some and was waste on others
-  // (M-p1's service form: 20.8 GiB peak against 13.8).
-  const bool commit_at_start = o.standalone || *device != kernels::Device::kCpu;
+  // A server that will hold every row (standalone, or expecting all of
+  // them: the one server of a job) commits at start, before it registers,
+  // with the store's threads (M-p1's 13 GiB: 0.7-14 s; done later beside
+  // the first steps it took 20 s and a core from them). Otherwise each map
+  // installed commits the share of each table it gives this server
+  // (CommitOwnedFixedRows): a planned map gives uneven shares (all of one
+  // table, none of another), and an expected 1/servers of every table at
+  // start fell short on some and was waste on others (M-p1's service form:
+  // 20.8 GiB peak against 13.8).
+  const bool commit_at_start =
+      o.standalone || o.prefault_fixed_share >= 1 || *device != kernels::Device::kCpu;
   store_options.prefault_fixed_share =
       commit_at_start ? PrefaultShare(p->specs_, o.prefault_fixed_share) : 0;
   const absl::Time store_start = absl::Now();
