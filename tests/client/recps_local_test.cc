@@ -154,6 +154,9 @@ TEST(RecpsLocal, TrainsWithTwoShardsAndTwoWorkers) {
   EXPECT_GE(PrintedAuc(run.output()), 0.75) << run.output();
   // On the planner's map, from what the two servers reported (the default).
   EXPECT_THAT(run.WorkFile("coordinator.log"), HasSubstr("planned the shard map (plan 1"));
+  // Shard servers on this machine: the overlapped lookup would only compete
+  // for the step's cores, so auto turns it off.
+  EXPECT_THAT(run.output(), HasSubstr("sync prefetch off (--sync_prefetch=false)"));
 }
 
 // training.wire_precision reaches the workers' client: rows and gradients
