@@ -234,11 +234,11 @@ int LoadJob(RankRun& run) {
   // step needs, which the overlap would only compete for.
   const std::vector<std::string> shards =
       absl::StrSplit(absl::GetFlag(FLAGS_shards), ',', absl::SkipEmpty());
-  run.sync_prefetch =
-      !absl::GetFlag(FLAGS_embedded_shard) &&
-      !(!shards.empty() && std::all_of(shards.begin(), shards.end(), [](const std::string& a) {
-          return IsLoopbackAddress(a);
-        }));
+  const bool shards_on_loopback =
+      !shards.empty() && std::all_of(shards.begin(), shards.end(), [](const std::string& a) {
+        return IsLoopbackAddress(a);
+      });
+  run.sync_prefetch = !absl::GetFlag(FLAGS_embedded_shard) && !shards_on_loopback;
   if (const std::string prefetch = absl::GetFlag(FLAGS_sync_prefetch);
       prefetch != "auto" && !absl::SimpleAtob(prefetch, &run.sync_prefetch)) {
     LogError("--sync_prefetch=", prefetch, ": expected true, false or auto");

@@ -65,6 +65,12 @@ v1::ServerSpec MeasureCapacity(kernels::Device device, int cuda_device,
   return capacity;
 }
 
+// Memory of one committed row of a fixed table: the row, its id and its
+// generation (8 bytes each).
+double CommittedRowBytes(const config::TableSpec& spec) {
+  return static_cast<double>(HostRowBytes(spec.optimizer.kind, spec.dim, spec.precision) + 16);
+}
+
 // The share of the fixed tables to commit at start: `share`, or 0 (with a
 // warning) when that would take more than 80% of the memory the machine
 // has available (the rest of the process needs some too). For a fixed table whose ids are sparse, lazily created
@@ -77,9 +83,8 @@ double PrefaultShare(const std::vector<config::TableSpec>& specs, double share) 
   for (const config::TableSpec& spec : specs) {
     if (spec.num_rows <= 0) continue;
     const auto rows = static_cast<double>(ExpectedFixedRows(spec.num_rows, share));
-    // The row, its id and generation (8 bytes each), and the id map.
-    bytes += rows * static_cast<double>(HostRowBytes(spec.optimizer.kind, spec.dim,
-                                                      spec.precision) + 16) +
+    // The rows, and the id map.
+    bytes += rows * CommittedRowBytes(spec) +
              static_cast<double>(HostDenseIndexBytes(spec.num_rows));
   }
   if (bytes == 0) return share;
@@ -201,9 +206,7 @@ void ShardProcess::CommitOwnedFixedRows() {
   for (size_t t = 0; t < wanted.size() && t < specs_.size(); ++t) {
     const int64_t more = wanted[t] - (t < committed.size() ? committed[t] : 0);
     if (more > 0) {
-      extra += static_cast<double>(more) *
-               static_cast<double>(HostRowBytes(specs_[t].optimizer.kind, specs_[t].dim,
-                                                specs_[t].precision) + 16);
+      extra += static_cast<double>(more) * CommittedRowBytes(specs_[t]);
     }
   }
   if (extra <= 0) return;

@@ -64,15 +64,22 @@ TEST(ShardMap, ProtoRoundTripAndValidation) {
   EXPECT_FALSE(ShardMap::FromProto(bad).ok());
 }
 
-TEST(ShardMap, TableRoutingOverridesTheGlobalSlotsForThatTableOnly) {
+// 64 global slots over three servers, "pinned" table-wise on server 2 and
+// "own" over its own slot owners: owner_of_slot(s) for slot s.
+v1::ShardMap RoutedMap(uint32_t (*owner_of_slot)(uint32_t)) {
   v1::ShardMap p = ShardMap::Uniform(4, 64, {"a:1", "b:2", "c:3"}).ToProto();
   v1::TableRouting* whole = p.add_tables();
   whole->set_table("pinned");
   whole->set_owner(2);
   v1::TableRouting* own = p.add_tables();
   own->set_table("own");
-  for (uint32_t s = 0; s < 64; ++s) own->add_slot_owner(s % 2);
-  absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
+  for (uint32_t s = 0; s < 64; ++s) own->add_slot_owner(owner_of_slot(s));
+  return p;
+}
+
+TEST(ShardMap, TableRoutingOverridesTheGlobalSlotsForThatTableOnly) {
+  absl::StatusOr<ShardMap> m =
+      ShardMap::FromProto(RoutedMap([](uint32_t s) -> uint32_t { return s % 2; }));
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_TRUE(m->has_table_routing());
   const uint64_t pinned = StableNameKey("pinned"), mine = StableNameKey("own"),
@@ -94,14 +101,8 @@ TEST(ShardMap, TableRoutingOverridesTheGlobalSlotsForThatTableOnly) {
 
 // The share of a table's ids a server owns: what it commits memory for.
 TEST(ShardMap, ShareOfFollowsEachTablesRouting) {
-  v1::ShardMap p = ShardMap::Uniform(4, 64, {"a:1", "b:2", "c:3"}).ToProto();
-  v1::TableRouting* whole = p.add_tables();
-  whole->set_table("pinned");
-  whole->set_owner(2);
-  v1::TableRouting* own = p.add_tables();
-  own->set_table("own");
-  for (uint32_t s = 0; s < 64; ++s) own->add_slot_owner(s % 4 == 0 ? 1 : 0);
-  absl::StatusOr<ShardMap> m = ShardMap::FromProto(p);
+  absl::StatusOr<ShardMap> m = ShardMap::FromProto(
+      RoutedMap([](uint32_t s) -> uint32_t { return s % 4 == 0 ? 1 : 0; }));
   ASSERT_TRUE(m.ok()) << m.status();
   const uint64_t pinned = StableNameKey("pinned"), mine = StableNameKey("own"),
                  other = StableNameKey("other");
