@@ -410,6 +410,7 @@ absl::Status ShardDataPlane::Stats(const v1::StatsRequest& request,
     ts->set_index_bytes(info.index_bytes);
     ts->set_lookup_ids(info.lookup_ids);
     ts->set_update_ids(info.update_ids);
+    ts->set_committed_bytes(info.committed_bytes);
     total_rows += info.rows;
     row_bytes += info.rows * info.row_bytes;
     if (metrics_ != nullptr) metrics_->SetTableRows(info.name, info.rows, info.rows * info.row_bytes);

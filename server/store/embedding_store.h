@@ -85,6 +85,9 @@ struct TableInfo {
   int64_t index_bytes = 0;
   int64_t lookup_ids = 0;  // ids served since start
   int64_t update_ids = 0;  // gradient rows applied since start
+  // Bytes of row storage committed ahead of the rows (a fixed table's
+  // share, --prefault_fixed_tables); 0 where memory comes as rows appear.
+  int64_t committed_bytes = 0;
 };
 
 // A store has three roles, each used by different callers; a caller holds

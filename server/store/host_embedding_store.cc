@@ -236,6 +236,7 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
     }
     info.lookup_ids = t.lookup_ids.load(std::memory_order_relaxed);
     info.update_ids = t.update_ids.load(std::memory_order_relaxed);
+    info.committed_bytes = t.committed_rows.load(std::memory_order_relaxed) * info.row_bytes;
     return info;
   }
 

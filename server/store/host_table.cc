@@ -109,10 +109,15 @@ void CommitRows(const Table& t, int64_t rows, ThreadPool* pool) {
   if (rows <= 0) return;
   const auto row_bytes = static_cast<int64_t>(sizeof(float)) * t.row_words;
   // False on an old kernel: rows then fault as they appear, as without.
-  (void)(CommitBytes(t.arena, rows * row_bytes, pool) &&
-         CommitBytes(t.row_ids, rows * static_cast<int64_t>(sizeof(int64_t)), pool) &&
-         CommitBytes(t.row_gens, rows * static_cast<int64_t>(sizeof(uint64_t)), pool) &&
-         CommitBytes(t.dense_rows, static_cast<int64_t>(t.dense_rows.size()), pool));
+  const bool committed =
+      CommitBytes(t.arena, rows * row_bytes, pool) &&
+      CommitBytes(t.row_ids, rows * static_cast<int64_t>(sizeof(int64_t)), pool) &&
+      CommitBytes(t.row_gens, rows * static_cast<int64_t>(sizeof(uint64_t)), pool) &&
+      CommitBytes(t.dense_rows, static_cast<int64_t>(t.dense_rows.size()), pool);
+  if (!committed) return;
+  int64_t before = t.committed_rows.load(std::memory_order_relaxed);
+  while (before < rows && !t.committed_rows.compare_exchange_weak(before, rows)) {
+  }
 }
 
 }  // namespace recps::server::host_store

@@ -66,6 +66,8 @@ struct Table : StoredRowFormat {
   AlignedBuffer row_ids;
   // Rows handed out == rows stored (rows [0, next_row) are all in use).
   std::atomic<int64_t> next_row{0};
+  // Rows whose memory CommitRows committed ahead (fixed tables only).
+  mutable std::atomic<int64_t> committed_rows{0};
   std::atomic<int64_t> lookup_ids{0};
   std::atomic<int64_t> update_ids{0};
   // index[slot] and slot_rows[slot] are guarded by stripes[slot % kStripes].

@@ -267,20 +267,30 @@ tables { name: "user" dim: 8 optimizer { kind: ADAGRAD learning_rate: 0.1 } }
   ASSERT_TRUE(cluster.ok());
   const int64_t half =
       server::HostRowBytes(OptimizerKind::kSgd, 64, RowPrecision::kFp32) * 200000;
-  // The commit runs beside the server's requests: poll its resident bytes.
-  const auto resident_reaches = [&](int server, int64_t bytes) {
+  // The commit runs beside the server's requests: poll what it reports
+  // committed of "big", then the process's resident bytes, which hold it.
+  const auto big_committed = [&](int server) {
+    const v1::StatsResponse stats = Stats(cluster.addresses[server]);
+    for (const v1::TableStats& t : stats.tables()) {
+      if (t.name() == "big") return t.committed_bytes();
+    }
+    return int64_t{-1};
+  };
+  const auto committed_reaches = [&](int server, int64_t bytes) {
     int64_t now = 0;
-    for (int i = 0; i < 200; ++i) {
-      now = Stats(cluster.addresses[server]).resident_bytes();
+    for (int i = 0; i < 400; ++i) {
+      now = big_committed(server);
       if (now >= bytes) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return now;
   };
-  const int64_t before0 = resident_reaches(0, half * 9 / 10);
-  const int64_t before1 = resident_reaches(1, half * 9 / 10);
-  ASSERT_GT(before0, half * 9 / 10);  // the uniform map's half
-  ASSERT_GT(before1, half * 9 / 10);
+  // The uniform map's half (by slot, so about half).
+  ASSERT_GT(committed_reaches(0, half * 9 / 10), half * 9 / 10);
+  ASSERT_GT(committed_reaches(1, half * 9 / 10), half * 9 / 10);
+  const int64_t committed0 = big_committed(0);
+  const int64_t before0 = Stats(cluster.addresses[0]).resident_bytes();
+  const int64_t before1 = Stats(cluster.addresses[1]).resident_bytes();
 
   v1::ShardMap map = ShardMap::Uniform(2, kSlots, cluster.addresses).ToProto();
   v1::TableRouting* big = map.add_tables();
@@ -288,9 +298,10 @@ tables { name: "user" dim: 8 optimizer { kind: ADAGRAD learning_rate: 0.1 } }
   big->set_owner(1);
   Install(cluster.shards(), map);
 
-  const int64_t after1 = resident_reaches(1, before1 + half * 9 / 10);
-  EXPECT_GE(after1 - before1, half * 9 / 10) << "server 1 owns all of big now";
+  EXPECT_EQ(committed_reaches(1, 2 * half), 2 * half) << "server 1 owns all of big now";
+  EXPECT_GE(Stats(cluster.addresses[1]).resident_bytes() - before1, half * 8 / 10);
   // Server 0 owns none of it now: nothing more (the first map's half stays).
+  EXPECT_EQ(big_committed(0), committed0);
   EXPECT_LT(Stats(cluster.addresses[0]).resident_bytes() - before0, half / 4);
 }
 
