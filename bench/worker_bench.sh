@@ -20,6 +20,8 @@
 #   ONE_PROCESS=1          with IN_PROCESS=1 and W > 1: every worker a thread of
 #     one process around one embedded shard server (recps local --one_process).
 #   TLS=1                  the same over mutual TLS (default plaintext).
+#   REPLICATION=N          recps local --replication (copies of each row;
+#     needs SHARDS >= N separate shard servers).
 #   SHARDING=planned|even  recps local --sharding (default: recps local's,
 #     planned): how the coordinator places the tables.
 #   WORKER_FLAGS="..."     more recps-worker flags (e.g. --threads=2; after
@@ -61,6 +63,7 @@ print(f"{len(b) / best / 1e9:.2f}")'
 local_extra=()
 [[ ${ONE_PROCESS:-0} == 1 ]] && local_extra+=(--one_process)
 [[ -n ${SHARDING:-} ]] && local_extra+=(--sharding="$SHARDING")
+[[ -n ${REPLICATION:-} ]] && local_extra+=(--replication="$REPLICATION")
 [[ ${IN_PROCESS:-0} == 1 ]] && SHARDS="$WORKERS(in-process)"
 [[ ${ONE_PROCESS:-0} == 1 ]] && SHARDS="1(one-process)"
 printf '%-10s W%s S%s %6s %5s %9s %7s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %8s  (ms/step)\n' \

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/imbalance.h"
+#include "common/wire/shard_map.h"
 
 namespace recps::client::admin {
 namespace {
@@ -39,6 +40,50 @@ std::vector<std::vector<uint32_t>> SlotsByServer(const v1::ShardMap& map) {
       slots[owner].push_back(static_cast<uint32_t>(slot));
   }
   return slots;
+}
+
+// Backups per unit of the map (0 without replication).
+int BackupsPerUnit(const v1::ShardMap& map) {
+  return std::max<int>(1, static_cast<int>(map.replication())) - 1;
+}
+
+// The slots of the global slot owners each server holds as a backup.
+std::vector<std::vector<uint32_t>> BackupSlotsByServer(const v1::ShardMap& map) {
+  std::vector<std::vector<uint32_t>> slots(map.servers_size());
+  const int per = BackupsPerUnit(map);
+  if (per == 0 || map.slot_backups_size() != map.slot_owner_size() * per) return slots;
+  for (int slot = 0; slot < map.slot_owner_size(); ++slot) {
+    for (int k = 0; k < per; ++k) {
+      const uint32_t b = map.slot_backups(slot * per + k);
+      if (b < slots.size()) slots[b].push_back(static_cast<uint32_t>(slot));
+    }
+  }
+  return slots;
+}
+
+// Units (slots, table-wise tables, column groups) with a backup lost and
+// not yet replaced (kNoBackup).
+int64_t UnderReplicatedUnits(const v1::ShardMap& map) {
+  const int per = BackupsPerUnit(map);
+  if (per == 0) return 0;
+  int64_t units = 0;
+  const auto count = [&](const google::protobuf::RepeatedField<uint32_t>& backups) {
+    for (int i = 0; i < backups.size(); i += per) {
+      for (int k = i; k < i + per && k < backups.size(); ++k) {
+        if (backups.Get(k) == kNoBackup) {
+          ++units;
+          break;
+        }
+      }
+    }
+  };
+  count(map.slot_backups());
+  for (const v1::TableRouting& t : map.tables()) {
+    count(t.backups());
+    count(t.slot_backups());
+    for (const v1::ColumnGroupRouting& g : t.column_groups()) count(g.backups());
+  }
+  return units;
 }
 
 int IndexIn(const v1::ShardMap& map, const std::string& address) {
@@ -174,6 +219,13 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
   out.set_coordinator(after.coordinator);
   out.set_shard_map_epoch(after.map.epoch());
   out.set_num_slots(after.map.num_slots());
+  out.set_replication(std::max<uint32_t>(1, after.map.replication()));
+  out.set_under_replicated_units(UnderReplicatedUnits(after.map));
+  if (out.under_replicated_units() > 0) {
+    out.add_problems(absl::StrCat(out.under_replicated_units(),
+                                  " units (slots, tables) have fewer than ",
+                                  out.replication(), " copies"));
+  }
   if (before != nullptr) {
     out.set_sample_seconds(absl::ToDoubleSeconds(after.taken - before->taken));
   }
@@ -198,6 +250,7 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
     }
   }
   const std::vector<std::vector<uint32_t>> slots = SlotsByServer(after.map);
+  const std::vector<std::vector<uint32_t>> backup_slots = BackupSlotsByServer(after.map);
 
   std::vector<double> rows, lookup_rates;
   for (size_t i = 0; i < after.servers.size(); ++i) {
@@ -206,6 +259,7 @@ v1::ClusterStatus BuildClusterStatus(const ClusterSnapshot* before,
     s->set_address(address);
     const int index = IndexIn(after.map, address);
     s->set_slots(index >= 0 ? static_cast<int64_t>(slots[index].size()) : 0);
+    s->set_backup_slots(index >= 0 ? static_cast<int64_t>(backup_slots[index].size()) : 0);
     if (auto it = shard_members.find(address); it != shard_members.end()) {
       s->set_member_id(it->second->member_id());
       s->set_member_state(it->second->state());
@@ -312,7 +366,10 @@ v1::ShardsReport BuildShardsReport(const ClusterSnapshot& snapshot) {
   v1::ShardsReport out;
   out.set_shard_map_epoch(snapshot.map.epoch());
   out.set_num_slots(snapshot.map.num_slots());
+  out.set_replication(std::max<uint32_t>(1, snapshot.map.replication()));
+  out.set_under_replicated_units(UnderReplicatedUnits(snapshot.map));
   const std::vector<std::vector<uint32_t>> slots = SlotsByServer(snapshot.map);
+  const std::vector<std::vector<uint32_t>> backup_slots = BackupSlotsByServer(snapshot.map);
   for (size_t i = 0; i < snapshot.servers.size(); ++i) {
     v1::ServerShards* s = out.add_servers();
     s->set_address(snapshot.servers[i]);
@@ -321,6 +378,8 @@ v1::ShardsReport BuildShardsReport(const ClusterSnapshot& snapshot) {
     if (index >= 0) {
       s->set_slot_count(static_cast<int64_t>(slots[index].size()));
       s->set_slot_ranges(SlotRanges(slots[index]));
+      s->set_backup_slot_count(static_cast<int64_t>(backup_slots[index].size()));
+      s->set_backup_slot_ranges(SlotRanges(backup_slots[index]));
     }
     const absl::StatusOr<v1::StatsResponse>& stats = snapshot.stats[i];
     if (!stats.ok()) {

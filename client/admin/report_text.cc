@@ -61,6 +61,15 @@ std::string RoleName(v1::MemberRole role) {
   }
 }
 
+// ", 2 copies of each row" (", 3 under-replicated"), or "" for one copy.
+std::string ReplicasText(uint32_t replication, int64_t under_replicated) {
+  if (replication <= 1) return "";
+  return absl::StrCat(", ", replication, " copies of each row",
+                      under_replicated > 0
+                          ? absl::StrCat(" (", under_replicated, " units under-replicated)")
+                          : "");
+}
+
 std::string Fixed(double v, int digits) {
   return absl::StrFormat("%.*f", digits, v);
 }
@@ -135,7 +144,9 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
       {"shard map", status.shard_map_epoch() == 0
                         ? std::string("none yet")
                         : absl::StrCat("epoch ", status.shard_map_epoch(), ", ",
-                                       status.num_slots(), " slots")});
+                                       status.num_slots(), " slots",
+                                       ReplicasText(status.replication(),
+                                                    status.under_replicated_units()))});
   if (!status.sharding().empty()) head.AddRow({"sharding", status.sharding()});
   head.AddRow({"health", status.healthy()
                              ? std::string("healthy")
@@ -253,13 +264,23 @@ std::string FormatShardsReport(const v1::ShardsReport& report, bool per_slot) {
       report.shard_map_epoch() == 0
           ? std::string("no shard map yet\n\n")
           : absl::StrCat("shard map epoch ", report.shard_map_epoch(), ", ",
-                         report.num_slots(), " slots\n\n");
-  TextTable servers({"INDEX", "SERVER", "SLOTS", "ROWS", "SLOT RANGES"});
+                         report.num_slots(), " slots",
+                         ReplicasText(report.replication(),
+                                      report.under_replicated_units()),
+                         "\n\n");
+  const bool replicated = report.replication() > 1;
+  std::vector<std::string> columns = {"INDEX", "SERVER", "SLOTS", "ROWS", "SLOT RANGES"};
+  if (replicated) columns.push_back("BACKUP OF SLOTS");
+  TextTable servers(columns);
   for (const v1::ServerShards& s : report.servers()) {
-    servers.AddRow({s.index() >= 0 ? absl::StrCat(s.index()) : "-", s.address(),
-                    absl::StrCat(s.slot_count()),
-                    s.error().empty() ? absl::StrCat(s.rows()) : "-",
-                    s.slot_ranges().empty() ? "-" : s.slot_ranges()});
+    std::vector<std::string> row = {
+        s.index() >= 0 ? absl::StrCat(s.index()) : "-", s.address(),
+        absl::StrCat(s.slot_count()), s.error().empty() ? absl::StrCat(s.rows()) : "-",
+        s.slot_ranges().empty() ? "-" : s.slot_ranges()};
+    if (replicated) {
+      row.push_back(s.backup_slot_ranges().empty() ? "-" : s.backup_slot_ranges());
+    }
+    servers.AddRow(std::move(row));
   }
   out += servers.Render();
   if (report.routed_tables_size() > 0) {

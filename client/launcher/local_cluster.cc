@@ -267,6 +267,20 @@ int CheckTopology(const LocalClusterOptions& o, LocalPlan* plan) {
   } else if (o.shards == 0) {
     plan->num_shards = 2;
   }
+  if (o.replication < 0 || o.replication > 8) {
+    LogError("--replication=", o.replication, " must be in 0..8 (0: the job's)");
+    return 2;
+  }
+  if (o.replication > 1 && o.in_process) {
+    LogError("--replication=", o.replication, " keeps each row on several shard servers: "
+             "it needs separate ones; drop --in_process");
+    return 2;
+  }
+  if (o.replication > plan->num_shards) {
+    LogError("--replication=", o.replication, " needs at least ", o.replication,
+             " shard servers; --shards=", plan->num_shards);
+    return 2;
+  }
   plan->ranks_per_process = o.one_process ? o.workers : 1;
   return 0;
 }
@@ -445,6 +459,7 @@ absl::StatusOr<std::pair<ChildProcess, int>> LocalAttempt::SpawnCoordinator(
       "--sharding=" + o_.sharding,
       "--port_file=" + coord_ports_};
   if (restore_) args.push_back("--restore=" + plan_.checkpoint_root);
+  if (o_.replication > 0) args.push_back(absl::StrCat("--replication=", o_.replication));
   for (std::string& a : plan_.tls.Args("coordinator")) args.push_back(std::move(a));
   absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(plan_.coordinator_bin, args, coord_log_);
   if (!c.ok()) return c.status();

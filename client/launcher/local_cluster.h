@@ -21,6 +21,7 @@ namespace recps::client {
 struct LocalClusterOptions {
   std::string job;  // "": examples/small.textproto
   int shards = 0;   // 0: 2, or with in_process one per worker
+  int replication = 0;  // copies of each row; 0: the job's
   int workers = 2;
   // One per worker, reused round-robin (--gpus); empty: CPU workers.
   std::vector<std::string> gpus;

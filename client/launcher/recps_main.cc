@@ -55,6 +55,11 @@ ABSL_FLAG(std::string, job, "",
           "examples/small.textproto");
 ABSL_FLAG(int, shards, 0,
           "shard servers to start (0: 2, or with --in_process one per worker)");
+ABSL_FLAG(int, replication, 0,
+          "local: copies of every embedding row (0: the job's `replication`, "
+          "else 1); each slot's primary and replication - 1 backups are "
+          "different shard servers, so it needs separate shard servers, at "
+          "least this many (docs/replication.md)");
 ABSL_FLAG(bool, in_process, false,
           "local: no shard server processes; each worker embeds one "
           "(recps-worker --embedded_shard) and reaches its own without gRPC, "
@@ -154,7 +159,7 @@ std::string FlagOfTheOtherCommand(const std::string& command, int argc, char** a
       "job",         "shards",        "in_process", "one_process",
       "workers",     "sync_prefetch", "shard_device", "sharding", "consistency",
       "staleness",   "steps",         "work_dir",   "result_dir",
-      "coordinator_restarts", "resume", "start_timeout"};
+      "coordinator_restarts", "resume", "start_timeout", "replication"};
   static constexpr const char* kLaunchOnly[] = {"coordinator", "nproc_per_node", "nnodes",
                                                 "node_rank", "log_dir"};
   absl::Span<const char* const> others;
@@ -172,6 +177,7 @@ LocalClusterOptions LocalOptionsFromFlags(std::vector<std::string> worker_args, 
   LocalClusterOptions o;
   o.job = absl::GetFlag(FLAGS_job);
   o.shards = absl::GetFlag(FLAGS_shards);
+  o.replication = absl::GetFlag(FLAGS_replication);
   o.workers = absl::GetFlag(FLAGS_workers);
   // CPU workers unless --gpus is given (launch's default, auto, would turn
   // every local run on a GPU machine into a GPU run); one worker per GPU

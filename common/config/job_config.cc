@@ -126,6 +126,9 @@ absl::Status ValidateJobConfig(const v1::JobConfig& job) {
   if (job.features_size() > kMaxFeatures) {
     return TooBig("features", job.features_size(), kMaxFeatures, "features per job");
   }
+  if (job.replication() > 8) {
+    return TooBig("replication", static_cast<int64_t>(job.replication()), 8, "copies of a row");
+  }
   absl::flat_hash_map<std::string, int> dims;
   for (int i = 0; i < job.tables_size(); ++i) {
     absl::StatusOr<TableSpec> spec =

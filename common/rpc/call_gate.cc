@@ -46,6 +46,8 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           {"ShardAdmin.ListMoves", C | R},
           {"ShardAdmin.ExportRows", S},
           {"ShardAdmin.FinishMove", S},
+          // Replication: a primary forwards each push to its backups.
+          {"ShardAdmin.ReplicatePush", S},
           // Coordinator: membership, rendezvous, checkpoints.
           {"Coordinator.Register", W | S},
           {"Coordinator.Heartbeat", W | S},

@@ -4,6 +4,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace recps {
 namespace {
@@ -11,6 +12,9 @@ namespace {
 // Far above any table width (the store's limit is 4096); keeps column
 // numbers well inside int.
 constexpr uint32_t kMaxColumns = uint32_t{1} << 16;
+// Copies of a row: far above any useful count, and below what would let
+// a map's backups outgrow its slots by much.
+constexpr uint32_t kMaxReplication = 8;
 
 }  // namespace
 
@@ -52,6 +56,25 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
     }
     m.slot_owner_.push_back(owner);
   }
+  if (proto.replication() > kMaxReplication) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard map: replication ", proto.replication(), " is above ", kMaxReplication));
+  }
+  m.replication_ = std::max<int>(1, static_cast<int>(proto.replication()));
+  const size_t per_unit = static_cast<size_t>(m.replication_ - 1);
+  auto take_backups = [&](absl::string_view what,
+                          const google::protobuf::RepeatedField<uint32_t>& from,
+                          size_t units, std::vector<uint32_t>* to) -> absl::Status {
+    if (static_cast<size_t>(from.size()) != units * per_unit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard map: ", what, " has ", from.size(), " backups where replication ",
+          m.replication_, " needs ", units * per_unit));
+    }
+    to->assign(from.begin(), from.end());
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(take_backups("the slot owners", proto.slot_backups(), m.num_slots_,
+                               &m.slot_backups_));
   absl::flat_hash_set<std::string> tables;
   for (const v1::TableRouting& t : proto.tables()) {
     if (t.table().empty()) {
@@ -94,6 +117,8 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
         group.owner = static_cast<int>(g.owner());
         group.table = ColumnGroupTableName(t.table(), group.begin, group.end);
         group.key = StableNameKey(group.table);
+        RETURN_IF_ERROR(take_backups(absl::StrCat("a column group of table ", t.table()),
+                                     g.backups(), 1, &group.backups));
         r.groups.push_back(std::move(group));
       }
       // Each group routes its own name to its owner.
@@ -102,6 +127,7 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
         gr.key = g.key;
         gr.name = g.table;
         gr.owner = g.owner;
+        gr.backups = g.backups;
         gr.is_group = true;
         m.tables_.push_back(std::move(gr));
       }
@@ -112,6 +138,8 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
             " of ", m.servers_.size()));
       }
       r.owner = static_cast<int>(t.owner());
+      RETURN_IF_ERROR(take_backups(absl::StrCat("table ", t.table()), t.backups(), 1,
+                                   &r.backups));
     } else {
       if (t.slot_owner_size() != static_cast<int>(m.num_slots_)) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -126,6 +154,8 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
         }
       }
       r.slot_owner.assign(t.slot_owner().begin(), t.slot_owner().end());
+      RETURN_IF_ERROR(take_backups(absl::StrCat("table ", t.table()), t.slot_backups(),
+                                   m.num_slots_, &r.backups));
     }
     m.tables_.push_back(std::move(r));
   }
@@ -138,18 +168,131 @@ absl::StatusOr<ShardMap> ShardMap::FromProto(const v1::ShardMap& proto) {
           " have the same name key"));
     }
   }
+  RETURN_IF_ERROR(m.CheckBackups());
   m.ComputeOwners();
   return m;
 }
 
 void ShardMap::ComputeOwners() {
   owns_.assign(servers_.size(), 0);
+  backs_.assign(servers_.size(), 0);
+  backup_servers_.assign(servers_.size(), {});
+  const size_t per = static_cast<size_t>(replication_ - 1);
+  // The backups of units owned by owners[i], per * i onwards.
+  const auto back = [&](absl::Span<const uint32_t> owners, absl::Span<const uint32_t> backups) {
+    for (size_t i = 0; i < owners.size() && per > 0; ++i) {
+      for (size_t k = i * per; k < (i + 1) * per && k < backups.size(); ++k) {
+        const uint32_t b = backups[k];
+        if (b == kNoBackup) continue;
+        backs_[b] = 1;
+        std::vector<uint32_t>& of = backup_servers_[owners[i]];
+        if (std::find(of.begin(), of.end(), b) == of.end()) of.push_back(b);
+      }
+    }
+  };
   for (uint32_t owner : slot_owner_) owns_[owner] = 1;
+  back(slot_owner_, slot_backups_);
   for (const TableRouting& r : tables_) {
-    if (r.owner >= 0) owns_[r.owner] = 1;
+    // A split table's groups have entries of their own (is_group).
+    if (r.owner >= 0) {
+      owns_[r.owner] = 1;
+      const uint32_t owner = static_cast<uint32_t>(r.owner);
+      back(absl::MakeConstSpan(&owner, 1), r.backups);
+    }
     for (uint32_t owner : r.slot_owner) owns_[owner] = 1;
+    back(r.slot_owner, r.backups);
     for (const ColumnGroup& g : r.groups) owns_[g.owner] = 1;
   }
+  for (std::vector<uint32_t>& of : backup_servers_) std::sort(of.begin(), of.end());
+}
+
+absl::Status ShardMap::CheckBackups() const {
+  const size_t per_unit = static_cast<size_t>(replication_ - 1);
+  if (per_unit == 0) return absl::OkStatus();
+  // One unit: its owner and its backups, each a server, none twice.
+  const auto check = [&](absl::string_view what, uint32_t owner,
+                         const uint32_t* backups) -> absl::Status {
+    for (size_t i = 0; i < per_unit; ++i) {
+      const uint32_t b = backups[i];
+      if (b == kNoBackup) continue;
+      if (b >= servers_.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map: a backup of ", what, " is server index ", b, " of ",
+            servers_.size()));
+      }
+      if (b == owner) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "shard map: server ", servers_[b], " is both the owner and a backup of ",
+            what));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (backups[j] == b) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "shard map: server ", servers_[b], " is a backup of ", what, " twice"));
+        }
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (uint32_t slot = 0; slot < num_slots_; ++slot) {
+    RETURN_IF_ERROR(check(absl::StrCat("slot ", slot), slot_owner_[slot],
+                          slot_backups_.data() + slot * per_unit));
+  }
+  for (const TableRouting& r : tables_) {
+    if (r.owner >= 0) {
+      RETURN_IF_ERROR(check(absl::StrCat("table ", r.name), static_cast<uint32_t>(r.owner),
+                            r.backups.data()));
+    }
+    for (uint32_t slot = 0; slot < r.slot_owner.size(); ++slot) {
+      RETURN_IF_ERROR(check(absl::StrCat("slot ", slot, " of table ", r.name),
+                            r.slot_owner[slot], r.backups.data() + slot * per_unit));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardMap::SetBackups(
+    int replication, const std::function<std::vector<uint32_t>(int owner)>& backups) {
+  if (replication < 1 || replication > static_cast<int>(kMaxReplication)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replication ", replication, " is outside [1, ", kMaxReplication, "]"));
+  }
+  const size_t per_unit = static_cast<size_t>(replication - 1);
+  std::vector<std::vector<uint32_t>> of_owner(servers_.size());
+  for (size_t owner = 0; owner < servers_.size(); ++owner) {
+    if (per_unit == 0) break;
+    of_owner[owner] = backups(static_cast<int>(owner));
+    if (of_owner[owner].size() != per_unit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placing replicas: ", of_owner[owner].size(), " backups for server ",
+          servers_[owner], " where replication ", replication, " needs ", per_unit));
+    }
+  }
+  const auto fill = [&](absl::Span<const uint32_t> owners, std::vector<uint32_t>* to) {
+    to->clear();
+    for (uint32_t owner : owners) {
+      to->insert(to->end(), of_owner[owner].begin(), of_owner[owner].end());
+    }
+  };
+  ShardMap m = *this;
+  m.replication_ = replication;
+  fill(m.slot_owner_, &m.slot_backups_);
+  for (TableRouting& r : m.tables_) {
+    if (r.owner >= 0) {
+      const uint32_t owner = static_cast<uint32_t>(r.owner);
+      fill(absl::MakeConstSpan(&owner, 1), &r.backups);
+    } else {
+      fill(r.slot_owner, &r.backups);
+    }
+    for (ColumnGroup& g : r.groups) {
+      const uint32_t owner = static_cast<uint32_t>(g.owner);
+      fill(absl::MakeConstSpan(&owner, 1), &g.backups);
+    }
+  }
+  RETURN_IF_ERROR(m.CheckBackups());
+  m.ComputeOwners();
+  *this = std::move(m);
+  return absl::OkStatus();
 }
 
 const ShardMap::TableRouting* ShardMap::Find(uint64_t table_key) const {
@@ -164,17 +307,23 @@ TableRoute ShardMap::RouteOf(uint64_t table_key) const {
   route.key_ = table_key;
   route.num_slots_ = num_slots_;
   route.owners_ = slot_owner_.data();
+  route.slot_backups_ = slot_backups_.data();
+  route.backup_count_ = static_cast<size_t>(replication_ - 1);
   if (tables_.empty()) return route;
   if (const TableRouting* r = Find(table_key); r != nullptr) {
     if (r->owner >= 0) {
       route.owners_ = nullptr;
       route.single_owner_ = r->owner;
       route.column_group_ = r->is_group;
+      route.single_backups_ = r->backups.data();
+      route.slot_backups_ = nullptr;
     } else if (!r->groups.empty()) {
       route.owners_ = nullptr;  // OwnerOf: -1
       route.column_split_ = true;
+      route.backup_count_ = 0;
     } else {
       route.owners_ = r->slot_owner.data();
+      route.slot_backups_ = r->backups.data();
     }
   }
   return route;
@@ -229,6 +378,10 @@ v1::ShardMap ShardMap::ToProto() const {
   p.set_num_slots(num_slots_);
   for (const std::string& s : servers_) p.add_servers(s);
   p.mutable_slot_owner()->Add(slot_owner_.begin(), slot_owner_.end());
+  if (replication_ > 1) {
+    p.set_replication(static_cast<uint32_t>(replication_));
+    p.mutable_slot_backups()->Add(slot_backups_.begin(), slot_backups_.end());
+  }
   for (const TableRouting& r : tables_) {
     if (r.is_group) continue;  // written with its table
     v1::TableRouting* t = p.add_tables();
@@ -239,11 +392,14 @@ v1::ShardMap ShardMap::ToProto() const {
         gp->set_column_begin(static_cast<uint32_t>(g.begin));
         gp->set_column_end(static_cast<uint32_t>(g.end));
         gp->set_owner(static_cast<uint32_t>(g.owner));
+        gp->mutable_backups()->Add(g.backups.begin(), g.backups.end());
       }
     } else if (r.owner >= 0) {
       t->set_owner(static_cast<uint32_t>(r.owner));
+      t->mutable_backups()->Add(r.backups.begin(), r.backups.end());
     } else {
       t->mutable_slot_owner()->Add(r.slot_owner.begin(), r.slot_owner.end());
+      t->mutable_slot_backups()->Add(r.backups.begin(), r.backups.end());
     }
   }
   return p;

@@ -6,6 +6,7 @@
 #define RECPS_COMMON_WIRE_SHARD_MAP_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -29,9 +30,13 @@ struct ColumnGroup {
   int begin = 0;
   int end = 0;
   int owner = 0;      // index into ShardMap::servers()
+  std::vector<uint32_t> backups;  // replication - 1 entries, or none
   std::string table;  // ColumnGroupTableName(the table, begin, end)
   uint64_t key = 0;   // StableNameKey(table)
 };
+
+// A backup lost and not yet replaced (v1::ShardMap.slot_backups).
+inline constexpr uint32_t kNoBackup = 0xFFFFFFFFu;
 
 // How the ids of one table find their server; resolve it once per table
 // and batch (ShardMap::RouteOf), then call OwnerOf per id. Valid while the
@@ -53,11 +58,23 @@ class TableRoute {
   bool column_split() const { return column_split_; }
   // The table is a column group of a column-wise table.
   bool column_group() const { return column_group_; }
+  // The backups of `id`'s row (ShardMap::replication() - 1 server indices,
+  // kNoBackup for one lost); empty without replication or for a table split
+  // column-wise.
+  absl::Span<const uint32_t> BackupsOf(int64_t id) const {
+    if (backup_count_ == 0) return {};
+    if (slot_backups_ == nullptr) return {single_backups_, backup_count_};
+    return {slot_backups_ + SlotOf(key_, id, num_slots_) * backup_count_, backup_count_};
+  }
 
  private:
   friend class ShardMap;
   uint64_t key_ = 0;
   const uint32_t* owners_ = nullptr;  // null: single_owner_ for every id
+  // Slot by slot, backup_count_ each; null: single_backups_ for every id.
+  const uint32_t* slot_backups_ = nullptr;
+  const uint32_t* single_backups_ = nullptr;
+  size_t backup_count_ = 0;
   uint32_t num_slots_ = 0;
   int single_owner_ = -1;
   bool column_split_ = false;
@@ -94,6 +111,32 @@ class ShardMap {
 
   // Index into servers() of the owner of `slot`. REQUIRES: slot < num_slots.
   int OwnerOfSlot(uint32_t slot) const { return slot_owner_[slot]; }
+  // Copies of each row: 1 + the backups of each unit (1: no backups).
+  int replication() const { return replication_; }
+  // The backups of `slot` in the global slot owners (replication() - 1
+  // entries, kNoBackup for one lost). REQUIRES: slot < num_slots.
+  absl::Span<const uint32_t> BackupsOfSlot(uint32_t slot) const {
+    const size_t n = static_cast<size_t>(replication_ - 1);
+    return {slot_backups_.data() + slot * n, n};
+  }
+  // The servers that back up any unit server index `server` owns, ascending
+  // (a primary forwards each push to all of them, so that each sees every
+  // step of every worker, empty parts too).
+  absl::Span<const uint32_t> BackupServersOf(int server) const {
+    if (server < 0 || static_cast<size_t>(server) >= backup_servers_.size()) return {};
+    return backup_servers_[server];
+  }
+  // Whether server index `server` is a backup of anything.
+  bool BacksAnything(int server) const {
+    return server >= 0 && static_cast<size_t>(server) < backs_.size() &&
+           backs_[server] != 0;
+  }
+  // Sets replication() and the backups of every unit: `backups(owner)` gives
+  // the replication - 1 backups of what server index `owner` owns
+  // (placement: common/wire/replica_placement.h). INVALID_ARGUMENT as
+  // FromProto's checks.
+  absl::Status SetBackups(int replication,
+                          const std::function<std::vector<uint32_t>(int owner)>& backups);
   // How table `table_key` (StableNameKey of its name) is routed: by the
   // global slot owners unless the map has a routing of its own for it.
   TableRoute RouteOf(uint64_t table_key) const;
@@ -132,18 +175,27 @@ class ShardMap {
 
  private:
   void ComputeOwners();
+  // Checks the backups of every unit against its owner and the servers.
+  absl::Status CheckBackups() const;
 
   uint64_t epoch_ = 0;
   uint32_t num_slots_ = 0;
   std::vector<std::string> servers_;
   std::vector<uint32_t> slot_owner_;
-  std::vector<uint8_t> owns_;  // per server: OwnsAnything
+  int replication_ = 1;
+  std::vector<uint32_t> slot_backups_;  // num_slots x (replication_ - 1)
+  std::vector<uint8_t> owns_;   // per server: OwnsAnything
+  std::vector<uint8_t> backs_;  // per server: BacksAnything
+  std::vector<std::vector<uint32_t>> backup_servers_;  // per server: BackupServersOf
   struct TableRouting {
     uint64_t key = 0;
     std::string name;
     int owner = -1;                    // >= 0: table-wise or a column group
     std::vector<uint32_t> slot_owner;  // else num_slots entries, or
     std::vector<ColumnGroup> groups;   // the column groups of a split table
+    // replication_ - 1 backups of a table-wise table or a column group, or
+    // num_slots x (replication_ - 1) with slot_owner.
+    std::vector<uint32_t> backups;
     // A column group's own entry (routes its name to its owner); derived
     // from its table's entry, not written by ToProto.
     bool is_group = false;

@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "common/rpc/address.h"
 #include "common/wire/shard_map.h"
+#include "common/wire/replica_placement.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "prometheus/counter.h"
@@ -394,6 +395,22 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
   return response;
 }
 
+int Coordinator::Replication() const {
+  if (options_.replication > 0) return options_.replication;
+  return has_job_ ? std::max<int>(1, static_cast<int>(job_.replication())) : 1;
+}
+
+absl::StatusOr<v1::ShardMap> Coordinator::WithBackups(const v1::ShardMap& map,
+                                                      int replication) const {
+  ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(map));
+  std::vector<std::string> zones;
+  for (const v1::ServerSpec& spec : members_.CapacitiesOf(m.servers())) {
+    zones.push_back(spec.zone());
+  }
+  RETURN_IF_ERROR(AddBackups(replication, zones, &m));
+  return m.ToProto();
+}
+
 absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   if (options_.num_shards == 0) return absl::OkStatus();
   std::vector<std::string> servers;
@@ -415,21 +432,36 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
     } else if (plans_.failure_blocks()) {
       // No map until the spec or the cluster changes: a member's Register
       // must not fail for it; GetShardMap and GetPlan say why.
-      plans_.SetError(std::string(planned.status().message()));
-      LogError("cannot plan the shard map: ", plans_.error());
+      plans_.SetError(absl::StrCat("the sharding planner failed: ", planned.status().message()));
+      LogError("no shard map: ", plans_.error());
       return absl::OkStatus();
     } else {
       plans_.SetFellBack(std::string(planned.status().message()));  // logs it
     }
   }
-  const v1::ShardMap map = planned_map.has_value()
-                               ? *std::move(planned_map)
-                               : ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
+  v1::ShardMap map = planned_map.has_value()
+                         ? *std::move(planned_map)
+                         : ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
+  if (const int replication = Replication(); replication > 1) {
+    absl::StatusOr<v1::ShardMap> replicated = WithBackups(map, replication);
+    if (!replicated.ok()) {
+      // As a plan that fails: no map until the cluster changes (a server
+      // of another zone registers); GetShardMap and GetPlan say why.
+      plans_.SetError(absl::StrCat("cannot place the replicas: ", replicated.status().message()));
+      LogError("no shard map: ", plans_.error());
+      return absl::OkStatus();
+    }
+    map = *std::move(replicated);
+  }
   RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
   map_ = map;
   if (metrics_ != nullptr) metrics_->epoch.Set(1);
   LogInfo("built shard map epoch 1: ", options_.num_slots, " slots over ",
-          absl::StrJoin(servers, ", "));
+          absl::StrJoin(servers, ", "),
+          map.replication() > 1
+              ? absl::StrCat("; ", map.replication(), " copies of each row (a primary and ",
+                             map.replication() - 1, " backup(s) on other servers)")
+              : std::string());
   if (pusher_) {
     for (const std::string& address : servers) {
       deferred->calls.push_back(
@@ -629,8 +661,7 @@ absl::StatusOr<v1::ShardMap> Coordinator::GetShardMap() const {
       alive += e.record.role() == v1::SHARD_SERVER && e.record.state() == v1::ALIVE;
     }
     if (!plans_.error().empty()) {
-      return absl::UnavailableError(absl::StrCat(
-          "no shard map yet: the sharding planner failed: ", plans_.error()));
+      return absl::UnavailableError(absl::StrCat("no shard map yet: ", plans_.error()));
     }
     return absl::UnavailableError(absl::StrCat(
         "no shard map yet: ", alive, " of ", options_.num_shards,

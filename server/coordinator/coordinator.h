@@ -51,6 +51,9 @@ struct CoordinatorOptions {
   int num_shards = 0;
   // Slots of the cluster (fixed for its life); a stored map keeps its own.
   uint32_t num_slots = 4096;
+  // Copies of each row (--replication); 0: the job's `replication` (1
+  // without a job).
+  int replication = 0;
   // A member that sends no heartbeat for this long is marked expired.
   absl::Duration lease = absl::Seconds(10);
   // Waits and barriers that give no timeout use this one.
@@ -314,6 +317,12 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member ToMember(const MemberEntry& e) const;
   // Builds the first map once enough shard servers are alive.
+  // Copies of each row: --replication, else the job's, else 1.
+  int Replication() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `map` with the backups of every unit placed (zones from the servers'
+  // registrations).
+  absl::StatusOr<v1::ShardMap> WithBackups(const v1::ShardMap& map, int replication) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
   std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -76,6 +76,11 @@ ABSL_FLAG(std::string, plan_spec, "",
           "(docs/planner.md)");
 ABSL_FLAG(uint32_t, num_slots, 4096,
           "slots of the cluster (fixed for its life; a stored map keeps its own)");
+ABSL_FLAG(int, replication, 0,
+          "copies of every embedding row (1..8): each slot gets a primary and "
+          "replication - 1 backups on other shard servers (other --zone "
+          "values where servers give theirs). 0: the job's `replication`, "
+          "else 1");
 ABSL_FLAG(int, world_size, 0,
           "workers of the job: the largest barrier count and worker rank + 1 "
           "accepted. 0: not known, --max_members bounds them instead");
@@ -173,6 +178,16 @@ absl::StatusOr<CoordinatorOptions> OptionsFromFlags() {
   CoordinatorOptions options;
   options.num_shards = absl::GetFlag(FLAGS_num_shards);
   options.num_slots = absl::GetFlag(FLAGS_num_slots);
+  options.replication = absl::GetFlag(FLAGS_replication);
+  if (options.replication < 0 || options.replication > 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replication=", options.replication, " must be in 0..8 (0: the job's)"));
+  }
+  if (options.num_shards > 0 && options.replication > options.num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--replication=", options.replication, " needs at least that many shard servers; "
+        "--num_shards=", options.num_shards));
+  }
   options.lease = absl::GetFlag(FLAGS_lease);
   options.world_size = absl::GetFlag(FLAGS_world_size);
   options.max_members = absl::GetFlag(FLAGS_max_members);

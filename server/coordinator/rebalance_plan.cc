@@ -476,6 +476,15 @@ void AddSummary(const RebalanceInput& input, const Balancer& b,
 
 absl::StatusOr<v1::RebalancePlan> PlanRebalance(const RebalanceInput& input) {
   ASSIGN_OR_RETURN(const ShardMap parsed, ShardMap::FromProto(input.map));
+  if (parsed.replication() > 1) {
+    // A move would have to carry the backups along (a backup is a move
+    // target whose copy never ends): not built yet, so nothing is planned
+    // rather than a map whose backups miss the moved rows.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard map epoch ", parsed.epoch(), " keeps ", parsed.replication(),
+        " copies of each row, and slot moves of a replicated map are not supported yet "
+        "(docs/replication.md): rebalance, drain and joining servers need replication 1"));
+  }
   ASSIGN_OR_RETURN(const ServerSet servers, ResolveServers(input, parsed));
   // Whole tables and their share of each server's per-slot counts.
   std::vector<std::string> own_slot_tables;

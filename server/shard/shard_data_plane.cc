@@ -61,6 +61,7 @@ ShardDataPlane::ShardDataPlane(LayeredStore* store,
       work_(work),
       response_buffers_(BufferPool::Create(kMaxFreeResponseBytes)),
       slot_load_(std::make_unique<SlotLoad>(store->num_slots(), start_time_)),
+      replication_(std::make_unique<Replication>(store, options)),
       worker_steps_(options->consistency.world_size) {
   // The clock decides when a step's pushes apply; ApplyPush
   // (shard_data_plane_push.cc, beside the push's checks) applies them.
@@ -132,6 +133,23 @@ absl::Status ShardDataPlane::CheckOwned(const MapView& view, const config::Table
                        ") is not owned by ", view->self_address,
                        " at shard map epoch ", view->map.epoch()),
           view->map.epoch());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShardDataPlane::CheckBacked(const MapView& view, const config::TableSpec& spec,
+                                         absl::Span<const int64_t> ids, int primary) const {
+  const uint64_t key = StableNameKey(spec.name);
+  const TableRoute route = view->map.RouteOf(key);
+  for (int64_t id : ids) {
+    bool backs = false;
+    for (uint32_t b : route.BackupsOf(id)) backs |= static_cast<int>(b) == view->self;
+    if (route.OwnerOf(id) != primary || !backs) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "id ", id, " of table ", spec.name, " (slot ", SlotOf(key, id, view->map.num_slots()),
+          ") is not owned by ", view->map.servers()[primary], " with ", view->self_address,
+          " as a backup at shard map epoch ", view->map.epoch()));
     }
   }
   return absl::OkStatus();

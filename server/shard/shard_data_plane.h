@@ -37,6 +37,7 @@
 #include "server/shard/shard_server_options.h"
 #include "server/shard/step_clock.h"
 #include "server/shard/unit_holds.h"
+#include "server/shard/replication.h"
 #include "server/shard/worker_steps.h"
 #include "server/store/layered_store.h"
 
@@ -79,6 +80,17 @@ class ShardDataPlane {
                      v1::PushGradientsResponse* response, Done done,
                      absl::Span<const float* const> grads = {});
 
+  // Replication, on a backup: checks a push forwarded by its primary
+  // (ReplicatePushRequest) and applies it on that primary's clock.
+  void ReplicatePush(const v1::ReplicatePushRequest* request,
+                     v1::PushGradientsResponse* response, Done done);
+  // Stops forwarding pushes (their callers get UNAVAILABLE). Idempotent.
+  void StopReplication();
+  // After each map install that lists this server: clocks for the
+  // primaries it now backs up (Replication::EnsureClocks).
+  void OnMapInstalled();
+  Replication& replication() { return *replication_; }
+
   absl::Status Stats(const v1::StatsRequest& request,
                      v1::StatsResponse* response) const;
   // Sets the metrics that are levels, not counts (resident memory, rows per
@@ -98,6 +110,10 @@ class ShardDataPlane {
                            const MapView& view) const;
   absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,
                           absl::Span<const int64_t> ids) const;
+  // Replication: that server index `primary` owns each id and this server
+  // is one of its backups in `view`.
+  absl::Status CheckBacked(const MapView& view, const config::TableSpec& spec,
+                           absl::Span<const int64_t> ids, int primary) const;
   // Adds `ids` to their slots' load (a table routed by slot; whole tables
   // and column groups move as one and are weighed by TableStats).
   void CountLoad(const MapView& view, const config::TableSpec& spec,
@@ -120,12 +136,16 @@ class ShardDataPlane {
   // complete, or at once in async mode): records sync mode's updated ids,
   // then the store's fused update, table by table.
   absl::Status ApplyPush(GradientPush& push);
-  // `owns_nothing`: the map the request was checked against gives this
-  // server nothing (its pushes then take no part in step accounting).
-  // `direct`: as PushGradients' `grads`.
-  absl::StatusOr<GradientPush> DecodePush(const v1::PushGradientsRequest& request,
+  // Checked against `view`. `owns_nothing`: the map gives this server
+  // nothing (its pushes then take no part in step accounting). `direct`:
+  // as PushGradients' `grads`. `primary` >= 0: a push that server index
+  // forwarded, of ids this server backs (CheckBacked, not CheckOwned).
+  absl::StatusOr<GradientPush> DecodePush(const MapView& view,
+                                          const v1::PushGradientsRequest& request,
                                           absl::Span<const float* const> direct,
-                                          bool* owns_nothing);
+                                          bool* owns_nothing, int primary = -1);
+  void RunReplicaPush(const v1::ReplicatePushRequest* request,
+                      v1::PushGradientsResponse* response, Done done);
   void LookupAfterHold(const v1::LookupRequest* request, LookupOutput out,
                        Done done, std::function<bool()> cancelled);
   void RunPush(const v1::PushGradientsRequest* request,
@@ -181,6 +201,11 @@ class ShardDataPlane {
       ABSL_GUARDED_BY(updates_mu_);
 
   std::unique_ptr<StepClock> clock_;
+  // Forwards pushes to backups, applies those forwarded to this server.
+  const std::unique_ptr<Replication> replication_;
+  // Runs forwarded pushes: never on work_, whose threads may wait for this
+  // server's own forwards (servers back each other up in a ring).
+  WorkQueue replica_work_{2};
   // Async mode: each worker's newest applied push (StepAppliedByAll).
   WorkerSteps worker_steps_;
 };

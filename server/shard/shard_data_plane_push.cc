@@ -89,9 +89,8 @@ bool IsEmptyPush(const GradientPush& push) {
 }  // namespace
 
 absl::StatusOr<GradientPush> ShardDataPlane::DecodePush(
-    const v1::PushGradientsRequest& request, absl::Span<const float* const> direct,
-    bool* owns_nothing) {
-  const MapView view = CurrentMap();
+    const MapView& view, const v1::PushGradientsRequest& request,
+    absl::Span<const float* const> direct, bool* owns_nothing, int primary) {
   RETURN_IF_ERROR(CheckHeader(request.header(), view));
   if (!direct.empty() && direct.size() != static_cast<size_t>(request.tables_size())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -118,8 +117,12 @@ absl::StatusOr<GradientPush> ShardDataPlane::DecodePush(
           "push carries more than max_ids_per_request=",
           options_.max_ids_per_request, " ids; split the batch"));
     }
-    RETURN_IF_ERROR(CheckOwned(view, spec, ids));
-    CountLoad(view, spec, ids, SlotLoad::Kind::kUpdate);
+    if (primary >= 0) {
+      RETURN_IF_ERROR(CheckBacked(view, spec, ids, primary));
+    } else {
+      RETURN_IF_ERROR(CheckOwned(view, spec, ids));
+      CountLoad(view, spec, ids, SlotLoad::Kind::kUpdate);
+    }
     // The gradient bytes must match before anything is sized from the ids:
     // a request of ids without gradients must not allocate ids x dim floats.
     const size_t width = BytesPerElement(t.encoding());
@@ -193,7 +196,8 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
                           absl::Span<const float* const> direct,
                           v1::PushGradientsResponse* response, Done done) {
   bool owns_nothing = false;
-  absl::StatusOr<GradientPush> push = DecodePush(*request, direct, &owns_nothing);
+  const MapView view = CurrentMap();
+  absl::StatusOr<GradientPush> push = DecodePush(view, *request, direct, &owns_nothing);
   absl::Status s = push.status();
   // A server that owns nothing (started while the job trains and not given
   // a share yet, or drained) takes part in no step: an empty push routed by
@@ -205,6 +209,11 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
     std::move(done)(absl::OkStatus());
     return;
   }
+  // Replication: the backups of the push's ids take it while this server
+  // applies it; it is acknowledged once all did (a retry forwards again,
+  // and every replica drops a part it already took).
+  std::shared_ptr<ForwardJoin> forwards;
+  if (s.ok()) forwards = replication_->Forward(view, request->header(), *push);
   if (s.ok()) {
     // Async pushes apply here: a hand-over waits for those in flight by
     // taking the gate as a writer once its hold is in place.
@@ -224,10 +233,50 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
     if (!applied.has_value()) return;  // held: runs again when released
     s = *applied;
   }
-  response->set_applied_step(clock_->applied_step());
+  if (forwards == nullptr) {
+    response->set_applied_step(clock_->applied_step());
+    response->set_incarnation(incarnation_);
+    std::move(done)(s);
+    return;
+  }
+  forwards->Then([this, s, response, done = std::move(done)](absl::Status forwarded) mutable {
+    response->set_applied_step(clock_->applied_step());
+    response->set_incarnation(incarnation_);
+    std::move(done)(s.ok() ? forwarded : s);
+  });
+}
+
+void ShardDataPlane::ReplicatePush(const v1::ReplicatePushRequest* request,
+                                   v1::PushGradientsResponse* response, Done done) {
+  replica_work_.Schedule([this, request, response, done = std::move(done)]() mutable {
+    RunReplicaPush(request, response, std::move(done));
+  });
+}
+
+void ShardDataPlane::RunReplicaPush(const v1::ReplicatePushRequest* request,
+                                    v1::PushGradientsResponse* response, Done done) {
+  const MapView view = CurrentMap();
+  const int primary = view->map.IndexOf(request->primary());
+  absl::Status s;
+  if (primary < 0 || primary == view->self) {
+    s = absl::FailedPreconditionError(absl::StrCat(
+        "a push forwarded by ", request->primary(), ", which is not another server of shard "
+        "map epoch ", view->map.epoch()));
+  } else {
+    bool owns_nothing = false;
+    absl::StatusOr<GradientPush> push =
+        DecodePush(view, request->push(), {}, &owns_nothing, primary);
+    s = push.ok() ? replication_->ApplyForwarded(request->primary(), request->push().header(),
+                                                 *std::move(push))
+                  : push.status();
+  }
   response->set_incarnation(incarnation_);
   std::move(done)(s);
 }
+
+void ShardDataPlane::StopReplication() { replication_->Shutdown(); }
+
+void ShardDataPlane::OnMapInstalled() { replication_->EnsureClocks(CurrentMap(), *clock_); }
 
 std::optional<absl::Status> ShardDataPlane::HoldOrApply(
     const v1::PushGradientsRequest* request, absl::Span<const float* const> direct,

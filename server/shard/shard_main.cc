@@ -40,6 +40,11 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, advertise, "",
           "this server's address in shard maps (default: the listen host with "
           "the bound port)");
+ABSL_FLAG(std::string, zone, "",
+          "the failure domain this server runs in (a rack, a Kubernetes "
+          "topology zone), told to the coordinator: with replication, the "
+          "replicas of a row go to servers of different zones. Empty: a zone "
+          "of its own");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:0",
           "Prometheus /metrics HTTP address, host:port (port 0: OS picks); "
           "empty disables metrics");
@@ -312,6 +317,7 @@ int Run() {
   options.move_max_rounds = absl::GetFlag(FLAGS_move_max_rounds);
   options.listen = absl::GetFlag(FLAGS_listen);
   options.advertise = absl::GetFlag(FLAGS_advertise);
+  options.zone = absl::GetFlag(FLAGS_zone);
   options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   options.same_host_rows = absl::GetFlag(FLAGS_same_host_rows);

@@ -180,7 +180,23 @@ std::vector<std::vector<uint8_t>> ShardMapKeeper::OwnedUnits() const {
 std::vector<std::vector<uint32_t>> ShardMapKeeper::RestoreSlots() const {
   const View view = Current();
   const v1::ShardMap proto = view->map.ToProto();
-  const std::vector<uint32_t> global = view->map.SlotsOf(view->self);
+  const uint32_t self = static_cast<uint32_t>(view->self);
+  const int per = view->map.replication() - 1;
+  // Whether this server holds slot s of owners / backups (per entries a
+  // slot): as its owner, or as one of its backups (replication).
+  const auto holds = [&](const google::protobuf::RepeatedField<uint32_t>& owners,
+                         const google::protobuf::RepeatedField<uint32_t>& backups,
+                         uint32_t s) {
+    if (owners.Get(static_cast<int>(s)) == self) return true;
+    for (int k = 0; k < per && static_cast<int>(s) * per + k < backups.size(); ++k) {
+      if (backups.Get(static_cast<int>(s) * per + k) == self) return true;
+    }
+    return false;
+  };
+  std::vector<uint32_t> global;
+  for (uint32_t s = 0; s < num_slots_; ++s) {
+    if (holds(proto.slot_owner(), proto.slot_backups(), s)) global.push_back(s);
+  }
   std::vector<uint32_t> every(num_slots_);
   for (uint32_t s = 0; s < num_slots_; ++s) every[s] = s;
   std::vector<std::vector<uint32_t>> slots_by_table(store_->num_tables());
@@ -189,7 +205,11 @@ std::vector<std::vector<uint32_t>> ShardMapKeeper::RestoreSlots() const {
     const TableRoute route = view->map.RouteOf(StableNameKey(name));
     if (route.column_split()) continue;  // its groups are tables of their own
     if (route.single_owner() >= 0) {
-      if (route.single_owner() == view->self) slots_by_table[t] = every;
+      const absl::Span<const uint32_t> backups = route.BackupsOf(0);
+      if (route.single_owner() == view->self ||
+          std::find(backups.begin(), backups.end(), self) != backups.end()) {
+        slots_by_table[t] = every;
+      }
       continue;
     }
     bool own = false;
@@ -200,10 +220,7 @@ std::vector<std::vector<uint32_t>> ShardMapKeeper::RestoreSlots() const {
       }
       own = true;
       for (uint32_t s = 0; s < num_slots_; ++s) {
-        if (r.slot_owner(static_cast<int>(s)) ==
-            static_cast<uint32_t>(view->self)) {
-          slots_by_table[t].push_back(s);
-        }
+        if (holds(r.slot_owner(), r.slot_backups(), s)) slots_by_table[t].push_back(s);
       }
     }
     if (!own) slots_by_table[t] = global;

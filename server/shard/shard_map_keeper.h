@@ -66,8 +66,8 @@ class ShardMapKeeper {
   // [table][slot]: 1 when this server owns the unit now (column groups
   // whole): what its checkpoint file holds.
   std::vector<std::vector<uint8_t>> OwnedUnits() const;
-  // Per store table, the slots this server owns now: what a restore
-  // imports here.
+  // Per store table, the slots this server owns or backs up now: what a
+  // restore imports here.
   std::vector<std::vector<uint32_t>> RestoreSlots() const;
 
  private:

@@ -1,6 +1,6 @@
-// A shard server's calls to another shard server during a slot move (the
+// A shard server's calls to another shard server: during a slot move (the
 // target pulls rows from the source; the source asks the target to finish
-// or abort). An interface, so ShardServer stays free of gRPC: recps-shard
+// or abort), and a primary's pushes forwarded to a backup (replication). An interface, so ShardServer stays free of gRPC: recps-shard
 // gives it the gRPC implementation (shard_peer_grpc.h).
 #ifndef RECPS_SERVER_SHARD_SHARD_PEER_H_
 #define RECPS_SERVER_SHARD_SHARD_PEER_H_
@@ -30,6 +30,11 @@ class ShardPeer {
       const v1::FinishMoveRequest& request, absl::Duration timeout) = 0;
   virtual absl::StatusOr<v1::AbortMoveResponse> AbortMove(
       const v1::AbortMoveRequest& request, absl::Duration timeout) = 0;
+  // ShardAdmin.ReplicatePush, asynchronously: done runs once, from a gRPC
+  // thread (or here, when the peer was shut down).
+  virtual void ReplicatePush(v1::ReplicatePushRequest request,
+                             absl::Duration timeout,
+                             std::function<void(absl::Status)> done) = 0;
   // Cancels every call in flight (they return CANCELLED); later calls fail
   // at once. For shutdown.
   virtual void Shutdown() = 0;

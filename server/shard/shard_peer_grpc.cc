@@ -71,6 +71,40 @@ class GrpcShardPeer final : public ShardPeer {
     return response;
   }
 
+  void ReplicatePush(v1::ReplicatePushRequest request, absl::Duration timeout,
+                     std::function<void(absl::Status)> done) override {
+    // Alive until the answer: the request, its context and its response.
+    struct Call {
+      v1::ReplicatePushRequest request;
+      grpc::ClientContext context;
+      v1::PushGradientsResponse response;
+    };
+    auto call = std::make_shared<Call>();
+    call->request = std::move(request);
+    rpc::SetTimeout(timeout, &call->context);
+    if (!Register(&call->context)) {
+      done(Stopped());
+      return;
+    }
+    stub_->async()->ReplicatePush(
+        &call->context, &call->request, &call->response,
+        [this, call, done = std::move(done)](grpc::Status s) {
+          const absl::Status status = rpc::FromGrpcStatus(s, address_, "ReplicatePush");
+          Unregister(&call->context);  // `this` may go from here on
+          done(status);
+        });
+  }
+
+  // Waits for the calls in flight (an asynchronous one answers on a gRPC
+  // thread), after cancelling them.
+  ~GrpcShardPeer() override {
+    Shutdown();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](absl::flat_hash_set<grpc::ClientContext*>* active) { return active->empty(); },
+        &active_));
+  }
+
   void Shutdown() override {
     absl::MutexLock lock(&mu_);
     stopped_ = true;

@@ -126,6 +126,7 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
   store_options.device = *device;
   p->capacity_ =
       MeasureCapacity(*device, store_options.cuda_device, o.max_rows_per_table);
+  p->capacity_.set_zone(o.zone);
   // A server that will hold every row (standalone, or expecting all of
   // them: the one server of a job) commits at start, before it registers,
   // with the store's threads (M-p1's 13 GiB: 0.7-14 s; done later beside

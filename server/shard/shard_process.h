@@ -71,6 +71,7 @@ struct ShardProcessOptions {
   int move_max_rounds = 8;
   std::string listen = "127.0.0.1:0";
   std::string advertise;       // default: the listen host, bound port
+  std::string zone;            // --zone: its failure domain, told at registration
   std::string metrics_listen;  // empty: no metrics
   std::string health_listen;   // empty: no plaintext health port
   std::string coordinator;     // empty: no registration

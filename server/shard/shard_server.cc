@@ -79,14 +79,20 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       options_(std::move(options)),
       metrics_(metrics),
       incarnation_(NewIncarnation()) {
+  // Each install (under the keeper's lock) first readies the replica clocks
+  // of the primaries the map makes this server a backup of.
   map_ = std::make_unique<ShardMapKeeper>(
       store_.get(), options_.num_slots, std::move(map), options_.self_address,
-      options_.create_store, options_.on_map_installed);
+      options_.create_store, [this] {
+        if (data_ != nullptr) data_->OnMapInstalled();
+        if (options_.on_map_installed) options_.on_map_installed();
+      });
   work_ = std::make_unique<WorkQueue>(options_.work_threads);
   holds_ = std::make_unique<UnitHolds>(store_.get(), options_.num_slots, work_.get());
   data_ = std::make_unique<ShardDataPlane>(store_.get(), &options_, metrics_,
                                            incarnation_, map_.get(), holds_.get(),
                                            work_.get());
+  data_->OnMapInstalled();  // the initial map
   ShardSnapshots::MapFacts facts;
   facts.listed = [this] { return CurrentMap()->self >= 0; };
   facts.owns_anything = [this] {
@@ -96,8 +102,8 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
   facts.owned_units = [this] { return map_->OwnedUnits(); };
   facts.restore_slots = [this] { return map_->RestoreSlots(); };
   snapshots_ = std::make_unique<ShardSnapshots>(
-      store_.get(), &data_->clock(), metrics_, options_.consistency.step_timeout,
-      std::move(facts));
+      store_.get(), &data_->clock(), &data_->replication(), metrics_,
+      options_.consistency.step_timeout, std::move(facts));
   moves_ = std::make_unique<SlotMoves>(store_.get(), &options_, map_.get(),
                                        holds_.get(), &data_->clock(), snapshots_.get());
 }
@@ -115,7 +121,10 @@ std::vector<int64_t> ShardServer::OwnedFixedRows() const {
   return rows;
 }
 
-void ShardServer::StopMoves() { moves_->Stop(); }
+void ShardServer::StopMoves() {
+  moves_->Stop();
+  data_->StopReplication();
+}
 
 ShardServer::~ShardServer() {
   StopMoves();

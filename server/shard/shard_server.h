@@ -65,6 +65,11 @@ class ShardServer {
                      absl::Span<const float* const> grads = {}) {
     data_->PushGradients(request, response, std::move(done), grads);
   }
+  // Replication, on a backup: a push its primary forwards.
+  void ReplicatePush(const v1::ReplicatePushRequest* request,
+                     v1::PushGradientsResponse* response, Done done) {
+    data_->ReplicatePush(request, response, std::move(done));
+  }
   absl::Status Stats(const v1::StatsRequest& request,
                      v1::StatsResponse* response) const {
     return data_->Stats(request, response);
@@ -93,8 +98,9 @@ class ShardServer {
 
   // Runs fn on the server's work queue.
   void Schedule(absl::AnyInvocable<void() &&> fn);
-  // Ends the moves in flight (SlotMoves::Stop). recps-shard calls it before
-  // it stops its gRPC server, whose shutdown waits for the calls in flight.
+  // Ends the moves in flight (SlotMoves::Stop) and the pushes forwarded to
+  // backups. recps-shard calls it before it stops its gRPC server, whose
+  // shutdown waits for the calls in flight.
   void StopMoves();
 
   // Whether the server holds a map that lists it (and its tables).

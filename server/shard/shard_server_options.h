@@ -46,6 +46,8 @@ struct ShardServerOptions {
   // passes ConnectGrpcShardPeer). Unset: MigrateIn and HandOver are
   // FAILED_PRECONDITION.
   ConnectPeerFn connect_peer;
+  // Longest a push forwarded to a backup may take (replication).
+  absl::Duration replicate_timeout = absl::Seconds(30);
   // Longest a move's stream or shard-to-shard call may take.
   absl::Duration move_rpc_timeout = absl::Minutes(10);
   // Copy rounds of a MigrateIn: the first copies every row, each later one

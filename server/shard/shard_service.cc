@@ -453,6 +453,23 @@ RECPS_ADMIN_ASYNC(AbortMove, AbortMoveRequest, AbortMoveResponse)
 RECPS_ADMIN_ASYNC(FinishMove, FinishMoveRequest, FinishMoveResponse)
 #undef RECPS_ADMIN_ASYNC
 
+grpc::ServerUnaryReactor* ShardAdminService::ReplicatePush(
+    grpc::CallbackServerContext* context, const v1::ReplicatePushRequest* request,
+    v1::PushGradientsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "ReplicatePush", "ShardAdmin.ReplicatePush", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  server_->ReplicatePush(request, response,
+                         [this, context, reactor, start,
+                          admission = *std::move(admission)](absl::Status s) mutable {
+                           if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
+                           Finish("ReplicatePush", context, reactor, s, start, metrics_);
+                         });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ShardAdminService::AllowExport(
     grpc::CallbackServerContext* context, const v1::AllowExportRequest* request,
     v1::AllowExportResponse*) {

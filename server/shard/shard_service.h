@@ -123,6 +123,9 @@ class ShardAdminService final : public v1::ShardAdmin::CallbackService {
   grpc::ServerUnaryReactor* FinishMove(
       grpc::CallbackServerContext* context, const v1::FinishMoveRequest* request,
       v1::FinishMoveResponse* response) override;
+  grpc::ServerUnaryReactor* ReplicatePush(
+      grpc::CallbackServerContext* context, const v1::ReplicatePushRequest* request,
+      v1::PushGradientsResponse* response) override;
   // Chunks are read on the server's work queue, one at a time, each once
   // the previous one was written (flow control paces the stream).
   grpc::ServerWriteReactor<v1::ExportRowsChunk>* ExportRows(

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "common/status_macros.h"
 #include "common/thread_pool.h"
+#include "server/shard/replication.h"
 #include "server/checkpoint/checkpoint.h"
 #include "server/checkpoint/file_util.h"
 #include "server/checkpoint/store_rows.h"
@@ -65,10 +66,11 @@ int64_t DropUnits(SlotTransfer& store, absl::Span<const StoreUnit> units) {
 }
 
 ShardSnapshots::ShardSnapshots(LayeredStore* store, StepClock* clock,
-                               ShardMetrics* metrics,
+                               Replication* replicas, ShardMetrics* metrics,
                                absl::Duration step_timeout, MapFacts map)
     : store_(store),
       clock_(clock),
+      replicas_(replicas),
       metrics_(metrics),
       step_timeout_(step_timeout),
       map_(std::move(map)) {}
@@ -385,6 +387,9 @@ absl::Status ShardSnapshots::DoRestoreRows(const v1::RestoreRowsRequest& request
                    checkpoint::RestoreChain(dirs, request.expected_digest(),
                                             *store_, slots_by_table, import));
   RETURN_IF_ERROR(clock_->ResumeAt(static_cast<int64_t>(request.step())));
+  if (replicas_ != nullptr) {
+    RETURN_IF_ERROR(replicas_->ResumeAt(static_cast<int64_t>(request.step())));
+  }
   {
     // The restored state is a base for the next incremental SaveRows.
     absl::MutexLock lock(&mu_);
@@ -409,6 +414,7 @@ absl::Status ShardSnapshots::ForgetEverything() {
   // first, so no push of the earlier run applies to what is restored; at
   // step 0, as a fresh server's, so the restore goes on as into one.
   RETURN_IF_ERROR(clock_->Restart(0));
+  if (replicas_ != nullptr) RETURN_IF_ERROR(replicas_->Restart(0));
   int64_t rows = 0;
   for (uint32_t slot = 0; slot < store_->num_slots(); ++slot) {
     ASSIGN_OR_RETURN(const int64_t n, store_->DropSlot(SlotTransfer::kAllTables, slot));

@@ -39,6 +39,7 @@
 namespace recps::server {
 
 class ShardMetrics;
+class Replication;
 
 // Removes the rows of `units` from `store`; returns the rows removed (a
 // unit whose drop fails counts none).
@@ -57,9 +58,11 @@ class ShardSnapshots {
     // Per store table, the slots whose rows a restore imports here.
     std::function<std::vector<std::vector<uint32_t>>()> restore_slots;
   };
-  // `store`, `clock` and `metrics` (may be null) outlive this object.
-  ShardSnapshots(LayeredStore* store, StepClock* clock, ShardMetrics* metrics,
-                 absl::Duration step_timeout, MapFacts map);
+  // `store`, `clock`, `replicas` and `metrics` outlive this object;
+  // `replicas` (the replica clocks a restore resumes and a rollback
+  // restarts with `clock`) and `metrics` may be null.
+  ShardSnapshots(LayeredStore* store, StepClock* clock, Replication* replicas,
+                 ShardMetrics* metrics, absl::Duration step_timeout, MapFacts map);
   // Stop()s.
   ~ShardSnapshots();
 
@@ -126,6 +129,7 @@ class ShardSnapshots {
 
   LayeredStore* const store_;
   StepClock* const clock_;
+  Replication* const replicas_;
   ShardMetrics* const metrics_;
   const absl::Duration step_timeout_;
   const MapFacts map_;

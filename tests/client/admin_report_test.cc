@@ -5,6 +5,7 @@
 
 #include "client/admin/cluster_report.h"
 #include "common/imbalance.h"
+#include "common/wire/shard_map.h"
 #include "client/admin/report_text.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
@@ -154,6 +155,27 @@ TEST(BuildClusterStatusTest, SaysHowTheMapPlacesTheTables) {
   EXPECT_EQ(status.sharding(), after.sharding);
   EXPECT_THAT(FormatClusterStatus(status),
               ::testing::ContainsRegex("sharding +planned \\(plan 1, table-wise-after-0\\)"));
+}
+
+TEST(BuildClusterStatusTest, ShowsCopiesBackupsAndUnderReplicatedSlots) {
+  ClusterSnapshot s = TwoServers(Stats(1, 0, 1.0), Stats(1, 0, 1.0));
+  s.map.set_replication(2);
+  // a's slots 0-1 backed up on b; b's slot 2 on a, slot 3's backup lost.
+  for (uint32_t b : {1u, 1u, 0u, kNoBackup}) s.map.add_slot_backups(b);
+  const v1::ClusterStatus status = BuildClusterStatus(nullptr, s);
+  EXPECT_EQ(status.replication(), 2u);
+  EXPECT_EQ(status.under_replicated_units(), 1);
+  EXPECT_EQ(status.servers(0).backup_slots(), 1);
+  EXPECT_EQ(status.servers(1).backup_slots(), 2);
+  EXPECT_FALSE(status.healthy());
+  const std::string text = FormatClusterStatus(status);
+  EXPECT_THAT(text, HasSubstr("2 copies of each row (1 units under-replicated)"));
+  EXPECT_THAT(text, HasSubstr("1 units (slots, tables) have fewer than 2 copies"));
+
+  const v1::ShardsReport shards = BuildShardsReport(s);
+  EXPECT_EQ(shards.servers(1).backup_slot_ranges(), "0-1");
+  EXPECT_EQ(shards.servers(0).backup_slot_ranges(), "2");
+  EXPECT_THAT(FormatShardsReport(shards, false), ::testing::ContainsRegex("BACKUP OF SLOTS"));
 }
 
 TEST(BuildClusterStatusTest, SpareServersAreNotPartOfTheBalance) {

@@ -159,6 +159,32 @@ TEST(RecpsLocal, TrainsWithTwoShardsAndTwoWorkers) {
   EXPECT_THAT(run.output(), HasSubstr("sync prefetch off (--sync_prefetch=false)"));
 }
 
+// Replication 2 over three shard servers trains the same model as one
+// copy (sync mode: a backup applies what its primary does, in the same
+// order, and the primary's answers wait for it), and asks for enough
+// servers (docs/replication.md).
+TEST(RecpsLocal, ReplicatedShardsTrainTheSameModel) {
+  const auto result = [](const std::string& output) {
+    const size_t at = output.rfind("held-out AUC ");
+    return at == std::string::npos ? std::string() : output.substr(at, output.find(" after", at) - at);
+  };
+  std::string one_copy;
+  {
+    LocalRun run({"--shards=3", "--workers=2", "--steps=60"});
+    ASSERT_EQ(run.Wait(absl::Minutes(4)), 0) << run.output();
+    one_copy = result(run.output());
+  }
+  LocalRun run({"--shards=3", "--replication=2", "--workers=2", "--steps=60"});
+  ASSERT_EQ(run.Wait(absl::Minutes(4)), 0) << run.output();
+  EXPECT_THAT(run.WorkFile("coordinator.log"), HasSubstr("2 copies of each row"));
+  ASSERT_FALSE(one_copy.empty());
+  EXPECT_EQ(result(run.output()), one_copy) << run.output();
+
+  LocalRun too_many({"--shards=3", "--replication=4", "--steps=1"});
+  EXPECT_EQ(too_many.Wait(absl::Minutes(1)), 2);
+  EXPECT_THAT(too_many.output(), HasSubstr("--replication=4 needs at least 4 shard servers"));
+}
+
 // training.wire_precision reaches the workers' client: rows and gradients
 // travel as fp16 / bf16, and the small example still trains to its AUC
 // (values round-trip within the precision: tests/client/embedding_client_test).

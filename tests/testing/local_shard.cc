@@ -153,7 +153,8 @@ absl::StatusOr<std::vector<std::unique_ptr<LocalShard>>> StartShardCluster(
 
 absl::StatusOr<CoordinatedCluster> StartCoordinatedCluster(
     const std::string& coordinator_binary, const std::vector<std::string>& coordinator_args,
-    const std::string& shard_binary, const std::vector<std::string>& shard_args, int count) {
+    const std::string& shard_binary, const std::vector<std::string>& shard_args, int count,
+    const std::function<std::vector<std::string>(int)>& per_shard) {
   CoordinatedCluster cluster;
   absl::StatusOr<std::unique_ptr<LocalShard>> coordinator =
       LocalShard::Start(coordinator_binary, coordinator_args);
@@ -162,6 +163,9 @@ absl::StatusOr<CoordinatedCluster> StartCoordinatedCluster(
   for (int i = 0; i < count; ++i) {
     std::vector<std::string> args = shard_args;
     args.push_back("--coordinator=" + cluster.coordinator->address());
+    if (per_shard) {
+      for (std::string& a : per_shard(i)) args.push_back(std::move(a));
+    }
     absl::StatusOr<std::unique_ptr<LocalShard>> shard = LocalShard::Start(shard_binary, args);
     if (!shard.ok()) return shard.status();
     cluster.addresses.push_back((*shard)->address());

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -72,9 +73,11 @@ struct CoordinatedCluster {
 // servers (`shard_binary`) with `shard_args` and --coordinator=<its
 // address>. The coordinator builds and pushes the map (give it
 // --num_shards); this does not wait for it.
+// `per_shard(i)`, if set, adds arguments of shard server i (its --zone).
 absl::StatusOr<CoordinatedCluster> StartCoordinatedCluster(
     const std::string& coordinator_binary, const std::vector<std::string>& coordinator_args,
-    const std::string& shard_binary, const std::vector<std::string>& shard_args, int count);
+    const std::string& shard_binary, const std::vector<std::string>& shard_args, int count,
+    const std::function<std::vector<std::string>(int)>& per_shard = nullptr);
 
 // Starts `count` shard servers with `args` (not --standalone: they wait for a
 // map) and installs one shard map over all of them (epoch 1, `num_slots`).

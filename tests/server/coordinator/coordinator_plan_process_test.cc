@@ -4,14 +4,17 @@
 // table all land on its one server.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "common/rpc/channels.h"
 #include "client/embedding_client.h"
+#include "common/wire/shard_map.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "recps/v1/coordinator.grpc.pb.h"
@@ -146,6 +149,68 @@ TEST(CoordinatorPlanProcessTest, PlannedMapRoutesATableWiseTableToItsServer) {
       }
     }
   }
+}
+
+// Replication: the coordinator gives every unit of its map a backup on a
+// server of another zone (each shard server's --zone), and refuses to build
+// a map the zones cannot hold (docs/replication.md).
+TEST(CoordinatorPlanProcessTest, ReplicasGoToServersOfOtherZones) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  auto started = testing::StartCoordinatedCluster(
+      RECPS_COORDINATOR_BINARY,
+      {"--state_dir=" + dir.path() + "/state", "--num_shards=4", "--num_slots=256",
+       "--job=" + job, "--replication=2", "--tick=20ms"},
+      RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1"}, 4,
+      [](int i) { return std::vector<std::string>{i < 2 ? "--zone=rack-a" : "--zone=rack-b"}; });
+  ASSERT_TRUE(started.ok()) << started.status();
+  const testing::CoordinatedCluster& cluster = *started;
+  std::map<std::string, std::string> zone_of;
+  for (int i = 0; i < 4; ++i) zone_of[cluster.addresses[i]] = i < 2 ? "rack-a" : "rack-b";
+  v1::ShardMap map;
+  ASSERT_TRUE(Eventually([&] {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    return AdminOf(cluster.addresses[0])
+               ->GetShardMap(&context, v1::GetShardMapRequest(), &map)
+               .ok() &&
+           map.epoch() == 1;
+  }));
+  EXPECT_EQ(map.replication(), 2u);
+  absl::StatusOr<ShardMap> parsed = ShardMap::FromProto(map);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  std::map<uint32_t, int> backed;  // server index -> slots it backs
+  for (uint32_t slot = 0; slot < parsed->num_slots(); ++slot) {
+    const int owner = parsed->OwnerOfSlot(slot);
+    ASSERT_EQ(parsed->BackupsOfSlot(slot).size(), 1u);
+    const uint32_t backup = parsed->BackupsOfSlot(slot)[0];
+    ASSERT_LT(backup, 4u);
+    EXPECT_NE(zone_of[parsed->servers()[backup]], zone_of[parsed->servers()[owner]])
+        << "slot " << slot;
+    ++backed[backup];
+  }
+  EXPECT_EQ(backed.size(), 4u) << "every server backs up a share";
+
+  // Replication 3 with two zones: no map, and the coordinator says why.
+  TempDir other;
+  auto refused = testing::StartCoordinatedCluster(
+      RECPS_COORDINATOR_BINARY,
+      {"--state_dir=" + other.path() + "/state", "--num_shards=3", "--num_slots=256",
+       "--job=" + job, "--replication=3", "--tick=20ms"},
+      RECPS_SHARD_BINARY, {"--job=" + job, "--num_slots=256", "--threads=1"}, 3,
+      [](int i) { return std::vector<std::string>{i < 2 ? "--zone=rack-a" : "--zone=rack-b"}; });
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  auto stub = v1::Coordinator::NewStub(
+      rpc::MakeChannel(refused->coordinator->address(), rpc::ChannelKind::kControl));
+  ASSERT_TRUE(Eventually([&] {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::GetCoordinatorShardMapResponse none;
+    const grpc::Status s =
+        stub->GetShardMap(&context, v1::GetCoordinatorShardMapRequest(), &none);
+    return absl::StrContains(s.error_message(),
+                             "cannot place the replicas: replication 3 needs 3 zones");
+  }));
 }
 
 // Item pinned column-wise: the coordinator plans two column groups, the

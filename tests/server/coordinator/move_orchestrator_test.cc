@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/wire/replica_placement.h"
 #include "common/wire/shard_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -85,6 +86,17 @@ TEST(RebalancePlanTest, NewServerGetsAThirdAndThePlanIsDeterministic) {
   absl::StatusOr<v1::RebalancePlan> again = PlanRebalance(in);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->SerializeAsString(), plan->SerializeAsString());
+}
+
+TEST(RebalancePlanTest, AReplicatedMapIsNotRebalancedYet) {
+  ShardMap replicated = ShardMap::Uniform(1, 60, {kA, kB, kC});
+  ASSERT_TRUE(AddBackups(2, {}, &replicated).ok());
+  RebalanceInput in = Input(replicated.ToProto());
+  in.drain = {kB};
+  absl::StatusOr<v1::RebalancePlan> plan = PlanRebalance(in);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plan.status().message(), HasSubstr("slot moves of a replicated map"));
 }
 
 TEST(RebalancePlanTest, DrainMovesEverySlotOffAndRefusesTheLastServer) {

@@ -32,6 +32,7 @@
 #include "tests/testing/local_shard.h"
 #include "tests/testing/shard_cluster.h"
 #include "tests/server/shard/shard_stats.h"
+#include "tests/server/shard/toy_job.h"
 
 namespace recps {
 namespace {
@@ -42,23 +43,11 @@ using client::PushSpec;
 using testing::LocalShard;
 using testing::StatsOf;
 using testing::TempDir;
-
-constexpr int kDim = 8;
-constexpr uint32_t kSlots = 256;
-
-constexpr char kTables[] = R"(
-tables {
-  name: "user"
-  dim: 8
-  optimizer { kind: ADAGRAD learning_rate: 0.1 }
-}
-tables {
-  name: "item"
-  dim: 8
-  num_rows: 1000
-  optimizer { kind: SGD learning_rate: 0.05 }
-}
-)";
+using testing::kDim;
+using testing::kSlots;
+using testing::kTables;
+using testing::ReadAll;
+using testing::RunWorker;
 
 // S shard servers sharing one shard map, and clients for them.
 class Cluster : public testing::ShardCluster {
@@ -78,65 +67,6 @@ class Cluster : public testing::ShardCluster {
   }
   const ShardMap& map() const { return shard_map(); }
 };
-
-// Ids of a deterministic toy job: step s, worker r.
-std::vector<int64_t> UserIds(int step, int rank) {
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 40; ++i) {
-    ids.push_back(static_cast<int64_t>(Mix64(step * 131 + rank * 17 + i) % 97) -
-                  48 + (i % 3 == 0 ? (int64_t{1} << 40) : 0));
-  }
-  return ids;
-}
-std::vector<int64_t> ItemIds(int step, int rank) {
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 25; ++i) ids.push_back((step * 7 + rank * 3 + i * 11) % 1000);
-  return ids;
-}
-
-std::vector<int64_t> Unique(std::vector<int64_t> ids) {
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
-}
-
-// Runs `steps` steps of the toy job for worker `rank`: look up, push a
-// gradient that depends on the rows it saw.
-void RunWorker(EmbeddingClient& client, int rank, int steps) {
-  for (int step = 0; step < steps; ++step) {
-    std::vector<int64_t> users = Unique(UserIds(step, rank));
-    std::vector<int64_t> items = Unique(ItemIds(step, rank));
-    std::vector<float> user_rows(users.size() * kDim), item_rows(items.size() * kDim);
-    std::vector<LookupSpec> lookups = {{0, users, user_rows.data()},
-                                       {1, items, item_rows.data()}};
-    ASSERT_TRUE(client.Lookup(step, lookups).ok());
-    // Gradient = row * 0.5 + 0.01 * (rank + 1): deterministic in the rows.
-    for (float& v : user_rows) v = v * 0.5f + 0.01f * (rank + 1);
-    for (float& v : item_rows) v = v * -0.25f + 0.02f;
-    std::vector<PushSpec> pushes = {{0, users, user_rows.data()},
-                                    {1, items, item_rows.data()}};
-    absl::Status s = client.PushGradients(step, pushes);
-    ASSERT_TRUE(s.ok()) << s;
-  }
-}
-
-// Every row the job touched, read at step `steps` (after the last step).
-std::vector<float> ReadAll(EmbeddingClient& client, int world, int steps) {
-  std::vector<int64_t> users, items;
-  for (int s = 0; s < steps; ++s) {
-    for (int r = 0; r < world; ++r) {
-      for (int64_t id : UserIds(s, r)) users.push_back(id);
-      for (int64_t id : ItemIds(s, r)) items.push_back(id);
-    }
-  }
-  users = Unique(users);
-  items = Unique(items);
-  std::vector<float> out((users.size() + items.size()) * kDim);
-  std::vector<LookupSpec> lookups = {{0, users, out.data()},
-                                     {1, items, out.data() + users.size() * kDim}};
-  EXPECT_TRUE(client.Lookup(steps, lookups).ok());
-  return out;
-}
 
 // `map` with "user" (Adagrad) split column-wise into [0, 3) [3, 5) [5, 8)
 // and "item" (SGD) into [0, 4) [4, 8), over three servers, at `epoch`.

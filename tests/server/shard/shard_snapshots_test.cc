@@ -110,7 +110,7 @@ class ShardSnapshotsTest : public ::testing::Test {
 };
 
 TEST_F(ShardSnapshotsTest, FileHoldsOnlyTheUnitsOwnedAtTheCut) {
-  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, absl::Seconds(5),
+  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, nullptr, absl::Seconds(5),
                            EvenSlots());
   v1::SaveRowsStatusResponse status;
   ASSERT_TRUE(Save(snapshots, 3, &status).ok());
@@ -137,7 +137,8 @@ TEST_F(ShardSnapshotsTest, RestoreImportsTheSlotsTheMapGivesTheServerNow) {
 
   std::unique_ptr<LayeredStore> fresh = MakeStore();
   StepClock clock(ConsistencyOptions{}, [](GradientPush&) { return absl::OkStatus(); });
-  ShardSnapshots restorer(fresh.get(), &clock, nullptr, absl::Seconds(5), EvenSlots());
+  ShardSnapshots restorer(fresh.get(), &clock, nullptr, nullptr, absl::Seconds(5),
+                          EvenSlots());
   v1::RestoreRowsRequest restore;
   restore.set_step(3);
   restore.add_checkpoint_dirs(written->dir);
@@ -162,7 +163,7 @@ TEST_F(ShardSnapshotsTest, RestoreImportsTheSlotsTheMapGivesTheServerNow) {
 }
 
 TEST_F(ShardSnapshotsTest, AServerNotInTheMapRefusesToSave) {
-  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, absl::Seconds(5),
+  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, nullptr, absl::Seconds(5),
                            EvenSlots(/*listed=*/false));
   v1::SaveRowsStatusResponse status;
   const absl::Status s = Save(snapshots, 1, &status);
@@ -171,7 +172,7 @@ TEST_F(ShardSnapshotsTest, AServerNotInTheMapRefusesToSave) {
 }
 
 TEST_F(ShardSnapshotsTest, MarksAndCutsShareOneSequence) {
-  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, absl::Seconds(5),
+  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, nullptr, absl::Seconds(5),
                            EvenSlots());
   const uint64_t first = snapshots.NextMark();
   const uint64_t second = snapshots.NextMark();
@@ -186,7 +187,7 @@ TEST_F(ShardSnapshotsTest, MarksAndCutsShareOneSequence) {
 }
 
 TEST_F(ShardSnapshotsTest, HandedOverUnitsAreDroppedAndKeptUnitsAreNot) {
-  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, absl::Seconds(5),
+  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, nullptr, absl::Seconds(5),
                            EvenSlots());
   uint32_t a = kSlots, b = kSlots;
   for (uint32_t s = 0; s < kSlots; ++s) {
@@ -203,7 +204,7 @@ TEST_F(ShardSnapshotsTest, HandedOverUnitsAreDroppedAndKeptUnitsAreNot) {
 }
 
 TEST_F(ShardSnapshotsTest, AStoppedWriterAnswersUnavailable) {
-  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, absl::Seconds(5),
+  ShardSnapshots snapshots(store_.get(), clock_.get(), nullptr, nullptr, absl::Seconds(5),
                            EvenSlots());
   snapshots.Stop();
   v1::SaveRowsStatusResponse status;

@@ -1,0 +1,106 @@
+// A shard server's part in replication (docs/replication.md). As a primary
+// it forwards every push it accepts to the backups of the push's ids and
+// acknowledges the push only once they took it (ForwardJoin); as a backup
+// it applies the pushes each primary forwards on a step clock of that
+// primary's own, so that in sync mode its rows follow the primary's bit for
+// bit: the same pushes, summed in the same rank order, applied once per
+// step. The backup's own pushes (as a primary of other slots) keep their
+// own clock: a step completes on each clock with the pushes that clock saw.
+#ifndef RECPS_SERVER_SHARD_REPLICATION_H_
+#define RECPS_SERVER_SHARD_REPLICATION_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "recps/v1/shard_admin.pb.h"
+#include "server/shard/shard_map_keeper.h"
+#include "server/shard/shard_peer.h"
+#include "server/shard/shard_server_options.h"
+#include "server/shard/step_clock.h"
+#include "server/store/layered_store.h"
+
+namespace recps::server {
+
+// The answers of one push's forwards: runs its continuation once every
+// backup answered, with the first error (naming the backup) or OK.
+class ForwardJoin {
+ public:
+  explicit ForwardJoin(int pending) : pending_(pending) {}
+  void Arrive(absl::Status status);
+  // `then` runs once, from the thread of the last answer (or here, when
+  // every answer is in already).
+  void Then(absl::AnyInvocable<void(absl::Status) &&> then);
+
+ private:
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::AnyInvocable<void(absl::Status) &&> then_ ABSL_GUARDED_BY(mu_);
+};
+
+class Replication {
+ public:
+  // Every pointer outlives this object.
+  Replication(LayeredStore* store, const ShardServerOptions* options);
+  // Shutdown()s.
+  ~Replication();
+
+  // Primary: sends `push` (checked against `view`, fp32, distinct ids) to
+  // every backup of its ids, each the ids it backs, with `header`'s rank,
+  // step and part. Null when no id has a backup (no replication, or every
+  // backup lost): nothing to wait for.
+  std::shared_ptr<ForwardJoin> Forward(const ShardMapKeeper::View& view,
+                                       const v1::RequestHeader& header,
+                                       const GradientPush& push);
+
+  // Backup: applies a push forwarded by `primary` (checked against the map
+  // by the caller) on that primary's clock; a retried part is dropped.
+  absl::Status ApplyForwarded(const std::string& primary, const v1::RequestHeader& header,
+                              GradientPush push);
+
+  // Makes a clock for each primary `view` lists this server as a backup of
+  // (once: a map installed before any push can be forwarded under it),
+  // starting where this server's own clock `own` starts: fresh, or at the
+  // step a restore resumed it at.
+  void EnsureClocks(const ShardMapKeeper::View& view, const StepClock& own);
+  // What a restore (ResumeAt) and a rollback (Restart) do to this server's
+  // own clock, done to every replica clock.
+  absl::Status ResumeAt(int64_t step);
+  absl::Status Restart(int64_t step);
+
+  // Pushes forwarded and taken since start (for Stats and the metrics).
+  int64_t forwarded_pushes() const;
+  int64_t replicated_pushes() const;
+
+  // Cancels forwards in flight; later ones fail at once. Idempotent.
+  void Shutdown();
+
+ private:
+  // Steps a forwarded push may run ahead of its replica clock (a worker is
+  // at most a step or two ahead of a backup: its pushes are acknowledged
+  // only once forwarded).
+  static constexpr int kForwardWindow = 8;
+  ShardPeer* PeerFor(const std::string& address);
+  // The clock of `primary`'s pushes; null when no installed map made this
+  // server its backup.
+  StepClock* ClockOf(const std::string& primary);
+  std::unique_ptr<StepClock> NewClock();
+
+  LayeredStore* const store_;
+  const ShardServerOptions& options_;
+  mutable absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::unique_ptr<ShardPeer>> peers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<StepClock>> clocks_ ABSL_GUARDED_BY(mu_);
+  int64_t forwarded_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replicated_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace recps::server
+
+#endif  // RECPS_SERVER_SHARD_REPLICATION_H_
