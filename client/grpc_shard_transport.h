@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "client/same_host_buffers.h"
+#include "common/wire/same_host_buffers.h"
 #include "client/shard_transport.h"
 #include "common/rpc/channels.h"
 #include "grpcpp/generic/generic_stub.h"

@@ -29,6 +29,8 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           {"EmbeddingShard.Lookup", W},
           {"EmbeddingShard.PushGradients", W},
           {"EmbeddingShard.PushGradientsShared", W},
+          // Replication: a primary forwards each push to its backups.
+          {"EmbeddingShard.ReplicatePush", S},
           // Shard servers' operations: the coordinator acts for admins.
           {"ShardAdmin.Stats", C | R},
           {"ShardAdmin.GetShardMap", W | S | C | R},
@@ -46,8 +48,7 @@ const std::map<std::string, uint32_t, std::less<>>& Table() {
           {"ShardAdmin.ListMoves", C | R},
           {"ShardAdmin.ExportRows", S},
           {"ShardAdmin.FinishMove", S},
-          // Replication: a primary forwards each push to its backups.
-          {"ShardAdmin.ReplicatePush", S},
+
           // Coordinator: membership, rendezvous, checkpoints.
           {"Coordinator.Register", W | S},
           {"Coordinator.Heartbeat", W | S},

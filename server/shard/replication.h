@@ -17,6 +17,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "recps/v1/shard.pb.h"
 #include "recps/v1/shard_admin.pb.h"
 #include "server/shard/shard_map_keeper.h"
 #include "server/shard/shard_peer.h"

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "recps/v1/shard.pb.h"
 #include "recps/v1/shard_admin.pb.h"
 
 namespace recps::server {

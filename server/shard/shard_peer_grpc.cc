@@ -1,15 +1,21 @@
 #include "server/shard/shard_peer_grpc.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "common/rpc/status_conversion.h"
+#include "common/wire/same_host_buffers.h"
+#include "common/wire/same_host_memory.h"
 #include "grpcpp/grpcpp.h"
+#include "recps/v1/shard.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 
 namespace recps::server {
@@ -17,10 +23,15 @@ namespace {
 
 class GrpcShardPeer final : public ShardPeer {
  public:
-  GrpcShardPeer(std::string address, const rpc::TransportSecurity& security)
+  GrpcShardPeer(std::string address, const rpc::TransportSecurity& security,
+                bool same_host_rows)
       : address_(std::move(address)),
-        stub_(v1::ShardAdmin::NewStub(
-            rpc::MakeChannel(address_, rpc::ChannelKind::kData, security))) {}
+        channel_(rpc::MakeChannel(address_, rpc::ChannelKind::kData, security)),
+        stub_(v1::ShardAdmin::NewStub(channel_)),
+        data_stub_(v1::EmbeddingShard::NewStub(channel_)),
+        same_host_(same_host_rows && IsLoopbackAddress(address_)
+                       ? std::make_unique<SameHostBuffers>()
+                       : nullptr) {}
 
   absl::Status ExportRows(
       const v1::ExportRowsRequest& request, absl::Duration timeout,
@@ -73,26 +84,11 @@ class GrpcShardPeer final : public ShardPeer {
 
   void ReplicatePush(v1::ReplicatePushRequest request, absl::Duration timeout,
                      std::function<void(absl::Status)> done) override {
-    // Alive until the answer: the request, its context and its response.
-    struct Call {
-      v1::ReplicatePushRequest request;
-      grpc::ClientContext context;
-      v1::PushGradientsResponse response;
-    };
-    auto call = std::make_shared<Call>();
+    auto call = std::make_shared<ForwardCall>();
     call->request = std::move(request);
-    rpc::SetTimeout(timeout, &call->context);
-    if (!Register(&call->context)) {
-      done(Stopped());
-      return;
-    }
-    stub_->async()->ReplicatePush(
-        &call->context, &call->request, &call->response,
-        [this, call, done = std::move(done)](grpc::Status s) {
-          const absl::Status status = rpc::FromGrpcStatus(s, address_, "ReplicatePush");
-          Unregister(&call->context);  // `this` may go from here on
-          done(status);
-        });
+    call->deadline = absl::Now() + timeout;
+    call->done = std::move(done);
+    SendForward(std::move(call));
   }
 
   // Waits for the calls in flight (an asynchronous one answers on a gRPC
@@ -112,6 +108,82 @@ class GrpcShardPeer final : public ShardPeer {
   }
 
  private:
+  // A forwarded push, alive until its answer: the request, the same-host
+  // memory it went in (if any), its context and its response.
+  struct ForwardCall {
+    v1::ReplicatePushRequest request;
+    v1::ReplicatePushRequest shared_form;  // naming `shared`
+    std::unique_ptr<SharedMemory> shared;
+    std::unique_ptr<grpc::ClientContext> context;
+    v1::PushGradientsResponse response;
+    absl::Time deadline;
+    std::function<void(absl::Status)> done;
+  };
+
+  // Sends the push in shared memory while the peer takes it there, else
+  // as bytes; a refusal of the memory (another host after all, a peer run
+  // with --same_host_rows=false) sends the bytes and stops using it.
+  void SendForward(std::shared_ptr<ForwardCall> call) {
+    const v1::ReplicatePushRequest* send = &call->request;
+    if (same_host_ != nullptr && shared_forwards_.load(std::memory_order_relaxed)) {
+      const size_t size = call->request.push().ByteSizeLong();
+      absl::StatusOr<std::unique_ptr<SharedMemory>> memory = same_host_->Acquire(size);
+      if (memory.ok()) {
+        call->request.push().SerializeWithCachedSizesToArray(
+            reinterpret_cast<uint8_t*>((*memory)->data()));
+        call->shared = *std::move(memory);
+        call->shared_form.set_primary(call->request.primary());
+        *call->shared_form.mutable_push_buffer() = call->shared->Describe(0, size);
+        send = &call->shared_form;
+      }
+    }
+    call->context = std::make_unique<grpc::ClientContext>();
+    rpc::SetDeadline(call->deadline, call->context.get());
+    if (!Register(call->context.get())) {
+      call->done(Stopped());
+      return;
+    }
+    data_stub_->async()->ReplicatePush(
+        call->context.get(), send, &call->response, [this, call](grpc::Status s) {
+          const bool shared = call->shared != nullptr;
+          if (shared) {
+            if (ServerAnswered(s)) same_host_->Release(std::move(call->shared));
+            call->shared.reset();
+          }
+          if (shared && RefusedShared(s)) {
+            shared_forwards_.store(false, std::memory_order_relaxed);
+            LogWarning("pushes forwarded to ", address_, " go as bytes: ", s.error_message());
+            Unregister(call->context.get());
+            SendForward(call);
+            return;
+          }
+          const absl::Status status = rpc::FromGrpcStatus(s, address_, "ReplicatePush");
+          Unregister(call->context.get());  // `this` may go from here on
+          call->done(status);
+        });
+  }
+  // The peer answered (it reads the memory no more), as opposed to a
+  // transport failure or a deadline, after which it still might.
+  static bool ServerAnswered(const grpc::Status& s) {
+    switch (s.error_code()) {
+      case grpc::StatusCode::OK:
+      case grpc::StatusCode::ABORTED:
+      case grpc::StatusCode::INVALID_ARGUMENT:
+      case grpc::StatusCode::FAILED_PRECONDITION:
+      case grpc::StatusCode::PERMISSION_DENIED:
+      case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      case grpc::StatusCode::UNIMPLEMENTED:
+      case grpc::StatusCode::DATA_LOSS:
+        return true;
+      default:
+        return false;
+    }
+  }
+  static bool RefusedShared(const grpc::Status& s) {
+    return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+           absl::StartsWith(s.error_message(), kSameHostRefusal);
+  }
+
   bool Register(grpc::ClientContext* context) {
     absl::MutexLock lock(&mu_);
     if (stopped_) return false;
@@ -128,7 +200,11 @@ class GrpcShardPeer final : public ShardPeer {
   }
 
   const std::string address_;
+  const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::ShardAdmin::Stub> stub_;
+  const std::unique_ptr<v1::EmbeddingShard::Stub> data_stub_;
+  const std::unique_ptr<SameHostBuffers> same_host_;  // null: bytes only
+  std::atomic<bool> shared_forwards_{true};
   absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<grpc::ClientContext*> active_ ABSL_GUARDED_BY(mu_);
@@ -137,8 +213,9 @@ class GrpcShardPeer final : public ShardPeer {
 }  // namespace
 
 std::unique_ptr<ShardPeer> ConnectGrpcShardPeer(
-    const std::string& address, const rpc::TransportSecurity& security) {
-  return std::make_unique<GrpcShardPeer>(address, security);
+    const std::string& address, const rpc::TransportSecurity& security,
+    bool same_host_rows) {
+  return std::make_unique<GrpcShardPeer>(address, security, same_host_rows);
 }
 
 }  // namespace recps::server

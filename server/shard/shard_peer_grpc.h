@@ -10,9 +10,12 @@
 
 namespace recps::server {
 
+// `same_host_rows`: pushes forwarded to a peer on loopback go through
+// shared memory (common/wire/same_host_memory.h) until it refuses them.
 std::unique_ptr<ShardPeer> ConnectGrpcShardPeer(
     const std::string& address,
-    const rpc::TransportSecurity& security = rpc::TransportSecurity());
+    const rpc::TransportSecurity& security = rpc::TransportSecurity(),
+    bool same_host_rows = false);
 
 }  // namespace recps::server
 

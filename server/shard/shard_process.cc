@@ -182,10 +182,12 @@ absl::StatusOr<std::unique_ptr<ShardProcess>> ShardProcess::Create(
   server_options.create_store = [store_options](std::vector<config::TableSpec> groups) {
     return CreateEmbeddingStore(std::move(groups), store_options);
   };
-  // Slot moves: this server pulls rows from, and calls, other shard
-  // servers over the same transport as the data plane.
-  server_options.connect_peer = [security = o.security](const std::string& address) {
-    return ConnectGrpcShardPeer(address, security);
+  // Slot moves and replication: this server pulls rows from, calls, and
+  // forwards pushes to other shard servers over the same transport as the
+  // data plane (same-host rows included).
+  server_options.connect_peer = [security = o.security,
+                                 same_host = o.same_host_rows](const std::string& address) {
+    return ConnectGrpcShardPeer(address, security, same_host);
   };
   ASSIGN_OR_RETURN(p->shard_, ShardServer::Create(std::move(store), ShardMap(),
                                                   std::move(server_options),

@@ -261,6 +261,51 @@ grpc::ServerUnaryReactor* EmbeddingShardService::PushGradients(
   return reactor;
 }
 
+grpc::ServerUnaryReactor* EmbeddingShardService::ReplicatePush(
+    grpc::CallbackServerContext* context, const v1::ReplicatePushRequest* request,
+    v1::PushGradientsResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const absl::Time start = absl::Now();
+  std::optional<rpc::Admission> admission = AdmitOrFinish(
+      gate_, "ReplicatePush", "EmbeddingShard.ReplicatePush", context, reactor, start, metrics_);
+  if (!admission.has_value()) return reactor;
+  // Same-host rows: the push is parsed out of the primary's memory into a
+  // request of our own (the primary may reuse its memory once answered).
+  std::unique_ptr<v1::ReplicatePushRequest> parsed;
+  if (request->has_push_buffer()) {
+    absl::StatusOr<SharedMemoryMapper::Region> region =
+        MapSameHost(context, request->push_buffer());
+    if (!region.ok()) {
+      Finish("ReplicatePush", context, reactor, region.status(), start, metrics_);
+      return reactor;
+    }
+    parsed = std::make_unique<v1::ReplicatePushRequest>();
+    parsed->set_primary(request->primary());
+    if (region->length > static_cast<size_t>(std::numeric_limits<int>::max()) ||
+        !parsed->mutable_push()->ParseFromArray(region->data,
+                                                static_cast<int>(region->length))) {
+      Finish("ReplicatePush", context, reactor,
+             absl::InvalidArgumentError(absl::StrCat(
+                 "the shared push does not parse as a recps.v1.PushGradientsRequest (",
+                 region->length, " bytes)")),
+             start, metrics_, "malformed");
+      admission->NoteBadRequest();
+      return reactor;
+    }
+    if (metrics_ != nullptr) {
+      metrics_->AddSameHostBytes("ReplicatePush", static_cast<int64_t>(region->length));
+    }
+  }
+  const v1::ReplicatePushRequest* push = parsed != nullptr ? parsed.get() : request;
+  server_->ReplicatePush(push, response,
+                         [this, context, reactor, start, parsed = std::move(parsed),
+                          admission = *std::move(admission)](absl::Status s) mutable {
+                           if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
+                           Finish("ReplicatePush", context, reactor, s, start, metrics_);
+                         });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* EmbeddingShardService::PushGradientsShared(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
     grpc::ByteBuffer* response) {
@@ -452,23 +497,6 @@ RECPS_ADMIN_ASYNC(HandOver, HandOverRequest, HandOverResponse)
 RECPS_ADMIN_ASYNC(AbortMove, AbortMoveRequest, AbortMoveResponse)
 RECPS_ADMIN_ASYNC(FinishMove, FinishMoveRequest, FinishMoveResponse)
 #undef RECPS_ADMIN_ASYNC
-
-grpc::ServerUnaryReactor* ShardAdminService::ReplicatePush(
-    grpc::CallbackServerContext* context, const v1::ReplicatePushRequest* request,
-    v1::PushGradientsResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  const absl::Time start = absl::Now();
-  std::optional<rpc::Admission> admission = AdmitOrFinish(
-      gate_, "ReplicatePush", "ShardAdmin.ReplicatePush", context, reactor, start, metrics_);
-  if (!admission.has_value()) return reactor;
-  server_->ReplicatePush(request, response,
-                         [this, context, reactor, start,
-                          admission = *std::move(admission)](absl::Status s) mutable {
-                           if (absl::IsInvalidArgument(s)) admission.NoteBadRequest();
-                           Finish("ReplicatePush", context, reactor, s, start, metrics_);
-                         });
-  return reactor;
-}
 
 grpc::ServerUnaryReactor* ShardAdminService::AllowExport(
     grpc::CallbackServerContext* context, const v1::AllowExportRequest* request,

@@ -37,7 +37,8 @@ class EmbeddingShardService final
     : public v1::EmbeddingShard::WithRawCallbackMethod_Lookup<
           v1::EmbeddingShard::WithRawCallbackMethod_PushGradients<
               v1::EmbeddingShard::WithRawCallbackMethod_PushGradientsShared<
-                  v1::EmbeddingShard::Service>>> {
+                  v1::EmbeddingShard::WithCallbackMethod_ReplicatePush<
+                      v1::EmbeddingShard::Service>>>> {
  public:
   // Neither pointer is owned; metrics may be null.
   EmbeddingShardService(ShardServer* server, ShardMetrics* metrics)
@@ -55,6 +56,10 @@ class EmbeddingShardService final
   grpc::ServerUnaryReactor* PushGradientsShared(grpc::CallbackServerContext* context,
                                                 const grpc::ByteBuffer* request,
                                                 grpc::ByteBuffer* response) override;
+  // Replication: a push forwarded by a primary (bytes, or same-host rows).
+  grpc::ServerUnaryReactor* ReplicatePush(grpc::CallbackServerContext* context,
+                                          const v1::ReplicatePushRequest* request,
+                                          v1::PushGradientsResponse* response) override;
 
   // Serve same-host rows (off until called).
   void AllowSameHostRows() { same_host_ = std::make_unique<SharedMemoryMapper>(); }
@@ -123,9 +128,6 @@ class ShardAdminService final : public v1::ShardAdmin::CallbackService {
   grpc::ServerUnaryReactor* FinishMove(
       grpc::CallbackServerContext* context, const v1::FinishMoveRequest* request,
       v1::FinishMoveResponse* response) override;
-  grpc::ServerUnaryReactor* ReplicatePush(
-      grpc::CallbackServerContext* context, const v1::ReplicatePushRequest* request,
-      v1::PushGradientsResponse* response) override;
   // Chunks are read on the server's work queue, one at a time, each once
   // the previous one was written (flow control paces the stream).
   grpc::ServerWriteReactor<v1::ExportRowsChunk>* ExportRows(

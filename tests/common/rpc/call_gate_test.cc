@@ -70,10 +70,10 @@ TEST(RolesTable, WhatEachRoleMayDo) {
   EXPECT_FALSE(may(Role::kWorker, "Coordinator.ApplyRebalance"));
   // Replication: only a shard server (a primary) forwards a push to a
   // backup; a worker's certificate cannot write rows past the primary.
-  EXPECT_TRUE(may(Role::kShard, "ShardAdmin.ReplicatePush"));
-  EXPECT_FALSE(may(Role::kWorker, "ShardAdmin.ReplicatePush"));
-  EXPECT_FALSE(may(Role::kCoordinator, "ShardAdmin.ReplicatePush"));
-  EXPECT_FALSE(may(Role::kReader, "ShardAdmin.ReplicatePush"));
+  EXPECT_TRUE(may(Role::kShard, "EmbeddingShard.ReplicatePush"));
+  EXPECT_FALSE(may(Role::kWorker, "EmbeddingShard.ReplicatePush"));
+  EXPECT_FALSE(may(Role::kCoordinator, "EmbeddingShard.ReplicatePush"));
+  EXPECT_FALSE(may(Role::kReader, "EmbeddingShard.ReplicatePush"));
   for (const char* m :
        {"ShardAdmin.Stats", "ShardAdmin.GetShardMap", "Coordinator.GetShardMap",
         "Coordinator.ListMembers", "Coordinator.ListCheckpoints",

@@ -11,13 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "client/embedding_client.h"
 #include "common/hashing.h"
+#include "common/rpc/channels.h"
 #include "common/wire/replica_placement.h"
 #include "common/wire/shard_map.h"
 #include "common/wire/wire_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "recps/v1/shard_admin.grpc.pb.h"
+#include "recps/v1/shard.grpc.pb.h"
 #include "tests/server/shard/toy_job.h"
+#include "tests/testing/metrics_scrape.h"
 #include "tests/testing/shard_cluster.h"
 
 namespace recps {
@@ -32,10 +34,12 @@ class ReplicatedCluster : public testing::ShardCluster {
  public:
   // `num_servers` servers in sync mode for `world_size` workers, their map
   // (epoch 2) with `replication` copies of each row.
-  ReplicatedCluster(int num_servers, int world_size, int replication)
+  ReplicatedCluster(int num_servers, int world_size, int replication,
+                    bool same_host_rows = true)
       : ShardCluster(RECPS_SHARD_BINARY, kTables,
                      {absl::StrCat("--world_size=", world_size), "--consistency=sync",
-                      "--seed=7", "--step_timeout=20s", "--threads=2"},
+                      "--seed=7", "--step_timeout=20s", "--threads=2",
+                      absl::StrCat("--same_host_rows=", same_host_rows)},
                      num_servers, kSlots) {
     v1::ShardMap p = shard_map().ToProto();
     p.set_epoch(2);
@@ -64,11 +68,25 @@ void Train(ReplicatedCluster& cluster, int world, int steps) {
   for (auto& w : workers) w.join();
 }
 
-TEST(Replication, ABackupHoldsItsPrimarysRowsBitForBit) {
+// Forwards through the socket (--same_host_rows=false) and through the
+// primary's shared memory (same-host rows, the default on one host).
+class ReplicationForms : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ReplicationForms, ABackupHoldsItsPrimarysRowsBitForBit) {
   constexpr int kWorld = 2, kSteps = 6;
-  ReplicatedCluster cluster(3, kWorld, /*replication=*/2);
+  const bool same_host = GetParam();
+  ReplicatedCluster cluster(3, kWorld, /*replication=*/2, same_host);
   ASSERT_TRUE(cluster.ok());
   Train(cluster, kWorld, kSteps);
+  // Server 1 backs up server 0: the forwards went the way asked.
+  const double shared = testing::MetricValue(
+      testing::ScrapeMetrics(cluster.shard(1).metrics_port()),
+      "recps_shard_same_host_bytes_total{rpc=\"ReplicatePush\"");
+  if (same_host) {
+    EXPECT_GT(shared, 0);
+  } else {
+    EXPECT_LE(shared, 0);
+  }
   std::vector<float> before;
   {
     auto reader = cluster.NewClient(0, absl::Seconds(30));
@@ -89,6 +107,11 @@ TEST(Replication, ABackupHoldsItsPrimarysRowsBitForBit) {
   EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * sizeof(float)))
       << "the promoted backup's rows differ from its primary's";
 }
+
+INSTANTIATE_TEST_SUITE_P(SocketAndSameHost, ReplicationForms, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SameHostRows" : "Socket";
+                         });
 
 TEST(Replication, APushIsNotAcknowledgedWhileABackupCannotTakeIt) {
   ReplicatedCluster cluster(3, /*world_size=*/1, /*replication=*/2);
@@ -126,7 +149,8 @@ TEST(Replication, AForwardedPushOfIdsTheServerDoesNotBackIsRefused) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::PushGradientsResponse response;
-    return testing::ShardAdminStub(cluster.address(server))
+    return v1::EmbeddingShard::NewStub(
+               rpc::MakeChannel(cluster.address(server), rpc::ChannelKind::kData))
         ->ReplicatePush(&context, request, &response);
   };
   // Server 2 backs up server 1, not server 0.

@@ -1,8 +1,8 @@
-// The worker's same-host memory (common/wire/same_host_memory.h) for one
-// server: sealed memfds handed to calls and taken back, so that a call's
+// A caller's same-host memory (common/wire/same_host_memory.h) for one
+// server (a worker's, a primary's forwards to a backup): sealed memfds handed to calls and taken back, so that a call's
 // pages are warm from the calls before it and a server maps each memfd once.
-#ifndef RECPS_CLIENT_SAME_HOST_BUFFERS_H_
-#define RECPS_CLIENT_SAME_HOST_BUFFERS_H_
+#ifndef RECPS_COMMON_WIRE_SAME_HOST_BUFFERS_H_
+#define RECPS_COMMON_WIRE_SAME_HOST_BUFFERS_H_
 
 #include <cstddef>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "common/wire/same_host_memory.h"
 
-namespace recps::client::internal {
+namespace recps {
 
 class SameHostBuffers {
  public:
@@ -54,6 +54,6 @@ class SameHostBuffers {
   size_t created_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace recps::client::internal
+}  // namespace recps
 
-#endif  // RECPS_CLIENT_SAME_HOST_BUFFERS_H_
+#endif  // RECPS_COMMON_WIRE_SAME_HOST_BUFFERS_H_

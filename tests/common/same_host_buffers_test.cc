@@ -1,12 +1,12 @@
-// The worker's pool of same-host memfds (client/same_host_buffers.h).
-#include "client/same_host_buffers.h"
+// The worker's pool of same-host memfds (common/wire/same_host_buffers.h).
+#include "common/wire/same_host_buffers.h"
 
 #include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
 
-namespace recps::client::internal {
+namespace recps {
 namespace {
 
 // A step holds many memfds at once (its lookup parts): the next step gets
@@ -42,4 +42,4 @@ TEST(SameHostBuffersTest, TheSmallestLargeEnoughComesFirst) {
 }
 
 }  // namespace
-}  // namespace recps::client::internal
+}  // namespace recps

@@ -1,9 +1,9 @@
-#include "client/same_host_buffers.h"
+#include "common/wire/same_host_buffers.h"
 
 #include <algorithm>
 #include <utility>
 
-namespace recps::client::internal {
+namespace recps {
 
 absl::StatusOr<std::unique_ptr<SharedMemory>> SameHostBuffers::Acquire(size_t bytes) {
   {
@@ -57,4 +57,4 @@ size_t SameHostBuffers::created() const {
   return created_;
 }
 
-}  // namespace recps::client::internal
+}  // namespace recps
