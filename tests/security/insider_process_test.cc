@@ -144,6 +144,29 @@ TEST_F(InsiderProcessTest, AWorkerCertificateCannotBecomeAShardServerOrMakeOneLe
   EXPECT_EQ(map.shard_map().servers(0), "127.0.0.1:10");
 }
 
+// Replication: only a shard server may forward a push to a backup, so a
+// worker's certificate cannot write rows past a primary's checks by posing
+// as one (docs/replication.md).
+TEST_F(InsiderProcessTest, AWorkerCertificateCannotForwardAPushToABackup) {
+  auto shard = StartShard({});
+  ASSERT_NE(shard, nullptr);
+  auto as = [&](const char* cert) {
+    grpc::ClientContext context;
+    rpc::SetTimeout(absl::Seconds(10), &context);
+    v1::ReplicatePushRequest request;
+    request.set_primary("127.0.0.1:9");
+    v1::PushGradientsResponse response;
+    return v1::EmbeddingShard::NewStub(Channel(shard->address(), Tls(cert)))
+        ->ReplicatePush(&context, request, &response);
+  };
+  const grpc::Status worker = as("worker-a");
+  EXPECT_EQ(worker.error_code(), grpc::StatusCode::PERMISSION_DENIED) << worker.error_message();
+  // A shard server's certificate passes the role check; the map then
+  // refuses a primary it does not list.
+  const grpc::Status peer = as("shard");
+  EXPECT_EQ(peer.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << peer.error_message();
+}
+
 // Item 1, the client's side: a server presenting a worker's certificate
 // (same CA, right host) is refused at the handshake.
 TEST_F(InsiderProcessTest, ClientsRefuseAServerWithoutAServerRole) {
