@@ -35,24 +35,6 @@ class GrpcCall : public ShardCall {
   Response response_;
 };
 
-// Whether the server answered the call (so it no longer writes to the
-// call's shared memory): OK, or a refusal of the request itself. A
-// deadline, a cancel or a broken channel may have left it at work.
-bool ServerIsDone(const grpc::Status& status) {
-  switch (status.error_code()) {
-    case grpc::StatusCode::OK:
-    case grpc::StatusCode::ABORTED:
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::PERMISSION_DENIED:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-    case grpc::StatusCode::UNIMPLEMENTED:
-    case grpc::StatusCode::DATA_LOSS:
-      return true;
-    default:
-      return false;
-  }
-}
 
 class GrpcLookup final
     : public GrpcCall<v1::LookupRequest, grpc::ByteBuffer> {
@@ -83,7 +65,7 @@ class GrpcLookup final
     stub_->UnaryCall(&ctx_, LookupMethodName(), grpc::StubOptions(),
                      &request_, &response_, [this](grpc::Status status) {
                        if (status.ok()) Consume();
-                       if (shared_ != nullptr && ServerIsDone(status)) {
+                       if (shared_ != nullptr && rpc::ServerIsDone(status)) {
                          same_host_->Release(std::move(shared_));
                        }
                        shared_.reset();  // the server may still write: dropped
@@ -181,7 +163,7 @@ class GrpcPush final
                      [this, shared](grpc::Status status) {
                        if (shared) {
                          if (status.ok()) transport_.NoteSharedPush();
-                         if (ServerIsDone(status)) transport_.same_host()->Release(std::move(shared_));
+                         if (rpc::ServerIsDone(status)) transport_.same_host()->Release(std::move(shared_));
                          shared_.reset();
                          if (RefusedShared(status)) {
                            transport_.StopSharedPushes(status.error_message());

@@ -50,4 +50,20 @@ std::optional<uint64_t> ParseShardMapEpoch(absl::string_view value) {
   return epoch;
 }
 
+bool ServerIsDone(const grpc::Status& status) {
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::UNIMPLEMENTED:
+    case grpc::StatusCode::DATA_LOSS:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace recps::rpc

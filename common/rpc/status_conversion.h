@@ -32,6 +32,11 @@ grpc::Status ToGrpcStatus(const absl::Status& status,
 absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view peer,
                             absl::string_view rpc);
 
+// Whether the server answered the call (so it no longer reads or writes
+// the call's same-host memory): OK, or a refusal of the request itself. A
+// deadline, a cancel or a broken channel may have left it at work.
+bool ServerIsDone(const grpc::Status& status);
+
 // The shard map epoch a server sent in `context`'s trailing metadata, if any.
 std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& context);
 

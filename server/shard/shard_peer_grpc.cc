@@ -147,7 +147,7 @@ class GrpcShardPeer final : public ShardPeer {
         call->context.get(), send, &call->response, [this, call](grpc::Status s) {
           const bool shared = call->shared != nullptr;
           if (shared) {
-            if (ServerAnswered(s)) same_host_->Release(std::move(call->shared));
+            if (rpc::ServerIsDone(s)) same_host_->Release(std::move(call->shared));
             call->shared.reset();
           }
           if (shared && RefusedShared(s)) {
@@ -161,23 +161,6 @@ class GrpcShardPeer final : public ShardPeer {
           Unregister(call->context.get());  // `this` may go from here on
           call->done(status);
         });
-  }
-  // The peer answered (it reads the memory no more), as opposed to a
-  // transport failure or a deadline, after which it still might.
-  static bool ServerAnswered(const grpc::Status& s) {
-    switch (s.error_code()) {
-      case grpc::StatusCode::OK:
-      case grpc::StatusCode::ABORTED:
-      case grpc::StatusCode::INVALID_ARGUMENT:
-      case grpc::StatusCode::FAILED_PRECONDITION:
-      case grpc::StatusCode::PERMISSION_DENIED:
-      case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      case grpc::StatusCode::UNIMPLEMENTED:
-      case grpc::StatusCode::DATA_LOSS:
-        return true;
-      default:
-        return false;
-    }
   }
   static bool RefusedShared(const grpc::Status& s) {
     return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
