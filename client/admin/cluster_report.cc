@@ -61,29 +61,11 @@ std::vector<std::vector<uint32_t>> BackupSlotsByServer(const v1::ShardMap& map) 
   return slots;
 }
 
-// Units (slots, table-wise tables, column groups) with a backup lost and
-// not yet replaced (kNoBackup).
+// Units with a backup lost and not yet replaced (0 for a map that does
+// not parse: its problems are reported elsewhere).
 int64_t UnderReplicatedUnits(const v1::ShardMap& map) {
-  const int per = BackupsPerUnit(map);
-  if (per == 0) return 0;
-  int64_t units = 0;
-  const auto count = [&](const google::protobuf::RepeatedField<uint32_t>& backups) {
-    for (int i = 0; i < backups.size(); i += per) {
-      for (int k = i; k < i + per && k < backups.size(); ++k) {
-        if (backups.Get(k) == kNoBackup) {
-          ++units;
-          break;
-        }
-      }
-    }
-  };
-  count(map.slot_backups());
-  for (const v1::TableRouting& t : map.tables()) {
-    count(t.backups());
-    count(t.slot_backups());
-    for (const v1::ColumnGroupRouting& g : t.column_groups()) count(g.backups());
-  }
-  return units;
+  const absl::StatusOr<ShardMap> parsed = ShardMap::FromProto(map);
+  return parsed.ok() ? parsed->UnderReplicatedUnits() : 0;
 }
 
 int IndexIn(const v1::ShardMap& map, const std::string& address) {

@@ -206,6 +206,23 @@ void ShardMap::ComputeOwners() {
   for (std::vector<uint32_t>& of : backup_servers_) std::sort(of.begin(), of.end());
 }
 
+int64_t ShardMap::UnderReplicatedUnits() const {
+  const size_t per = static_cast<size_t>(replication_ - 1);
+  if (per == 0) return 0;
+  const auto count = [per](absl::Span<const uint32_t> backups) {
+    int64_t units = 0;
+    for (size_t i = 0; i + per <= backups.size(); i += per) {
+      units += std::find(backups.begin() + i, backups.begin() + i + per, kNoBackup) !=
+               backups.begin() + i + per;
+    }
+    return units;
+  };
+  int64_t units = count(slot_backups_);
+  // A split table's groups have entries of their own (is_group).
+  for (const TableRouting& r : tables_) units += count(r.backups);
+  return units;
+}
+
 absl::Status ShardMap::CheckBackups() const {
   const size_t per_unit = static_cast<size_t>(replication_ - 1);
   if (per_unit == 0) return absl::OkStatus();

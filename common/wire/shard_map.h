@@ -126,6 +126,9 @@ class ShardMap {
     if (server < 0 || static_cast<size_t>(server) >= backup_servers_.size()) return {};
     return backup_servers_[server];
   }
+  // Units (slots of the global owners or of a table's own, table-wise
+  // tables, column groups) with a backup lost and not yet replaced.
+  int64_t UnderReplicatedUnits() const;
   // Whether server index `server` is a backup of anything.
   bool BacksAnything(int server) const {
     return server >= 0 && static_cast<size_t>(server) < backs_.size() &&

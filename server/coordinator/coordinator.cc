@@ -149,7 +149,7 @@ absl::Status Coordinator::Load() {
   }
   RETURN_IF_ERROR(plans_.Load());
   RETURN_IF_ERROR(LoadKv());
-  if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map_.epoch()));
+  UpdateMapGauges();
   UpdateMemberGauges();
   return absl::OkStatus();
 }
@@ -395,6 +395,15 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
   return response;
 }
 
+void Coordinator::UpdateMapGauges() {
+  if (metrics_ == nullptr) return;
+  metrics_->epoch.Set(static_cast<double>(map_.epoch()));
+  const absl::StatusOr<ShardMap> map = ShardMap::FromProto(map_);
+  metrics_->replication.Set(map.ok() ? map->replication() : 1);
+  metrics_->under_replicated_units.Set(
+      map.ok() ? static_cast<double>(map->UnderReplicatedUnits()) : 0);
+}
+
 int Coordinator::Replication() const {
   if (options_.replication > 0) return options_.replication;
   return has_job_ ? std::max<int>(1, static_cast<int>(job_.replication())) : 1;
@@ -455,7 +464,7 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   }
   RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
   map_ = map;
-  if (metrics_ != nullptr) metrics_->epoch.Set(1);
+  UpdateMapGauges();
   LogInfo("built shard map epoch 1: ", options_.num_slots, " slots over ",
           absl::StrJoin(servers, ", "),
           map.replication() > 1
@@ -699,7 +708,7 @@ absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
     }
     RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
     map_ = map;
-    if (metrics_ != nullptr) metrics_->epoch.Set(static_cast<double>(map.epoch()));
+    UpdateMapGauges();
     if (pusher_) {
       for (const std::string& address : parsed.servers()) {
         deferred.calls.push_back(

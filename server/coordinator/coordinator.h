@@ -317,6 +317,8 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::Member ToMember(const MemberEntry& e) const;
   // Builds the first map once enough shard servers are alive.
+  // The map's gauges: its epoch, copies and under-replicated units.
+  void UpdateMapGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies of each row: --replication, else the job's, else 1.
   int Replication() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `map` with the backups of every unit placed (zones from the servers'

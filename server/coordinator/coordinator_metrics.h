@@ -1,5 +1,5 @@
 // The coordinator's own Prometheus metrics (members, leases, the shard
-// map's epoch and refused pushes, parked KV waits), registered once per
+// map's epoch, copies and refused pushes, parked KV waits), registered once per
 // process. The orchestrators register theirs themselves.
 #ifndef RECPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
 #define RECPS_SERVER_COORDINATOR_COORDINATOR_METRICS_H_
@@ -26,6 +26,19 @@ struct CoordinatorMetrics {
                   .Help("Epoch of the current shard map (0: none yet)")
                   .Register(registry)
                   .Add({})),
+        replication(prometheus::BuildGauge()
+                        .Name("recps_coordinator_replication")
+                        .Help("Copies of each row the shard map keeps (1: no backups)")
+                        .Register(registry)
+                        .Add({})),
+        under_replicated_units(
+            prometheus::BuildGauge()
+                .Name("recps_coordinator_under_replicated_units")
+                .Help("Units of the shard map (slots, table-wise tables, column groups) "
+                      "with fewer copies than its replication: a backup lost and not "
+                      "yet replaced")
+                .Register(registry)
+                .Add({})),
         push_refusals(prometheus::BuildCounter()
                           .Name("recps_coordinator_shard_map_push_refusals_total")
                           .Help("Shard map pushes a shard server refused")
@@ -46,6 +59,8 @@ struct CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>& members;
   prometheus::Family<prometheus::Counter>& expirations;
   prometheus::Gauge& epoch;
+  prometheus::Gauge& replication;
+  prometheus::Gauge& under_replicated_units;
   prometheus::Counter& push_refusals;
   prometheus::Gauge& kv_pending_waits;
   prometheus::Gauge& barrier_pending_waits;

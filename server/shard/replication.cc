@@ -49,14 +49,13 @@ void Replication::Shutdown() {
   for (auto& [address, peer] : peers_) peer->Shutdown();
 }
 
-int64_t Replication::forwarded_pushes() const {
+int64_t Replication::LagSteps(int64_t own_applied) const {
   absl::MutexLock lock(&mu_);
-  return forwarded_;
-}
-
-int64_t Replication::replicated_pushes() const {
-  absl::MutexLock lock(&mu_);
-  return replicated_;
+  int64_t lag = 0;
+  for (const auto& [primary, clock] : clocks_) {
+    lag = std::max(lag, own_applied - clock->applied_step());
+  }
+  return lag;
 }
 
 ShardPeer* Replication::PeerFor(const std::string& address) {
@@ -179,10 +178,6 @@ std::shared_ptr<ForwardJoin> Replication::Forward(const ShardMapKeeper::View& vi
           "cannot reach other shard servers")));
       continue;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      ++forwarded_;
-    }
     peer->ReplicatePush(std::move(request), options_.replicate_timeout,
                         [join, address](absl::Status s) {
                           if (!s.ok()) {
@@ -203,13 +198,8 @@ absl::Status Replication::ApplyForwarded(const std::string& primary,
     return absl::FailedPreconditionError(absl::StrCat(
         "no installed shard map made this server a backup of ", primary));
   }
-  absl::Status s = clock->Push(header.worker_rank(), header.step(), std::move(push),
-                               header.push_part());
-  if (s.ok()) {
-    absl::MutexLock lock(&mu_);
-    ++replicated_;
-  }
-  return s;
+  return clock->Push(header.worker_rank(), header.step(), std::move(push),
+                     header.push_part());
 }
 
 }  // namespace recps::server

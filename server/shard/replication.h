@@ -74,9 +74,9 @@ class Replication {
   absl::Status ResumeAt(int64_t step);
   absl::Status Restart(int64_t step);
 
-  // Pushes forwarded and taken since start (for Stats and the metrics).
-  int64_t forwarded_pushes() const;
-  int64_t replicated_pushes() const;
+  // Steps the slowest replica clock is behind `own_applied` (this
+  // server's own clock's applied step); 0 without replica clocks.
+  int64_t LagSteps(int64_t own_applied) const;
 
   // Cancels forwards in flight; later ones fail at once. Idempotent.
   void Shutdown();
@@ -98,8 +98,6 @@ class Replication {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::unique_ptr<ShardPeer>> peers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<StepClock>> clocks_ ABSL_GUARDED_BY(mu_);
-  int64_t forwarded_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t replicated_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace recps::server

@@ -473,6 +473,7 @@ void ShardDataPlane::RefreshGauges() const {
     metrics_->SetTableRows(info.name, info.rows, info.rows * info.row_bytes);
   }
   metrics_->SetResidentBytes(ResidentBytes());
+  metrics_->SetReplicaLagSteps(replication_->LagSteps(clock_->applied_step()));
 }
 
 }  // namespace recps::server

@@ -239,7 +239,11 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
     std::move(done)(s);
     return;
   }
-  forwards->Then([this, s, response, done = std::move(done)](absl::Status forwarded) mutable {
+  forwards->Then([this, s, response, applied_at = absl::Now(),
+                  done = std::move(done)](absl::Status forwarded) mutable {
+    if (metrics_ != nullptr) {
+      metrics_->RecordForwardWait(absl::ToDoubleSeconds(absl::Now() - applied_at));
+    }
     response->set_applied_step(clock_->applied_step());
     response->set_incarnation(incarnation_);
     std::move(done)(s.ok() ? forwarded : s);
@@ -269,6 +273,7 @@ void ShardDataPlane::RunReplicaPush(const v1::ReplicatePushRequest* request,
     s = push.ok() ? replication_->ApplyForwarded(request->primary(), request->push().header(),
                                                  *std::move(push))
                   : push.status();
+    if (s.ok() && metrics_ != nullptr) metrics_->AddReplicaPush();
   }
   response->set_incarnation(incarnation_);
   std::move(done)(s);

@@ -66,6 +66,24 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry)
                      .Help("Time a lookup waited for its step to be ready")
                      .Register(registry)
                      .Add({}, LatencyBuckets())),
+      forward_wait_(prometheus::BuildHistogram()
+                        .Name("recps_shard_forward_wait_seconds")
+                        .Help("Replication: time a primary's push waited for its "
+                              "backups after its own apply")
+                        .Register(registry)
+                        .Add({}, LatencyBuckets())),
+      replica_pushes_(prometheus::BuildCounter()
+                          .Name("recps_shard_replica_pushes_total")
+                          .Help("Replication: pushes forwarded by primaries that this "
+                                "server took as a backup")
+                          .Register(registry)
+                          .Add({})),
+      replica_lag_steps_(prometheus::BuildGauge()
+                             .Name("recps_shard_replica_lag_steps")
+                             .Help("Replication: steps the slowest of this server's "
+                                   "replica clocks is behind its own clock")
+                             .Register(registry)
+                             .Add({})),
       table_rows_(prometheus::BuildGauge()
                       .Name("recps_shard_table_rows")
                       .Help("Rows stored, by table")
@@ -234,6 +252,14 @@ void ShardMetrics::AddUpdatedIds(int64_t ids) {
 }
 
 void ShardMetrics::RecordSyncWait(double seconds) { sync_wait_.Observe(seconds); }
+
+void ShardMetrics::RecordForwardWait(double seconds) { forward_wait_.Observe(seconds); }
+
+void ShardMetrics::AddReplicaPush() { replica_pushes_.Increment(); }
+
+void ShardMetrics::SetReplicaLagSteps(int64_t steps) {
+  replica_lag_steps_.Set(static_cast<double>(steps));
+}
 
 void ShardMetrics::SetTableRows(const std::string& table, int64_t rows,
                                 int64_t bytes) {

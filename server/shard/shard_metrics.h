@@ -57,6 +57,13 @@ class ShardMetrics {
   void AddUpdatedIds(int64_t ids);
   // Time a lookup waited for its step (sync and bounded modes).
   void RecordSyncWait(double seconds);
+  // Replication: a primary's push waited `seconds` for its backups after
+  // its own apply (the replication's added latency); a backup took a
+  // forwarded push; how many steps the slowest replica clock is behind
+  // this server's own.
+  void RecordForwardWait(double seconds);
+  void AddReplicaPush();
+  void SetReplicaLagSteps(int64_t steps);
   void SetTableRows(const std::string& table, int64_t rows, int64_t bytes);
   void SetResidentBytes(int64_t bytes);
   // Checkpoints: one row file written (in the background), the last
@@ -78,6 +85,9 @@ class ShardMetrics {
   prometheus::Counter& lookup_bytes_;
   prometheus::Counter& update_ids_;
   prometheus::Histogram& sync_wait_;
+  prometheus::Histogram& forward_wait_;
+  prometheus::Counter& replica_pushes_;
+  prometheus::Gauge& replica_lag_steps_;
   prometheus::Family<prometheus::Gauge>& table_rows_;
   prometheus::Family<prometheus::Gauge>& table_bytes_;
   prometheus::Gauge& resident_bytes_;

@@ -20,6 +20,7 @@
 #include "recps/v1/coordinator.grpc.pb.h"
 #include "recps/v1/shard_admin.grpc.pb.h"
 #include "tests/testing/local_shard.h"
+#include "tests/testing/metrics_scrape.h"
 
 namespace recps {
 namespace {
@@ -190,6 +191,9 @@ TEST(CoordinatorPlanProcessTest, ReplicasGoToServersOfOtherZones) {
     ++backed[backup];
   }
   EXPECT_EQ(backed.size(), 4u) << "every server backs up a share";
+  const std::string metrics = testing::ScrapeMetrics(cluster.coordinator->metrics_port());
+  EXPECT_EQ(testing::MetricValue(metrics, "recps_coordinator_replication"), 2);
+  EXPECT_EQ(testing::MetricValue(metrics, "recps_coordinator_under_replicated_units"), 0);
 
   // Replication 3 with two zones: no map, and the coordinator says why.
   TempDir other;

@@ -87,6 +87,14 @@ TEST_P(ReplicationForms, ABackupHoldsItsPrimarysRowsBitForBit) {
   } else {
     EXPECT_LE(shared, 0);
   }
+  // The metrics of both sides: every step's pushes reached the backup,
+  // and the primary's pushes waited for it.
+  const std::string backup = testing::ScrapeMetrics(cluster.shard(1).metrics_port());
+  EXPECT_GE(testing::MetricValue(backup, "recps_shard_replica_pushes_total"), kWorld * kSteps);
+  EXPECT_GE(testing::MetricValue(backup, "recps_shard_replica_lag_steps"), 0);
+  EXPECT_GE(testing::MetricValue(testing::ScrapeMetrics(cluster.shard(0).metrics_port()),
+                                 "recps_shard_forward_wait_seconds_count"),
+            kWorld * kSteps);
   std::vector<float> before;
   {
     auto reader = cluster.NewClient(0, absl::Seconds(30));
