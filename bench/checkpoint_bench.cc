@@ -95,6 +95,8 @@ struct Bench {
   int64_t rows = int64_t{1} << 22;
   std::string dir = "checkpoint_bench.tmp";
   int repeats = 3;
+  // --only_stall: only the snapshot stall (the push latency during a write).
+  bool only_stall = false;
   config::TableSpec spec;
   server::StoreOptions options;
   std::unique_ptr<server::EmbeddingStore> source;
@@ -120,6 +122,7 @@ void ParseFlags(int argc, char** argv, Bench* b) {
     if (a.rfind("--rows=", 0) == 0) b->rows = std::stoll(a.substr(7));
     if (a.rfind("--dir=", 0) == 0) b->dir = a.substr(6);
     if (a.rfind("--repeats=", 0) == 0) b->repeats = std::max(1, std::stoi(a.substr(10)));
+    if (a == "--only_stall") b->only_stall = true;
   }
 }
 
@@ -453,10 +456,10 @@ int Main(int argc, char** argv) {
   ThreadPool pool;
   b.pool = &pool;
   Times t;
-  for (int rep = 0; rep < b.repeats; ++rep) {
+  for (int rep = 0; rep < b.repeats && !b.only_stall; ++rep) {
     if (!RunRepeat(&b, &t)) return 1;
   }
-  PrintReport(b, t);
+  if (!b.only_stall) PrintReport(b, t);
   if (!MeasureSnapshotStall(b)) return 1;
   std::filesystem::remove(b.row_file, ec);
   std::filesystem::remove(b.anchor, ec);

@@ -25,7 +25,7 @@ AlignedBuffer& AlignedBuffer::operator=(AlignedBuffer&& other) noexcept {
   return *this;
 }
 
-absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
+absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes, Pages pages) {
   AlignedBuffer buf;
   if (bytes == 0) return buf;
   const size_t rounded = MappedSize(bytes);
@@ -39,7 +39,8 @@ absl::StatusOr<AlignedBuffer> AlignedBuffer::Allocate(size_t bytes) {
   const uintptr_t start =
       (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) / kHugePage * kHugePage;
   // Best effort: without THP the buffer still works with 4 KiB pages.
-  madvise(reinterpret_cast<void*>(start), rounded, MADV_HUGEPAGE);
+  madvise(reinterpret_cast<void*>(start), rounded,
+          pages == Pages::kHuge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   buf.map_base_ = base;
   buf.mapped_ = mapped;
   buf.data_ = reinterpret_cast<void*>(start);

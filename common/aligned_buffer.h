@@ -30,8 +30,14 @@ class AlignedBuffer {
     return (bytes + kHugePage - 1) / kHugePage * kHugePage;
   }
 
+  // Pages of the buffer: huge (transparent, asked with MADV_HUGEPAGE: for
+  // memory read and written throughout, like an arena) or small (for
+  // memory touched sparsely, a page at a time, inside latency-bound
+  // paths: a huge page's first touch zeroes 2 MiB and may compact memory
+  // first, tens of milliseconds on a fragmented host).
+  enum class Pages { kHuge, kSmall };
   // RESOURCE_EXHAUSTED when the memory cannot be mapped.
-  static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes);
+  static absl::StatusOr<AlignedBuffer> Allocate(size_t bytes, Pages pages = Pages::kHuge);
 
   void* data() const { return data_; }
   size_t size() const { return size_; }

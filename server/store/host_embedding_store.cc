@@ -362,9 +362,14 @@ class HostEmbeddingStore final : public TableStoreBase<Table> {
         t->snapshot_cut.store(cut, std::memory_order_relaxed);
         t->write_gen.store(cut + 1, std::memory_order_relaxed);
         // Mapped, not touched: costs nothing until rows are copied aside.
+        // Small pages: the pushes that copy rows aside touch it a page at
+        // a time, under a stripe lock; a huge page's first touch there
+        // (zero 2 MiB, compact memory first) made one push per checkpoint
+        // wait 90-300 ms (recps_checkpoint_bench --only_stall).
         const int64_t rows = t->next_row.load(std::memory_order_relaxed);
         if (rows > 0) {
-          auto index = AlignedBuffer::Allocate(static_cast<size_t>(rows) * sizeof(int64_t));
+          auto index = AlignedBuffer::Allocate(static_cast<size_t>(rows) * sizeof(int64_t),
+                                               AlignedBuffer::Pages::kSmall);
           if (!index.ok()) {
             std::fprintf(stderr, "store: table '%s': %s\n", t->spec.name.c_str(),
                          index.status().ToString().c_str());
