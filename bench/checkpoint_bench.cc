@@ -15,6 +15,8 @@
 //
 //   recps_checkpoint_bench [--rows=4194304] [--dir=./checkpoint_bench.tmp]
 //                          [--repeats=3]
+#include <sys/resource.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -383,6 +385,7 @@ bool MeasureSnapshotStall(const Bench& b) {
   std::vector<int64_t> push_ids(4096);
   std::vector<float> grads(push_ids.size() * kDim, 0.001f);
   uint64_t x = 12345;
+  long last_push_faults = 0;  // minor page faults of the latest push
   auto one_push = [&]() {
     for (int64_t& id : push_ids) {
       x = x * 6364136223846793005ULL + 1442695040888963407ULL;
@@ -392,10 +395,15 @@ bool MeasureSnapshotStall(const Bench& b) {
     // Ids must be distinct: collisions are rare, remove them.
     std::sort(push_ids.begin(), push_ids.end());
     push_ids.erase(std::unique(push_ids.begin(), push_ids.end()), push_ids.end());
+    struct rusage r0, r1;
+    getrusage(RUSAGE_THREAD, &r0);
     const double t0 = Now();
     if (!source->ApplyGradients(0, push_ids, grads.data()).ok()) std::exit(1);
+    const double took = Now() - t0;
+    getrusage(RUSAGE_THREAD, &r1);
+    last_push_faults = r1.ru_minflt - r0.ru_minflt;
     push_ids.resize(4096);
-    return Now() - t0;
+    return took;
   };
   auto stats = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -418,10 +426,14 @@ bool MeasureSnapshotStall(const Bench& b) {
   });
   std::vector<double> during;
   double worst = 0, worst_at = 0;  // the slowest push, and when it began
+  long worst_faults = 0;
   while (writing.load()) {
     const double at = Now() - s0;
     during.push_back(one_push());
-    if (during.back() > worst) std::tie(worst, worst_at) = std::make_pair(during.back(), at);
+    if (during.back() > worst) {
+      std::tie(worst, worst_at) = std::make_pair(during.back(), at);
+      worst_faults = last_push_faults;
+    }
   }
   writer.join();
   const int64_t pre_bytes = source->SnapshotBytes();
@@ -435,8 +447,9 @@ bool MeasureSnapshotStall(const Bench& b) {
   std::printf("push of 4096 rows, during the snapshot write (%.2f s): p50 %.3f ms, max %.3f ms (%zu pushes); rows copied aside: %.0f MiB\n",
               snapshot_write_s, p50_in * 1e3, max_in * 1e3, during.size(),
               pre_bytes / 1048576.0);
-  std::printf("slowest push began %.2f s into the write; p99 during: %.3f ms\n", worst_at,
-              Percentile(during, 0.99) * 1e3);
+  std::printf("slowest push began %.2f s into the write (%ld minor page faults in it); "
+              "p99 during: %.3f ms\n",
+              worst_at, worst_faults, Percentile(during, 0.99) * 1e3);
   std::printf("max push during / p50 outside: %.2f (goal <= 2)\n", max_in / p50_out);
   return true;
 }
