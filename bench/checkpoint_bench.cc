@@ -440,7 +440,8 @@ bool MeasureSnapshotStall(const Bench& b) {
   source->EndSnapshot();
   const auto [p50_out, max_out] = stats(outside);
   const auto [p50_in, max_in] = stats(during);
-  std::printf("\nsnapshot stall (BeginSnapshot, every stripe held): %.3f ms\n",
+  std::printf("\nsnapshot stall (BeginSnapshot: the pre-image index committed, then every "
+              "stripe held for the cut): %.3f ms\n",
               stall * 1e3);
   std::printf("push of 4096 rows, outside a checkpoint: p50 %.3f ms, max %.3f ms (%zu pushes)\n",
               p50_out * 1e3, max_out * 1e3, outside.size());
