@@ -31,7 +31,7 @@ class ShardPeer {
       const v1::FinishMoveRequest& request, absl::Duration timeout) = 0;
   virtual absl::StatusOr<v1::AbortMoveResponse> AbortMove(
       const v1::AbortMoveRequest& request, absl::Duration timeout) = 0;
-  // ShardAdmin.ReplicatePush, asynchronously: done runs once, from a gRPC
+  // EmbeddingShard.ReplicatePush, asynchronously: done runs once, from a gRPC
   // thread (or here, when the peer was shut down).
   virtual void ReplicatePush(v1::ReplicatePushRequest request,
                              absl::Duration timeout,
