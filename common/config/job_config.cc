@@ -2,14 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/config/table_config.h"
@@ -117,6 +121,41 @@ std::string DenseOptimizerChoices() {
 }
 
 }  // namespace
+
+std::vector<std::string> TableDifferences(
+    const v1::JobConfig& job, const google::protobuf::RepeatedPtrField<v1::TableConfig>& served) {
+  std::vector<std::string> differences;
+  std::map<std::string, const v1::TableConfig*> job_tables, shard_tables;
+  for (const v1::TableConfig& t : job.tables()) job_tables[t.name()] = &t;
+  for (const v1::TableConfig& t : served) shard_tables[t.name()] = &t;
+  for (const auto& [name, t] : job_tables) {
+    auto it = shard_tables.find(name);
+    if (it == shard_tables.end()) {
+      differences.push_back(
+          absl::StrCat("it lacks the job's table '", name, "' (dim ", t->dim(), ")"));
+    } else if (it->second->dim() != t->dim()) {
+      differences.push_back(absl::StrCat("table '", name, "' has dim ", it->second->dim(),
+                                         ", the job's has ", t->dim()));
+    } else if (!google::protobuf::util::MessageDifferencer::Equals(*it->second, *t)) {
+      std::string diff;
+      google::protobuf::util::MessageDifferencer differencer;
+      differencer.ReportDifferencesToString(&diff);
+      differencer.Compare(*t, *it->second);
+      if (diff.size() > 200) diff = absl::StrCat(diff.substr(0, 200), "...");
+      differences.push_back(absl::StrCat("table '", name, "' differs from the job's (",
+                                         absl::StripAsciiWhitespace(diff), ")"));
+    }
+  }
+  for (const auto& [name, t] : shard_tables) {
+    if (job_tables.count(name) == 0) {
+      differences.push_back(absl::StrCat("it serves table '", name.substr(0, 64),
+                                         "', which the job '", job.name(),
+                                         "' does not have"));
+    }
+    if (differences.size() > 16) break;
+  }
+  return differences;
+}
 
 absl::Status ValidateJobConfig(const v1::JobConfig& job) {
   if (job.tables_size() == 0) return Bad("tables", "the job declares no tables");

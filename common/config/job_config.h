@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,6 +38,14 @@ inline constexpr int kMaxKeepLast = 10'000;        // training.checkpoint.keep_l
 // field path, e.g. "features[3].table: unknown table 'ad'". Pure: reads
 // nothing but `job` (the coordinator and the launcher call it too).
 absl::Status ValidateJobConfig(const v1::JobConfig& job);
+
+// How the tables a shard server serves differ from the job's, a phrase
+// each ("it lacks the job's table 'x' (dim 8)", "table 'y' has dim 4, the
+// job's has 8", "table 'z' differs from the job's (...)", "it serves table
+// 'w', which the job 'j' does not have"); empty when they agree. At most
+// about 16 phrases. The coordinator refuses such a server's registration.
+std::vector<std::string> TableDifferences(
+    const v1::JobConfig& job, const google::protobuf::RepeatedPtrField<v1::TableConfig>& served);
 
 // Reads a text-format JobConfig and validates it.
 absl::StatusOr<v1::JobConfig> ReadJobConfig(const std::string& path);

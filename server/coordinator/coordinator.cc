@@ -17,7 +17,6 @@
 #include "common/log.h"
 #include "common/rpc/address.h"
 #include "common/wire/shard_map.h"
-#include "common/wire/replica_placement.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "prometheus/counter.h"
@@ -268,35 +267,8 @@ absl::Status Coordinator::CheckShardConfig(const v1::RegisterRequest& request) c
                                        ", the cluster has ", cluster_slots));
   }
   if (has_job_) {
-    std::map<std::string, const v1::TableConfig*> job_tables, shard_tables;
-    for (const v1::TableConfig& t : job_.tables()) job_tables[t.name()] = &t;
-    for (const v1::TableConfig& t : request.tables()) shard_tables[t.name()] = &t;
-    for (const auto& [name, t] : job_tables) {
-      auto it = shard_tables.find(name);
-      if (it == shard_tables.end()) {
-        differences.push_back(absl::StrCat("it lacks the job's table '", name,
-                                           "' (dim ", t->dim(), ")"));
-      } else if (it->second->dim() != t->dim()) {
-        differences.push_back(absl::StrCat("table '", name, "' has dim ",
-                                           it->second->dim(), ", the job's has ",
-                                           t->dim()));
-      } else if (!google::protobuf::util::MessageDifferencer::Equals(*it->second, *t)) {
-        std::string diff;
-        google::protobuf::util::MessageDifferencer differencer;
-        differencer.ReportDifferencesToString(&diff);
-        differencer.Compare(*t, *it->second);
-        if (diff.size() > 200) diff = absl::StrCat(diff.substr(0, 200), "...");
-        differences.push_back(absl::StrCat("table '", name, "' differs from the job's (",
-                                           absl::StripAsciiWhitespace(diff), ")"));
-      }
-    }
-    for (const auto& [name, t] : shard_tables) {
-      if (job_tables.count(name) == 0) {
-        differences.push_back(absl::StrCat("it serves table '", name.substr(0, 64),
-                                           "', which the job '", job_.name(),
-                                           "' does not have"));
-      }
-      if (differences.size() > 16) break;
+    for (std::string& d : config::TableDifferences(job_, request.tables())) {
+      differences.push_back(std::move(d));
     }
   }
   if (differences.empty()) return absl::OkStatus();
@@ -409,17 +381,6 @@ int Coordinator::Replication() const {
   return has_job_ ? std::max<int>(1, static_cast<int>(job_.replication())) : 1;
 }
 
-absl::StatusOr<v1::ShardMap> Coordinator::WithBackups(const v1::ShardMap& map,
-                                                      int replication) const {
-  ASSIGN_OR_RETURN(ShardMap m, ShardMap::FromProto(map));
-  std::vector<std::string> zones;
-  for (const v1::ServerSpec& spec : members_.CapacitiesOf(m.servers())) {
-    zones.push_back(spec.zone());
-  }
-  RETURN_IF_ERROR(AddBackups(replication, zones, &m));
-  return m.ToProto();
-}
-
 absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   if (options_.num_shards == 0) return absl::OkStatus();
   std::vector<std::string> servers;
@@ -432,36 +393,13 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
   // Sorted, not in arrival order: the same servers always give the same map.
   std::sort(servers.begin(), servers.end());
   servers.resize(options_.num_shards);
-  std::optional<v1::ShardMap> planned_map;
-  if (plans_.enabled()) {
-    absl::StatusOr<v1::ShardMap> planned =
-        plans_.Build(servers, members_.CapacitiesOf(servers), has_job_ ? &job_ : nullptr);
-    if (planned.ok()) {
-      planned_map = *std::move(planned);
-    } else if (plans_.failure_blocks()) {
-      // No map until the spec or the cluster changes: a member's Register
-      // must not fail for it; GetShardMap and GetPlan say why.
-      plans_.SetError(absl::StrCat("the sharding planner failed: ", planned.status().message()));
-      LogError("no shard map: ", plans_.error());
-      return absl::OkStatus();
-    } else {
-      plans_.SetFellBack(std::string(planned.status().message()));  // logs it
-    }
-  }
-  v1::ShardMap map = planned_map.has_value()
-                         ? *std::move(planned_map)
-                         : ShardMap::Uniform(1, options_.num_slots, servers).ToProto();
-  if (const int replication = Replication(); replication > 1) {
-    absl::StatusOr<v1::ShardMap> replicated = WithBackups(map, replication);
-    if (!replicated.ok()) {
-      // As a plan that fails: no map until the cluster changes (a server
-      // of another zone registers); GetShardMap and GetPlan say why.
-      plans_.SetError(absl::StrCat("cannot place the replicas: ", replicated.status().message()));
-      LogError("no shard map: ", plans_.error());
-      return absl::OkStatus();
-    }
-    map = *std::move(replicated);
-  }
+  // No map yet (a failed plan of --plan_spec, replicas that cannot be
+  // placed) is not an error of the Register that got here: GetShardMap and
+  // GetPlan say why, and the next change of the cluster tries again.
+  std::optional<v1::ShardMap> built = plans_.BuildFirstMap(
+      servers, members_.CapacitiesOf(servers), has_job_ ? &job_ : nullptr, Replication());
+  if (!built.has_value()) return absl::OkStatus();
+  const v1::ShardMap map = *std::move(built);
   RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
   map_ = map;
   UpdateMapGauges();

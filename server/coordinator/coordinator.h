@@ -321,10 +321,6 @@ class Coordinator {
   void UpdateMapGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies of each row: --replication, else the job's, else 1.
   int Replication() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `map` with the backups of every unit placed (zones from the servers'
-  // registrations).
-  absl::StatusOr<v1::ShardMap> WithBackups(const v1::ShardMap& map, int replication) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
   std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

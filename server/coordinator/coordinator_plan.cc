@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_macros.h"
+#include "common/wire/replica_placement.h"
+#include "common/wire/shard_map.h"
 #include "server/planner/planner.h"
 
 namespace recps::server {
@@ -142,6 +144,38 @@ absl::StatusOr<v1::ShardingPlan> CoordinatorPlans::Get() const {
   return absl::UnavailableError(
       "no plan yet: the coordinator plans once enough shard servers "
       "registered");
+}
+
+std::optional<v1::ShardMap> CoordinatorPlans::BuildFirstMap(
+    const std::vector<std::string>& servers, const std::vector<v1::ServerSpec>& reported,
+    const v1::JobConfig* job, int replication) {
+  std::optional<v1::ShardMap> planned;
+  if (enabled()) {
+    absl::StatusOr<v1::ShardMap> built = Build(servers, reported, job);
+    if (built.ok()) {
+      planned = *std::move(built);
+    } else if (failure_blocks()) {
+      SetError(absl::StrCat("the sharding planner failed: ", built.status().message()));
+      LogError("no shard map: ", error_);
+      return std::nullopt;
+    } else {
+      SetFellBack(std::string(built.status().message()));  // logs it
+    }
+  }
+  v1::ShardMap map = planned.has_value() ? *std::move(planned)
+                                         : ShardMap::Uniform(1, num_slots_, servers).ToProto();
+  if (replication <= 1) return map;
+  std::vector<std::string> zones;
+  for (const v1::ServerSpec& spec : reported) zones.push_back(spec.zone());
+  absl::StatusOr<ShardMap> replicated = ShardMap::FromProto(map);
+  absl::Status placed = replicated.status();
+  if (placed.ok()) placed = AddBackups(replication, zones, &*replicated);
+  if (!placed.ok()) {
+    SetError(absl::StrCat("cannot place the replicas: ", placed.message()));
+    LogError("no shard map: ", error_);
+    return std::nullopt;
+  }
+  return replicated->ToProto();
 }
 
 }  // namespace recps::server

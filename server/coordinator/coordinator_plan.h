@@ -56,6 +56,15 @@ class CoordinatorPlans {
   absl::StatusOr<v1::ShardMap> Build(const std::vector<std::string>& servers,
                                      const std::vector<v1::ServerSpec>& reported,
                                      const v1::JobConfig* job);
+  // Epoch 1 over `servers` (sorted; `reported[i]` is what servers[i]
+  // reported at registration): planned (Build), or the even spread when
+  // planning is off or fell back, then `replication - 1` backups for every
+  // unit, on other servers of other zones (common/wire/replica_placement.h).
+  // nullopt, with error() saying why, when there is no map to build: a
+  // --plan_spec that does not fit, replicas the servers or zones cannot hold.
+  std::optional<v1::ShardMap> BuildFirstMap(const std::vector<std::string>& servers,
+                                            const std::vector<v1::ServerSpec>& reported,
+                                            const v1::JobConfig* job, int replication);
   // Records why planning failed (GetShardMap and Get report it).
   void SetError(std::string error) { error_ = std::move(error); }
   const std::string& error() const { return error_; }
