@@ -165,7 +165,7 @@ class GrpcPush final
                          if (status.ok()) transport_.NoteSharedPush();
                          if (rpc::ServerIsDone(status)) transport_.same_host()->Release(std::move(shared_));
                          shared_.reset();
-                         if (RefusedShared(status)) {
+                         if (rpc::RefusedSameHost(status)) {
                            transport_.StopSharedPushes(status.error_message());
                            SendBytes();
                            return;
@@ -173,13 +173,6 @@ class GrpcPush final
                        }
                        Done(std::move(status));
                      });
-  }
-  // A server that cannot map the push's memory (or predates same-host
-  // rows) said so before looking at the push.
-  static bool RefusedShared(const grpc::Status& status) {
-    return status.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
-           (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-            absl::StartsWith(status.error_message(), kSameHostRefusal));
   }
   // The refused push again, as bytes, on a context of its own (a gRPC
   // context serves one call).

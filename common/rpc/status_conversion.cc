@@ -1,6 +1,9 @@
 #include "common/rpc/status_conversion.h"
 
+#include "common/wire/same_host_memory.h"
+
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace recps::rpc {
@@ -64,6 +67,12 @@ bool ServerIsDone(const grpc::Status& status) {
     default:
       return false;
   }
+}
+
+bool RefusedSameHost(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+         (status.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+          absl::StartsWith(status.error_message(), kSameHostRefusal));
 }
 
 }  // namespace recps::rpc

@@ -37,6 +37,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view peer,
 // deadline, a cancel or a broken channel may have left it at work.
 bool ServerIsDone(const grpc::Status& status);
 
+// Whether a same-host call (common/wire/same_host_memory.h) was refused for
+// its memory, not for its request (kSameHostRefusal), or by a server that
+// predates it (UNIMPLEMENTED): the caller then sends the bytes.
+bool RefusedSameHost(const grpc::Status& status);
+
 // The shard map epoch a server sent in `context`'s trailing metadata, if any.
 std::optional<uint64_t> ShardMapEpochOf(const grpc::ClientContext& context);
 

@@ -150,7 +150,7 @@ class GrpcShardPeer final : public ShardPeer {
             if (rpc::ServerIsDone(s)) same_host_->Release(std::move(call->shared));
             call->shared.reset();
           }
-          if (shared && RefusedShared(s)) {
+          if (shared && rpc::RefusedSameHost(s)) {
             shared_forwards_.store(false, std::memory_order_relaxed);
             LogWarning("pushes forwarded to ", address_, " go as bytes: ", s.error_message());
             Unregister(call->context.get());
@@ -161,10 +161,6 @@ class GrpcShardPeer final : public ShardPeer {
           Unregister(call->context.get());  // `this` may go from here on
           call->done(status);
         });
-  }
-  static bool RefusedShared(const grpc::Status& s) {
-    return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-           absl::StartsWith(s.error_message(), kSameHostRefusal);
   }
 
   bool Register(grpc::ClientContext* context) {
