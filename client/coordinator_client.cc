@@ -289,8 +289,11 @@ std::string CoordinatorClient::DescribeSilentWorkers(absl::Time since) {
 CoordinatorLease::CoordinatorLease(CoordinatorClient* client,
                                    v1::RegisterRequest request,
                                    const v1::RegisterResponse* registered,
-                                   RefusedFn on_refused)
-    : client_(client), request_(std::move(request)), on_refused_(std::move(on_refused)) {
+                                   RefusedFn on_refused, RenewedFn on_renewed)
+    : client_(client),
+      request_(std::move(request)),
+      on_refused_(std::move(on_refused)),
+      on_renewed_(std::move(on_renewed)) {
   if (registered != nullptr) {
     member_id_ = registered->member_id();
     epoch_ = registered->shard_map_epoch();
@@ -341,6 +344,7 @@ void CoordinatorLease::Loop() {
       wait = member_id.empty() ? absl::Seconds(1) : interval_;
     }
     absl::Status status;
+    const absl::Time sent = absl::Now();
     if (member_id.empty()) {
       // One attempt per round: the loop is the retry, and stop_ stays
       // responsive.
@@ -362,6 +366,7 @@ void CoordinatorLease::Loop() {
         LogInfo("registered with coordinator ", client_->address(), " as ",
                 r->member_id());
       }
+      if (r.ok() && on_renewed_) on_renewed_(sent + absl::Milliseconds(r->lease_ms()));
     } else {
       absl::StatusOr<v1::HeartbeatResponse> r = client_->HeartbeatOnce(member_id);
       status = r.status();
@@ -369,6 +374,9 @@ void CoordinatorLease::Loop() {
         absl::MutexLock lock(&mu_);
         epoch_ = r->shard_map_epoch();
         checkpoint_request_id_ = r->checkpoint_request_id();
+      }
+      if (r.ok()) {
+        if (on_renewed_) on_renewed_(sent + absl::Milliseconds(r->lease_ms()));
       } else if (absl::IsFailedPrecondition(status) || absl::IsNotFound(status)) {
         // Expired while we were slow, or a coordinator without our record.
         LogWarning(status.message(), "; registering again");

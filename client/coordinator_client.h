@@ -152,6 +152,11 @@ class CoordinatorLease {
   // shard server whose slots or tables differ from the cluster's. The lease
   // then stops trying.
   using RefusedFn = std::function<void(const absl::Status&)>;
+  // Called (from the lease thread) after each registration or heartbeat
+  // the coordinator answered, with the time the lease surely holds until:
+  // when the request was sent plus the lease. A replicated shard server
+  // takes no writes past it (it may have been failed over).
+  using RenewedFn = std::function<void(absl::Time held_until)>;
 
   // `client` must outlive the lease. When `registered` is given (the
   // caller registered already) the thread starts with heartbeats; else it
@@ -159,7 +164,7 @@ class CoordinatorLease {
   // `on_refused`, a refused registration is retried like any failure.
   CoordinatorLease(CoordinatorClient* client, v1::RegisterRequest request,
                    const v1::RegisterResponse* registered = nullptr,
-                   RefusedFn on_refused = nullptr);
+                   RefusedFn on_refused = nullptr, RenewedFn on_renewed = nullptr);
   ~CoordinatorLease();
 
   CoordinatorLease(const CoordinatorLease&) = delete;
@@ -186,6 +191,7 @@ class CoordinatorLease {
   CoordinatorClient* const client_;
   const v1::RegisterRequest request_;
   const RefusedFn on_refused_;
+  const RenewedFn on_renewed_;
   mutable absl::Mutex mu_;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -412,8 +412,17 @@ template <typename Rpc>
 absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch,
                                   std::optional<int64_t>* oldest_applied) {
   Rounds rounds(options_, Rpc::kName);
+  uint64_t last_epoch = 0;
   for (;;) {
     const std::shared_ptr<const Routing> routing = CurrentRouting();
+    // A failover's map: each server's clocks of the units it took over
+    // must see every rank's push of the step, so every owner gets one
+    // again (an empty one, where its clocks have it already, is a no-op).
+    if (Rpc::kEveryServer && last_epoch != 0 && routing->map.epoch() != last_epoch &&
+        routing->map.replication() > 1) {
+      rounds.accepted.clear();
+    }
+    last_epoch = routing->map.epoch();
     RETURN_IF_ERROR(batch.Route(routing->map));
     MakeCalls<Rpc>(step, *routing, batch, rounds);
     if (rounds.calls.empty()) return absl::OkStatus();
@@ -427,7 +436,7 @@ absl::Status EmbeddingClient::Run(int64_t step, RoutedBatch& batch,
     }
     if (!rounds.again) return absl::OkStatus();
     RETURN_IF_ERROR(rounds.retry.BeforeNextRound(
-        routing->map.epoch(),
+        routing->map.epoch(), routing->map.replication() > 1,
         [this](uint64_t wanted) { return RefreshMap(wanted); }));
     batch.NextRound();
   }
@@ -524,7 +533,15 @@ void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
                                  internal::DoneQueue& done, Rounds& rounds) {
   rounds.failed = false;
   rounds.again = false;
-  rounds.unsure_parts.clear();
+  // A replicated map keeps the unsure parts of earlier rounds: a later
+  // refusal (ABORTED: a stale map) of the retry says nothing of the first
+  // attempt, and the server may hold it. Ids that a failover routes to a
+  // server anew go to the clock of the lost primary's units there, which
+  // tells retries by their ids (docs/replication.md), so the kept id
+  // drops only what the server already took. Without replication (slot
+  // moves may route new ids to a server's own clock) each round starts
+  // afresh.
+  if (map.replication() <= 1) rounds.unsure_parts.clear();
   for (int i = done.Next(); i >= 0; i = done.Next()) {
     if (rounds.failed) continue;
     ShardCall& c = *rounds.calls[i];
@@ -541,6 +558,7 @@ void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
           rounds.failed = true;
         } else if (Rpc::kEveryServer) {
           rounds.accepted.insert(address);
+          rounds.unsure_parts.erase(address);
         } else if (r.applied_step.has_value()) {
           rounds.oldest_applied = std::min(
               rounds.oldest_applied.value_or(*r.applied_step), *r.applied_step);
@@ -550,7 +568,8 @@ void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
         // Only this request's ids; the next map may send them elsewhere.
         batch.Requeue(c.part().server, c.part().begin, c.part().end);
         rounds.again = true;
-        // ABORTED (stale map) is a refusal: the server took nothing.
+        // ABORTED (stale map) is a refusal: the server took nothing of
+        // this request (an earlier one's part stays unsure, above).
         if (Rpc::kParts &&
             r.status.error_code() != grpc::StatusCode::ABORTED) {
           rounds.unsure_parts[address] = c.header().push_part();

@@ -57,6 +57,12 @@ struct EmbeddingClientOptions {
   // stays UNAVAILABLE or CANCELLED (or keeps refusing the map) fails the
   // call.
   int max_attempts = 8;
+  // With a replicated shard map (docs/replication.md), how long a call
+  // keeps retrying past max_attempts: a lost server's backups own its rows
+  // once its coordinator lease ran out and the coordinator promoted them
+  // (the lease plus a tick), and the call carries on there. Its retries
+  // then wait at most 200 ms each, each looking for a newer map.
+  absl::Duration failover_wait = absl::Seconds(30);
   // Wait before a retry round; doubles each round up to max_backoff (with
   // +-20% jitter so that many workers do not retry in lockstep).
   absl::Duration initial_backoff = absl::Milliseconds(20);

@@ -102,15 +102,21 @@ void RetryState::FailResponse(const std::string& address,
 }
 
 absl::Status RetryState::BeforeNextRound(
-    uint64_t routed_epoch,
+    uint64_t routed_epoch, bool replicated,
     absl::FunctionRef<absl::StatusOr<uint64_t>(uint64_t)> refresh) {
-  if (attempts_ >= options_.max_attempts) {
+  const absl::Time now = absl::Now();
+  first_retry_ = std::min(first_retry_, now);
+  if (attempts_ >= options_.max_attempts &&
+      !(replicated && now - first_retry_ < options_.failover_wait)) {
     return absl::Status(
         last_retryable_.code(),
         absl::StrCat(last_retryable_.message(), " (gave up after ", attempts_,
                      " attempts)"));
   }
   ++attempts_;
+  // A server of a replicated map that did not answer may have been failed
+  // over: its backups own its rows in a newer map.
+  if (replicated && want_backoff_) want_newer_map_ = true;
   if (want_newer_map_) {
     want_newer_map_ = false;
     wanted_epoch_ = std::max(wanted_epoch_.value_or(0), routed_epoch + 1);
@@ -132,7 +138,11 @@ absl::Status RetryState::BeforeNextRound(
   }
   if (want_backoff_) {
     want_backoff_ = false;
-    absl::SleepFor(backoff_.Next());
+    // A replicated map: the failover's map comes within a lease, look for
+    // it often (a call to a dead server is refused at once, cheap).
+    constexpr absl::Duration kFailoverPoll = absl::Milliseconds(200);
+    const absl::Duration wait = backoff_.Next();
+    absl::SleepFor(replicated ? std::min(wait, kFailoverPoll) : wait);
   }
   return absl::OkStatus();
 }

@@ -76,9 +76,11 @@ class RetryState {
   // after a server-side CANCELLED (through `refresh`, which returns the
   // epoch routed by afterwards or an error), and sleeps when servers were
   // unavailable or the source had no newer map yet. Returns the last
-  // failure, with the attempt count, when max_attempts rounds are used up.
+  // failure, with the attempt count, when max_attempts rounds are used up
+  // (and, for a `replicated` map, failover_wait has passed since the first
+  // retry).
   absl::Status BeforeNextRound(
-      uint64_t routed_epoch,
+      uint64_t routed_epoch, bool replicated,
       absl::FunctionRef<absl::StatusOr<uint64_t>(uint64_t)> refresh);
 
  private:
@@ -87,6 +89,7 @@ class RetryState {
   const EmbeddingClientOptions& options_;
   const char* const rpc_;
   int attempts_ = 1;
+  absl::Time first_retry_ = absl::InfiniteFuture();
   rpc::Backoff backoff_;
   bool want_backoff_ = false;
   std::optional<uint64_t> wanted_epoch_;  // newest epoch a server reported

@@ -392,6 +392,10 @@ class LocalAttempt {
       const std::string& listen) const;
   absl::Status StartCoordinator();
   absl::Status StartShards();
+  // Copies of each row above one (--replication, else the job's).
+  bool Replicated() const {
+    return (o_.replication > 0 ? o_.replication : plan_.job.replication()) > 1;
+  }
   absl::Status StartWorkers();
   int SuperviseAll(std::string* failure);
   void WritePids() { WritePidFile(pid_file_, servers_, workers_, names_, fs_); }
@@ -460,6 +464,10 @@ absl::StatusOr<std::pair<ChildProcess, int>> LocalAttempt::SpawnCoordinator(
       "--port_file=" + coord_ports_};
   if (restore_) args.push_back("--restore=" + plan_.checkpoint_root);
   if (o_.replication > 0) args.push_back(absl::StrCat("--replication=", o_.replication));
+  // Replicated shard servers: a lost one is failed over once its lease
+  // runs out; 2 s (heartbeats every 0.67 s) keeps that within seconds on
+  // one machine (docs/replication.md, Failover).
+  if (Replicated()) args.push_back("--lease=2s");
   for (std::string& a : plan_.tls.Args("coordinator")) args.push_back(std::move(a));
   absl::StatusOr<ChildProcess> c = ChildProcess::Spawn(plan_.coordinator_bin, args, coord_log_);
   if (!c.ok()) return c.status();
@@ -512,7 +520,9 @@ absl::Status LocalAttempt::StartShards() {
     shard_addresses.push_back(absl::StrCat("127.0.0.1:", *port));
     // Its rows live in its memory only: restarting it alone would lose them,
     // so a shard server that exits stops the run (naming it), and with
-    // --max_restarts the whole job restarts from the last checkpoint.
+    // --max_restarts the whole job restarts from the last checkpoint;
+    // unless they have copies on other servers (replication).
+    servers_.back().replicated = Replicated();
     servers_.back().description =
         absl::StrCat("shard server ", i, " (", shard_addresses.back(), ", log ", log, ")");
     WritePids();

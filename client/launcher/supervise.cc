@@ -125,6 +125,13 @@ int Supervise(std::vector<ChildProcess>& workers, const std::vector<std::string>
       if (!code.ok()) continue;
       const std::string how = *code > 128 ? absl::StrCat("was killed by signal ", *code - 128)
                                           : absl::StrCat("exited with code ", *code);
+      if (s.replicated && (s.restart == nullptr || s.restarts_left <= 0)) {
+        LogWarning(s.description, " (pid ", pid, ") ", how, "; its backups take over its "
+                   "rows once its coordinator lease runs out (replication): ", what,
+                   " goes on");
+        if (on_change) on_change();
+        continue;
+      }
       if (s.restart == nullptr || s.restarts_left <= 0) {
         LogError(s.description, " (pid ", pid, ") ", how,
                  s.restart != nullptr ? " and has no restarts left" : "", "; stopping ", what);

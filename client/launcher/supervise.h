@@ -27,6 +27,9 @@ struct LocalServer {
   // Starts a replacement (same address and state); null: not restarted.
   std::function<absl::StatusOr<ChildProcess>()> restart;
   int restarts_left = 0;
+  // Its rows have copies on other shard servers (replication): its loss
+  // costs a failover (the coordinator promotes its backups), not the run.
+  bool replicated = false;
 };
 
 // The file reads and writes below go through `fs` (not owned).
@@ -51,8 +54,9 @@ void WritePidFile(const std::string& path, const std::vector<LocalServer>& serve
 
 // Waits until every worker exited, one failed, a server exited for good,
 // or a SIGINT/SIGTERM arrived (blocked in main, taken here). A server with
-// restarts left is started again in place (the log says so); any other
-// server exit stops the run, naming the server. On a failure the other
+// restarts left is started again in place (the log says so), a replicated
+// one is let go (the log says so); any other server exit stops the run,
+// naming the server. On a failure the other
 // workers get SIGTERM; a signal is forwarded to the workers as it is.
 // Workers still running after a grace period are killed. Returns 0, 1 (a
 // worker or server failed: the log names which), 128 + the signal, or

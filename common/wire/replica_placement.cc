@@ -82,7 +82,10 @@ absl::StatusOr<ShardMap> PromoteBackups(const ShardMap& map, int lost) {
     for (int k = first; k < first + per; ++k) {
       if (backups->Get(k) != kNoBackup) {
         *owner = backups->Get(k);
-        backups->Set(k, kNoBackup);
+        // The other backups followed the lost primary's pushes, which the
+        // promoted one steps on a clock of their own (its lineage): they
+        // are let go, and re-replication gives the unit fresh ones.
+        for (int j = first; j < first + per; ++j) backups->Set(j, kNoBackup);
         return absl::OkStatus();
       }
     }

@@ -30,8 +30,9 @@ absl::Status AddBackups(int replication, absl::Span<const std::string> zones,
                         ShardMap* map);
 
 // The map after server index `lost` is gone, at epoch map.epoch() + 1:
-// each unit it owned goes to its first backup still listed (promoted, no
-// longer a backup), and it is a backup of nothing (kNoBackup where it was).
+// each unit it owned goes to its first backup still listed (promoted; the
+// unit's other backups are let go: they followed the lost primary's
+// clock), and it is a backup of nothing (kNoBackup where it was).
 // It stays in the server list, owning nothing, so indices keep their
 // meaning. DATA_LOSS naming the first unit of `lost` without a backup
 // left (its rows exist nowhere else: a checkpoint restore); INVALID_ARGUMENT

@@ -50,6 +50,18 @@ class TableRoute {
                ? single_owner_
                : static_cast<int>(owners_[SlotOf(key_, id, num_slots_)]);
   }
+  // The owner of slot `slot` (every slot of a table-wise table or column
+  // group: its owner; -1 for a table split column-wise).
+  // REQUIRES: slot < the map's num_slots.
+  int OwnerOfSlot(uint32_t slot) const {
+    return owners_ == nullptr ? single_owner_ : static_cast<int>(owners_[slot]);
+  }
+  // The backups of slot `slot`'s rows (as BackupsOf).
+  absl::Span<const uint32_t> BackupsOfSlot(uint32_t slot) const {
+    if (backup_count_ == 0) return {};
+    if (slot_backups_ == nullptr) return {single_backups_, backup_count_};
+    return {slot_backups_ + slot * backup_count_, backup_count_};
+  }
   // The one owner of every id (table-wise, or a column group), or -1 when
   // routed by slot or split column-wise.
   int single_owner() const { return single_owner_; }

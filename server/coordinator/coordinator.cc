@@ -27,7 +27,6 @@ namespace recps::server {
 namespace {
 
 constexpr char kMemberPrefix[] = "member/";
-constexpr char kShardMapKey[] = "shard_map";
 constexpr char kJobKey[] = "job";
 constexpr char kJobStartedKey[] = "job_started";
 
@@ -765,6 +764,7 @@ void Coordinator::Tick() {
                                              : absl::StrCat(" at ", record.address()),
                  ") ran out: no heartbeat for ",
                  absl::FormatDuration(now - e.last_heartbeat), "; marked expired");
+      if (record.role() == v1::SHARD_SERVER) FailOver(record.address(), e.last_heartbeat, &deferred);
     }
     if (changed) UpdateMemberGauges();
     ExpireKvWaiters(now, &deferred);

@@ -321,6 +321,13 @@ class Coordinator {
   void UpdateMapGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies of each row: --replication, else the job's, else 1.
   int Replication() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Failover (docs/replication.md): shard server `address`, whose lease ran
+  // out (last heartbeat at `last_heartbeat`), is replaced in a new map
+  // epoch by the backups of what it owned (PromoteBackups), pushed to the
+  // servers and published. Without a backup left for one of its units the
+  // map stays: the job falls back to its checkpoint restart.
+  void FailOver(const std::string& address, absl::Time last_heartbeat, Deferred* deferred)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
   std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

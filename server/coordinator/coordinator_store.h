@@ -22,6 +22,9 @@ class DB;
 
 namespace recps::server {
 
+// The key of the current shard map (v1::ShardMap) in the store.
+inline constexpr char kShardMapKey[] = "shard_map";
+
 class CoordinatorStore {
  public:
   // Opens (creating if missing) the database in directory `path`.

@@ -74,11 +74,11 @@ std::unique_ptr<StepClock> Replication::NewClock() {
   // push of t + 1 can overtake another worker's forward of t. The window
   // takes them (they wait for their step); what a step sums and applies
   // stays the primary's.
+  // The job's mode and window for lookups (a promoted server serves them
+  // from this clock), a wider one for pushes.
   ConsistencyOptions replica = options_.consistency;
-  if (replica.mode != ConsistencyMode::kAsync) {
-    replica.mode = ConsistencyMode::kBounded;
-    replica.staleness += kForwardWindow;
-  }
+  replica.forward_window = kForwardWindow;
+  replica.replica = true;
   return std::make_unique<StepClock>(replica, [this](GradientPush& push) {
     for (TableGradients& tg : push) {
       absl::Status s = store_->ApplyGradients(tg.table, tg.ids, tg.data());
@@ -106,6 +106,139 @@ void Replication::EnsureClocks(const ShardMapKeeper::View& view, const StepClock
       clock->ResumeAt(own.applied_step() + 1).IgnoreError();
     }
   }
+}
+
+void Replication::OnMapInstalled(const ShardMapKeeper::View& view, const StepClock& own) {
+  EnsureClocks(view, own);
+  UpdateLineage(last_view_, view);
+  last_view_ = view;
+}
+
+void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
+                                const ShardMapKeeper::View& next) {
+  if (prev == nullptr || prev->self < 0 || next->self < 0) return;
+  const ShardMap& before = prev->map;
+  const ShardMap& after = next->map;
+  std::shared_ptr<const Lineage> old;
+  {
+    absl::MutexLock lock(&mu_);
+    old = lineage_;
+  }
+  auto lineage = std::make_shared<Lineage>();
+  lineage->num_slots = after.num_slots();
+  if (old != nullptr) {
+    lineage->origins = old->origins;
+    lineage->clocks = old->clocks;
+  }
+  bool any = false;
+  const int tables = store_->num_tables();
+  lineage->clock_of_slot.resize(tables);
+  lineage->table_keys.resize(tables);
+  for (int t = 0; t < tables; ++t) {
+    const uint64_t key = StableNameKey(store_->spec(t).name);
+    lineage->table_keys[t] = key;
+    const TableRoute to = after.RouteOf(key);
+    const TableRoute from = before.RouteOf(key);
+    if (to.column_split()) continue;
+    std::vector<uint8_t>& clock_of = lineage->clock_of_slot[t];
+    const std::vector<uint8_t>* had =
+        old != nullptr && static_cast<size_t>(t) < old->clock_of_slot.size() &&
+                !old->clock_of_slot[t].empty()
+            ? &old->clock_of_slot[t]
+            : nullptr;
+    for (uint32_t slot = 0; slot < after.num_slots(); ++slot) {
+      if (to.OwnerOfSlot(slot) != next->self) continue;
+      uint8_t k = 0;
+      const int was = from.OwnerOfSlot(slot);
+      if (was == prev->self) {
+        k = had != nullptr ? (*had)[slot] : 0;  // owned before: as it was
+      } else if (was >= 0) {
+        // Promoted: it was backed here, on the clock of its primary's pushes
+        // (units with backups are always on their owner's own lineage).
+        const absl::Span<const uint32_t> backups = from.BackupsOfSlot(slot);
+        if (std::find(backups.begin(), backups.end(), static_cast<uint32_t>(prev->self)) !=
+            backups.end()) {
+          const std::string& origin = before.servers()[was];
+          auto at = std::find(lineage->origins.begin(), lineage->origins.end(), origin);
+          if (at == lineage->origins.end()) {
+            StepClock* clock = ClockOf(origin);
+            if (clock == nullptr) continue;  // never backed it: own clock
+            lineage->origins.push_back(origin);
+            lineage->clocks.push_back(clock);
+            at = lineage->origins.end() - 1;
+          }
+          k = static_cast<uint8_t>(1 + (at - lineage->origins.begin()));
+        }
+      }
+      if (k == 0) continue;
+      if (clock_of.empty()) clock_of.assign(after.num_slots(), 0);
+      clock_of[slot] = k;
+      any = true;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (any) {
+    lineage_ = std::move(lineage);
+  } else {
+    lineage_.reset();
+  }
+  has_lineage_.store(any, std::memory_order_release);
+}
+
+bool Replication::HasLineage() const { return has_lineage_.load(std::memory_order_acquire); }
+
+StepClock* Replication::LineageClock(size_t k) const {
+  absl::MutexLock lock(&mu_);
+  return lineage_ != nullptr && k >= 1 && k <= lineage_->clocks.size() ? lineage_->clocks[k - 1]
+                                                                       : nullptr;
+}
+
+std::vector<StepClock*> Replication::LineageClocks() const {
+  if (!HasLineage()) return {};
+  absl::MutexLock lock(&mu_);
+  return lineage_ != nullptr ? lineage_->clocks : std::vector<StepClock*>{};
+}
+
+std::vector<GradientPush> Replication::SplitByLineage(GradientPush push) const {
+  std::shared_ptr<const Lineage> lineage;
+  if (HasLineage()) {
+    absl::MutexLock lock(&mu_);
+    lineage = lineage_;
+  }
+  std::vector<GradientPush> out;
+  if (lineage == nullptr) {
+    out.push_back(std::move(push));
+    return out;
+  }
+  out.resize(1 + lineage->clocks.size());
+  for (TableGradients& tg : push) {
+    const std::vector<uint8_t>* clock_of =
+        static_cast<size_t>(tg.table) < lineage->clock_of_slot.size() &&
+                !lineage->clock_of_slot[tg.table].empty()
+            ? &lineage->clock_of_slot[tg.table]
+            : nullptr;
+    if (clock_of == nullptr) {  // the whole table on the own clock
+      out[0].push_back(std::move(tg));
+      continue;
+    }
+    std::vector<TableGradients> parts(out.size());
+    for (TableGradients& p : parts) {
+      p.table = tg.table;
+      p.dim = tg.dim;
+    }
+    const uint64_t key = lineage->table_keys[tg.table];
+    for (size_t i = 0; i < tg.ids.size(); ++i) {
+      const uint8_t k = (*clock_of)[SlotOf(key, tg.ids[i], lineage->num_slots)];
+      TableGradients& p = parts[k];
+      p.ids.push_back(tg.ids[i]);
+      const float* row = tg.data() + i * static_cast<size_t>(tg.dim);
+      p.grads.insert(p.grads.end(), row, row + tg.dim);
+    }
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (!parts[k].ids.empty()) out[k].push_back(std::move(parts[k]));
+    }
+  }
+  return out;
 }
 
 absl::Status Replication::ResumeAt(int64_t step) {
@@ -181,9 +314,13 @@ std::shared_ptr<ForwardJoin> Replication::Forward(const ShardMapKeeper::View& vi
     peer->ReplicatePush(std::move(request), options_.replicate_timeout,
                         [join, address](absl::Status s) {
                           if (!s.ok()) {
-                            s = absl::Status(s.code(), absl::StrCat("backup ", address,
-                                                                    " did not take the push: ",
-                                                                    s.message()));
+                            absl::Status named(s.code(), absl::StrCat("backup ", address,
+                                                                      " did not take the push: ",
+                                                                      s.message()));
+                            s.ForEachPayload([&](absl::string_view key, const absl::Cord& v) {
+                              named.SetPayload(key, v);
+                            });
+                            s = std::move(named);
                           }
                           join->Arrive(std::move(s));
                         });

@@ -6,9 +6,16 @@
 // bit: the same pushes, summed in the same rank order, applied once per
 // step. The backup's own pushes (as a primary of other slots) keep their
 // own clock: a step completes on each clock with the pushes that clock saw.
+//
+// Failover: a backup promoted to own a lost primary's units keeps stepping
+// them on its replica clock of that primary (their lineage), which holds
+// the lost primary's state: the steps it applied and the pushes of the
+// current step it had forwarded. Pushes to this server are split by
+// lineage (SplitByLineage), lookups wait for every lineage clock.
 #ifndef RECPS_SERVER_SHARD_REPLICATION_H_
 #define RECPS_SERVER_SHARD_REPLICATION_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -64,11 +71,26 @@ class Replication {
   absl::Status ApplyForwarded(const std::string& primary, const v1::RequestHeader& header,
                               GradientPush push);
 
-  // Makes a clock for each primary `view` lists this server as a backup of
-  // (once: a map installed before any push can be forwarded under it),
-  // starting where this server's own clock `own` starts: fresh, or at the
-  // step a restore resumed it at.
-  void EnsureClocks(const ShardMapKeeper::View& view, const StepClock& own);
+  // A map was installed (`view`): makes a clock for each primary it lists
+  // this server as a backup of (once: a map installed before any push can
+  // be forwarded under it), starting where this server's own clock `own`
+  // starts: fresh, or at the step a restore resumed it at; and gives the
+  // units this server was promoted to own (it backed them in the map
+  // before) the lineage of their lost primary's clock.
+  void OnMapInstalled(const ShardMapKeeper::View& view, const StepClock& own);
+
+  // ---- Lineage: the clocks of the units this server owns ----
+  // Whether any owned unit steps on a clock other than this server's own.
+  bool HasLineage() const;
+  // `push` split by the clock of each id's unit: [0] this server's own
+  // clock, [k] LineageClock(k); every entry exists (empty ones too, so that
+  // each clock sees every rank arrive). One entry when HasLineage() is
+  // false (the push itself).
+  std::vector<GradientPush> SplitByLineage(GradientPush push) const;
+  // The clock of split entry k >= 1.
+  StepClock* LineageClock(size_t k) const;
+  // The lineage clocks (not the own one).
+  std::vector<StepClock*> LineageClocks() const;
   // What a restore (ResumeAt) and a rollback (Restart) do to this server's
   // own clock, done to every replica clock.
   absl::Status ResumeAt(int64_t step);
@@ -91,6 +113,20 @@ class Replication {
   // server its backup.
   StepClock* ClockOf(const std::string& primary);
   std::unique_ptr<StepClock> NewClock();
+  void EnsureClocks(const ShardMapKeeper::View& view, const StepClock& own);
+  // Which clock each unit this server owns in `next` steps on, from the
+  // map before it. REQUIRES: mu_ not held.
+  void UpdateLineage(const ShardMapKeeper::View& prev, const ShardMapKeeper::View& next);
+
+  struct Lineage {
+    // Per store table: num_slots clock numbers (0: this server's own
+    // clock, k: clocks[k - 1]); empty: every slot on the own clock.
+    std::vector<std::vector<uint8_t>> clock_of_slot;
+    std::vector<uint64_t> table_keys;  // StableNameKey per store table
+    uint32_t num_slots = 0;
+    std::vector<std::string> origins;  // the lost primary of clocks[k - 1]
+    std::vector<StepClock*> clocks;
+  };
 
   LayeredStore* const store_;
   const ShardServerOptions& options_;
@@ -98,6 +134,12 @@ class Replication {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::unique_ptr<ShardPeer>> peers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<StepClock>> clocks_ ABSL_GUARDED_BY(mu_);
+  // Swapped whole at map installs; null: every owned unit on the own clock.
+  std::shared_ptr<const Lineage> lineage_ ABSL_GUARDED_BY(mu_);
+  // lineage_ != nullptr, read without mu_ by every push and lookup (the
+  // common case, no failover yet, takes no lock).
+  std::atomic<bool> has_lineage_{false};
+  ShardMapKeeper::View last_view_;  // installs are serialised by the keeper
 };
 
 }  // namespace recps::server

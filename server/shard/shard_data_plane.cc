@@ -70,7 +70,7 @@ ShardDataPlane::ShardDataPlane(LayeredStore* store,
 }
 
 absl::Status ShardDataPlane::CheckHeader(const v1::RequestHeader& header,
-                                      const MapView& view) const {
+                                      const MapView& view, bool forwarded) const {
   // First: a caller that knew another process at this address must learn
   // that its rows are gone now, not after a wait for a map (UNAVAILABLE,
   // retried) or for a step this fresh clock never saw (parked until the
@@ -90,7 +90,7 @@ absl::Status ShardDataPlane::CheckHeader(const v1::RequestHeader& header,
         "shard server ", view->self_address,
         " has no shard map that lists it yet (epoch ", epoch, ")"));
   }
-  if (header.shard_map_epoch() < epoch) {
+  if (header.shard_map_epoch() < epoch && !forwarded) {
     return StaleEpochError(
         absl::StrCat("stale shard map: request routed with epoch ",
                      header.shard_map_epoch(), ", this server is at epoch ",
@@ -139,12 +139,22 @@ absl::Status ShardDataPlane::CheckOwned(const MapView& view, const config::Table
 }
 
 absl::Status ShardDataPlane::CheckBacked(const MapView& view, const config::TableSpec& spec,
-                                         absl::Span<const int64_t> ids, int primary) const {
+                                         absl::Span<const int64_t> ids, int primary,
+                                         uint64_t routed_epoch) const {
   const uint64_t key = StableNameKey(spec.name);
   const TableRoute route = view->map.RouteOf(key);
   for (int64_t id : ids) {
     bool backs = false;
     for (uint32_t b : route.BackupsOf(id)) backs |= static_cast<int>(b) == view->self;
+    if (route.OwnerOf(id) != primary && routed_epoch < view->map.epoch()) {
+      return StaleEpochError(
+          absl::StrCat("id ", id, " of table ", spec.name, " (slot ",
+                       SlotOf(key, id, view->map.num_slots()), ") is no longer owned by ",
+                       view->map.servers()[primary], " at shard map epoch ",
+                       view->map.epoch(), " (the push was routed with epoch ",
+                       routed_epoch, ")"),
+          view->map.epoch());
+    }
     if (route.OwnerOf(id) != primary || !backs) {
       return absl::FailedPreconditionError(absl::StrCat(
           "id ", id, " of table ", spec.name, " (slot ", SlotOf(key, id, view->map.num_slots()),
@@ -171,7 +181,7 @@ void ShardDataPlane::Lookup(const v1::LookupRequest* request,
 
 int64_t ShardDataPlane::StepAppliedByAll() const {
   return options_.consistency.mode == ConsistencyMode::kAsync ? worker_steps_.Oldest()
-                                                             : clock_->applied_step();
+                                                             : applied_step();
 }
 
 void ShardDataPlane::LookupInto(const v1::LookupRequest* request,
@@ -244,7 +254,7 @@ void ShardDataPlane::LookupAfterHold(const v1::LookupRequest* request, LookupOut
   // the "ready at once" case and runs the lookup here.
   auto awaiting = std::make_shared<std::atomic<bool>>(true);
   const std::thread::id caller = std::this_thread::get_id();
-  clock_->AwaitLookup(
+  AwaitLookupOnClocks(
       request->header().step(),
       [this, request, out, wait_start, awaiting, caller,
        done = std::move(done)](absl::Status ready) mutable {
@@ -266,6 +276,50 @@ void ShardDataPlane::LookupAfterHold(const v1::LookupRequest* request, LookupOut
       },
       ids, std::move(cancelled));
   awaiting->store(false);
+}
+
+int64_t ShardDataPlane::applied_step() const {
+  int64_t applied = clock_->applied_step();
+  for (const StepClock* c : replication_->LineageClocks()) {
+    applied = std::min(applied, c->applied_step());
+  }
+  return applied;
+}
+
+void ShardDataPlane::AwaitLookupOnClocks(int64_t step,
+                                         absl::AnyInvocable<void(absl::Status) &&> done,
+                                         int64_t ids, std::function<bool()> cancelled) {
+  std::vector<StepClock*> clocks = replication_->LineageClocks();
+  if (clocks.empty()) {
+    clock_->AwaitLookup(step, std::move(done), ids, std::move(cancelled));
+    return;
+  }
+  // One clock after the other, each from the thread that released the
+  // one before (inline when ready at once).
+  clocks.insert(clocks.begin(), clock_.get());
+  struct Chain {
+    std::vector<StepClock*> clocks;
+    int64_t step;
+    int64_t ids;
+    std::function<bool()> cancelled;
+    absl::AnyInvocable<void(absl::Status) &&> done;
+    static void Next(std::shared_ptr<Chain> chain, size_t k) {
+      StepClock* clock = chain->clocks[k];
+      clock->AwaitLookup(
+          chain->step,
+          [chain, k](absl::Status ready) mutable {
+            if (!ready.ok() || k + 1 == chain->clocks.size()) {
+              std::move(chain->done)(std::move(ready));
+              return;
+            }
+            Next(std::move(chain), k + 1);
+          },
+          chain->ids, chain->cancelled);
+    }
+  };
+  auto chain = std::make_shared<Chain>(
+      Chain{std::move(clocks), step, ids, std::move(cancelled), std::move(done)});
+  Chain::Next(std::move(chain), 0);
 }
 
 absl::Status ShardDataPlane::RunLookup(const v1::LookupRequest& request,
@@ -316,6 +370,7 @@ absl::Status ShardDataPlane::RunLookup(const v1::LookupRequest& request,
   const bool updated_only =
       request.updated_only() &&
       options_.consistency.mode == ConsistencyMode::kSync &&
+      !replication_->HasLineage() &&  // the set holds the own clock's step only
       clock_->applied_step() == request.header().step() - 1;
   std::vector<std::vector<int32_t>> positions;
   std::vector<std::vector<int64_t>> updated_ids;
@@ -440,7 +495,7 @@ absl::Status ShardDataPlane::Stats(const v1::StatsRequest& request,
   if (metrics_ != nullptr) metrics_->SetResidentBytes(resident);
   const MapView view = CurrentMap();
   response->set_shard_map_epoch(view->map.epoch());
-  response->set_applied_step(clock_->applied_step());
+  response->set_applied_step(applied_step());
   response->set_parked_lookups(clock_->waiting_lookups());
   response->set_parked_ids(clock_->waiting_ids());
   response->set_incarnation(incarnation_);

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -98,22 +99,39 @@ class ShardDataPlane {
   // calls it periodically.
   void RefreshGauges() const;
 
+  // Fencing (replication): the coordinator lease is held until `until`;
+  // once it lapses, pushes under a replicated map are refused (UNAVAILABLE)
+  // until it is renewed: the coordinator may have promoted this server's
+  // backups, and two primaries must never accept the same rows. No fence
+  // until first called (a server without a coordinator).
+  void SetLeaseHeldUntil(absl::Time until) {
+    lease_until_ns_.store(absl::ToUnixNanos(until), std::memory_order_relaxed);
+  }
+
   StepClock& clock() { return *clock_; }
-  int64_t applied_step() const { return clock_->applied_step(); }
+  // The step every clock of this server's units applied (its own, and
+  // after a failover the lineage clocks of the units it was promoted to).
+  int64_t applied_step() const;
 
  private:
   using MapView = ShardMapKeeper::View;
   MapView CurrentMap() const { return map_->Current(); }
   // DATA_LOSS for a header that names another incarnation (checked first:
   // see RequestHeader.incarnation); then the map, the rank and the step.
-  absl::Status CheckHeader(const v1::RequestHeader& header,
-                           const MapView& view) const;
+  // A `forwarded` push (replication) may carry an older epoch than this
+  // server's: the primary routed it by its map, CheckBacked decides.
+  absl::Status CheckHeader(const v1::RequestHeader& header, const MapView& view,
+                           bool forwarded = false) const;
   absl::Status CheckOwned(const MapView& view, const config::TableSpec& spec,
                           absl::Span<const int64_t> ids) const;
   // Replication: that server index `primary` owns each id and this server
-  // is one of its backups in `view`.
+  // is one of its backups in `view`. A push routed by an older map
+  // (`routed_epoch`) of ids `primary` no longer owns here is refused as a
+  // stale map (ABORTED with the epoch: the worker re-routes it to the
+  // promoted server, and the old primary's copy is out of the map).
   absl::Status CheckBacked(const MapView& view, const config::TableSpec& spec,
-                           absl::Span<const int64_t> ids, int primary) const;
+                           absl::Span<const int64_t> ids, int primary,
+                           uint64_t routed_epoch) const;
   // Adds `ids` to their slots' load (a table routed by slot; whole tables
   // and column groups move as one and are weighed by TableStats).
   void CountLoad(const MapView& view, const config::TableSpec& spec,
@@ -153,6 +171,12 @@ class ShardDataPlane {
                v1::PushGradientsResponse* response, Done done);
   // The push's status, or nullopt when a hand-over holds it (it took
   // `done` and runs RunPush again when the hold ends).
+  // Gives each clock of the push's units its part (Replication's lineage);
+  // an empty part of a rank whose push of the step a clock has is skipped.
+  absl::Status PushToClocks(const v1::RequestHeader& header, GradientPush push);
+  // done(OK) once a lookup for `step` may run on every clock.
+  void AwaitLookupOnClocks(int64_t step, absl::AnyInvocable<void(absl::Status) &&> done,
+                           int64_t ids, std::function<bool()> cancelled);
   std::optional<absl::Status> HoldOrApply(
       const v1::PushGradientsRequest* request,
       absl::Span<const float* const> direct,
@@ -172,6 +196,7 @@ class ShardDataPlane {
 
   std::atomic<int64_t> lookup_requests_{0};
   std::atomic<int64_t> push_requests_{0};
+  std::atomic<int64_t> lease_until_ns_{std::numeric_limits<int64_t>::max()};
   // Ids per slot, for Stats' per-slot rates (counters only: no state the
   // requests depend on, hence written from const paths).
   const std::unique_ptr<SlotLoad> slot_load_;

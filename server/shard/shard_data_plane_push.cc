@@ -91,7 +91,7 @@ bool IsEmptyPush(const GradientPush& push) {
 absl::StatusOr<GradientPush> ShardDataPlane::DecodePush(
     const MapView& view, const v1::PushGradientsRequest& request,
     absl::Span<const float* const> direct, bool* owns_nothing, int primary) {
-  RETURN_IF_ERROR(CheckHeader(request.header(), view));
+  RETURN_IF_ERROR(CheckHeader(request.header(), view, /*forwarded=*/primary >= 0));
   if (!direct.empty() && direct.size() != static_cast<size_t>(request.tables_size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push of ", request.tables_size(), " tables with ", direct.size(),
@@ -118,7 +118,8 @@ absl::StatusOr<GradientPush> ShardDataPlane::DecodePush(
           options_.max_ids_per_request, " ids; split the batch"));
     }
     if (primary >= 0) {
-      RETURN_IF_ERROR(CheckBacked(view, spec, ids, primary));
+      RETURN_IF_ERROR(
+          CheckBacked(view, spec, ids, primary, request.header().shard_map_epoch()));
     } else {
       RETURN_IF_ERROR(CheckOwned(view, spec, ids));
       CountLoad(view, spec, ids, SlotLoad::Kind::kUpdate);
@@ -204,7 +205,7 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
   // a map that still sends it one is accepted and dropped. Its clock joins
   // at the source's step when a move gives it slots (FinishMove).
   if (s.ok() && owns_nothing && IsEmptyPush(*push)) {
-    response->set_applied_step(clock_->applied_step());
+    response->set_applied_step(applied_step());
     response->set_incarnation(incarnation_);
     std::move(done)(absl::OkStatus());
     return;
@@ -212,6 +213,16 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
   // Replication: the backups of the push's ids take it while this server
   // applies it; it is acknowledged once all did (a retry forwards again,
   // and every replica drops a part it already took).
+  // Fencing: past its lease this server may have been failed over.
+  if (s.ok() && view->map.replication() > 1) {
+    const int64_t until = lease_until_ns_.load(std::memory_order_relaxed);
+    if (absl::ToUnixNanos(absl::Now()) > until) {
+      s = absl::UnavailableError(absl::StrCat(
+          "shard server ", view->self_address, ": its coordinator lease lapsed at ",
+          absl::FormatTime(absl::FromUnixNanos(until)), "; it takes no pushes until the "
+          "lease is renewed (its backups may own its rows now: refresh the shard map)"));
+    }
+  }
   std::shared_ptr<ForwardJoin> forwards;
   if (s.ok()) forwards = replication_->Forward(view, request->header(), *push);
   if (s.ok()) {
@@ -234,7 +245,7 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
     s = *applied;
   }
   if (forwards == nullptr) {
-    response->set_applied_step(clock_->applied_step());
+    response->set_applied_step(applied_step());
     response->set_incarnation(incarnation_);
     std::move(done)(s);
     return;
@@ -244,7 +255,7 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
     if (metrics_ != nullptr) {
       metrics_->RecordForwardWait(absl::ToDoubleSeconds(absl::Now() - applied_at));
     }
-    response->set_applied_step(clock_->applied_step());
+    response->set_applied_step(applied_step());
     response->set_incarnation(incarnation_);
     std::move(done)(s.ok() ? forwarded : s);
   });
@@ -281,7 +292,25 @@ void ShardDataPlane::RunReplicaPush(const v1::ReplicatePushRequest* request,
 
 void ShardDataPlane::StopReplication() { replication_->Shutdown(); }
 
-void ShardDataPlane::OnMapInstalled() { replication_->EnsureClocks(CurrentMap(), *clock_); }
+void ShardDataPlane::OnMapInstalled() { replication_->OnMapInstalled(CurrentMap(), *clock_); }
+
+absl::Status ShardDataPlane::PushToClocks(const v1::RequestHeader& header, GradientPush push) {
+  const int rank = header.worker_rank();
+  const int64_t step = header.step();
+  std::vector<GradientPush> parts = replication_->SplitByLineage(std::move(push));
+  absl::Status status;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    StepClock* clock = k == 0 ? clock_.get() : replication_->LineageClock(k);
+    if (clock == nullptr) continue;
+    // A worker re-sends an empty push to every server after a failover's
+    // map (so that each lineage clock sees it arrive): a clock that has
+    // the rank's push of the step already takes nothing from it.
+    if (IsEmptyPush(parts[k]) && clock->Arrived(rank, step)) continue;
+    absl::Status s = clock->Push(rank, step, std::move(parts[k]), header.push_part());
+    if (status.ok()) status = std::move(s);
+  }
+  return status;
+}
 
 std::optional<absl::Status> ShardDataPlane::HoldOrApply(
     const v1::PushGradientsRequest* request, absl::Span<const float* const> direct,
@@ -300,8 +329,7 @@ std::optional<absl::Status> ShardDataPlane::HoldOrApply(
       })) {
     return std::nullopt;
   }
-  return clock_->Push(header.worker_rank(), header.step(), std::move(push),
-                      header.push_part());
+  return PushToClocks(header, std::move(push));
 }
 
 }  // namespace recps::server

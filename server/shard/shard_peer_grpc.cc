@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -157,7 +158,11 @@ class GrpcShardPeer final : public ShardPeer {
             SendForward(call);
             return;
           }
-          const absl::Status status = rpc::FromGrpcStatus(s, address_, "ReplicatePush");
+          absl::Status status = rpc::FromGrpcStatus(s, address_, "ReplicatePush");
+          // A backup with a newer map: the worker refreshes (kShardMapEpochKey).
+          if (std::optional<uint64_t> epoch = rpc::ShardMapEpochOf(*call->context)) {
+            status.SetPayload(kShardMapEpochKey, absl::Cord(absl::StrCat(*epoch)));
+          }
           Unregister(call->context.get());  // `this` may go from here on
           call->done(status);
         });

@@ -309,7 +309,8 @@ absl::Status ShardProcess::Serve() {
         [refused = o.on_registration_refused](const absl::Status& s) {
           LogError("the coordinator refused this shard server: ", s.message());
           if (refused) refused(s);
-        });
+        },
+        [shard = shard_.get()](absl::Time held_until) { shard->SetLeaseHeldUntil(held_until); });
   }
   // Level metrics (resident memory, rows) between scrapes of Stats.
   gauges_ = std::thread([this] {

@@ -106,6 +106,8 @@ class ShardServer {
   // Whether the server holds a map that lists it (and its tables).
   bool serving() const { return CurrentMap()->self >= 0; }
   void RefreshGauges() const { data_->RefreshGauges(); }
+  // The coordinator lease (ShardDataPlane::SetLeaseHeldUntil).
+  void SetLeaseHeldUntil(absl::Time until) { data_->SetLeaseHeldUntil(until); }
 
   // The address SetShardMap looks for when its request names no `self`.
   void SetSelfAddress(std::string address);

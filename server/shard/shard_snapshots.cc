@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <system_error>
 
 #include "absl/container/flat_hash_set.h"
@@ -229,8 +230,16 @@ ShardSnapshots::TakeSnapshot(const v1::SaveRowsRequest& request,
   if (!map_.owns_anything()) {
     RETURN_IF_ERROR(cut());
   } else {
-    RETURN_IF_ERROR(clock_->RunAtCut(static_cast<int64_t>(request.step()),
-                                     step_timeout_, cut));
+    // Every clock of the units this server owns holds at the cut (its own,
+    // and after a failover the lineage clocks of the units promoted here).
+    std::vector<StepClock*> clocks = replicas_ != nullptr ? replicas_->LineageClocks() : std::vector<StepClock*>{};
+    clocks.insert(clocks.begin(), clock_);
+    std::function<absl::Status(size_t)> hold = [&](size_t k) -> absl::Status {
+      if (k == clocks.size()) return cut();
+      return clocks[k]->RunAtCut(static_cast<int64_t>(request.step()), step_timeout_,
+                                 [&] { return hold(k + 1); });
+    };
+    RETURN_IF_ERROR(hold(0));
   }
   int64_t rows = 0;
   for (int64_t r : store_->RowsPerSlot()) rows += r;

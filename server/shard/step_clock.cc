@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -69,6 +70,15 @@ bool StepClock::any_push() const {
   return any_push_;
 }
 
+bool StepClock::Arrived(int rank, int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  if (step <= applied_step_) return true;
+  const auto it = pending_.find(step);
+  return it != pending_.end() && rank >= 0 &&
+         static_cast<size_t>(rank) < it->second.by_rank.size() &&
+         it->second.by_rank[rank].has_value();
+}
+
 int64_t StepClock::applied_step() const {
   absl::MutexLock lock(&mu_);
   return applied_step_;
@@ -126,6 +136,39 @@ absl::Status CheckDisjoint(const GradientPush& have, const GradientPush& more) {
             "rank's push for one step; each id goes in one part"));
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+// A replica clock's retry (ConsistencyOptions::replica): drops from `more`
+// the ids `have` holds already, whose gradients must be the same bits.
+absl::Status DropRetried(const GradientPush& have, GradientPush& more) {
+  for (TableGradients& m : more) {
+    absl::flat_hash_map<int64_t, const float*> rows;
+    for (const TableGradients& h : have) {
+      if (h.table != m.table) continue;
+      for (size_t i = 0; i < h.ids.size(); ++i) {
+        rows.emplace(h.ids[i], h.data() + i * static_cast<size_t>(h.dim));
+      }
+    }
+    if (rows.empty()) continue;
+    const size_t row_bytes = static_cast<size_t>(m.dim) * sizeof(float);
+    TableGradients kept;
+    kept.table = m.table;
+    kept.dim = m.dim;
+    for (size_t i = 0; i < m.ids.size(); ++i) {
+      const float* row = m.data() + i * static_cast<size_t>(m.dim);
+      const auto it = rows.find(m.ids[i]);
+      if (it == rows.end()) {
+        kept.ids.push_back(m.ids[i]);
+        kept.grads.insert(kept.grads.end(), row, row + m.dim);
+      } else if (std::memcmp(it->second, row, row_bytes) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "id ", m.ids[i], " of table index ", m.table, " came again in one rank's "
+            "push for one step with another gradient: not a retry"));
+      }
+    }
+    m = std::move(kept);
   }
   return absl::OkStatus();
 }
@@ -225,6 +268,9 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
     if (step <= adopted_step_ && step <= applied_step_ && IsEmpty(push)) {
       return absl::OkStatus();  // routed by a map without this server's share
     }
+    if (step <= applied_step_ && options_.replica) {
+      return absl::OkStatus();  // a retry of a forwarded push
+    }
     if (step <= applied_step_) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " was already applied (this server has applied "
@@ -233,9 +279,9 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
                                    rank, " arrived too late)")
                     : ""));
     }
-    const int64_t window = options_.mode == ConsistencyMode::kBounded
-                               ? options_.staleness
-                               : 0;
+    const int64_t window =
+        (options_.mode == ConsistencyMode::kBounded ? options_.staleness : 0) +
+        options_.forward_window;
     if (step > applied_step_ + 1 + window) {
       return absl::FailedPreconditionError(absl::StrCat(
           "step ", step, " is ahead of the ", ConsistencyModeName(options_.mode),
@@ -249,6 +295,7 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
       // A second part of the rank's push (ids re-routed after a map change):
       // merged, so the step's sum stays one gradient per rank and id.
       GradientPush& have = *pending.by_rank[rank];
+      if (options_.replica) RETURN_IF_ERROR(DropRetried(have, push));
       RETURN_IF_ERROR(CheckDisjoint(have, push));
       Own(push);  // kept past this call (rare: a re-routed part)
       for (TableGradients& tg : push) have.push_back(std::move(tg));

@@ -52,6 +52,15 @@ struct ConsistencyOptions {
   // either gets RESOURCE_EXHAUSTED instead of parking.
   int max_parked_lookups = 4096;
   int64_t max_parked_ids = int64_t{1} << 24;
+  // Replication (server/shard/replication.h): steps a push may run ahead
+  // of the window above (a replica clock takes forwards out of order).
+  int forward_window = 0;
+  // A replica clock (sync, bounded): a rank's push of a step it already
+  // pushed is a worker's retry, on the promoted server, of a push the lost
+  // primary had forwarded here: ids already in the rank's pending push
+  // are dropped when their gradients are the same bits (INVALID_ARGUMENT
+  // otherwise), and a push of a step already applied is dropped.
+  bool replica = false;
 };
 
 // One table's part of a push: distinct ids and one gradient row each.
@@ -164,6 +173,10 @@ class StepClock {
   // No-op when the clock is already past `step`. INVALID_ARGUMENT for a
   // step < -1.
   absl::Status AdoptStep(int64_t step);
+
+  // Whether worker `rank`'s push of `step` is in: the step was applied,
+  // or the rank's push of it is pending.
+  bool Arrived(int rank, int64_t step) const;
 
   // Whether any push arrived or a step was applied (ResumeAt is refused).
   bool started() const;

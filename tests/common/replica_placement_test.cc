@@ -205,5 +205,21 @@ TEST(PromoteBackups, ALostServersUnitsGoToTheirFirstBackup) {
   EXPECT_EQ(PromoteBackups(one, 5).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(PromoteBackups, APromotedUnitLetsItsOtherBackupsGo) {
+  // Replication 3: the second backup of a promoted unit followed the lost
+  // primary's clock; the promoted server steps the unit on its own copy of
+  // that clock and forwards nothing of it, so the unit keeps no backup.
+  ShardMap m = ShardMap::Uniform(4, 12, {"a:1", "b:2", "c:3", "d:4"});
+  ASSERT_TRUE(AddBackups(3, {}, &m).ok());
+  auto promoted = PromoteBackups(m, 0);
+  ASSERT_TRUE(promoted.ok()) << promoted.status();
+  for (uint32_t slot = 0; slot < 12; ++slot) {
+    if (m.OwnerOfSlot(slot) != 0) continue;
+    EXPECT_EQ(promoted->OwnerOfSlot(slot), static_cast<int>(m.BackupsOfSlot(slot)[0]));
+    EXPECT_THAT(promoted->BackupsOfSlot(slot), ElementsAre(kNoBackup, kNoBackup));
+  }
+  EXPECT_GT(promoted->UnderReplicatedUnits(), 0);
+}
+
 }  // namespace
 }  // namespace recps

@@ -273,6 +273,7 @@ class LocalCluster:
             else:
                 field = e["valueFrom"]["fieldRef"]["fieldPath"]
                 kenv[e["name"]] = {"metadata.name": pod["name"], "metadata.namespace": "default",
+                                   "spec.nodeName": "localhost",
                                    "metadata.annotations['batch.kubernetes.io/job-completion-index']":
                                    str(pod["index"])}[field]
         return kenv

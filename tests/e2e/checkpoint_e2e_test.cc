@@ -3,7 +3,8 @@
 // - kill -9 a shard server, a worker or the coordinator mid-run with
 //   --max_restarts=1: the job restarts from its newest checkpoint and ends
 //   with the final tables, dense state and per-step losses bit-identical to
-//   an uninterrupted run;
+//   an uninterrupted run; with replication a killed shard server fails
+//   over instead (no restart), bit-identical too;
 // - SIGTERM to the launcher (pre-emption): the workers checkpoint and exit;
 //   `recps local --resume` on 2, 1 or 3 shard servers continues
 //   bit-identically.
@@ -40,6 +41,7 @@ namespace {
 using ::recps::testing::Eventually;
 using ::recps::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kSteps = 300;
 constexpr int kEvery = 20;
@@ -55,8 +57,9 @@ struct CheckpointRun : ::recps::testing::LocalRun {
 
 std::string Dir(const std::string& root, int64_t step) { return CheckpointDir(root, step); }
 Outcome Collect(const CheckpointRun& run) { return ::recps::testing::CollectOutcome(run); }
-void ExpectSame(const Outcome& reference, const Outcome& got) {
-  ::recps::testing::ExpectSameOutcome(reference, got, kSteps);
+void ExpectSame(const Outcome& reference, const Outcome& got,
+                const std::string& read_only_rows_of = "") {
+  ::recps::testing::ExpectSameOutcome(reference, got, kSteps, read_only_rows_of);
 }
 
 class CheckpointE2e : public ::testing::Test {
@@ -74,9 +77,12 @@ class CheckpointE2e : public ::testing::Test {
     delete reference_run_;
   }
 
-  // Kills `victim` (its name in WORK/pids) once a checkpoint exists and rank
-  // 0 trained past it; the launcher restarts the job from that checkpoint.
-  void KillAndCompare(const std::string& victim, std::vector<std::string> extra) {
+  // Kills `victims` (their names in WORK/pids) once a checkpoint exists and
+  // rank 0 trained past it; the launcher restarts the job from that
+  // checkpoint, or with `fails_over` the job goes on without a restart
+  // (replication: the lost shard server's backups take over).
+  void KillAndCompare(const std::vector<std::string>& victims, std::vector<std::string> extra,
+                      bool fails_over = false) {
     ASSERT_NE(reference_, nullptr);
     CheckpointRun run;
     extra.push_back("--max_restarts=1");
@@ -89,17 +95,31 @@ class CheckpointE2e : public ::testing::Test {
         },
         absl::Seconds(120)))
         << ReadAll(run.log);
-    const pid_t pid = run.PidOf(victim);
-    ASSERT_GT(pid, 0) << ReadAll(run.work + "/pids");
+    std::vector<pid_t> pids;
+    for (const std::string& victim : victims) {
+      pids.push_back(run.PidOf(victim));
+      ASSERT_GT(pids.back(), 0) << ReadAll(run.work + "/pids");
+    }
     ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the kill";
-    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    for (const pid_t pid : pids) ASSERT_EQ(kill(pid, SIGKILL), 0);
     absl::StatusOr<int> code = p->Wait(absl::Seconds(180));
     ASSERT_TRUE(code.ok()) << code.status();
     const std::string log = ReadAll(run.log);
     EXPECT_EQ(*code, 0) << log;
-    EXPECT_THAT(log, HasSubstr("restart 1/1 after"));
-    EXPECT_THAT(log, HasSubstr("resuming from step"));
-    ExpectSame(*reference_, Collect(run));
+    if (fails_over) {
+      EXPECT_THAT(log, HasSubstr("its backups take over its rows"));
+      EXPECT_THAT(log, Not(HasSubstr("restart 1/1 after")));
+      EXPECT_THAT(log, Not(HasSubstr("resuming from step")));
+      EXPECT_THAT(ReadAll(run.work + "/coordinator.log"),
+                  HasSubstr("its backups own its rows in shard map epoch"));
+    } else {
+      EXPECT_THAT(log, HasSubstr("restart 1/1 after"));
+      EXPECT_THAT(log, HasSubstr("resuming from step"));
+    }
+    // After a failover the rows the lost primary had only read (step 0's
+    // evaluation) are not on the promoted server: they must hold their
+    // initial value.
+    ExpectSame(*reference_, Collect(run), fails_over ? run.job : "");
   }
 
   // SIGTERM to the launcher once rank 0 trained past a checkpoint: the
@@ -141,24 +161,34 @@ CheckpointRun* CheckpointE2e::reference_run_ = nullptr;
 Outcome* CheckpointE2e::reference_ = nullptr;
 
 TEST_F(CheckpointE2e, KilledShardServerRestartsBitIdentical) {
-  KillAndCompare("shard server 1", {});
+  KillAndCompare({"shard server 1"}, {});
 }
 
-// Replication 2 on the two servers (each backs the other up): a checkpoint
-// holds each row once (the owners'), and the restart restores the backups'
-// copies too and resumes their replica clocks at the cut, so the forwards
-// of the steps after it are taken and the job ends as without replication.
-// (Until failover is automatic a lost server still restarts the job.)
+// Replication 2 on the two servers (each backs the other up): a lost shard
+// server costs a failover, not a restart. Its lease runs out, the
+// coordinator promotes its backup in a new map epoch, the workers retry
+// there, and the job ends as without the failure: every loss, row and
+// the dense state bit for bit, and no step redone from a checkpoint.
+TEST_F(CheckpointE2e, ReplicatedShardServerKilledFailsOverBitIdentical) {
+  KillAndCompare({"shard server 1"}, {"--replication=2"}, /*fails_over=*/true);
+}
+
+// The restart that remains with replication (here the coordinator is lost
+// too, and not restarted in place): a checkpoint holds each row once (the
+// owners'), and the restart restores the backups' copies too and resumes
+// their replica clocks at the cut, so the forwards of the steps after it
+// are taken and the job ends as without replication.
 TEST_F(CheckpointE2e, ReplicatedShardsRestartBitIdentical) {
-  KillAndCompare("shard server 1", {"--replication=2"});
+  KillAndCompare({"coordinator", "shard server 1"},
+                 {"--replication=2", "--coordinator_restarts=0"});
 }
 
-TEST_F(CheckpointE2e, KilledWorkerRestartsBitIdentical) { KillAndCompare("worker 1", {}); }
+TEST_F(CheckpointE2e, KilledWorkerRestartsBitIdentical) { KillAndCompare({"worker 1"}, {}); }
 
 TEST_F(CheckpointE2e, KilledCoordinatorRestartsBitIdentical) {
   // No in-place coordinator restart: the whole job restarts from the
   // checkpoint (with in-place restarts the job would simply carry on).
-  KillAndCompare("coordinator", {"--coordinator_restarts=0"});
+  KillAndCompare({"coordinator"}, {"--coordinator_restarts=0"});
 }
 
 TEST_F(CheckpointE2e, PreemptedThenResumedBitIdentical) { PreemptAndResume(2); }

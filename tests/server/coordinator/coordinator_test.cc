@@ -12,6 +12,8 @@
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "common/wire/replica_placement.h"
+#include "common/wire/shard_map.h"
 #include "server/coordinator/coordinator_store.h"
 #include "tests/testing/local_shard.h"
 
@@ -23,7 +25,7 @@ using ::testing::HasSubstr;
 
 class CoordinatorTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Coordinator> Open(int num_shards = 2) {
+  std::unique_ptr<Coordinator> Open(int num_shards = 2, int replication = 0) {
     auto store = CoordinatorStore::Open(dir_.path() + "/state");
     EXPECT_TRUE(store.ok()) << store.status();
     if (!store.ok()) return nullptr;
@@ -31,6 +33,7 @@ class CoordinatorTest : public ::testing::Test {
     options.num_shards = num_shards;
     options.num_slots = 64;
     options.lease = absl::Seconds(10);
+    options.replication = replication;
     options.clock = [this] { return now_; };
     auto c = Coordinator::Create(*std::move(store), options, &registry_);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -66,11 +69,15 @@ class CoordinatorTest : public ::testing::Test {
 
   // The value of metric `name` with label role=`role`, or -1.
   double Metric(const std::string& name, const std::string& role) const {
+    return Metric(name, "role", role);
+  }
+  double Metric(const std::string& name, const std::string& label_name,
+                const std::string& label_value) const {
     for (const auto& family : registry_.Collect()) {
       if (family.name != name) continue;
       for (const auto& m : family.metric) {
         for (const auto& label : m.label) {
-          if (label.name == "role" && label.value == role) {
+          if (label.name == label_name && label.value == label_value) {
             return family.type == prometheus::MetricType::Counter ? m.counter.value
                                                                    : m.gauge.value;
           }
@@ -185,6 +192,50 @@ TEST_F(CoordinatorTest, ShardMapBuiltOnceEnoughShardsRegistered) {
   std::vector<uint64_t> late;
   c->Unwatch(c->Watch(1, [&](const v1::ShardMap& m) { late.push_back(m.epoch()); }));
   EXPECT_TRUE(late.empty());
+}
+
+TEST_F(CoordinatorTest, ALostShardServersBackupsArePromotedInANewEpoch) {
+  auto c = Open(/*num_shards=*/3, /*replication=*/2);
+  std::vector<uint64_t> watched;
+  const int64_t watch = c->Watch(0, [&](const v1::ShardMap& m) { watched.push_back(m.epoch()); });
+  for (const char* a : {"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"}) {
+    ASSERT_TRUE(c->Register(Shard(a)).ok());
+  }
+  auto first = c->GetShardMap();
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto before = ShardMap::FromProto(*first);
+  ASSERT_TRUE(before.ok());
+  ASSERT_EQ(before->replication(), 2);
+  const auto heartbeat = [&](const std::string& id) {
+    v1::HeartbeatRequest hb;
+    hb.set_member_id(id);
+    return c->Heartbeat(hb).ok();
+  };
+  // shard-0 (127.0.0.1:7000, index 0) goes silent.
+  pushed_.clear();
+  now_ += absl::Seconds(6);
+  ASSERT_TRUE(heartbeat("shard-1") && heartbeat("shard-2"));
+  now_ += absl::Seconds(6);
+  c->Tick();
+  auto after = c->GetShardMap();
+  ASSERT_TRUE(after.ok());
+  auto want = PromoteBackups(*before, 0);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(after->SerializeAsString(), want->ToProto().SerializeAsString());
+  EXPECT_EQ(after->epoch(), 2u);
+  EXPECT_THAT(pushed_, ElementsAre(std::make_pair(std::string("127.0.0.1:7001"), uint64_t{2}),
+                                   std::make_pair(std::string("127.0.0.1:7002"), uint64_t{2})));
+  EXPECT_THAT(watched, ElementsAre(1u, 2u));
+  EXPECT_EQ(Metric("recps_coordinator_failovers_total", "result", "promoted"), 1);
+  // shard-1 goes too: the units it took over have no copy left. The map
+  // stays (the job falls back to its checkpoint restart).
+  now_ += absl::Seconds(6);
+  ASSERT_TRUE(heartbeat("shard-2"));
+  now_ += absl::Seconds(6);
+  c->Tick();
+  EXPECT_EQ(c->GetShardMap()->epoch(), 2u);
+  EXPECT_EQ(Metric("recps_coordinator_failovers_total", "result", "data_loss"), 1);
+  c->Unwatch(watch);
 }
 
 TEST_F(CoordinatorTest, KvSetGetAndWait) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/hashing.h"
+#include "common/wire/replica_placement.h"
 #include "common/wire/wire_format.h"
 #include "prometheus/registry.h"
 #include "server/shard/shard_metrics.h"
@@ -422,6 +423,28 @@ TEST(ShardServer, IdsOfAnotherServersSlotsAreRefusedWithTheEpoch) {
   const absl::Status s = LookupSync(*server, Lookup("dynamic", {foreign}), &resp);
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
   EXPECT_NE(s.message().find("not owned"), absl::string_view::npos) << s;
+}
+
+TEST(ShardServer, APrimaryWhoseLeaseLapsedTakesNoPushes) {
+  // Replication 2: this server's slots are backed up on another.
+  ShardMap map = ShardMap::Uniform(3, kSlots, {kSelf, "127.0.0.1:2"});
+  ASSERT_TRUE(AddBackups(2, {}, &map).ok());
+  auto server = MakeServer(1, map);
+  int64_t own = 0;
+  while (map.OwnerOf(StableNameKey("fixed"), own) != 0) ++own;
+  server->SetLeaseHeldUntil(absl::Now() - absl::Milliseconds(1));
+  absl::Status s = PushSync(*server, Push("fixed", {own}, {1, 2, 3, 4}));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("coordinator lease lapsed"));
+  // Renewed: the push goes on to its backup (which this test has not).
+  server->SetLeaseHeldUntil(absl::Now() + absl::Seconds(10));
+  s = PushSync(*server, Push("fixed", {own}, {1, 2, 3, 4}));
+  EXPECT_THAT(s.message(), ::testing::Not(::testing::HasSubstr("lease")));
+  EXPECT_THAT(s.message(), ::testing::HasSubstr("cannot forward the push to backup"));
+  // Without replication there is nothing to fence.
+  auto alone = MakeServer();
+  alone->SetLeaseHeldUntil(absl::Now() - absl::Seconds(1));
+  EXPECT_TRUE(PushSync(*alone, Push("fixed", {1}, {1, 2, 3, 4})).ok());
 }
 
 TEST(ShardServer, NoMapYetMeansUnavailable) {

@@ -93,6 +93,37 @@ TEST(StepClock, RefusesPastStepsFutureStepsAndStrangers) {
   EXPECT_EQ(clock.Push(0, -1, {}).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(StepClock, AReplicaClockDropsARetryOfAForwardedPushByItsIds) {
+  // A backup's clock of its primary, promoted: worker 0's push of step 0
+  // came forwarded (part 11); after the failover the worker retries it on
+  // this server under a new part id, with one more id re-routed here.
+  Applied applied;
+  ConsistencyOptions o = Sync(2);
+  o.replica = true;
+  o.forward_window = 8;
+  StepClock clock(o, applied.Fn());
+  EXPECT_FALSE(clock.Arrived(0, 0));
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {1, 2}, {1.0f, 2.0f}), 11).ok());
+  EXPECT_TRUE(clock.Arrived(0, 0));
+  EXPECT_FALSE(clock.Arrived(1, 0));
+  ASSERT_TRUE(clock.Push(0, 0, OnePush(0, {2, 3}, {2.0f, 3.0f}), 12).ok());
+  // The same id with another gradient is no retry.
+  absl::Status other = clock.Push(0, 0, OnePush(0, {1}, {5.0f}), 13);
+  EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(other.message().find("not a retry"), absl::string_view::npos);
+  // Pushes may run ahead by the forward window.
+  ASSERT_TRUE(clock.Push(1, 3, OnePush(0, {9}, {1.0f}), 14).ok());
+  ASSERT_TRUE(clock.Push(1, 0, OnePush(0, {1}, {10.0f}), 15).ok());
+  ASSERT_EQ(applied.pushes.size(), 1u);
+  const TableGradients& sum = applied.pushes[0][0];
+  EXPECT_EQ(sum.ids, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(sum.grads, (std::vector<float>{11.0f, 2.0f, 3.0f}));  // id 2 once
+  // A retry of a step already applied is dropped, not refused.
+  EXPECT_TRUE(clock.Push(0, 0, OnePush(0, {2}, {2.0f}), 16).ok());
+  EXPECT_EQ(applied.pushes.size(), 1u);
+  EXPECT_TRUE(clock.Arrived(1, 0));
+}
+
 TEST(StepClock, RepeatedPushOfAStepIsIgnored) {
   Applied applied;
   StepClock clock(Sync(2), applied.Fn());

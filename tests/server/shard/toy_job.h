@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "client/embedding_client.h"
@@ -57,9 +58,17 @@ inline std::vector<int64_t> Unique(std::vector<int64_t> ids) {
   return ids;
 }
 
+// Points of a worker's step where a test may act (kill a server, hold a
+// rank back); empty ones are skipped.
+struct WorkerHooks {
+  std::function<void(int step)> before_push;
+  std::function<void(int step)> after_push;
+};
+
 // Runs `steps` steps of the toy job for worker `rank`: look up, push a
 // gradient that depends on the rows it saw.
-inline void RunWorker(EmbeddingClient& client, int rank, int steps) {
+inline void RunWorker(EmbeddingClient& client, int rank, int steps,
+                      const WorkerHooks& hooks = {}) {
   for (int step = 0; step < steps; ++step) {
     std::vector<int64_t> users = Unique(UserIds(step, rank));
     std::vector<int64_t> items = Unique(ItemIds(step, rank));
@@ -72,8 +81,10 @@ inline void RunWorker(EmbeddingClient& client, int rank, int steps) {
     for (float& v : item_rows) v = v * -0.25f + 0.02f;
     std::vector<PushSpec> pushes = {{0, users, user_rows.data()},
                                     {1, items, item_rows.data()}};
+    if (hooks.before_push) hooks.before_push(step);
     absl::Status s = client.PushGradients(step, pushes);
     ASSERT_TRUE(s.ok()) << s;
+    if (hooks.after_push) hooks.after_push(step);
   }
 }
 

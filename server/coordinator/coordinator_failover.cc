@@ -1,0 +1,60 @@
+// Failover of a lost shard server (docs/replication.md): the coordinator's
+// part. The lost server's lease ran out, and with it its right to accept
+// writes (a shard server fences itself when its lease lapses), so its
+// backups are promoted in a new map epoch; workers refresh and retry as
+// they do after a slot move.
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/wire/replica_placement.h"
+#include "common/wire/shard_map.h"
+#include "server/coordinator/coordinator.h"
+#include "server/coordinator/coordinator_metrics.h"
+#include "server/coordinator/coordinator_store.h"
+
+namespace recps::server {
+
+void Coordinator::FailOver(const std::string& address, absl::Time last_heartbeat,
+                           Deferred* deferred) {
+  if (map_.epoch() == 0) return;
+  absl::StatusOr<ShardMap> map = ShardMap::FromProto(map_);
+  if (!map.ok()) return;
+  const int lost = map->IndexOf(address);
+  if (lost < 0 || map->replication() <= 1 ||
+      !(map->OwnsAnything(lost) || map->BacksAnything(lost))) {
+    return;  // not in the map, nothing of it to replace, or no backups to promote
+  }
+  const auto count = [&](const char* result) {
+    if (metrics_ != nullptr) metrics_->failovers.Add({{"result", result}}).Increment();
+  };
+  absl::StatusOr<ShardMap> promoted = PromoteBackups(*map, lost);
+  if (!promoted.ok()) {
+    count("data_loss");
+    LogError("cannot fail over shard server ", address, ": ", promoted.status().message(),
+             "; the job restarts from its last checkpoint");
+    return;
+  }
+  const v1::ShardMap next = promoted->ToProto();
+  if (absl::Status s = store_->Put(kShardMapKey, next.SerializeAsString()); !s.ok()) {
+    count("store_error");
+    LogError("cannot store the failover map of shard server ", address, ": ", s.message());
+    return;
+  }
+  map_ = next;
+  UpdateMapGauges();
+  count("promoted");
+  const absl::Duration took = Now() - last_heartbeat;
+  if (metrics_ != nullptr) metrics_->failover_seconds.Observe(absl::ToDoubleSeconds(took));
+  if (pusher_) {
+    for (const std::string& server : promoted->servers()) {
+      if (server == address) continue;
+      deferred->calls.push_back([pusher = pusher_, server, next] { pusher(server, next); });
+    }
+  }
+  deferred->published.push_back(next);
+  LogWarning("failover: shard server ", address, " lost (", absl::FormatDuration(took),
+             " since its last heartbeat); its backups own its rows in shard map epoch ",
+             next.epoch(), " (", promoted->UnderReplicatedUnits(),
+             " unit(s) now without a backup)");
+}
+
+}  // namespace recps::server
