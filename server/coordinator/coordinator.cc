@@ -741,6 +741,20 @@ void Coordinator::Tick() {
       metrics_->barrier_pending_waits.Set(static_cast<double>(parked));
     }
     const absl::Time now = Now();
+    // A coordinator that did not tick for a while (options_.stall) cannot
+    // tell the members' silence from its own: every live member gets a
+    // fresh lease, as after a restart, rather than a failover of servers
+    // that are alive.
+    const absl::Time real = absl::Now();
+    const absl::Duration stall =
+        options_.stall > absl::ZeroDuration() ? options_.stall : options_.lease / 2;
+    if (last_tick_real_ != absl::InfinitePast() && real - last_tick_real_ > stall) {
+      LogWarning("the coordinator did not check leases for ",
+                 absl::FormatDuration(real - last_tick_real_), " (stalled?): every live "
+                 "member's lease starts again");
+      for (auto& [id, e] : members_) e.last_heartbeat = std::max(e.last_heartbeat, now);
+    }
+    last_tick_real_ = real;
     bool changed = false;
     for (auto& [id, e] : members_) {
       if (e.record.state() != v1::ALIVE || now - e.last_heartbeat <= options_.lease) {

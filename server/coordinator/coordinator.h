@@ -56,6 +56,11 @@ struct CoordinatorOptions {
   int replication = 0;
   // A member that sends no heartbeat for this long is marked expired.
   absl::Duration lease = absl::Seconds(10);
+  // Real time (absl::Now, not `clock`) between two Ticks past which the
+  // coordinator takes itself for stalled (stopped, starved, a paused VM):
+  // it cannot tell the members' silence from its own, so every live member
+  // gets a fresh lease rather than a failover. 0: half the lease.
+  absl::Duration stall = absl::ZeroDuration();
   // Waits and barriers that give no timeout use this one.
   absl::Duration default_wait = absl::Minutes(5);
   // Workers of the job (--world_size); 0: not known. Bounds barrier counts
@@ -371,6 +376,7 @@ class Coordinator {
   // Ordered by MemberRecord.sequence when listed.
   MemberTable members_ ABSL_GUARDED_BY(mu_);
   int64_t lease_expirations_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_tick_real_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   v1::ShardMap map_ ABSL_GUARDED_BY(mu_);  // epoch 0: none yet
   bool has_job_ ABSL_GUARDED_BY(mu_) = false;
   // Who first registered as a worker for the job, and when (stored as

@@ -201,6 +201,38 @@ void TableGradients::Own(int room_for) {
   borrowed = nullptr;
 }
 
+void StepClock::DropAppliedIds(int rank, int64_t step, GradientPush& push) {
+  if (async_applied_.empty()) async_applied_.resize(std::max(options_.world_size, 0));
+  AppliedIds& applied = async_applied_[rank];
+  if (step < applied.step) return;  // not this rank's newest step: cannot tell
+  if (step > applied.step) {
+    applied.step = step;
+    applied.keys.clear();
+  }
+  const auto key = [](int table, int64_t id) { return std::make_pair(table, id); };
+  bool repeated = false;
+  for (const TableGradients& tg : push) {
+    for (int64_t id : tg.ids) repeated |= applied.keys.contains(key(tg.table, id));
+  }
+  if (repeated) {  // rare: a retry after a failover; keep the new ids only
+    for (TableGradients& tg : push) {
+      TableGradients kept;
+      kept.table = tg.table;
+      kept.dim = tg.dim;
+      for (size_t i = 0; i < tg.ids.size(); ++i) {
+        if (applied.keys.contains(key(tg.table, tg.ids[i]))) continue;
+        const float* row = tg.data() + i * static_cast<size_t>(tg.dim);
+        kept.ids.push_back(tg.ids[i]);
+        kept.grads.insert(kept.grads.end(), row, row + tg.dim);
+      }
+      tg = std::move(kept);
+    }
+  }
+  for (const TableGradients& tg : push) {
+    for (int64_t id : tg.ids) applied.keys.insert(key(tg.table, id));
+  }
+}
+
 bool StepClock::WouldApplyAtOnce(int rank, int64_t step) const {
   if (applying_ || step != applied_step_ + 1) return false;
   const auto it = pending_.find(step);
@@ -250,10 +282,11 @@ absl::Status StepClock::Push(int rank, int64_t step, GradientPush push,
     if (!at_once) Own(push, options_.world_size);
   }
   if (options_.mode == ConsistencyMode::kAsync) {
-    if (part != 0) {
+    if (part != 0 || options_.replica) {
       absl::MutexLock lock(&mu_);
-      if (SeenPart(rank, step, part)) return absl::OkStatus();  // a retry
-      RememberPart(rank, step, part);
+      if (part != 0 && SeenPart(rank, step, part)) return absl::OkStatus();  // a retry
+      if (part != 0) RememberPart(rank, step, part);
+      if (options_.replica) DropAppliedIds(rank, step, push);
     }
     absl::Status s = apply_(push);
     absl::MutexLock lock(&mu_);
@@ -480,6 +513,7 @@ absl::Status StepClock::Restart(int64_t step) {
     if (stopping_) return absl::UnavailableError("shard server is shutting down");
     pending_.clear();
     for (auto& ring : parts_) ring.clear();
+    async_applied_.clear();
     std::fill(parts_next_.begin(), parts_next_.end(), 0);
     apply_error_ = absl::OkStatus();
     adopted_step_ = -1;

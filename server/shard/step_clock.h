@@ -23,9 +23,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -55,11 +57,13 @@ struct ConsistencyOptions {
   // Replication (server/shard/replication.h): steps a push may run ahead
   // of the window above (a replica clock takes forwards out of order).
   int forward_window = 0;
-  // A replica clock (sync, bounded): a rank's push of a step it already
-  // pushed is a worker's retry, on the promoted server, of a push the lost
-  // primary had forwarded here: ids already in the rank's pending push
+  // A replica clock: a rank's push of a step it already pushed is a
+  // worker's retry, on the promoted server, of a push the lost primary had
+  // forwarded here. Sync, bounded: ids already in the rank's pending push
   // are dropped when their gradients are the same bits (INVALID_ARGUMENT
-  // otherwise), and a push of a step already applied is dropped.
+  // otherwise), and a push of a step already applied is dropped. Async:
+  // ids of the rank's newest step applied already are dropped (a rank
+  // pushes each id once a step, and step t + 1 only once t was answered).
   bool replica = false;
 };
 
@@ -247,6 +251,17 @@ class StepClock {
   int64_t adopted_step_ ABSL_GUARDED_BY(mu_) = -1;
   // Per rank: a ring of the last kRememberedParts accepted (step, part).
   std::vector<std::vector<std::pair<int64_t, uint64_t>>> parts_ ABSL_GUARDED_BY(mu_);
+  // Async replica clocks: per rank, the newest step pushed and the (table,
+  // id) keys of it applied so far, to tell a retry by its ids.
+  struct AppliedIds {
+    int64_t step = -1;
+    absl::flat_hash_set<std::pair<int, int64_t>> keys;
+  };
+  std::vector<AppliedIds> async_applied_ ABSL_GUARDED_BY(mu_);
+  // Drops from `push` the ids of `rank`'s step `step` applied already and
+  // records the rest (async replica clocks).
+  void DropAppliedIds(int rank, int64_t step, GradientPush& push)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<size_t> parts_next_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };

@@ -34,6 +34,7 @@ class CoordinatorTest : public ::testing::Test {
     options.num_slots = 64;
     options.lease = absl::Seconds(10);
     options.replication = replication;
+    options.stall = stall_;
     options.clock = [this] { return now_; };
     auto c = Coordinator::Create(*std::move(store), options, &registry_);
     EXPECT_TRUE(c.ok()) << c.status();
@@ -90,6 +91,7 @@ class CoordinatorTest : public ::testing::Test {
   recps::testing::TempDir dir_;
   prometheus::Registry registry_;
   absl::Time now_ = absl::FromUnixSeconds(1700000000);
+  absl::Duration stall_ = absl::ZeroDuration();  // the coordinator's default
   std::vector<std::pair<std::string, uint64_t>> pushed_;
 };
 
@@ -236,6 +238,34 @@ TEST_F(CoordinatorTest, ALostShardServersBackupsArePromotedInANewEpoch) {
   EXPECT_EQ(c->GetShardMap()->epoch(), 2u);
   EXPECT_EQ(Metric("recps_coordinator_failovers_total", "result", "data_loss"), 1);
   c->Unwatch(watch);
+}
+
+TEST_F(CoordinatorTest, ACoordinatorThatStalledGivesFreshLeasesNotFailovers) {
+  stall_ = absl::Milliseconds(50);
+  auto c = Open(/*num_shards=*/3, /*replication=*/2);
+  for (const char* a : {"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"}) {
+    ASSERT_TRUE(c->Register(Shard(a)).ok());
+  }
+  c->Tick();
+  // The coordinator stops for longer than the lease (its clock runs on,
+  // heartbeats go unanswered): silent members, but its own silence.
+  absl::SleepFor(absl::Milliseconds(100));
+  now_ += absl::Seconds(12);
+  c->Tick();
+  const v1::ListMembersResponse members = c->ListMembers();
+  for (const v1::Member& m : members.members()) EXPECT_EQ(m.state(), v1::ALIVE);
+  EXPECT_EQ(c->GetShardMap()->epoch(), 1u);
+  // Ticking on, a silent server's lease runs out as usual.
+  now_ += absl::Seconds(6);
+  for (const char* id : {"shard-1", "shard-2"}) {
+    v1::HeartbeatRequest hb;
+    hb.set_member_id(id);
+    ASSERT_TRUE(c->Heartbeat(hb).ok());
+  }
+  now_ += absl::Seconds(6);
+  c->Tick();
+  EXPECT_EQ(c->ListMembers().members(0).state(), v1::EXPIRED);
+  EXPECT_EQ(c->GetShardMap()->epoch(), 2u);
 }
 
 TEST_F(CoordinatorTest, KvSetGetAndWait) {

@@ -124,6 +124,25 @@ TEST(StepClock, AReplicaClockDropsARetryOfAForwardedPushByItsIds) {
   EXPECT_TRUE(clock.Arrived(1, 0));
 }
 
+TEST(StepClock, AnAsyncReplicaClockDropsTheIdsOfItsNewestStepAppliedAlready) {
+  Applied applied;
+  ConsistencyOptions o = Sync(2);
+  o.mode = ConsistencyMode::kAsync;
+  o.replica = true;
+  StepClock clock(o, applied.Fn());
+  ASSERT_TRUE(clock.Push(0, 5, OnePush(0, {1, 2}, {1.0f, 2.0f}), 21).ok());
+  // The worker's retry on the promoted server: new part id, one id more.
+  ASSERT_TRUE(clock.Push(0, 5, OnePush(0, {2, 3}, {2.0f, 3.0f}), 22).ok());
+  // Another rank's push of the same ids is no retry; nor is the next step.
+  ASSERT_TRUE(clock.Push(1, 5, OnePush(0, {1}, {4.0f}), 23).ok());
+  ASSERT_TRUE(clock.Push(0, 6, OnePush(0, {1}, {5.0f}), 24).ok());
+  ASSERT_EQ(applied.pushes.size(), 4u);
+  EXPECT_EQ(applied.pushes[1][0].ids, std::vector<int64_t>{3});
+  EXPECT_EQ(applied.pushes[1][0].grads, std::vector<float>{3.0f});
+  EXPECT_EQ(applied.pushes[2][0].ids, std::vector<int64_t>{1});
+  EXPECT_EQ(applied.pushes[3][0].ids, std::vector<int64_t>{1});
+}
+
 TEST(StepClock, RepeatedPushOfAStepIsIgnored) {
   Applied applied;
   StepClock clock(Sync(2), applied.Fn());
