@@ -77,12 +77,16 @@ class CheckpointE2e : public ::testing::Test {
     delete reference_run_;
   }
 
+  // What the job does about a kill: restarts from its checkpoint, fails the
+  // lost shard server over (replication), or carries on (a coordinator
+  // restarted in place).
+  enum class Then { kRestarts, kFailsOver, kCarriesOn };
   // Kills `victims` (their names in WORK/pids) once a checkpoint exists and
-  // rank 0 trained past it; the launcher restarts the job from that
-  // checkpoint, or with `fails_over` the job goes on without a restart
-  // (replication: the lost shard server's backups take over).
+  // rank 0 trained past it; the job ends as `then` says, bit-identical.
+
   void KillAndCompare(const std::vector<std::string>& victims, std::vector<std::string> extra,
-                      bool fails_over = false) {
+                      Then then = Then::kRestarts) {
+    const bool fails_over = then == Then::kFailsOver;
     ASSERT_NE(reference_, nullptr);
     CheckpointRun run;
     extra.push_back("--max_restarts=1");
@@ -106,12 +110,17 @@ class CheckpointE2e : public ::testing::Test {
     ASSERT_TRUE(code.ok()) << code.status();
     const std::string log = ReadAll(run.log);
     EXPECT_EQ(*code, 0) << log;
-    if (fails_over) {
-      EXPECT_THAT(log, HasSubstr("its backups take over its rows"));
+    if (then != Then::kRestarts) {
       EXPECT_THAT(log, Not(HasSubstr("restart 1/1 after")));
       EXPECT_THAT(log, Not(HasSubstr("resuming from step")));
+    }
+    if (fails_over) {
+      EXPECT_THAT(log, HasSubstr("its backups take over its rows"));
       EXPECT_THAT(ReadAll(run.work + "/coordinator.log"),
                   HasSubstr("its backups own its rows in shard map epoch"));
+    } else if (then == Then::kCarriesOn) {
+      EXPECT_THAT(log, HasSubstr("restarted (pid"));
+      EXPECT_THAT(ReadAll(run.work + "/coordinator.log"), Not(HasSubstr("failover")));
     } else {
       EXPECT_THAT(log, HasSubstr("restart 1/1 after"));
       EXPECT_THAT(log, HasSubstr("resuming from step"));
@@ -170,7 +179,15 @@ TEST_F(CheckpointE2e, KilledShardServerRestartsBitIdentical) {
 // there, and the job ends as without the failure: every loss, row and
 // the dense state bit for bit, and no step redone from a checkpoint.
 TEST_F(CheckpointE2e, ReplicatedShardServerKilledFailsOverBitIdentical) {
-  KillAndCompare({"shard server 1"}, {"--replication=2"}, /*fails_over=*/true);
+  KillAndCompare({"shard server 1"}, {"--replication=2"}, Then::kFailsOver);
+}
+
+// The coordinator of a replicated job dies and is restarted in place: the
+// shard servers' leases may lapse meanwhile (they fence themselves, and the
+// workers' pushes wait), the restarted coordinator gives every member a
+// fresh lease, and the job carries on: no failover, no restart.
+TEST_F(CheckpointE2e, ReplicatedJobsCoordinatorRestartedInPlaceCarriesOn) {
+  KillAndCompare({"coordinator"}, {"--replication=2"}, Then::kCarriesOn);
 }
 
 // The restart that remains with replication (here the coordinator is lost
