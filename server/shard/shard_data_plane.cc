@@ -215,6 +215,7 @@ void ShardDataPlane::StartLookup(const v1::LookupRequest* request, LookupOutput 
   // that must wait for its step is parked in the step clock, not waited for.
   const MapView view = CurrentMap();
   absl::Status s = CheckHeader(request->header(), view);
+  if (s.ok()) s = Fence(*view);
   if (s.ok() && request->tables_size() == 0) {
     s = absl::InvalidArgumentError("empty lookup: no tables in the request");
   }
@@ -250,6 +251,13 @@ void ShardDataPlane::LookupAfterHold(const v1::LookupRequest* request, LookupOut
     ids += static_cast<int64_t>(t.ids().size() / sizeof(int64_t));
   }
   const absl::Time wait_start = absl::Now();
+  // A replicated server fenced while the lookup waits: its clock may never
+  // reach the step (the workers push to the promoted servers now).
+  if (CurrentMap()->map.replication() > 1) {
+    cancelled = [this, client_gone = std::move(cancelled)] {
+      return (client_gone && client_gone()) || !Fence(*CurrentMap()).ok();
+    };
+  }
   // True while AwaitLookup runs on this thread: a callback from it then is
   // the "ready at once" case and runs the lookup here.
   auto awaiting = std::make_shared<std::atomic<bool>>(true);
@@ -259,6 +267,10 @@ void ShardDataPlane::LookupAfterHold(const v1::LookupRequest* request, LookupOut
       [this, request, out, wait_start, awaiting, caller,
        done = std::move(done)](absl::Status ready) mutable {
         if (!ready.ok()) {
+          // Dropped for the fence: say so (UNAVAILABLE), not CANCELLED.
+          if (absl::IsCancelled(ready)) {
+            if (absl::Status fenced = Fence(*CurrentMap()); !fenced.ok()) ready = fenced;
+          }
           std::move(done)(ready);
           return;
         }

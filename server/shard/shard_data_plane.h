@@ -100,13 +100,15 @@ class ShardDataPlane {
   void RefreshGauges() const;
 
   // Fencing (replication): the coordinator lease is held until `until`;
-  // once it lapses, pushes under a replicated map are refused (UNAVAILABLE)
+  // once it lapses, requests under a replicated map are refused (UNAVAILABLE)
   // until it is renewed: the coordinator may have promoted this server's
   // backups, and two primaries must never accept the same rows. No fence
   // until first called (a server without a coordinator).
-  void SetLeaseHeldUntil(absl::Time until) {
-    lease_until_ns_.store(absl::ToUnixNanos(until), std::memory_order_relaxed);
-  }
+  void SetLeaseHeldUntil(absl::Time until);
+  // UNAVAILABLE (logged once per lapse) when `view` is replicated and the
+  // lease lapsed; else OK. Checked by every push and lookup, and by parked
+  // lookups while they wait (a fenced server's clock may never move again).
+  absl::Status Fence(const ShardRouting& view);
 
   StepClock& clock() { return *clock_; }
   // The step every clock of this server's units applied (its own, and
@@ -197,6 +199,7 @@ class ShardDataPlane {
   std::atomic<int64_t> lookup_requests_{0};
   std::atomic<int64_t> push_requests_{0};
   std::atomic<int64_t> lease_until_ns_{std::numeric_limits<int64_t>::max()};
+  std::atomic<bool> fenced_{false};  // a push was refused since the last renewal
   // Ids per slot, for Stats' per-slot rates (counters only: no state the
   // requests depend on, hence written from const paths).
   const std::unique_ptr<SlotLoad> slot_load_;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/half.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 #include "server/shard/shard_metrics.h"
@@ -213,16 +214,7 @@ void ShardDataPlane::RunPush(const v1::PushGradientsRequest* request,
   // Replication: the backups of the push's ids take it while this server
   // applies it; it is acknowledged once all did (a retry forwards again,
   // and every replica drops a part it already took).
-  // Fencing: past its lease this server may have been failed over.
-  if (s.ok() && view->map.replication() > 1) {
-    const int64_t until = lease_until_ns_.load(std::memory_order_relaxed);
-    if (absl::ToUnixNanos(absl::Now()) > until) {
-      s = absl::UnavailableError(absl::StrCat(
-          "shard server ", view->self_address, ": its coordinator lease lapsed at ",
-          absl::FormatTime(absl::FromUnixNanos(until)), "; it takes no pushes until the "
-          "lease is renewed (its backups may own its rows now: refresh the shard map)"));
-    }
-  }
+  if (s.ok()) s = Fence(*view);
   std::shared_ptr<ForwardJoin> forwards;
   if (s.ok()) forwards = replication_->Forward(view, request->header(), *push);
   if (s.ok()) {
@@ -293,6 +285,28 @@ void ShardDataPlane::RunReplicaPush(const v1::ReplicatePushRequest* request,
 void ShardDataPlane::StopReplication() { replication_->Shutdown(); }
 
 void ShardDataPlane::OnMapInstalled() { replication_->OnMapInstalled(CurrentMap(), *clock_); }
+
+absl::Status ShardDataPlane::Fence(const ShardRouting& view) {
+  if (view.map.replication() <= 1) return absl::OkStatus();
+  const int64_t until = lease_until_ns_.load(std::memory_order_relaxed);
+  if (absl::ToUnixNanos(absl::Now()) <= until) return absl::OkStatus();
+  if (!fenced_.exchange(true)) {
+    LogWarning("the coordinator lease lapsed at ", absl::FormatTime(absl::FromUnixNanos(until)),
+               ": this shard server takes no lookups or pushes until it is renewed (the "
+               "coordinator may fail it over to its backups)");
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "shard server ", view.self_address, ": its coordinator lease lapsed at ",
+      absl::FormatTime(absl::FromUnixNanos(until)), "; it takes no lookups or pushes until "
+      "the lease is renewed (its backups may own its rows now: refresh the shard map)"));
+}
+
+void ShardDataPlane::SetLeaseHeldUntil(absl::Time until) {
+  lease_until_ns_.store(absl::ToUnixNanos(until), std::memory_order_relaxed);
+  if (until > absl::Now() && fenced_.exchange(false)) {
+    LogInfo("the coordinator lease is renewed: this shard server takes pushes again");
+  }
+}
 
 absl::Status ShardDataPlane::PushToClocks(const v1::RequestHeader& header, GradientPush push) {
   const int rank = header.worker_rank();

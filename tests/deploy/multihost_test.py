@@ -15,7 +15,15 @@ nodes (`recps launch --nnodes=2`) each on its own host.
    workers' lookup + push time per step (their `done:` line) grows with
    every cut in the rate by TBF_MIN_FACTOR at least.
 
-RECPS_MULTIHOST_ONLY=train,cut,tbf picks the parts (default: all).
+4. partition: three shard servers with replication 2 (the coordinator's
+   lease 2 s); mid-run shard server 1 loses its route to the coordinator
+   only (a blackhole route in its namespace: the workers and the other
+   servers still reach it). Its lease lapses, it fences itself, the
+   coordinator fails it over, and the job goes on to the end: the
+   launchers exit 0 and rank 0's final AUC is the one `recps local` gives
+   with the same steps (a sync run is bit-identical whatever the servers).
+
+RECPS_MULTIHOST_ONLY=train,cut,tbf,partition picks the parts (default: all).
 
 Needs root (CAP_NET_ADMIN), `ip` and `tc`; exits 77 (ctest: skipped) saying
 why when a namespace cannot be made. Every namespace it makes is deleted and
@@ -45,7 +53,9 @@ CUT_BOUND_S = 120.0   # the launchers must fail this soon after the cut
 NOTICE_BOUND_S = 10.0  # a worker must report the dead server this soon (keepalive; 67 s at the RPC deadline before)
 SUBNET = "10.213.0"
 COORD_PORT, SHARD_PORT = 7000, 7100
-HOSTS = ["coord", "shard0", "shard1", "node0", "node1"]  # 10.213.0.1 .. .5
+HOSTS = ["coord", "shard0", "shard1", "shard2", "node0", "node1"]  # 10.213.0.1 .. .6
+PARTITION_STEPS = 3000
+PARTITION_BOUND_S = 240.0  # the partitioned run must end this soon after the cut
 
 SRC = BUILD = None
 
@@ -192,11 +202,12 @@ def done_split(text):
 
 
 class Cluster:
-    """One coordinator, two shard servers and two `recps launch` nodes, each on
-    its own host; a fresh state per run."""
+    """One coordinator, `shards` shard servers (two by default) and two
+    `recps launch` nodes, each on its own host; a fresh state per run."""
 
-    def __init__(self, net, procs, work, name):
+    def __init__(self, net, procs, work, name, shards=2, replication=1):
         self.net, self.procs = net, procs
+        self.shards, self.replication = shards, replication
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir)
         self.coordinator = "%s:%d" % (net.addr("coord"), COORD_PORT)
@@ -209,14 +220,15 @@ class Cluster:
         job = os.path.join(SRC, "examples/small.textproto")
         port_file = os.path.join(self.dir, "coordinator.port")
         c = self.procs.start("coord", "coordinator", [
-            binary("recps-coordinator"), "--job=" + job, "--num_shards=2", "--world_size=2",
-            "--listen=0.0.0.0:%d" % COORD_PORT, "--metrics_listen=127.0.0.1:0",
+            binary("recps-coordinator"), "--job=" + job, "--num_shards=%d" % self.shards,
+            "--world_size=2", "--listen=0.0.0.0:%d" % COORD_PORT, "--metrics_listen=127.0.0.1:0",
             "--state_dir=" + os.path.join(self.dir, "coordinator"), "--port_file=" + port_file,
-            "--insecure"],
+            "--insecure"] + (["--replication=%d" % self.replication, "--lease=2s"]
+                             if self.replication > 1 else []),
             self.log("coordinator"))
         self.servers.append(("coordinator", c))
         wait_for("the coordinator's port file", lambda: read(port_file).strip(), 30, self.servers)
-        for i in range(2):
+        for i in range(self.shards):
             host = "shard%d" % i
             addr = "%s:%d" % (self.net.addr(host), SHARD_PORT)
             s = self.procs.start(host, host, [
@@ -256,7 +268,7 @@ class Cluster:
 def local_auc(work, steps):
     """Rank 0's final AUC from `recps local` (127.0.0.1, same job and steps)."""
     r = subprocess.run([binary("recps"), "local", "--steps=%d" % steps,
-                        "--work_dir=" + os.path.join(work, "local"), "--", "--threads=1"],
+                        "--work_dir=" + os.path.join(work, "local-%d" % steps), "--", "--threads=1"],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=SRC,
                        env=clean_env(), timeout=300)
     evals = final_evals(r.stdout)
@@ -342,6 +354,46 @@ def run_cut(net, procs, work):
         sh("ip", "-n", net.ns("shard1"), "link", "set", "eth0", "up", check=False)
 
 
+def run_partition(net, procs, work):
+    cl = Cluster(net, procs, work, "partition", shards=3, replication=2)
+    cl.start(["--steps=%d" % PARTITION_STEPS, "--threads=1", "--progress_every=0.5s"])
+    victim = "%s:%d" % (net.addr("shard1"), SHARD_PORT)
+    try:
+        wait_for("training progress on node0", lambda: re.search(r"\] step \d+/", read(cl.log("node0"))),
+                 120, cl.launchers)
+        # Shard server 1 can no longer reach the coordinator, nor answer it;
+        # the workers and the other shard servers still reach it.
+        sh("ip", "-n", net.ns("shard1"), "route", "add", "blackhole", "%s/32" % net.addr("coord"))
+        t_cut = time.time()
+        info("partition: %s cut from the coordinator %s" % (victim, cl.coordinator))
+        codes = cl.wait(PARTITION_BOUND_S)
+        took = time.time() - t_cut
+    finally:
+        cl.stop()
+        sh("ip", "-n", net.ns("shard1"), "route", "del", "blackhole", "%s/32" % net.addr("coord"),
+           check=False)
+    coordinator_log = read(cl.log("coordinator"))
+    failover = [l for l in coordinator_log.splitlines() if "failover: shard server " + victim in l]
+    info("partition: launchers exited %s %.1fs after the cut; coordinator: %s"
+         % (codes, took, failover[0] if failover else "no failover line"))
+    if codes != [0, 0]:
+        fail("partition: the launchers exited with %s:\n%s\n%s" % (
+            codes, tail(cl.log("node0")), tail(cl.log("node1"))))
+        return
+    if not failover:
+        fail("partition: the coordinator did not fail %s over:\n%s" % (victim, tail(cl.log("coordinator"))))
+    if "lease lapsed" not in read(cl.log("shard1")):
+        fail("partition: shard1 did not fence itself (no `lease lapsed` in its log):\n%s"
+             % tail(cl.log("shard1")))
+    evals = final_evals(cl.text())
+    step, auc = local_auc(work, PARTITION_STEPS)
+    info("partition: rank 0's final evaluation %s; recps local --steps=%d: %s"
+         % (evals.get(0), PARTITION_STEPS, (step, auc)))
+    if evals.get(0) != (step, auc):
+        fail("partition: rank 0's final evaluation %s differs from recps local's %s"
+             % (evals.get(0), (step, auc)))
+
+
 def run_tbf(net, procs, work):
     """Lookup + push ms per step (averaged over the ranks) unlimited, then with
     shard0's link limited both ways to each of TBF_RATES."""
@@ -392,9 +444,10 @@ def main():
     net = Network()
     procs = Processes(net)
     work = tempfile.mkdtemp(prefix="recps-multihost-")
-    only = os.environ.get("RECPS_MULTIHOST_ONLY", "train,cut,tbf").split(",")
+    only = os.environ.get("RECPS_MULTIHOST_ONLY", "train,cut,tbf,partition").split(",")
     try:
-        for part, fn in (("train", run_train), ("cut", run_cut), ("tbf", run_tbf)):
+        for part, fn in (("train", run_train), ("cut", run_cut), ("tbf", run_tbf),
+                         ("partition", run_partition)):
             if part in only:
                 try:
                     fn(net, procs, work)

@@ -425,7 +425,7 @@ TEST(ShardServer, IdsOfAnotherServersSlotsAreRefusedWithTheEpoch) {
   EXPECT_NE(s.message().find("not owned"), absl::string_view::npos) << s;
 }
 
-TEST(ShardServer, APrimaryWhoseLeaseLapsedTakesNoPushes) {
+TEST(ShardServer, APrimaryWhoseLeaseLapsedTakesNoPushesOrLookups) {
   // Replication 2: this server's slots are backed up on another.
   ShardMap map = ShardMap::Uniform(3, kSlots, {kSelf, "127.0.0.1:2"});
   ASSERT_TRUE(AddBackups(2, {}, &map).ok());
@@ -436,6 +436,10 @@ TEST(ShardServer, APrimaryWhoseLeaseLapsedTakesNoPushes) {
   absl::Status s = PushSync(*server, Push("fixed", {own}, {1, 2, 3, 4}));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), ::testing::HasSubstr("coordinator lease lapsed"));
+  // Nor lookups: its clock may never move again once its backups took over.
+  v1::LookupResponse looked;
+  s = LookupSync(*server, Lookup("fixed", {own}), &looked);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   // Renewed: the push goes on to its backup (which this test has not).
   server->SetLeaseHeldUntil(absl::Now() + absl::Seconds(10));
   s = PushSync(*server, Push("fixed", {own}, {1, 2, 3, 4}));
