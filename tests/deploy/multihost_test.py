@@ -54,7 +54,7 @@ NOTICE_BOUND_S = 10.0  # a worker must report the dead server this soon (keepali
 SUBNET = "10.213.0"
 COORD_PORT, SHARD_PORT = 7000, 7100
 HOSTS = ["coord", "shard0", "shard1", "shard2", "node0", "node1"]  # 10.213.0.1 .. .6
-PARTITION_STEPS = 3000
+PARTITION_STEPS = 1500
 PARTITION_BOUND_S = 240.0  # the partitioned run must end this soon after the cut
 
 SRC = BUILD = None
