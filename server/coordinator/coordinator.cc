@@ -399,19 +399,25 @@ absl::Status Coordinator::MaybeBuildMap(Deferred* deferred) {
       servers, members_.CapacitiesOf(servers), has_job_ ? &job_ : nullptr, Replication());
   if (!built.has_value()) return absl::OkStatus();
   const v1::ShardMap map = *std::move(built);
-  RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
-  map_ = map;
-  UpdateMapGauges();
+  RETURN_IF_ERROR(CommitMap(map, "", deferred));
   LogInfo("built shard map epoch 1: ", options_.num_slots, " slots over ",
           absl::StrJoin(servers, ", "),
           map.replication() > 1
               ? absl::StrCat("; ", map.replication(), " copies of each row (a primary and ",
                              map.replication() - 1, " backup(s) on other servers)")
               : std::string());
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::CommitMap(const v1::ShardMap& map, const std::string& except,
+                                    Deferred* deferred) {
+  RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
+  map_ = map;
+  UpdateMapGauges();
   if (pusher_) {
-    for (const std::string& address : servers) {
-      deferred->calls.push_back(
-          [pusher = pusher_, address, map] { pusher(address, map); });
+    for (const std::string& address : map.servers()) {
+      if (address == except) continue;
+      deferred->calls.push_back([pusher = pusher_, address, map] { pusher(address, map); });
     }
   }
   deferred->published.push_back(map);
@@ -643,16 +649,7 @@ absl::Status Coordinator::SetShardMap(const v1::ShardMap& map) {
           "shard map epoch ", map.epoch(), " jumps more than ", kMaxShardMapEpochStep,
           " past the current ", map_.epoch(), "; epochs grow by one per map change"));
     }
-    RETURN_IF_ERROR(store_->Put(kShardMapKey, map.SerializeAsString()));
-    map_ = map;
-    UpdateMapGauges();
-    if (pusher_) {
-      for (const std::string& address : parsed.servers()) {
-        deferred.calls.push_back(
-            [pusher = pusher_, address, map] { pusher(address, map); });
-      }
-    }
-    deferred.published.push_back(map);
+    RETURN_IF_ERROR(CommitMap(map, "", &deferred));
   }
   LogInfo("shard map epoch ", map.epoch(), " set over ",
           absl::StrJoin(parsed.servers(), ", "));

@@ -326,6 +326,11 @@ class Coordinator {
   void UpdateMapGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Copies of each row: --replication, else the job's, else 1.
   int Replication() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `map` the current one: stored, its gauges, pushed to its servers
+  // but `except` (a lost one; "" for none) and published, once `deferred`
+  // runs. The store's error, with nothing changed.
+  absl::Status CommitMap(const v1::ShardMap& map, const std::string& except,
+                         Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Failover (docs/replication.md): shard server `address`, whose lease ran
   // out (last heartbeat at `last_heartbeat`), is replaced in a new map
   // epoch by the backups of what it owned (PromoteBackups), pushed to the

@@ -9,7 +9,6 @@
 #include "common/wire/shard_map.h"
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_metrics.h"
-#include "server/coordinator/coordinator_store.h"
 
 namespace recps::server {
 
@@ -34,23 +33,14 @@ void Coordinator::FailOver(const std::string& address, absl::Time last_heartbeat
     return;
   }
   const v1::ShardMap next = promoted->ToProto();
-  if (absl::Status s = store_->Put(kShardMapKey, next.SerializeAsString()); !s.ok()) {
+  if (absl::Status s = CommitMap(next, address, deferred); !s.ok()) {
     count("store_error");
     LogError("cannot store the failover map of shard server ", address, ": ", s.message());
     return;
   }
-  map_ = next;
-  UpdateMapGauges();
   count("promoted");
   const absl::Duration took = Now() - last_heartbeat;
   if (metrics_ != nullptr) metrics_->failover_seconds.Observe(absl::ToDoubleSeconds(took));
-  if (pusher_) {
-    for (const std::string& server : promoted->servers()) {
-      if (server == address) continue;
-      deferred->calls.push_back([pusher = pusher_, server, next] { pusher(server, next); });
-    }
-  }
-  deferred->published.push_back(next);
   LogWarning("failover: shard server ", address, " lost (", absl::FormatDuration(took),
              " since its last heartbeat); its backups own its rows in shard map epoch ",
              next.epoch(), " (", promoted->UnderReplicatedUnits(),

@@ -304,7 +304,7 @@ absl::Status ShardDataPlane::Fence(const ShardRouting& view) {
 void ShardDataPlane::SetLeaseHeldUntil(absl::Time until) {
   lease_until_ns_.store(absl::ToUnixNanos(until), std::memory_order_relaxed);
   if (until > absl::Now() && fenced_.exchange(false)) {
-    LogInfo("the coordinator lease is renewed: this shard server takes pushes again");
+    LogInfo("the coordinator lease is renewed: this shard server takes lookups and pushes again");
   }
 }
 
