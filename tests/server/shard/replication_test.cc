@@ -49,10 +49,14 @@ class ReplicatedCluster : public testing::ShardCluster {
     SetMap(*m);
   }
 
-  std::unique_ptr<client::EmbeddingClient> NewClient(int rank, absl::Duration timeout) {
+  // `failover_wait`: how long a replicated map's client keeps looking for a
+  // newer map after its attempts (no coordinator promotes anything here).
+  std::unique_ptr<client::EmbeddingClient> NewClient(
+      int rank, absl::Duration timeout, absl::Duration failover_wait = absl::Seconds(30)) {
     client::EmbeddingClientOptions options;
     options.worker_rank = rank;
     options.rpc_timeout = timeout;
+    options.failover_wait = failover_wait;
     return ShardCluster::NewClient({{"user", kDim}, {"item", kDim}}, options);
   }
 };
@@ -125,7 +129,7 @@ TEST(Replication, APushIsNotAcknowledgedWhileABackupCannotTakeIt) {
   ReplicatedCluster cluster(3, /*world_size=*/1, /*replication=*/2);
   ASSERT_TRUE(cluster.ok());
   cluster.shard(1).Kill();  // the backup of server 0's slots
-  auto client = cluster.NewClient(0, absl::Seconds(3));
+  auto client = cluster.NewClient(0, absl::Seconds(3), /*failover_wait=*/absl::Seconds(1));
   // Ids of server 0's slots only (the others' pushes are not the point).
   const uint64_t item = StableNameKey("item");
   std::vector<int64_t> ids;
