@@ -270,10 +270,23 @@ absl::StatusOr<uint64_t> EmbeddingClient::RefreshMap(uint64_t wanted_epoch) {
 
 uint64_t EmbeddingClient::InstallIfNewer(ShardMap map) {
   std::shared_ptr<const Routing> next = MakeRouting(std::move(map));
-  absl::MutexLock lock(&map_mu_);
-  // Re-checked under the lock: a watcher and a refresh may race.
-  if (next->map.epoch() > routing_->map.epoch()) routing_ = std::move(next);
-  return routing_->map.epoch();
+  std::shared_ptr<const Routing> installed;
+  {
+    absl::MutexLock lock(&map_mu_);
+    // Re-checked under the lock: a watcher and a refresh may race.
+    if (next->map.epoch() <= routing_->map.epoch()) return routing_->map.epoch();
+    routing_ = std::move(next);
+    installed = routing_;
+  }
+  // A server that owns nothing now (failed over, drained) holds no row of
+  // this client's: a process restarted at its address later (a backup that
+  // rejoins, then is promoted) is a new server, not one that lost rows.
+  absl::MutexLock lock(&incarnation_mu_);
+  absl::erase_if(incarnations_, [&](const auto& entry) {
+    const int index = installed->map.IndexOf(entry.first);
+    return index < 0 || !installed->map.OwnsAnything(index);
+  });
+  return installed->map.epoch();
 }
 
 absl::Status EmbeddingClient::OfferShardMap(ShardMap map) {

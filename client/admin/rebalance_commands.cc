@@ -114,7 +114,10 @@ std::string FormatMoves(const v1::ListRebalanceMovesResponse& list, absl::Time n
   if (list.moves().empty()) {
     out = "no moves yet\n";
   } else {
-    TextTable table({"MOVE", "STATE", "SOURCE", "TARGET", "WHAT", "BYTES", "EPOCH", "NOTE"});
+    // KIND: "move" changes owners; "backup" (re-replication) makes the
+    // target a new backup of units the source keeps owning.
+    TextTable table(
+        {"MOVE", "KIND", "STATE", "SOURCE", "TARGET", "WHAT", "BYTES", "EPOCH", "NOTE"});
     for (const v1::MoveRecord& r : list.moves()) {
       std::string note = !r.error().empty() ? r.error() : r.resolved();
       if (note.empty() && r.state() == v1::MoveRecord::DONE) {
@@ -122,7 +125,8 @@ std::string FormatMoves(const v1::ListRebalanceMovesResponse& list, absl::Time n
                                r.delta_rows(), r.hold_seconds());
       }
       if (note.size() > 100) note = absl::StrCat(note.substr(0, 97), "...");
-      table.AddRow({r.move_id(), StateName(r.state()), r.source(), r.target(),
+      table.AddRow({r.move_id(), r.add_backup() ? "backup" : "move", StateName(r.state()),
+                    r.source(), r.target(),
                     What(r.slots(), r.tables()),
                     HumanBytes(r.copied_bytes() > 0 ? r.copied_bytes() : r.bytes()),
                     r.epoch() > 0 ? absl::StrCat(r.epoch()) : "-", note.empty() ? "-" : note});

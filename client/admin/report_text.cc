@@ -210,9 +210,10 @@ std::string FormatClusterStatus(const v1::ClusterStatus& status) {
                         status.rebalance_running().empty() ? "(none running)"
                                                            : status.rebalance_running(),
                         ": ", status.moves_in_flight_size(), " move(s) in flight\n");
-    TextTable moves({"MOVE", "STATE", "SOURCE", "TARGET", "SLOTS", "TABLES"});
+    TextTable moves({"MOVE", "KIND", "STATE", "SOURCE", "TARGET", "SLOTS", "TABLES"});
     for (const v1::MoveRecord& r : status.moves_in_flight()) {
-      moves.AddRow({r.move_id(), v1::MoveRecord::State_Name(r.state()), r.source(),
+      moves.AddRow({r.move_id(), r.add_backup() ? "backup" : "move",
+                    v1::MoveRecord::State_Name(r.state()), r.source(),
                     r.target(), absl::StrCat(r.slots_size()), absl::StrCat(r.tables_size())});
     }
     out += moves.Render();

@@ -203,6 +203,15 @@ class Coordinator {
   // unknown id.
   absl::StatusOr<v1::Member> ForgetMember(const std::string& member_id);
   v1::ListMembersResponse ListMembers() const;
+  // Of each shard server at `addresses` (re-replication's candidates):
+  // whether it holds a lease now (registered, ALIVE and heard from within
+  // the lease, even before a Tick expires it), and the zone it reported at
+  // registration ("" when unknown). coordinator_failover.cc.
+  struct ServerLiveness {
+    std::vector<bool> alive;
+    std::vector<std::string> zones;
+  };
+  ServerLiveness LivenessOf(const std::vector<std::string>& addresses) const;
 
   // UNAVAILABLE (naming how many servers are still missing) before the
   // first map is built.

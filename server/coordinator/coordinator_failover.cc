@@ -47,4 +47,18 @@ void Coordinator::FailOver(const std::string& address, absl::Time last_heartbeat
              " unit(s) now without a backup)");
 }
 
+Coordinator::ServerLiveness Coordinator::LivenessOf(
+    const std::vector<std::string>& addresses) const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  ServerLiveness out;
+  for (const std::string& address : addresses) {
+    const MemberEntry* e = members_.FindSame(v1::SHARD_SERVER, address, -1);
+    out.alive.push_back(e != nullptr && e->record.state() == v1::ALIVE &&
+                        now - e->last_heartbeat <= options_.lease);
+    out.zones.push_back(e != nullptr ? e->record.capacity().zone() : "");
+  }
+  return out;
+}
+
 }  // namespace recps::server

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -32,7 +33,8 @@ std::string Describe(const v1::MoveRecord& r) {
   return absl::StrCat("move ", r.move_id(), " (", r.slots_size(), " slots",
                       r.tables_size() > 0 ? absl::StrCat(", tables ", absl::StrJoin(r.tables(), ","))
                                           : "",
-                      ", ", r.source(), " -> ", r.target(), ")");
+                      ", ", r.source(), " -> ", r.target(),
+                      r.add_backup() ? " as a new backup" : "", ")");
 }
 
 }  // namespace
@@ -109,6 +111,11 @@ absl::Status MoveOrchestrator::Start() {
       LogWarning(unresolved_.size(), " slot move(s) left in flight by the previous "
                  "coordinator: resolving them with their servers");
     }
+  }
+  // Owner changes are seen from this map on; earlier promotions show as
+  // AllowExport refusals (SkipRefused).
+  if (absl::StatusOr<v1::ShardMap> map = coordinator_->GetShardMap(); map.ok()) {
+    ObserveMap(*map);
   }
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
@@ -195,8 +202,6 @@ absl::StatusOr<v1::ApplyRebalanceResponse> MoveOrchestrator::Apply(
   const int64_t seq = next_rebalance_;
   const std::string id =
       absl::StrFormat("r%06d-%d", seq, absl::ToUnixSeconds(Now()));
-  std::vector<std::pair<std::string, std::string>> puts;
-  puts.emplace_back(kRebalanceSeqKey, absl::StrCat(seq + 1));
   std::vector<v1::MoveRecord> records;
   for (int i = 0; i < request.plan().moves_size(); ++i) {
     const v1::SlotMove& m = request.plan().moves(i);
@@ -211,8 +216,29 @@ absl::StatusOr<v1::ApplyRebalanceResponse> MoveOrchestrator::Apply(
     r.set_bytes(m.bytes());
     r.set_state(v1::MoveRecord::PENDING);
     r.set_created_unix_ms(absl::ToUnixMillis(Now()));
-    puts.emplace_back(absl::StrCat(kMovePrefix, r.move_id()), r.SerializeAsString());
     records.push_back(std::move(r));
+  }
+  const size_t moves = records.size();
+  RETURN_IF_ERROR(QueueRun(id, seq, std::move(records),
+                           request.max_bytes_per_second() > 0 ? request.max_bytes_per_second()
+                                                              : options_.max_bytes_per_second));
+  LogInfo("rebalance ", id, ": ", moves, " move(s), ",
+          request.plan().slots_to_move(), " slots, ", request.plan().tables_to_move(),
+          " tables, ", request.plan().bytes_to_move(), " bytes, from shard map epoch ",
+          map.epoch());
+  v1::ApplyRebalanceResponse response;
+  response.set_rebalance_id(id);
+  response.set_moves(static_cast<int32_t>(moves));
+  return response;
+}
+
+absl::Status MoveOrchestrator::QueueRun(const std::string& id, int64_t seq,
+                                        std::vector<v1::MoveRecord> records,
+                                        int64_t bandwidth) {
+  std::vector<std::pair<std::string, std::string>> puts;
+  puts.emplace_back(kRebalanceSeqKey, absl::StrCat(seq + 1));
+  for (const v1::MoveRecord& r : records) {
+    puts.emplace_back(absl::StrCat(kMovePrefix, r.move_id()), r.SerializeAsString());
   }
   RETURN_IF_ERROR(store_->PutAll(puts));
   next_rebalance_ = seq + 1;
@@ -224,16 +250,8 @@ absl::StatusOr<v1::ApplyRebalanceResponse> MoveOrchestrator::Apply(
   next_copy_ = 0;
   ready_.clear();
   to_run_ = id;
-  copy_bandwidth_ = request.max_bytes_per_second() > 0 ? request.max_bytes_per_second()
-                                                       : options_.max_bytes_per_second;
-  LogInfo("rebalance ", id, ": ", records.size(), " move(s), ",
-          request.plan().slots_to_move(), " slots, ", request.plan().tables_to_move(),
-          " tables, ", request.plan().bytes_to_move(), " bytes, from shard map epoch ",
-          map.epoch());
-  v1::ApplyRebalanceResponse response;
-  response.set_rebalance_id(id);
-  response.set_moves(static_cast<int32_t>(records.size()));
-  return response;
+  copy_bandwidth_ = bandwidth;
+  return absl::OkStatus();
 }
 
 v1::MoveRecord MoveOrchestrator::Get(const std::string& move_id) const {
@@ -318,7 +336,10 @@ void MoveOrchestrator::Loop() {
       next_resolve = Now() + options_.retry_interval;
       continue;
     }
-    if (unresolved.empty()) MaybeAutoRebalance();
+    if (unresolved.empty()) {
+      MaybeAutoRebalance();
+      MaybeReReplicate();
+    }
   }
 }
 
@@ -387,7 +408,7 @@ void MoveOrchestrator::RunRebalance(const std::string& rebalance_id) {
                                                          absl::StrJoin(errors, "; "), ")")
                                           : "");
   if (stop_) absl::StrAppend(&last_outcome_, " (coordinator stopping)");
-  LogInfo("rebalance ", last_outcome_);
+  LogInfo(absl::StartsWith(rebalance_id, "re-replication") ? "" : "rebalance ", last_outcome_);
   running_.clear();
 }
 
@@ -458,6 +479,7 @@ void MoveOrchestrator::CopyWorker(int64_t bytes_per_second) {
     *request.mutable_slots() = r.slots();
     *request.mutable_tables() = r.tables();
     request.set_max_bytes_per_second(bytes_per_second);
+    request.set_as_backup(r.add_backup());
     // 0: not checked. Hand-overs of other moves change the epoch while
     // this copy waits or runs; each hand-over is checked on its own.
     request.set_epoch(0);
@@ -469,8 +491,10 @@ void MoveOrchestrator::CopyWorker(int64_t bytes_per_second) {
     *grant.mutable_slots() = r.slots();
     *grant.mutable_tables() = r.tables();
     grant.set_ttl_ms(absl::ToInt64Milliseconds(options_.copy_timeout + options_.rpc_timeout));
+    grant.set_for_backup(r.add_backup());
     const absl::Status allowed =
         options_.rpc->AllowExport(r.source(), grant, options_.rpc_timeout).status();
+    if (r.add_backup() && absl::IsFailedPrecondition(allowed)) SkipRefused(r, allowed);
     absl::StatusOr<v1::MigrateInResponse> copied =
         allowed.ok() ? options_.rpc->MigrateIn(r.target(), request, options_.copy_timeout)
                      : absl::StatusOr<v1::MigrateInResponse>(allowed);
@@ -520,7 +544,9 @@ void MoveOrchestrator::HandOverOne(const std::string& move_id) {
   *m.mutable_slots() = r.slots();
   *m.mutable_tables() = r.tables();
   absl::StatusOr<v1::ShardMap> new_map =
-      current.ok() ? ApplyMovesToMap(*current, {m}, current->epoch() + 1) : current;
+      !current.ok()     ? current
+      : r.add_backup() ? BackupMap(*current, r)
+                        : ApplyMovesToMap(*current, {m}, current->epoch() + 1);
   v1::AbortMoveRequest abort;
   abort.set_move_id(move_id);
   if (!new_map.ok()) {
@@ -550,6 +576,7 @@ void MoveOrchestrator::HandOverOne(const std::string& move_id) {
   request.set_target(r.target());
   *request.mutable_new_map() = *new_map;
   request.set_self(r.source());
+  request.set_add_backup(r.add_backup());
   absl::StatusOr<v1::HandOverResponse> handed =
       options_.rpc->HandOver(r.source(), request, options_.handover_timeout);
   if (handed.ok()) {
@@ -629,6 +656,24 @@ bool MoveOrchestrator::Resolve(const std::string& move_id, const std::string& wh
     return true;
   }
   if (!target.ok()) {
+    // A new backup matters only once its owner forwards to it: when the
+    // owner answers that its hand-over ended without the new map, the
+    // units keep their backups whatever the silent target did.
+    if (r.add_backup() && source.ok()) {
+      absl::StatusOr<v1::ListMovesResponse> list =
+          options_.rpc->ListMoves(r.source(), options_.rpc_timeout);
+      const bool handing_over =
+          !list.ok() || std::any_of(list->moves().begin(), list->moves().end(),
+                                    [&](const v1::MoveState& m) {
+                                      return m.move_id() == move_id &&
+                                             m.phase() == v1::MoveState::HANDING_OVER;
+                                    });
+      if (!handing_over) {
+        return roll_back(absl::StrCat("the owner ended its hand-over without the new map; the "
+                                      "new backup does not answer: ",
+                                      target.status().message()));
+      }
+    }
     LogWarning(Describe(r), ": unresolved (", why, "): the target does not answer: ",
                target.status().message());
     return false;

@@ -20,6 +20,11 @@
 // else aborted on the target; while neither answers it stays unresolved
 // (retried, and new rebalances are refused, naming it).
 //
+// Re-replication (docs/replication.md; re_replication.cc): while the map
+// has units whose backup was lost at a failover, the same thread plans
+// copies of them to live servers (PlanReReplication) and runs them as moves
+// with add_backup: the target becomes a backup, the source keeps owning.
+//
 // One background thread runs rebalances (one at a time) and resolutions;
 // copies run on up to max_parallel_copies threads it starts. No lock is
 // held across an RPC. Thread-safe.
@@ -33,6 +38,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -96,8 +102,9 @@ struct MoveOrchestratorOptions {
   absl::Duration copy_timeout = absl::Minutes(30);
   absl::Duration handover_timeout = absl::Minutes(2);
   absl::Duration rpc_timeout = absl::Seconds(10);
-  // Between two attempts to resolve a move left in flight, and between two
-  // checks for new servers (auto_rebalance_new_servers).
+  // Between two attempts to resolve a move left in flight, between two
+  // checks for new servers (auto_rebalance_new_servers), and between two
+  // re-replication plans.
   absl::Duration retry_interval = absl::Seconds(1);
   // --auto_rebalance_new_servers: a shard server that registers while not
   // in the map gets its share by a rebalance started by the coordinator.
@@ -146,6 +153,26 @@ class MoveOrchestrator {
   // One attempt to decide a move left in flight; false: still unresolved.
   bool Resolve(const std::string& move_id, const std::string& why);
   void MaybeAutoRebalance();
+  // Re-replication (re_replication.cc). At most once per retry_interval
+  // (longer while runs copy nothing): plans copies of the units without a
+  // full set of backups onto live servers, queued as add_backup moves.
+  void MaybeReReplicate();
+  // Notes the units whose owner changed since the last map seen (promoted
+  // at a failover: not re-replicated yet) and lets go of skipped units
+  // whose owner changed again.
+  void ObserveMap(const v1::ShardMap& map);
+  // An owner refused to export units for a backup (FAILED_PRECONDITION:
+  // it steps them on a lost primary's clock): they are skipped.
+  void SkipRefused(const v1::MoveRecord& record, const absl::Status& refusal);
+  // The map an add_backup move's hand-over installs: `current` with the
+  // target as a new backup of the record's units, epoch + 1.
+  static absl::StatusOr<v1::ShardMap> BackupMap(const v1::ShardMap& current,
+                                                const v1::MoveRecord& record);
+  // Stores `records` (moves of the new run `id`, which takes sequence
+  // number `seq`) and queues them for the loop. REQUIRES: nothing runs.
+  absl::Status QueueRun(const std::string& id, int64_t seq,
+                        std::vector<v1::MoveRecord> records, int64_t bandwidth)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Installs a map that lists the targets not in it yet (owning nothing):
   // a server takes part in moves only once its map lists it.
   absl::Status AddNewTargets();
@@ -182,6 +209,18 @@ class MoveOrchestrator {
   int64_t copy_bandwidth_ ABSL_GUARDED_BY(mu_) = 0;
   // New servers an automatic rebalance was tried for.
   std::vector<std::string> auto_tried_ ABSL_GUARDED_BY(mu_);
+  // Re-replication: units (owner address, table, slot; as
+  // PlanReReplication's skip) that cannot get a backup yet, the last map
+  // ObserveMap saw, and when the next plan may run.
+  std::set<std::tuple<std::string, std::string, uint32_t>> skip_ ABSL_GUARDED_BY(mu_);
+  v1::ShardMap seen_map_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_re_replication_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Epoch of the last map a "nothing to copy" note was logged for.
+  uint64_t noted_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // The last re-replication run, and how many runs in a row copied nothing
+  // (each waits twice as long, up to 64 retry intervals; a new map resets).
+  std::string last_re_replication_ ABSL_GUARDED_BY(mu_);
+  int failed_rounds_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -131,6 +131,7 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
     lineage->clocks = old->clocks;
   }
   bool any = false;
+  bool own_steps_units = false;
   const int tables = store_->num_tables();
   lineage->clock_of_slot.resize(tables);
   lineage->table_keys.resize(tables);
@@ -162,7 +163,10 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
           auto at = std::find(lineage->origins.begin(), lineage->origins.end(), origin);
           if (at == lineage->origins.end()) {
             StepClock* clock = ClockOf(origin);
-            if (clock == nullptr) continue;  // never backed it: own clock
+            if (clock == nullptr) {  // never backed it: own clock
+              own_steps_units = true;
+              continue;
+            }
             lineage->origins.push_back(origin);
             lineage->clocks.push_back(clock);
             at = lineage->origins.end() - 1;
@@ -170,7 +174,10 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
           k = static_cast<uint8_t>(1 + (at - lineage->origins.begin()));
         }
       }
-      if (k == 0) continue;
+      if (k == 0) {
+        own_steps_units = true;
+        continue;
+      }
       if (clock_of.empty()) clock_of.assign(after.num_slots(), 0);
       clock_of[slot] = k;
       any = true;
@@ -183,6 +190,7 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
     lineage_.reset();
   }
   has_lineage_.store(any, std::memory_order_release);
+  own_clock_idle_.store(any && !own_steps_units, std::memory_order_release);
 }
 
 bool Replication::HasLineage() const { return has_lineage_.load(std::memory_order_acquire); }
@@ -239,6 +247,45 @@ std::vector<GradientPush> Replication::SplitByLineage(GradientPush push) const {
     }
   }
   return out;
+}
+
+absl::Status Replication::CheckOwnClock(absl::Span<const StoreUnit> units) const {
+  if (!HasLineage()) return absl::OkStatus();
+  std::shared_ptr<const Lineage> lineage;
+  {
+    absl::MutexLock lock(&mu_);
+    lineage = lineage_;
+  }
+  if (lineage == nullptr) return absl::OkStatus();
+  for (const auto& [table, slot] : units) {
+    if (static_cast<size_t>(table) >= lineage->clock_of_slot.size()) continue;
+    const std::vector<uint8_t>& clock_of = lineage->clock_of_slot[table];
+    if (clock_of.empty() || slot >= clock_of.size() || clock_of[slot] == 0) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "slot ", slot, " of table ", store_->spec(table).name,
+        " steps on the clock of lost primary ", lineage->origins[clock_of[slot] - 1],
+        " (this server took it over at a failover); a new backup of it would have to follow "
+        "that clock, which re-replication does not do yet"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Replication::JoinAsBackup(const std::string& primary, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<StepClock>& clock = clocks_[primary];
+  if (clock != nullptr) {
+    if (lineage_ != nullptr && std::find(lineage_->clocks.begin(), lineage_->clocks.end(),
+                                         clock.get()) != lineage_->clocks.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this server steps units it took over from ", primary, " on its clock of ", primary,
+          "; it cannot also back a new server at that address"));
+    }
+    return absl::OkStatus();  // backs other units of it: takes its every push
+  }
+  clock = NewClock();
+  absl::Status s = step >= 0 ? clock->AdoptStep(step) : absl::OkStatus();
+  if (!s.ok()) clocks_.erase(primary);
+  return s;
 }
 
 absl::Status Replication::ResumeAt(int64_t step) {

@@ -24,6 +24,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "recps/v1/shard.pb.h"
 #include "recps/v1/shard_admin.pb.h"
 #include "server/shard/shard_map_keeper.h"
@@ -91,6 +92,24 @@ class Replication {
   StepClock* LineageClock(size_t k) const;
   // The lineage clocks (not the own one).
   std::vector<StepClock*> LineageClocks() const;
+  // Whether this server's own clock steps none of the units it owns (each
+  // is on a lineage clock): a server that owned nothing, backed a lost
+  // primary up and was promoted. Its own clock never took part in a step,
+  // and must not hold pushes, lookups or cuts back.
+  bool OwnClockIdle() const { return own_clock_idle_.load(std::memory_order_acquire); }
+  // ---- Re-replication (a new backup of units this server owns) ----
+  // OK when each of `units` steps on this server's own clock; else
+  // FAILED_PRECONDITION naming the first that steps on a lost primary's
+  // clock (a backup of it would have to follow that clock: not built).
+  absl::Status CheckOwnClock(absl::Span<const StoreUnit> units) const;
+  // Backup, before a map makes it a backup of units of `primary`: makes
+  // its clock of `primary` unless one exists (then it already takes every
+  // push of `primary`), joined at `step` (steps up to it count as applied)
+  // or fresh (-1: async, pushes apply on arrival). FAILED_PRECONDITION when
+  // the clock of that address is a lineage this server owns units of (a
+  // server restarted at a lost primary's address).
+  absl::Status JoinAsBackup(const std::string& primary, int64_t step);
+
   // What a restore (ResumeAt) and a rollback (Restart) do to this server's
   // own clock, done to every replica clock.
   absl::Status ResumeAt(int64_t step);
@@ -139,6 +158,7 @@ class Replication {
   // lineage_ != nullptr, read without mu_ by every push and lookup (the
   // common case, no failover yet, takes no lock).
   std::atomic<bool> has_lineage_{false};
+  std::atomic<bool> own_clock_idle_{false};
   ShardMapKeeper::View last_view_;  // installs are serialised by the keeper
 };
 

@@ -291,10 +291,11 @@ void ShardDataPlane::LookupAfterHold(const v1::LookupRequest* request, LookupOut
 }
 
 int64_t ShardDataPlane::applied_step() const {
-  int64_t applied = clock_->applied_step();
-  for (const StepClock* c : replication_->LineageClocks()) {
-    applied = std::min(applied, c->applied_step());
-  }
+  const std::vector<StepClock*> lineage = replication_->LineageClocks();
+  int64_t applied = replication_->OwnClockIdle() && !lineage.empty()
+                        ? lineage[0]->applied_step()
+                        : clock_->applied_step();
+  for (const StepClock* c : lineage) applied = std::min(applied, c->applied_step());
   return applied;
 }
 
@@ -308,7 +309,7 @@ void ShardDataPlane::AwaitLookupOnClocks(int64_t step,
   }
   // One clock after the other, each from the thread that released the
   // one before (inline when ready at once).
-  clocks.insert(clocks.begin(), clock_.get());
+  if (!replication_->OwnClockIdle()) clocks.insert(clocks.begin(), clock_.get());
   struct Chain {
     std::vector<StepClock*> clocks;
     int64_t step;

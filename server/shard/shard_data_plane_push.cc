@@ -316,6 +316,9 @@ absl::Status ShardDataPlane::PushToClocks(const v1::RequestHeader& header, Gradi
   for (size_t k = 0; k < parts.size(); ++k) {
     StepClock* clock = k == 0 ? clock_.get() : replication_->LineageClock(k);
     if (clock == nullptr) continue;
+    // A server promoted to units it only backed before steps no unit on
+    // its own clock, which never took part in a step: nothing to take.
+    if (k == 0 && IsEmptyPush(parts[k]) && replication_->OwnClockIdle()) continue;
     // A worker re-sends an empty push to every server after a failover's
     // map (so that each lineage clock sees it arrive): a clock that has
     // the rank's push of the step already takes nothing from it.

@@ -105,7 +105,8 @@ ShardServer::ShardServer(std::unique_ptr<EmbeddingStore> store, ShardMap map,
       store_.get(), &data_->clock(), &data_->replication(), metrics_,
       options_.consistency.step_timeout, std::move(facts));
   moves_ = std::make_unique<SlotMoves>(store_.get(), &options_, map_.get(),
-                                       holds_.get(), &data_->clock(), snapshots_.get());
+                                       holds_.get(), &data_->clock(), snapshots_.get(),
+                                       &data_->replication());
 }
 
 std::vector<int64_t> ShardServer::OwnedFixedRows() const {

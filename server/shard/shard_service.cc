@@ -506,7 +506,7 @@ grpc::ServerUnaryReactor* ShardAdminService::AllowExport(
   std::optional<rpc::Admission> admission = AdmitOrFinish(
       gate_, "AllowExport", "ShardAdmin.AllowExport", context, reactor, start, metrics_);
   if (!admission.has_value()) return reactor;
-  const absl::Status s = server_->moves().export_grants().Allow(*request);
+  const absl::Status s = server_->moves().AllowExport(*request);
   if (absl::IsInvalidArgument(s)) admission->NoteBadRequest();
   Finish("AllowExport", context, reactor, s, start, metrics_);
   return reactor;

@@ -233,7 +233,10 @@ ShardSnapshots::TakeSnapshot(const v1::SaveRowsRequest& request,
     // Every clock of the units this server owns holds at the cut (its own,
     // and after a failover the lineage clocks of the units promoted here).
     std::vector<StepClock*> clocks = replicas_ != nullptr ? replicas_->LineageClocks() : std::vector<StepClock*>{};
-    clocks.insert(clocks.begin(), clock_);
+    // Not the own clock when it steps no unit (it never takes a step).
+    if (replicas_ == nullptr || !replicas_->OwnClockIdle() || clocks.empty()) {
+      clocks.insert(clocks.begin(), clock_);
+    }
     std::function<absl::Status(size_t)> hold = [&](size_t k) -> absl::Status {
       if (k == clocks.size()) return cut();
       return clocks[k]->RunAtCut(static_cast<int64_t>(request.step()), step_timeout_,

@@ -252,6 +252,11 @@ void SlotMoves::MigrateIn(const v1::MigrateInRequest* request,
                                         request->tables().end());
   absl::StatusOr<std::vector<Unit>> units =
       ResolveUnits(view, slots, tables, request->source());
+  if (units.ok() && request->as_backup()) {
+    if (absl::Status copy = CheckNotACopy(view->map, *units, view->self_address); !copy.ok()) {
+      units = copy;
+    }
+  }
   if (!units.ok()) {
     std::move(done)(units.status());
     return;
@@ -262,7 +267,8 @@ void SlotMoves::MigrateIn(const v1::MigrateInRequest* request,
     return;
   }
   if (std::shared_ptr<Move> m = FindMove(request->move_id(), true)) {
-    if (m->units != *units || m->peer != request->source()) {
+    if (m->units != *units || m->peer != request->source() ||
+        m->as_backup != request->as_backup()) {
       std::move(done)(absl::InvalidArgumentError(absl::StrCat(
           "move ", m->id, " already exists with other units or source")));
       return;
@@ -302,6 +308,7 @@ void SlotMoves::MigrateIn(const v1::MigrateInRequest* request,
   auto move = std::make_shared<Move>();
   move->id = request->move_id();
   move->peer = request->source();
+  move->as_backup = request->as_backup();
   move->units = *std::move(units);
   move->slots = slots;
   move->tables = tables;
@@ -315,8 +322,8 @@ void SlotMoves::MigrateIn(const v1::MigrateInRequest* request,
          moves_.front()->phase != v1::MoveState::COPIED) {
     moves_.erase(moves_.begin());
   }
-  LogInfo("move ", move->id, ": copying ", move->units.size(),
-          " unit(s) from ", move->peer);
+  LogInfo("move ", move->id, ": copying ", move->units.size(), " unit(s) from ", move->peer,
+          move->as_backup ? " to back them up (re-replication)" : "");
   StartMoveThread([this, move] {
     const absl::Status status = RunCopy(move);
     std::vector<std::pair<v1::MigrateInResponse*, Done>> waiters;
@@ -584,14 +591,21 @@ absl::Status SlotMoves::RunFinish(const std::shared_ptr<Move>& move,
   const MapView view = CurrentMap();
   ASSIGN_OR_RETURN(ShardMap next, slot_migration::ParseNewMap(request.new_map(), options_.num_slots,
                                                               view->map.epoch()));
+  if (request.add_backup() != move->as_backup) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "move ", move->id, " copied ", move->as_backup ? "a new backup's" : "a new owner's",
+        " rows; the hand-over ", request.add_backup() ? "adds a backup" : "moves ownership"));
+  }
   ASSIGN_OR_RETURN(std::vector<Unit> units,
-                   MoveDiff(view->map, next, move->peer, view->self_address));
+                   move->as_backup
+                       ? BackupDiff(view->map, next, move->peer, view->self_address)
+                       : MoveDiff(view->map, next, move->peer, view->self_address));
   std::sort(units.begin(), units.end());
   if (units != move->units) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "new_map moves ", units.size(), " unit(s) from ", move->peer,
-        " here, move ", move->id, " copied ", move->units.size(),
-        " other ones"));
+        "new_map ", move->as_backup ? "adds a backup of " : "moves ", units.size(),
+        " unit(s) from ", move->peer, " here, move ", move->id, " copied ",
+        move->units.size(), " other ones"));
   }
   uint64_t since = 0;
   {
@@ -611,7 +625,17 @@ absl::Status SlotMoves::RunFinish(const std::shared_ptr<Move>& move,
   // source's step L before anyone routes to it (new_map is not installed
   // anywhere yet), so lookups of L + 1 run here. An owner already counts
   // every step (its clock may still wait for pushes of L: not touched).
-  if (request.has_source_step()) {
+  if (move->as_backup) {
+    // The source's pushes of the units after its step L come here as
+    // forwards on this server's clock of the source, which joins at L
+    // unless it exists (backing other units, it takes every push already).
+    RETURN_IF_ERROR(replication_->JoinAsBackup(
+        move->peer, request.has_source_step() ? request.source_step() : -1));
+    LogInfo("move ", move->id, ": this server backs ", move->units.size(), " unit(s) of ",
+            move->peer, request.has_source_step()
+                            ? absl::StrCat(" from the step after ", request.source_step())
+                            : std::string());
+  } else if (request.has_source_step()) {
     const MapView now = CurrentMap();
     if (!now->map.OwnsAnything(now->self)) {
       RETURN_IF_ERROR(clock_->AdoptStep(request.source_step()));
@@ -677,6 +701,7 @@ absl::Status SlotMoves::ListMoves(const v1::ListMovesRequest&,
     s->set_move_id(m->id);
     s->set_phase(m->phase);
     s->set_role(m->target ? "target" : "source");
+    s->set_as_backup(m->as_backup);
     s->set_peer(m->peer);
     s->set_rows(m->rows);
     s->set_bytes(m->bytes);

@@ -17,6 +17,7 @@ namespace recps::server {
 struct SlotMoves::Move {
   std::string id;
   bool target = true;  // this server's role
+  bool as_backup = false;  // re-replication: the target becomes a backup
   std::string peer;
   std::vector<Unit> units;  // sorted
   std::vector<uint32_t> slots;

@@ -130,6 +130,7 @@ void SlotMoves::HandOver(const v1::HandOverRequest* request,
   auto move = std::make_shared<Move>();
   move->id = request->move_id();
   move->target = false;
+  move->as_backup = request->add_backup();
   move->peer = request->target();
   move->phase = v1::MoveState::HANDING_OVER;
   move->start = absl::Now();
@@ -183,8 +184,12 @@ absl::Status SlotMoves::RunHandOver(const v1::HandOverRequest& request,
         "new_map (epoch ", next.epoch(), ") must list this server ", self,
         " and the target ", request.target()));
   }
+  const bool add_backup = request.add_backup();
   ASSIGN_OR_RETURN(const std::vector<Unit> units,
-                   MoveDiff(view->map, next, self, request.target()));
+                   add_backup ? BackupDiff(view->map, next, self, request.target())
+                              : MoveDiff(view->map, next, self, request.target()));
+  // A new backup follows this server's own clock (JoinAsBackup).
+  if (add_backup) RETURN_IF_ERROR(replication_->CheckOwnClock(units));
 
   // The hold: requests touching the units from now on wait. In sync and
   // bounded modes only lookups of steps after every lookup already seen
@@ -205,8 +210,13 @@ absl::Status SlotMoves::RunHandOver(const v1::HandOverRequest& request,
   // counts pushes as well as lookups: no push of a later step was accepted
   // here before the hold (a worker's lookups of a step may all go to other
   // servers).
-  hold->all_pushes =
-      !async && !view->map.OwnsAnything(view->map.IndexOf(request.target()));
+  // Re-replication: the target's clock of this server joins at L + 1 (or
+  // takes every push already), and this server forwards by the map a push
+  // was accepted under; so every push of a step after L is held and, as
+  // stale once new_map is installed, sent again by new_map, which lists
+  // the new backup: it sees each worker arrive at each step from L + 1.
+  hold->all_pushes = !async && (add_backup || !view->map.OwnsAnything(
+                                                  view->map.IndexOf(request.target())));
   const int64_t last_step = holds_->Add(hold, async);
   const absl::Time held_at = absl::Now();
   // Nothing pending for the units after this: async, the pushes in flight
@@ -246,6 +256,7 @@ absl::Status SlotMoves::RunHandOver(const v1::HandOverRequest& request,
   finish.set_move_id(request.move_id());
   *finish.mutable_new_map() = request.new_map();
   finish.set_source(self);
+  finish.set_add_backup(add_backup);
   if (!async) {
     finish.set_source_step(last_step);
     finish.set_has_source_step(true);
@@ -266,7 +277,8 @@ absl::Status SlotMoves::RunHandOver(const v1::HandOverRequest& request,
           absl::StrCat("hand-over of move ", request.move_id(), " to ",
                        request.target(), " failed: ",
                        finished.status().message(),
-                       "; this server keeps the slots at epoch ",
+                       add_backup ? "; the units keep their backups of epoch "
+                                  : "; this server keeps the slots at epoch ",
                        view->map.epoch(),
                        aborted.ok() || absl::IsNotFound(aborted.status())
                            ? " (the target dropped its copy)"
@@ -282,16 +294,19 @@ absl::Status SlotMoves::RunHandOver(const v1::HandOverRequest& request,
   v1::SetShardMapRequest set;
   *set.mutable_shard_map() = request.new_map();
   set.set_self(self);
-  const absl::flat_hash_set<Unit> handed(units.begin(), units.end());
-  absl::Status installed = map_->Install(set, &handed);
+  // A backup added keeps the units here: nothing handed over, no rows dropped.
+  const absl::flat_hash_set<Unit> handed =
+      add_backup ? absl::flat_hash_set<Unit>() : absl::flat_hash_set<Unit>(units.begin(), units.end());
+  absl::Status installed = map_->Install(set, add_backup ? nullptr : &handed);
   // Held requests now get the stale-epoch error: release them before the
   // drop (a compaction of the arena, about a memcpy of the moved rows).
   holds_->Release(hold);
   const double hold_seconds = absl::ToDoubleSeconds(absl::Now() - held_at);
-  if (installed.ok()) snapshots_->DropHandedOver(units);
+  if (installed.ok() && !add_backup) snapshots_->DropHandedOver(units);
   if (!installed.ok()) {
     return absl::InternalError(absl::StrCat(
-        "move ", request.move_id(), ": the target owns the units at epoch ",
+        "move ", request.move_id(), ": the target ", add_backup ? "backs" : "owns",
+        " the units at epoch ",
         next.epoch(), ", but installing that map here failed: ",
         installed.message()));
   }

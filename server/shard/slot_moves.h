@@ -7,6 +7,12 @@
 // mark, HandOver holds the units at a step boundary, has the target finish,
 // installs the new map and drops the rows. The bookkeeping (ListMoves,
 // threads, shutdown) is in slot_migration.cc.
+//
+// Re-replication (docs/replication.md) is the same protocol with the
+// source keeping the units: MigrateIn as_backup copies them to a new
+// backup, HandOver add_backup holds them at a step boundary and installs a
+// map that only adds the target to their backups; the target's replica
+// clock of the source joins at that step (Replication::JoinAsBackup).
 #ifndef RECPS_SERVER_SHARD_SLOT_MOVES_H_
 #define RECPS_SERVER_SHARD_SLOT_MOVES_H_
 
@@ -27,6 +33,7 @@
 #include "absl/types/span.h"
 #include "recps/v1/shard_admin.pb.h"
 #include "server/shard/export_grants.h"
+#include "server/shard/replication.h"
 #include "server/shard/shard_map_keeper.h"
 #include "server/shard/shard_server_options.h"
 #include "server/shard/shard_snapshots.h"
@@ -41,13 +48,14 @@ class SlotMoves {
   // Every pointer outlives this object.
   SlotMoves(LayeredStore* store, const ShardServerOptions* options,
             ShardMapKeeper* map, UnitHolds* holds, StepClock* clock,
-            ShardSnapshots* snapshots)
+            ShardSnapshots* snapshots, Replication* replication)
       : store_(store),
         options_(*options),
         map_(map),
         holds_(holds),
         clock_(clock),
-        snapshots_(snapshots) {}
+        snapshots_(snapshots),
+        replication_(replication) {}
   // Stop()s.
   ~SlotMoves();
 
@@ -82,6 +90,9 @@ class SlotMoves {
   // FAILED_PRECONDITION unless export_grants() allows the request.
   absl::StatusOr<std::unique_ptr<RowExport>> StartExport(
       const v1::ExportRowsRequest& request);
+  // Grants an export (export_grants()); one for a new backup
+  // (for_backup) only of units on this server's own clock.
+  absl::Status AllowExport(const v1::AllowExportRequest& request);
   // The moves this server, as a source, may export (AllowExport).
   ExportGrants& export_grants() { return export_grants_; }
   // Fills `chunk`; false once the export is complete (chunk then unset).
@@ -107,6 +118,16 @@ class SlotMoves {
                                              const ShardMap& next,
                                              const std::string& from,
                                              const std::string& to) const;
+  // Re-replication: the units owned by `owner` whose backups gain
+  // `backup` from `current` to `next`; INVALID_ARGUMENT when anything else
+  // differs (an owner, another backup), or nothing is added.
+  absl::StatusOr<std::vector<Unit>> BackupDiff(const ShardMap& current, const ShardMap& next,
+                                               const std::string& owner,
+                                               const std::string& backup) const;
+  // FAILED_PRECONDITION unless `self` is neither the owner nor a backup of
+  // each of `units` in `map` (a new backup's copy).
+  absl::Status CheckNotACopy(const ShardMap& map, absl::Span<const Unit> units,
+                             const std::string& self) const;
   void StartMoveThread(absl::AnyInvocable<void() &&> fn)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(moves_mu_);
   absl::Status RunCopy(const std::shared_ptr<Move>& move);
@@ -130,6 +151,7 @@ class SlotMoves {
   UnitHolds* const holds_;
   StepClock* const clock_;
   ShardSnapshots* const snapshots_;
+  Replication* const replication_;
 
   // Slot moves. Lock order: moves_mu_, then the map keeper's locks.
   ExportGrants export_grants_;

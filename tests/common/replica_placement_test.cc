@@ -221,5 +221,90 @@ TEST(PromoteBackups, APromotedUnitLetsItsOtherBackupsGo) {
   EXPECT_GT(promoted->UnderReplicatedUnits(), 0);
 }
 
+TEST(ReReplication, EachLostBackupGetsALiveServerAndTheMapTakesIt) {
+  // Server 0 of four lost (failed over): the units it backed need a new
+  // backup, the units it owned (promoted) too unless skipped.
+  ShardMap m = ShardMap::Uniform(4, 12, {"a:1", "b:2", "c:3", "d:4"});
+  v1::ShardMap p = m.ToProto();
+  v1::TableRouting* wise = p.add_tables();  // table-wise on server 2
+  wise->set_table("wise");
+  wise->set_owner(2);
+  auto planned = ShardMap::FromProto(p);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  ASSERT_TRUE(AddBackups(2, {}, &*planned).ok());
+  auto promoted = PromoteBackups(*planned, 0);
+  ASSERT_TRUE(promoted.ok()) << promoted.status();
+  const std::vector<bool> alive = {false, true, true, true};
+  // Slots promoted from server 0 step on its clock: skipped here.
+  const auto promoted_unit = [&](int owner, const std::string& table, uint32_t slot) {
+    return table.empty() && planned->OwnerOfSlot(slot) == 0;
+  };
+  const std::vector<BackupCopy> copies =
+      PlanReReplication(*promoted, alive, {}, promoted_unit);
+  ASSERT_FALSE(copies.empty());
+  ShardMap next = *promoted;
+  for (const BackupCopy& c : copies) {
+    EXPECT_NE(c.backup, 0) << "a dead server";
+    EXPECT_NE(c.backup, c.owner);
+    auto added = AddBackupToMap(next, c, next.epoch() + 1);
+    ASSERT_TRUE(added.ok()) << added.status();
+    next = *added;
+  }
+  for (uint32_t slot = 0; slot < 12; ++slot) {
+    if (planned->OwnerOfSlot(slot) == 0) {
+      EXPECT_THAT(next.BackupsOfSlot(slot), ElementsAre(kNoBackup)) << "skipped slot " << slot;
+    } else {
+      EXPECT_NE(next.BackupsOfSlot(slot)[0], kNoBackup) << "slot " << slot;
+      EXPECT_NE(static_cast<int>(next.BackupsOfSlot(slot)[0]), next.OwnerOfSlot(slot));
+    }
+  }
+  EXPECT_NE(next.RouteOf(StableNameKey("wise")).BackupsOf(5)[0], kNoBackup);
+  int skipped = 0;
+  for (uint32_t slot = 0; slot < 12; ++slot) skipped += planned->OwnerOfSlot(slot) == 0;
+  EXPECT_EQ(next.UnderReplicatedUnits(), skipped);
+  // Nothing left to do but the skipped units; with them, every unit.
+  EXPECT_TRUE(PlanReReplication(next, alive, {}, promoted_unit).empty());
+  EXPECT_FALSE(PlanReReplication(next, alive, {}, nullptr).empty());
+  // Zones: a backup never shares a zone with another copy of its unit.
+  const std::vector<std::string> zones = {"z0", "z1", "z1", "z2"};
+  for (const BackupCopy& c : PlanReReplication(*promoted, alive, zones, nullptr)) {
+    EXPECT_NE(zones[c.owner], zones[c.backup]);
+  }
+  // Only dead servers or one zone left: nothing to plan.
+  EXPECT_TRUE(PlanReReplication(*promoted, {false, true, false, false}, {}, nullptr).empty());
+  EXPECT_TRUE(
+      PlanReReplication(*promoted, alive, {"z0", "z1", "z1", "z1"}, nullptr).empty());
+}
+
+TEST(ReReplication, AddBackupToMapRefusesWhatIsNotALostBackup) {
+  ShardMap m = ShardMap::Uniform(4, 12, {"a:1", "b:2", "c:3"});
+  ASSERT_TRUE(AddBackups(2, {}, &m).ok());
+  const uint32_t slot0_owner = static_cast<uint32_t>(m.OwnerOfSlot(0));
+  const auto refused = [&](const BackupCopy& c, absl::StatusCode code, const std::string& what) {
+    auto r = AddBackupToMap(m, c, m.epoch() + 1);
+    ASSERT_FALSE(r.ok()) << what;
+    EXPECT_EQ(r.status().code(), code) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(what));
+  };
+  BackupCopy full;  // every slot still has its backup
+  full.owner = static_cast<int>(slot0_owner);
+  full.backup = static_cast<int>((slot0_owner + 2) % 3);
+  full.slots = {0};
+  refused(full, absl::StatusCode::kFailedPrecondition, "has all its 1 backup(s)");
+  BackupCopy other = full;  // not its owner
+  other.owner = static_cast<int>((slot0_owner + 1) % 3);
+  refused(other, absl::StatusCode::kFailedPrecondition, "is owned by");
+  BackupCopy self = full;
+  self.backup = self.owner;
+  refused(self, absl::StatusCode::kInvalidArgument, "must be two servers");
+  BackupCopy table = full;
+  table.slots.clear();
+  table.tables = {"nope"};
+  refused(table, absl::StatusCode::kInvalidArgument, "not a table-wise table");
+  ShardMap one = ShardMap::Uniform(1, 12, {"a:1", "b:2"});
+  EXPECT_EQ(AddBackupToMap(one, BackupCopy{0, 1, {0}, {}}, 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace recps

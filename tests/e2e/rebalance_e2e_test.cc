@@ -53,6 +53,7 @@ namespace {
 using ::recps::testing::Eventually;
 using ::recps::testing::TempDir;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kSteps = 3000;
 constexpr int kEvery = 500;
@@ -338,6 +339,50 @@ TEST_F(RebalanceE2e, OneOfThreeServersDrainedBitIdentical) {
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 0) << ReadAll(run.log);
   ExpectSame(*reference_, Collect(run));
+}
+
+// Replication 2 on three servers, two of them lost one after the other:
+// the first loss is failed over, and re-replication copies the units that
+// lost their backup with it to the server left (a move that adds a backup,
+// listed by recpsctl moves); so the second loss is failed over too, from
+// that copy, instead of a restart. The job ends bit-identical, but for the
+// rows only read (step 0's evaluation), which only the lost owners held.
+TEST_F(RebalanceE2e, ReplicatedServersLostOneAfterTheOtherAreReReplicatedBitIdentical) {
+  ASSERT_NE(reference_, nullptr);
+  RebalanceRun run;
+  absl::StatusOr<client::ChildProcess> p = run.Start(3, {"--replication=2"});
+  ASSERT_TRUE(p.ok()) << p.status();
+  WaitForSteps(run, kSteps / 5);
+  run.UseAdminCertificate();
+  const pid_t first = run.PidOf("shard server 1");
+  ASSERT_GT(first, 0) << ReadAll(run.work + "/pids");
+  ASSERT_EQ(kill(first, SIGKILL), 0);
+  v1::MoveRecord copy;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        const v1::ListRebalanceMovesResponse moves = Moves(run);
+        for (const v1::MoveRecord& r : moves.moves()) {
+          if (r.add_backup() && r.state() == v1::MoveRecord::DONE) copy = r;
+        }
+        return copy.add_backup();
+      },
+      absl::Seconds(60)))
+      << ReadAll(run.work + "/coordinator.log");
+  // The owner whose backup was lost, and the server left as the new one.
+  EXPECT_NE(copy.source(), run.Shard(1));
+  EXPECT_NE(copy.target(), run.Shard(1));
+  ASSERT_LT(run.LossLines(), kSteps) << "the run ended before the second loss";
+  const pid_t second =
+      run.PidOf(copy.source() == run.Shard(0) ? "shard server 0" : "shard server 2");
+  ASSERT_GT(second, 0);
+  ASSERT_EQ(kill(second, SIGKILL), 0);
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(300));
+  ASSERT_TRUE(code.ok()) << code.status();
+  const std::string log = ReadAll(run.log);
+  EXPECT_EQ(*code, 0) << log;
+  EXPECT_THAT(log, Not(HasSubstr("resuming from step")));
+  EXPECT_THAT(ReadAll(run.work + "/coordinator.log"), Not(HasSubstr("has no copy left")));
+  ::recps::testing::ExpectSameOutcome(*reference_, Collect(run), kSteps, run.job);
 }
 
 // Bad requests through recpsctl: clear errors, nothing moved.

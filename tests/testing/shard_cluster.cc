@@ -43,6 +43,22 @@ int ShardCluster::AddServer() {
   return static_cast<int>(shards_.size()) - 1;
 }
 
+bool ShardCluster::Restart(int i) {
+  std::vector<std::string> args = args_;
+  args.push_back("--listen=" + address(i));
+  // The killed process's port is free at once (its socket is gone), but
+  // give the kernel a few tries.
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    auto shard = LocalShard::Start(binary_, args);
+    if (shard.ok()) {
+      shards_[i] = *std::move(shard);
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return false;
+}
+
 grpc::Status ShardCluster::SetMapOn(int i, const v1::ShardMap& map) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(std::chrono::seconds(10)));

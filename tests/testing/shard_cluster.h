@@ -37,6 +37,10 @@ class ShardCluster {
   // Starts one more server with the same flags, in no map yet; its index,
   // or -1 (a test failure) when it does not start.
   int AddServer();
+  // Starts server `i` again at its address (after Kill: a crashed server
+  // restarted, as Kubernetes does, with none of its rows). False when it
+  // does not serve.
+  bool Restart(int i);
   // SetShardMap(`map`) on server `i`, as that server (request.self).
   grpc::Status SetMapOn(int i, const v1::ShardMap& map);
   // SetMapOn every server; each refusal is a test failure. Records `map`.

@@ -19,6 +19,7 @@
 #include "server/coordinator/coordinator.h"
 #include "server/coordinator/coordinator_store.h"
 #include "server/coordinator/rebalance_plan.h"
+#include "tests/server/coordinator/fake_move_shards.h"
 #include "tests/testing/local_shard.h"
 
 namespace recps::server {
@@ -230,102 +231,6 @@ TEST(RebalancePlanTest, CheckPlanRefusesBadPlans) {
 }
 
 // ---- Orchestration with fake servers ------------------------------------
-
-class FakeMoveShards : public ShardMoveRpc {
- public:
-  absl::StatusOr<v1::StatsResponse> Stats(const std::string& address,
-                                          absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    if (down.count(address)) return absl::UnavailableError(address + " is down");
-    v1::StatsResponse st;
-    auto it = maps.find(address);
-    if (it != maps.end()) {
-      const ShardMap m = *ShardMap::FromProto(it->second);
-      const int self = m.IndexOf(address);
-      if (self >= 0) {
-        for (uint32_t slot : m.SlotsOf(self)) {
-          v1::SlotStats* ss = st.add_slots();
-          ss->set_slot(slot);
-          ss->set_rows(10);
-          ss->set_bytes(1000);
-        }
-      }
-    }
-    return st;
-  }
-  absl::StatusOr<v1::MigrateInResponse> MigrateIn(const std::string& address,
-                                                  const v1::MigrateInRequest& request,
-                                                  absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    migrate_ins.push_back({address, request});
-    if (down.count(address)) return absl::UnavailableError(address + " is down");
-    if (fail_copy.count(address)) return absl::InternalError("disk full");
-    v1::MigrateInResponse r;
-    r.set_rows(10 * request.slots_size());
-    r.set_bytes(1000 * request.slots_size());
-    r.set_seconds(0.5);
-    return r;
-  }
-  absl::StatusOr<v1::AllowExportResponse> AllowExport(const std::string& address,
-                                                      const v1::AllowExportRequest& request,
-                                                      absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    grants.push_back({address, request});
-    if (down.count(address)) return absl::UnavailableError(address + " is down");
-    return v1::AllowExportResponse();
-  }
-  absl::StatusOr<v1::HandOverResponse> HandOver(const std::string& address,
-                                                const v1::HandOverRequest& request,
-                                                absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    auto hold = [this] {
-      mu.AssertHeld();
-      return !block_handover;
-    };
-    mu.Await(absl::Condition(&hold));
-    handovers.push_back({address, request});
-    if (handover_error.ok()) {
-      maps[request.target()] = request.new_map();
-      maps[address] = request.new_map();
-      v1::HandOverResponse r;
-      r.set_delta_rows(3);
-      return r;
-    }
-    if (target_installs_anyway) maps[request.target()] = request.new_map();
-    return handover_error;
-  }
-  absl::StatusOr<v1::AbortMoveResponse> AbortMove(const std::string& address,
-                                                  const v1::AbortMoveRequest& request,
-                                                  absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    if (down.count(address)) return absl::UnavailableError(address + " is down");
-    aborts.push_back({address, request.move_id()});
-    return v1::AbortMoveResponse();
-  }
-  absl::StatusOr<v1::ListMovesResponse> ListMoves(const std::string& address,
-                                                  absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    if (down.count(address)) return absl::UnavailableError(address + " is down");
-    return v1::ListMovesResponse();
-  }
-  absl::StatusOr<v1::ShardMap> GetShardMap(const std::string& address,
-                                           absl::Duration) override {
-    absl::MutexLock lock(&mu);
-    if (down.count(address)) return absl::UnavailableError(address + " is down");
-    return maps[address];
-  }
-
-  absl::Mutex mu;
-  std::map<std::string, v1::ShardMap> maps;
-  std::set<std::string> down, fail_copy;
-  absl::Status handover_error;
-  bool target_installs_anyway = false;
-  bool block_handover = false;
-  std::vector<std::pair<std::string, v1::MigrateInRequest>> migrate_ins;
-  std::vector<std::pair<std::string, v1::AllowExportRequest>> grants;
-  std::vector<std::pair<std::string, v1::HandOverRequest>> handovers;
-  std::vector<std::pair<std::string, std::string>> aborts;
-};
 
 class MoveOrchestratorTest : public ::testing::Test {
  protected:

@@ -13,11 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/embedding_client.h"
 #include "common/wire/replica_placement.h"
 #include "common/wire/shard_map.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/shard/toy_job.h"
 #include "tests/testing/shard_cluster.h"
@@ -168,6 +170,233 @@ INSTANTIATE_TEST_SUITE_P(Kills, FailoverMidStep,
                            }
                            return "";
                          });
+
+// ShardAdmin calls as the coordinator makes them (re-replication).
+grpc::Status AllowExport(const std::string& source, const testing::ShardCluster& cluster,
+                         const BackupCopy& copy, const std::string& move_id) {
+  v1::AllowExportRequest grant;
+  grant.set_move_id(move_id);
+  for (uint32_t s : copy.slots) grant.add_slots(s);
+  for (const std::string& t : copy.tables) grant.add_tables(t);
+  grant.set_ttl_ms(60000);
+  grant.set_for_backup(true);
+  v1::AllowExportResponse granted;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  return testing::ShardAdminStub(source)->AllowExport(&ctx, grant, &granted);
+}
+
+// Re-replication of `copy` (MigrateIn as_backup on the new backup, HandOver
+// add_backup on the owner) from `map`; the new map, or the failed call's
+// status.
+absl::StatusOr<ShardMap> AddBackup(Cluster& cluster, const ShardMap& map,
+                                   const BackupCopy& copy, const std::string& move_id) {
+  const std::string& owner = map.servers()[copy.owner];
+  const std::string& backup = map.servers()[copy.backup];
+  const auto failed = [](const char* what, const grpc::Status& s) {
+    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                        absl::StrCat(what, ": ", s.error_message()));
+  };
+  if (grpc::Status s = AllowExport(owner, cluster, copy, move_id); !s.ok()) {
+    return failed("AllowExport", s);
+  }
+  v1::MigrateInRequest in;
+  in.set_move_id(move_id);
+  in.set_source(owner);
+  for (uint32_t s : copy.slots) in.add_slots(s);
+  for (const std::string& t : copy.tables) in.add_tables(t);
+  in.set_epoch(map.epoch());
+  in.set_as_backup(true);
+  {
+    v1::MigrateInResponse copied;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    if (grpc::Status s = testing::ShardAdminStub(backup)->MigrateIn(&ctx, in, &copied); !s.ok()) {
+      return failed("MigrateIn", s);
+    }
+  }
+  absl::StatusOr<ShardMap> next = AddBackupToMap(map, copy, map.epoch() + 1);
+  if (!next.ok()) return next.status();
+  v1::HandOverRequest over;
+  over.set_move_id(move_id);
+  over.set_target(backup);
+  *over.mutable_new_map() = next->ToProto();
+  over.set_self(owner);
+  over.set_add_backup(true);
+  v1::HandOverResponse handed;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  if (grpc::Status s = testing::ShardAdminStub(owner)->HandOver(&ctx, over, &handed); !s.ok()) {
+    return failed("HandOver", s);
+  }
+  return next;
+}
+
+// A lost backup replaced (re-replication) carries a second failure: server
+// 1 dies (its units promoted to server 2; server 0's lose their backup)
+// and is restarted at its address with no rows, as Kubernetes does; server
+// 0's units are copied to it as their new backup between two steps, then
+// server 0 dies too and the restarted server 1 takes its units over from
+// that copy (the workers, who knew the lost process at that address, take
+// the new one for what it is). The run ends with the rows of a run
+// without any failure.
+TEST(ReReplication, ARestartedServerRejoinsAsABackupAndCarriesASecondFailover) {
+  const std::vector<float> want = RowsWithoutFailure();
+  Cluster cluster;
+  ASSERT_TRUE(cluster.ok());
+  ShardMap map = cluster.shard_map();
+  absl::Mutex mu;
+  int at_barrier = 0;
+  std::vector<testing::WorkerHooks> hooks(kWorld);
+  absl::Notification copied, lost, restarted;
+  // Step 2: server 1 is lost (and restarted by the test's thread: a child
+  // process dies with the thread that started it). Step 4, both ranks
+  // pushed it: re-replication. Step 6, between the ranks' pushes: server 0
+  // is lost.
+  hooks[0].after_push = [&](int step) {
+    if (step == 2) {
+      absl::Cleanup notify = [&] { lost.Notify(); };
+      cluster.shard(1).Kill();
+      absl::StatusOr<ShardMap> promoted = PromoteBackups(map, 1);
+      ASSERT_TRUE(promoted.ok()) << promoted.status();
+      map = *promoted;
+      for (int s : {0, 2}) ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
+    }
+    if (step == 4) {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(+[](int* n) { return *n == 1; }, &at_barrier));
+    }
+    if (step == 4) {
+      // Server 1's old units, now on server 2, step on server 1's clock
+      // there: their new backup would have to follow it (not built), and
+      // server 2 says so.
+      BackupCopy promoted_units;
+      promoted_units.owner = 2;
+      promoted_units.backup = 0;
+      for (uint32_t slot = 0; slot < testing::kSlots; ++slot) {
+        if (cluster.shard_map().OwnerOfSlot(slot) == 1) promoted_units.slots.push_back(slot);
+      }
+      const grpc::Status refused = AllowExport(map.servers()[2], cluster, promoted_units, "m0");
+      EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+      EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("lost primary"));
+      const std::vector<BackupCopy> plan = PlanReReplication(
+          map, {true, false, true}, {}, [&](int, const std::string&, uint32_t slot) {
+            return cluster.shard_map().OwnerOfSlot(slot) == 1;
+          });
+      ASSERT_EQ(plan.size(), 1u);
+      EXPECT_EQ(plan[0].owner, 0);
+      EXPECT_EQ(plan[0].backup, 2);
+      // Server 1 back at its address, owning and backing nothing: the
+      // least loaded server, it takes the first of server 0's units (the
+      // backups of one owner are spread, the least loaded first).
+      ASSERT_TRUE(restarted.WaitForNotificationWithTimeout(absl::Seconds(60)));
+      const std::vector<BackupCopy> rejoined = PlanReReplication(
+          map, {true, true, true}, {}, [&](int, const std::string&, uint32_t slot) {
+            return cluster.shard_map().OwnerOfSlot(slot) == 1;
+          });
+      ASSERT_FALSE(rejoined.empty());
+      EXPECT_EQ(rejoined[0].owner, 0);
+      EXPECT_EQ(rejoined[0].backup, 1);
+      for (const BackupCopy& c : rejoined) {
+        absl::StatusOr<ShardMap> next =
+            AddBackup(cluster, map, c, absl::StrCat("m-", c.owner, "-", c.backup));
+        ASSERT_TRUE(next.ok()) << next.status();
+        map = *next;
+        // As the coordinator does after each: the others get the map too.
+        for (int s : {0, 1, 2}) {
+          if (cluster.EpochOn(s) < map.epoch()) {
+            ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
+          }
+        }
+      }
+      EXPECT_EQ(map.UnderReplicatedUnits(), promoted_units.slots.size());
+      // Once more: server 1 has the copy now, and refuses a second one.
+      absl::StatusOr<ShardMap> again = AddBackup(cluster, map, rejoined[0], "m2");
+      EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+      EXPECT_THAT(again.status().message(), ::testing::HasSubstr("has a copy on this server"));
+      for (int s : {0, 1, 2}) EXPECT_EQ(cluster.EpochOn(s), map.epoch()) << s;
+      copied.Notify();
+    }
+    if (step == 6) {
+      cluster.shard(0).Kill();
+      absl::StatusOr<ShardMap> promoted = PromoteBackups(map, 0);
+      ASSERT_TRUE(promoted.ok()) << promoted.status() << " (the re-replicated copy)";
+      map = *promoted;
+      for (int s : {1, 2}) ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
+    }
+  };
+  hooks[1].after_push = [&](int step) {
+    if (step != 4) return;
+    {
+      absl::MutexLock lock(&mu);
+      ++at_barrier;
+    }
+    ASSERT_TRUE(copied.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  };
+  std::thread trainer([&] { Train(cluster, hooks); });
+  if (lost.WaitForNotificationWithTimeout(absl::Seconds(60))) {
+    EXPECT_TRUE(cluster.Restart(1));
+    EXPECT_TRUE(cluster.SetMapOn(1, map.ToProto()).ok());  // map: rank 0 waits for this
+  }
+  restarted.Notify();
+  trainer.join();
+  ASSERT_TRUE(copied.HasBeenNotified());
+  const std::vector<float> got = cluster.ReadAll();
+  ExpectSameBits(want, got);
+}
+
+// The same under load: the copy and its hand-over run from a thread of
+// their own while both workers train (the owner holds every push of the
+// steps after its L, which the workers send again by the new map), and
+// server 0 is killed at a moment of its own once the copy is done.
+TEST(ReReplication, ACopyMadeWhileTheWorkersTrainCarriesASecondFailover) {
+  const std::vector<float> want = RowsWithoutFailure();
+  Cluster cluster;
+  ASSERT_TRUE(cluster.ok());
+  ShardMap map = cluster.shard_map();
+  absl::Mutex mu;  // map, across the threads
+  std::vector<testing::WorkerHooks> hooks(kWorld);
+  std::thread copier, killer;
+  hooks[0].before_push = [&](int step) {
+    if (step >= 3) absl::SleepFor(absl::Milliseconds(15));  // a run long enough
+  };
+  hooks[0].after_push = [&](int step) {
+    if (step != 1) return;
+    absl::MutexLock lock(&mu);
+    cluster.shard(1).Kill();
+    absl::StatusOr<ShardMap> promoted = PromoteBackups(map, 1);
+    ASSERT_TRUE(promoted.ok()) << promoted.status();
+    map = *promoted;
+    for (int s : {0, 2}) ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
+    copier = std::thread([&, lost = map] {
+      const std::vector<BackupCopy> plan = PlanReReplication(
+          lost, {true, false, true}, {}, [&](int, const std::string&, uint32_t slot) {
+            return cluster.shard_map().OwnerOfSlot(slot) == 1;
+          });
+      ASSERT_EQ(plan.size(), 1u);
+      absl::StatusOr<ShardMap> next = AddBackup(cluster, lost, plan[0], "m1");
+      ASSERT_TRUE(next.ok()) << next.status();
+      {
+        absl::MutexLock lock(&mu);
+        map = *next;
+      }
+      killer = std::thread([&] {
+        absl::SleepFor(absl::Milliseconds(20));
+        absl::MutexLock lock(&mu);
+        cluster.shard(0).Kill();
+        absl::StatusOr<ShardMap> promoted = PromoteBackups(map, 0);
+        ASSERT_TRUE(promoted.ok()) << promoted.status() << " (the re-replicated copy)";
+        map = *promoted;
+        ASSERT_TRUE(cluster.SetMapOn(2, map.ToProto()).ok());
+      });
+    });
+  };
+  Train(cluster, hooks);
+  if (copier.joinable()) copier.join();
+  if (killer.joinable()) killer.join();
+  EXPECT_EQ(cluster.EpochOn(2), 5u) << "two failovers and a re-replication";
+  ExpectSameBits(want, cluster.ReadAll());
+}
 
 // Async mode under steady pushes, two kills: every worker pushes a
 // gradient of 1 for its items at each step (SGD: each applied push moves a

@@ -12,6 +12,7 @@ grpc::Status MigrateIn(const std::string& target, const v1::MigrateInRequest& re
     *grant.mutable_slots() = request.slots();
     *grant.mutable_tables() = request.tables();
     grant.set_ttl_ms(120000);
+    grant.set_for_backup(request.as_backup());
     v1::AllowExportResponse granted;
     grpc::ClientContext ctx;
     ctx.set_deadline(In(absl::Seconds(10)));

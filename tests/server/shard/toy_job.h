@@ -102,7 +102,8 @@ inline std::vector<float> ReadAll(EmbeddingClient& client, int world, int steps)
   std::vector<float> out((users.size() + items.size()) * kDim);
   std::vector<LookupSpec> lookups = {{0, users, out.data()},
                                      {1, items, out.data() + users.size() * kDim}};
-  EXPECT_TRUE(client.Lookup(steps, lookups).ok());
+  const absl::Status read = client.Lookup(steps, lookups);
+  EXPECT_TRUE(read.ok()) << read;
   return out;
 }
 
