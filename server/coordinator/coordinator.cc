@@ -301,6 +301,9 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
                                        : request.address(),
           ") is alive under ", entry->record.identity(), ", not ", caller.uri));
     }
+    if (entry != nullptr && request.role() == v1::SHARD_SERVER) {
+      NoteShardRestart(*entry, request, &deferred);
+    }
     v1::MemberRecord record;
     if (entry != nullptr) {
       record = entry->record;
@@ -320,7 +323,10 @@ absl::StatusOr<v1::RegisterResponse> Coordinator::Register(
     record.set_state(v1::ALIVE);
     record.set_registered_unix_ms(ToUnixMs(now));
     record.set_identity(caller.uri);
-    if (request.role() == v1::SHARD_SERVER) *record.mutable_capacity() = request.capacity();
+    if (request.role() == v1::SHARD_SERVER) {
+      *record.mutable_capacity() = request.capacity();
+      record.set_incarnation(request.incarnation());
+    }
     if (request.role() == v1::WORKER && has_job_ && job_started_.empty()) {
       // From now on the job may have trained: it is no longer replaceable.
       std::string started = absl::StrCat(record.member_id(), " (rank ", record.rank(),

@@ -21,6 +21,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -212,6 +214,12 @@ class Coordinator {
     std::vector<std::string> zones;
   };
   ServerLiveness LivenessOf(const std::vector<std::string>& addresses) const;
+  // The units this coordinator promoted at failovers, as (owner address,
+  // table or "" for a slot of the map's slot owners, slot): they step on
+  // the lost primary's clock on their owner and are not re-replicated yet.
+  // In memory: after a restart the owners' refusals say it.
+  using PromotedUnit = std::tuple<std::string, std::string, uint32_t>;
+  std::set<PromotedUnit> PromotedUnits() const;
 
   // UNAVAILABLE (naming how many servers are still missing) before the
   // first map is built.
@@ -345,8 +353,14 @@ class Coordinator {
   // epoch by the backups of what it owned (PromoteBackups), pushed to the
   // servers and published. Without a backup left for one of its units the
   // map stays: the job falls back to its checkpoint restart.
+  // A shard server registering with another incarnation than the one
+  // registered at its address (restarted within its lease): logs it and
+  // fails the old process over (coordinator_failover.cc).
+  void NoteShardRestart(const MemberEntry& entry, const v1::RegisterRequest& request,
+                        Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailOver(const std::string& address, absl::Time last_heartbeat, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::set<PromotedUnit> promoted_units_ ABSL_GUARDED_BY(mu_);
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
   std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -25,6 +25,7 @@ void Coordinator::FailOver(const std::string& address, absl::Time last_heartbeat
   const auto count = [&](const char* result) {
     if (metrics_ != nullptr) metrics_->failovers.Add({{"result", result}}).Increment();
   };
+  const v1::ShardMap map_before = map_;
   absl::StatusOr<ShardMap> promoted = PromoteBackups(*map, lost);
   if (!promoted.ok()) {
     count("data_loss");
@@ -39,12 +40,47 @@ void Coordinator::FailOver(const std::string& address, absl::Time last_heartbeat
     return;
   }
   count("promoted");
+  // Which units changed owner: their new owner steps them on the lost
+  // primary's clock (re-replication leaves them for now).
+  const v1::ShardMap& before = map_before;
+  for (int slot = 0; slot < before.slot_owner_size() && slot < next.slot_owner_size(); ++slot) {
+    if (before.slot_owner(slot) != next.slot_owner(slot)) {
+      promoted_units_.emplace(next.servers(static_cast<int>(next.slot_owner(slot))), "",
+                              static_cast<uint32_t>(slot));
+    }
+  }
+  for (int t = 0; t < before.tables_size() && t < next.tables_size(); ++t) {
+    const v1::TableRouting& was = before.tables(t);
+    const v1::TableRouting& is = next.tables(t);
+    if (was.slot_owner_size() == 0 && was.column_groups_size() == 0 && was.owner() != is.owner()) {
+      promoted_units_.emplace(next.servers(static_cast<int>(is.owner())), is.table(), 0);
+    }
+  }
   const absl::Duration took = Now() - last_heartbeat;
   if (metrics_ != nullptr) metrics_->failover_seconds.Observe(absl::ToDoubleSeconds(took));
   LogWarning("failover: shard server ", address, " lost (", absl::FormatDuration(took),
              " since its last heartbeat); its backups own its rows in shard map epoch ",
              next.epoch(), " (", promoted->UnderReplicatedUnits(),
              " unit(s) now without a backup)");
+}
+
+void Coordinator::NoteShardRestart(const MemberEntry& entry, const v1::RegisterRequest& request,
+                                   Deferred* deferred) {
+  const uint64_t was = entry.record.incarnation();
+  if (was == 0 || request.incarnation() == 0 || was == request.incarnation()) return;
+  LogWarning("shard server ", request.address(), " restarted (incarnation ",
+             absl::Hex(was, absl::kZeroPad16), ", now ",
+             absl::Hex(request.incarnation(), absl::kZeroPad16),
+             "): its old process, and the rows it held, are gone");
+  // Its lease would never lapse: the new process renews it as the same
+  // member. The old one cannot still serve: only one process binds an
+  // address (a StatefulSet pod's name too), so no fencing is waited for.
+  if (entry.record.state() == v1::ALIVE) FailOver(request.address(), entry.last_heartbeat, deferred);
+}
+
+std::set<Coordinator::PromotedUnit> Coordinator::PromotedUnits() const {
+  absl::MutexLock lock(&mu_);
+  return promoted_units_;
 }
 
 Coordinator::ServerLiveness Coordinator::LivenessOf(

@@ -157,9 +157,8 @@ class MoveOrchestrator {
   // (longer while runs copy nothing): plans copies of the units without a
   // full set of backups onto live servers, queued as add_backup moves.
   void MaybeReReplicate();
-  // Notes the units whose owner changed since the last map seen (promoted
-  // at a failover: not re-replicated yet) and lets go of skipped units
-  // whose owner changed again.
+  // A new map: the next plan may run at once, and refused units whose
+  // owner changed since are planned again.
   void ObserveMap(const v1::ShardMap& map);
   // An owner refused to export units for a backup (FAILED_PRECONDITION:
   // it steps them on a lost primary's clock): they are skipped.

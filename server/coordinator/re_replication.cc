@@ -6,10 +6,9 @@
 //
 // Units an owner got by promotion step on the lost primary's clock, which a
 // new backup cannot follow: their owner refuses to export them for a backup.
-// They are skipped: those promoted while this coordinator watched are seen
-// as owner changes between two maps (on a replicated map only a failover
-// changes owners: moves are refused), those promoted before it started by
-// the refusal.
+// They are skipped: those this coordinator promoted by its record
+// (Coordinator::PromotedUnits), those promoted before it started by the
+// refusal (which skips the refused copy's units until their owner changes).
 #include <algorithm>
 #include <set>
 #include <string>
@@ -59,34 +58,11 @@ void MoveOrchestrator::ObserveMap(const v1::ShardMap& map) {
   // A new map (a failover, say) may let copies through: no back-off.
   failed_rounds_ = 0;
   next_re_replication_ = std::min(next_re_replication_, Now() + options_.retry_interval);
-  int promoted = 0;
-  if (seen_map_.replication() > 1 && map.replication() > 1) {
-    for (uint32_t slot = 0; static_cast<int>(slot) < map.slot_owner_size(); ++slot) {
-      const std::string before = SlotOwner(seen_map_, slot);
-      const std::string now = SlotOwner(map, slot);
-      if (!before.empty() && !now.empty() && before != now) {
-        promoted += skip_.emplace(now, "", slot).second;
-      }
-    }
-    for (const v1::TableRouting& t : map.tables()) {
-      if (!TableWise(t)) continue;
-      const std::string before = TableOwner(seen_map_, t.table());
-      const std::string now = TableOwner(map, t.table());
-      if (!before.empty() && !now.empty() && before != now) {
-        promoted += skip_.emplace(now, t.table(), 0).second;
-      }
-    }
-  }
   // A skipped unit whose owner changed again is planned like any other.
   for (auto it = skip_.begin(); it != skip_.end();) {
     const auto& [owner, table, slot] = *it;
     const std::string now = table.empty() ? SlotOwner(map, slot) : TableOwner(map, table);
     it = now == owner ? std::next(it) : skip_.erase(it);
-  }
-  if (promoted > 0) {
-    LogInfo("re-replication: ", promoted, " unit(s) changed owner in shard map epoch ",
-            map.epoch(), " (promoted at a failover): they get no new backup while their "
-            "owner steps them on the lost primary's clock");
   }
   seen_map_ = map;
 }
@@ -142,6 +118,7 @@ void MoveOrchestrator::MaybeReReplicate() {
     next_re_replication_ = Now() + options_.retry_interval;
     skip = skip_;
   }
+  for (const Coordinator::PromotedUnit& u : coordinator_->PromotedUnits()) skip.insert(u);
   absl::StatusOr<ShardMap> map = ShardMap::FromProto(*proto);
   if (!map.ok()) return;
   const int64_t under = map->UnderReplicatedUnits();

@@ -71,7 +71,18 @@ ShardDataPlane::ShardDataPlane(LayeredStore* store,
 
 absl::Status ShardDataPlane::CheckHeader(const v1::RequestHeader& header,
                                       const MapView& view, bool forwarded) const {
-  // First: a caller that knew another process at this address must learn
+  const uint64_t epoch = view->map.epoch();
+  // A request routed by an older map than this server's is stale first:
+  // the caller takes the new map, which may no longer send it here (a
+  // server restarted at this address after a failover gave it nothing: a
+  // retry of a call to the old process is then no loss).
+  if (view->self >= 0 && header.shard_map_epoch() < epoch && !forwarded) {
+    return StaleEpochError(
+        absl::StrCat("stale shard map: request routed with epoch ", header.shard_map_epoch(),
+                     ", this server is at epoch ", epoch, "; refresh the map and retry"),
+        epoch);
+  }
+  // Then: a caller that knew another process at this address must learn
   // that its rows are gone now, not after a wait for a map (UNAVAILABLE,
   // retried) or for a step this fresh clock never saw (parked until the
   // step timeout, or refused as ahead of the sync window).
@@ -84,18 +95,10 @@ absl::Status ShardDataPlane::CheckHeader(const v1::RequestHeader& header,
         ": the rows the old process held were lost (this one serves "
         "freshly initialised rows)"));
   }
-  const uint64_t epoch = view->map.epoch();
   if (view->self < 0) {
     return absl::UnavailableError(absl::StrCat(
         "shard server ", view->self_address,
         " has no shard map that lists it yet (epoch ", epoch, ")"));
-  }
-  if (header.shard_map_epoch() < epoch && !forwarded) {
-    return StaleEpochError(
-        absl::StrCat("stale shard map: request routed with epoch ",
-                     header.shard_map_epoch(), ", this server is at epoch ",
-                     epoch, "; refresh the map and retry"),
-        epoch);
   }
   if (header.shard_map_epoch() > epoch) {
     return absl::UnavailableError(absl::StrCat(

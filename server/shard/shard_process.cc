@@ -304,6 +304,7 @@ absl::Status ShardProcess::Serve() {
     request.set_num_slots(o.num_slots);
     *request.mutable_tables() = o.tables.tables();
     *request.mutable_capacity() = capacity_;
+    request.set_incarnation(shard_->incarnation());
     lease_ = std::make_unique<client::CoordinatorLease>(
         coordinator_.get(), request, nullptr,
         [refused = o.on_registration_refused](const absl::Status& s) {

@@ -217,6 +217,66 @@ TEST(CoordinatorPlanProcessTest, ReplicasGoToServersOfOtherZones) {
   }));
 }
 
+// A shard server of a replicated map killed and started again at its
+// address well within its lease (as Kubernetes restarts a pod): the
+// coordinator sees another incarnation register and fails the old process
+// over at once (the new one would otherwise renew the old one's lease,
+// and the map would route to a server without its rows); the restarted
+// server, owning nothing, then becomes a backup by re-replication.
+TEST(CoordinatorPlanProcessTest, AShardServerRestartedWithinItsLeaseIsFailedOverAndRejoins) {
+  TempDir dir;
+  const std::string job = dir.WriteFile("job.textproto", kJob);
+  const std::vector<std::string> shard_args = {"--job=" + job, "--num_slots=256",
+                                               "--threads=1"};
+  auto started = testing::StartCoordinatedCluster(
+      RECPS_COORDINATOR_BINARY,
+      {"--state_dir=" + dir.path() + "/state", "--num_shards=3", "--num_slots=256",
+       "--job=" + job, "--replication=2", "--tick=20ms", "--lease=60s"},
+      RECPS_SHARD_BINARY, shard_args, 3);
+  ASSERT_TRUE(started.ok()) << started.status();
+  testing::CoordinatedCluster& cluster = *started;
+  auto coordinator = v1::Coordinator::NewStub(
+      rpc::MakeChannel(cluster.coordinator->address(), rpc::ChannelKind::kControl));
+  const auto current_map = [&]() -> absl::StatusOr<ShardMap> {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::GetCoordinatorShardMapResponse got;
+    const grpc::Status s =
+        coordinator->GetShardMap(&context, v1::GetCoordinatorShardMapRequest(), &got);
+    if (!s.ok()) return absl::UnavailableError(s.error_message());
+    return ShardMap::FromProto(got.shard_map());
+  };
+  ASSERT_TRUE(Eventually([&] {
+    absl::StatusOr<ShardMap> m = current_map();
+    return m.ok() && m->epoch() == 1;
+  }));
+  const std::string address = cluster.addresses[1];
+  cluster.shards[1]->Kill();
+  std::vector<std::string> args = shard_args;
+  args.push_back("--coordinator=" + cluster.coordinator->address());
+  args.push_back("--listen=" + address);
+  absl::StatusOr<std::unique_ptr<LocalShard>> restarted = LocalShard::Start(RECPS_SHARD_BINARY, args);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  // Seconds, not the 60 s lease.
+  const absl::Time start = absl::Now();
+  std::string last;
+  ASSERT_TRUE(Eventually(
+      [&] {
+        absl::StatusOr<ShardMap> m = current_map();
+        if (!m.ok()) return false;
+        const int index = m->IndexOf(address);
+        last = absl::StrCat("epoch ", m->epoch(), ", owns ", m->OwnsAnything(index),
+                            ", backs ", m->BacksAnything(index));
+        return index >= 0 && !m->OwnsAnything(index) && m->BacksAnything(index);
+      },
+      absl::Seconds(30)))
+      << last;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  const std::string metrics = testing::ScrapeMetrics(cluster.coordinator->metrics_port());
+  EXPECT_EQ(testing::MetricValue(metrics, "recps_coordinator_failovers_total{result=\"promoted\"}"),
+            1);
+}
+
 // Item pinned column-wise: the coordinator plans two column groups, the
 // shards create them when the map arrives, and a client's lookups return
 // the same rows as a standalone shard holding the table whole.

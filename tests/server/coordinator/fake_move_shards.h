@@ -89,6 +89,7 @@ class FakeMoveShards : public ShardMoveRpc {
       return r;
     }
     if (target_installs_anyway) maps[request.target()] = request.new_map();
+    if (target_dies_at_handover) down.insert(request.target());
     return handover_error;
   }
   absl::StatusOr<v1::AbortMoveResponse> AbortMove(const std::string& address,
@@ -119,6 +120,8 @@ class FakeMoveShards : public ShardMoveRpc {
   std::map<std::string, std::set<uint32_t>> promoted;
   absl::Status handover_error;
   bool target_installs_anyway = false;
+  // A failed hand-over's target stops answering (it died meanwhile).
+  bool target_dies_at_handover = false;
   bool block_handover = false;
   std::vector<std::pair<std::string, v1::MigrateInRequest>> migrate_ins;
   std::vector<std::pair<std::string, v1::AllowExportRequest>> grants;

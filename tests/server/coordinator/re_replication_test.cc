@@ -283,5 +283,36 @@ TEST_F(ReReplicationTest, AFailedCopyIsTriedAgainOnALaterRound) {
   }
 }
 
+// A new backup that died during its hand-over: the owner, which alone
+// decides where it forwards, ended the hand-over without the new map, so
+// the move is rolled back at once instead of waiting for the dead server
+// (which would hold every later re-replication and rebalance back).
+TEST_F(ReReplicationTest, AHandOverWhoseNewBackupDiedIsRolledBackOnTheOwnersWord) {
+  {
+    absl::MutexLock lock(&shards_->mu);
+    shards_->handover_error = absl::UnavailableError("the new backup stopped answering");
+    shards_->target_dies_at_handover = true;
+  }
+  auto c = Open({kA, kB, kC, kD});
+  ASSERT_TRUE(c->moves().WaitIdle(absl::Seconds(10)));
+  FailOver(*c, kD);
+  ASSERT_TRUE(testing::Eventually(
+      [&] {
+        absl::MutexLock lock(&shards_->mu);
+        return !shards_->handovers.empty();
+      },
+      absl::Seconds(10)));
+  {
+    absl::MutexLock lock(&shards_->mu);
+    shards_->handover_error = absl::OkStatus();  // later rounds go through
+  }
+  ASSERT_TRUE(c->moves().WaitIdle(absl::Seconds(10)));
+  const v1::ListRebalanceMovesResponse list = c->moves().List();
+  ASSERT_FALSE(list.moves().empty());
+  const v1::MoveRecord& first = list.moves(0);
+  EXPECT_EQ(first.state(), v1::MoveRecord::ABORTED) << first.error();
+  EXPECT_THAT(first.resolved(), HasSubstr("the owner ended its hand-over without the new map"));
+}
+
 }  // namespace
 }  // namespace recps::server

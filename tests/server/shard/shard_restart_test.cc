@@ -192,5 +192,51 @@ TEST(ShardRestart, RestartedServerWithoutAMapYetIsDataLossAtOnce) {
   ExpectNamesTheRestart(s, address, r.before, r.after);
 }
 
+// A server restarted at its address after a map that gives it nothing
+// (a failover of a replicated map does that) is no loss to a client that
+// still routes by the older map: the request is refused as stale first,
+// the client takes the new map and forgets the old process. Before, the
+// old incarnation was checked first and a retry in flight when the server
+// came back failed the job with DATA_LOSS.
+TEST(ShardRestart, ARequestRoutedByAnOlderMapToARestartedServerIsStaleNotDataLoss) {
+  TempDir dir;
+  auto cluster = testing::StartShardCluster(RECPS_SHARD_BINARY, ShardArgs(dir), 2, kSlots);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string lost = (*cluster)[0]->address();
+  const std::string kept = (*cluster)[1]->address();
+  auto client = EmbeddingClient::Create(
+      {{"user", kDim}}, client::MakeServerShardMapSource({lost, kept}), Options());
+  ASSERT_TRUE(client.ok()) << client.status();
+  Train(**client, 2);
+  std::vector<std::string> args = ShardArgs(dir);
+  args.push_back(absl::StrCat("--num_slots=", kSlots));
+  Restarted r = Restart(std::move((*cluster)[0]), args);
+  ASSERT_NE(r.shard, nullptr);
+  // Epoch 2: every slot on the kept server, the restarted one listed.
+  v1::ShardMap next;
+  next.set_epoch(2);
+  next.set_num_slots(kSlots);
+  next.add_servers(lost);
+  next.add_servers(kept);
+  for (uint32_t slot = 0; slot < kSlots; ++slot) next.add_slot_owner(1);
+  for (const std::string& address : {lost, kept}) {
+    v1::SetShardMapRequest request;
+    *request.mutable_shard_map() = next;
+    request.set_self(address);
+    v1::SetShardMapResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    const grpc::Status set = v1::ShardAdmin::NewStub(rpc::MakeChannel(
+                                 address, rpc::ChannelKind::kControl))
+                                 ->SetShardMap(&context, request, &response);
+    ASSERT_TRUE(set.ok()) << address << ": " << set.error_message();
+  }
+  std::vector<int64_t> ids = {1, 2, 3, 40, 41};
+  std::vector<float> rows(ids.size() * kDim);
+  const absl::Status s = (*client)->Lookup(2, {{{0, ids, rows.data()}}});
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ((*client)->shard_map_epoch(), 2u);
+}
+
 }  // namespace
 }  // namespace recps
