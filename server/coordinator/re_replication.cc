@@ -106,8 +106,11 @@ void MoveOrchestrator::MaybeReReplicate() {
     if (!running_.empty() || !to_run_.empty() || !unresolved_.empty()) return;
     if (!last_re_replication_.empty()) {
       // A copy that keeps failing should not fill the move list and the log.
+      // (A copy, not the member, in the lambda: the lock analysis cannot
+      // see into it.)
+      const std::string last = last_re_replication_;
       const bool copied = std::any_of(moves_.begin(), moves_.end(), [&](const v1::MoveRecord& r) {
-        return r.rebalance_id() == last_re_replication_ && r.state() == v1::MoveRecord::DONE;
+        return r.rebalance_id() == last && r.state() == v1::MoveRecord::DONE;
       });
       last_re_replication_.clear();
       failed_rounds_ = copied ? 0 : failed_rounds_ + 1;
