@@ -209,10 +209,10 @@ class MoveOrchestrator {
   // New servers an automatic rebalance was tried for.
   std::vector<std::string> auto_tried_ ABSL_GUARDED_BY(mu_);
   // Re-replication: units (owner address, table, slot; as
-  // PlanReReplication's skip) that cannot get a backup yet, the last map
-  // ObserveMap saw, and when the next plan may run.
+  // PlanReReplication's skip) that cannot get a backup yet, the epoch of
+  // the last map ObserveMap saw, and when the next plan may run.
   std::set<std::tuple<std::string, std::string, uint32_t>> skip_ ABSL_GUARDED_BY(mu_);
-  v1::ShardMap seen_map_ ABSL_GUARDED_BY(mu_);
+  uint64_t seen_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time next_re_replication_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Epoch of the last map a "nothing to copy" note was logged for.
   uint64_t noted_epoch_ ABSL_GUARDED_BY(mu_) = 0;

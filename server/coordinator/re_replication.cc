@@ -54,7 +54,7 @@ std::string TableOwner(const v1::ShardMap& m, const std::string& table) {
 void MoveOrchestrator::ObserveMap(const v1::ShardMap& map) {
   absl::MutexLock lock(&mu_);
   // Epochs only grow, and one epoch names one map.
-  if (seen_map_.epoch() == map.epoch() && seen_map_.epoch() != 0) return;
+  if (seen_epoch_ == map.epoch() && seen_epoch_ != 0) return;
   // A new map (a failover, say) may let copies through: no back-off.
   failed_rounds_ = 0;
   next_re_replication_ = std::min(next_re_replication_, Now() + options_.retry_interval);
@@ -64,7 +64,7 @@ void MoveOrchestrator::ObserveMap(const v1::ShardMap& map) {
     const std::string now = table.empty() ? SlotOwner(map, slot) : TableOwner(map, table);
     it = now == owner ? std::next(it) : skip_.erase(it);
   }
-  seen_map_ = map;
+  seen_epoch_ = map.epoch();
 }
 
 void MoveOrchestrator::SkipRefused(const v1::MoveRecord& record, const absl::Status& refusal) {
