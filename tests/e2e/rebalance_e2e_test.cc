@@ -178,11 +178,11 @@ class RebalanceE2e : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     reference_run_ = new RebalanceRun();
-    absl::StatusOr<client::ChildProcess> p = reference_run_->Start(2, {});
-    ASSERT_TRUE(p.ok()) << p.status();
-    absl::StatusOr<int> code = p->Wait(absl::Seconds(300));
-    ASSERT_TRUE(code.ok() && *code == 0) << ReadAll(reference_run_->log);
-    reference_ = new Outcome(Collect(*reference_run_));
+    // Run once per build of the binaries, by the suite's first process.
+    absl::StatusOr<Outcome> reference =
+        ::recps::testing::ReferenceOutcome(*reference_run_, 2, absl::Seconds(300));
+    ASSERT_TRUE(reference.ok()) << reference.status();
+    reference_ = new Outcome(*std::move(reference));
   }
   static void TearDownTestSuite() {
     delete reference_;

@@ -1,14 +1,22 @@
 #include "tests/testing/local_run.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -254,6 +262,142 @@ void ExpectSameOutcome(const RunOutcome& reference, const RunOutcome& got, int s
     ADD_FAILURE() << "rank " << rank << "'s losses differ (" << reference.losses[rank].size()
                   << " vs " << got.losses[rank].size() << " steps), first at " << first;
   }
+}
+
+namespace {
+
+void PutBytes(std::string& out, absl::string_view bytes) {
+  const uint64_t n = bytes.size();
+  out.append(reinterpret_cast<const char*>(&n), sizeof(n));
+  out.append(bytes.data(), bytes.size());
+}
+
+bool GetBytes(absl::string_view& in, std::string* bytes) {
+  uint64_t n = 0;
+  if (in.size() < sizeof(n)) return false;
+  std::memcpy(&n, in.data(), sizeof(n));
+  in.remove_prefix(sizeof(n));
+  if (in.size() < n) return false;
+  bytes->assign(in.data(), n);
+  in.remove_prefix(n);
+  return true;
+}
+
+std::string Encode(const RunOutcome& o) {
+  std::string out;
+  PutBytes(out, absl::StrCat(o.rows.size()));
+  for (const auto& [key, row] : o.rows) {
+    PutBytes(out, key);
+    PutBytes(out, row);
+  }
+  PutBytes(out, o.dense);
+  PutBytes(out, absl::StrCat(o.losses.size()));
+  for (const auto& rank : o.losses) {
+    PutBytes(out, absl::StrCat(rank.size()));
+    for (const auto& [step, loss] : rank) {
+      PutBytes(out, absl::StrCat(step));
+      PutBytes(out, loss);
+    }
+  }
+  PutBytes(out, o.error);
+  return out;
+}
+
+bool Decode(absl::string_view in, RunOutcome* o) {
+  std::string text;
+  size_t n = 0;
+  if (!GetBytes(in, &text) || !absl::SimpleAtoi(text, &n)) return false;
+  for (size_t i = 0; i < n; ++i) {
+    std::string key, row;
+    if (!GetBytes(in, &key) || !GetBytes(in, &row)) return false;
+    o->rows.emplace(std::move(key), std::move(row));
+  }
+  size_t ranks = 0;
+  if (!GetBytes(in, &o->dense) || !GetBytes(in, &text) || !absl::SimpleAtoi(text, &ranks)) {
+    return false;
+  }
+  o->losses.resize(ranks);
+  for (auto& rank : o->losses) {
+    if (!GetBytes(in, &text) || !absl::SimpleAtoi(text, &n)) return false;
+    for (size_t i = 0; i < n; ++i) {
+      int64_t step = 0;
+      std::string loss;
+      if (!GetBytes(in, &text) || !absl::SimpleAtoi(text, &step) || !GetBytes(in, &loss)) {
+        return false;
+      }
+      rank.emplace(step, std::move(loss));
+    }
+  }
+  return GetBytes(in, &o->error) && in.empty();
+}
+
+// What the reference run depends on besides its job: the binaries.
+std::string BinariesKey() {
+  std::string key;
+  std::error_code ec;
+  const std::filesystem::path bin = std::filesystem::path(RECPS_LAUNCHER_BINARY).parent_path();
+  std::vector<std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(bin, ec)) {
+    if (absl::StartsWith(entry.path().filename().string(), "recps")) {
+      files.push_back(entry.path().string());
+    }
+  }
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files) {
+    const auto size = std::filesystem::file_size(f, ec);
+    const auto time = std::filesystem::last_write_time(f, ec).time_since_epoch().count();
+    absl::StrAppend(&key, "|", f, ":", size, ":", time);
+  }
+  return key;
+}
+
+}  // namespace
+
+absl::StatusOr<RunOutcome> ReferenceOutcome(const LocalRun& run, int shards,
+                                            absl::Duration timeout) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::filesystem::path dir =
+      std::filesystem::path(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") / "recps-e2e-references";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  // The job file as written (its checkpoint folder is the run's own).
+  const std::string job =
+      absl::StrCat(absl::StrReplaceAll(ReadAll(run.job), {{run.checkpoints, "CKPT"}}), "/",
+                   run.workers, "/", shards, "/", run.insecure);
+  const std::string prefix =
+      absl::StrFormat("%s-%016x", run.spec.name, StableNameKey(job));
+  const std::string file =
+      (dir / absl::StrFormat("%s-%016x", prefix, StableNameKey(BinariesKey()))).string();
+  // One process runs it; the suite's others wait here and read its file.
+  const int lock = open((dir / (prefix + ".lock")).c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock >= 0) flock(lock, LOCK_EX);
+  absl::Cleanup unlock = [lock] {
+    if (lock >= 0) close(lock);
+  };
+  RunOutcome outcome;
+  if (std::filesystem::exists(file) && Decode(ReadAll(file), &outcome)) return outcome;
+  absl::StatusOr<client::ChildProcess> p = run.Start(shards, {});
+  if (!p.ok()) return p.status();
+  absl::StatusOr<int> code = p->Wait(timeout);
+  if (!code.ok() || *code != 0) {
+    return absl::InternalError(absl::StrCat(
+        "the reference run failed (", code.ok() ? absl::StrCat("exit ", *code)
+                                                 : std::string(code.status().message()),
+        "):\n", ReadAll(run.log)));
+  }
+  outcome = CollectOutcome(run);
+  // Older builds' files of this job go; the new one is renamed in whole.
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (absl::StartsWith(name, prefix + "-")) std::filesystem::remove(entry.path(), ec);
+  }
+  const std::string partial = file + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    out << Encode(outcome);
+  }
+  std::filesystem::rename(partial, file, ec);
+  return outcome;
 }
 
 }  // namespace recps::testing

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "client/launcher/process.h"
 #include "tests/testing/files.h"  // ReadAll, for the tests that use this
 #include "tests/testing/local_shard.h"
@@ -76,6 +77,14 @@ struct RunOutcome {
 
 // Reads the final checkpoint (step spec.steps) and the loss logs of `run`.
 RunOutcome CollectOutcome(const LocalRun& run);
+// The outcome of `run` started with `shards` shard servers and no other
+// flags, run to its end (at most `timeout`). ctest runs each case of a
+// suite in a process of its own, and each would run the suite's reference
+// again: the first writes it to a file in the temp dir, named by the job
+// and the size and time of every recps binary, and the others read it
+// (waiting for the first, under a file lock).
+absl::StatusOr<RunOutcome> ReferenceOutcome(const LocalRun& run, int shards,
+                                            absl::Duration timeout);
 // EXPECTs (gtest) that `got` equals `reference`, bit for bit, and that the
 // reference has every step's loss. With `read_only_rows_of` (the run's job
 // file), a row of the reference that `got` lacks passes when it holds its
