@@ -53,8 +53,7 @@ absl::StatusOr<v1::RegisterResponse> CoordinatorClient::RegisterOnce(
 }
 
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::HeartbeatOnce(
-    const std::string& member_id) {
-  v1::HeartbeatRequest request;
+    const std::string& member_id, v1::HeartbeatRequest request) {
   request.set_member_id(member_id);
   v1::HeartbeatResponse response;
   RETURN_IF_ERROR(CallOnce("Heartbeat", &v1::Coordinator::Stub::Heartbeat,
@@ -289,11 +288,13 @@ std::string CoordinatorClient::DescribeSilentWorkers(absl::Time since) {
 CoordinatorLease::CoordinatorLease(CoordinatorClient* client,
                                    v1::RegisterRequest request,
                                    const v1::RegisterResponse* registered,
-                                   RefusedFn on_refused, RenewedFn on_renewed)
+                                   RefusedFn on_refused, RenewedFn on_renewed,
+                                   DescribeFn describe)
     : client_(client),
       request_(std::move(request)),
       on_refused_(std::move(on_refused)),
-      on_renewed_(std::move(on_renewed)) {
+      on_renewed_(std::move(on_renewed)),
+      describe_(std::move(describe)) {
   if (registered != nullptr) {
     member_id_ = registered->member_id();
     epoch_ = registered->shard_map_epoch();
@@ -368,7 +369,9 @@ void CoordinatorLease::Loop() {
       }
       if (r.ok() && on_renewed_) on_renewed_(sent + absl::Milliseconds(r->lease_ms()));
     } else {
-      absl::StatusOr<v1::HeartbeatResponse> r = client_->HeartbeatOnce(member_id);
+      v1::HeartbeatRequest beat;
+      if (describe_) describe_(&beat);
+      absl::StatusOr<v1::HeartbeatResponse> r = client_->HeartbeatOnce(member_id, std::move(beat));
       status = r.status();
       if (r.ok()) {
         absl::MutexLock lock(&mu_);

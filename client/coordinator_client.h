@@ -63,7 +63,9 @@ class CoordinatorClient {
   // One attempt each, no retry: the lease loop decides what a failure
   // means and when to try again.
   absl::StatusOr<v1::RegisterResponse> RegisterOnce(const v1::RegisterRequest& request);
-  absl::StatusOr<v1::HeartbeatResponse> HeartbeatOnce(const std::string& member_id);
+  // `request`'s member_id is set to `member_id`.
+  absl::StatusOr<v1::HeartbeatResponse> HeartbeatOnce(const std::string& member_id,
+                                                      v1::HeartbeatRequest request = {});
   absl::Status LeaveOnce(const std::string& member_id);
   // FAILED_PRECONDITION when the coordinator has no job.
   absl::StatusOr<v1::JobConfig> GetJob();
@@ -157,6 +159,9 @@ class CoordinatorLease {
   // when the request was sent plus the lease. A replicated shard server
   // takes no writes past it (it may have been failed over).
   using RenewedFn = std::function<void(absl::Time held_until)>;
+  // Called (from the lease thread) before each heartbeat: what the member
+  // tells the coordinator besides being alive.
+  using DescribeFn = std::function<void(v1::HeartbeatRequest*)>;
 
   // `client` must outlive the lease. When `registered` is given (the
   // caller registered already) the thread starts with heartbeats; else it
@@ -164,7 +169,8 @@ class CoordinatorLease {
   // `on_refused`, a refused registration is retried like any failure.
   CoordinatorLease(CoordinatorClient* client, v1::RegisterRequest request,
                    const v1::RegisterResponse* registered = nullptr,
-                   RefusedFn on_refused = nullptr, RenewedFn on_renewed = nullptr);
+                   RefusedFn on_refused = nullptr, RenewedFn on_renewed = nullptr,
+                   DescribeFn describe = nullptr);
   ~CoordinatorLease();
 
   CoordinatorLease(const CoordinatorLease&) = delete;
@@ -192,6 +198,7 @@ class CoordinatorLease {
   const v1::RegisterRequest request_;
   const RefusedFn on_refused_;
   const RenewedFn on_renewed_;
+  const DescribeFn describe_;
   mutable absl::Mutex mu_;
   std::string member_id_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;

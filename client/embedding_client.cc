@@ -560,7 +560,17 @@ void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
     ShardCall& c = *rounds.calls[i];
     const CallResult& r = c.result();
     const std::string& address = map.servers()[c.part().server];
-    switch (rounds.retry.Judge(address, r.status, r.server_epoch, r.deadline)) {
+    // The call's incarnation check failed: a new process at the address. A
+    // replicated map's newer epoch gives its rows to its backups; the
+    // incarnation stays known meanwhile, so the new process is never read
+    // as the old one.
+    const bool restarted = c.header().incarnation() != 0 &&
+                           r.status.error_code() == grpc::StatusCode::DATA_LOSS;
+    const internal::CallVerdict verdict =
+        restarted && map.replication() > 1
+            ? rounds.retry.AwaitFailover(address, r.status)
+            : rounds.retry.Judge(address, r.status, r.server_epoch, r.deadline);
+    switch (verdict) {
       case internal::CallVerdict::kOk:
         if (!r.consumed.ok()) {
           rounds.retry.FailResponse(address, r.consumed);
@@ -581,9 +591,9 @@ void EmbeddingClient::JudgeCalls(const ShardMap& map, RoutedBatch& batch,
         // Only this request's ids; the next map may send them elsewhere.
         batch.Requeue(c.part().server, c.part().begin, c.part().end);
         rounds.again = true;
-        // ABORTED (stale map) is a refusal: the server took nothing of
+        // ABORTED (stale map) and a new process's refusal took nothing of
         // this request (an earlier one's part stays unsure, above).
-        if (Rpc::kParts &&
+        if (Rpc::kParts && !restarted &&
             r.status.error_code() != grpc::StatusCode::ABORTED) {
           rounds.unsure_parts[address] = c.header().push_part();
         }

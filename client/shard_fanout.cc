@@ -94,6 +94,14 @@ CallVerdict RetryState::Judge(const std::string& address,
   return CallVerdict::kFail;
 }
 
+CallVerdict RetryState::AwaitFailover(const std::string& address,
+                                      const grpc::Status& status) {
+  Remember(address, status);
+  want_backoff_ = true;
+  want_newer_map_ = true;
+  return CallVerdict::kRetry;
+}
+
 void RetryState::FailResponse(const std::string& address,
                               const absl::Status& status) {
   error_ =

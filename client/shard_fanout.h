@@ -66,6 +66,12 @@ class RetryState {
   // error is returned by error(), prefixed with the address.
   CallVerdict Judge(const std::string& address, const grpc::Status& status,
                     std::optional<uint64_t> server_epoch, absl::Time deadline);
+  // A replicated map's owner at `address` answered as a restarted process
+  // (DATA_LOSS naming another incarnation): it was failed over, or is
+  // about to be (the coordinator does so when the new process registers),
+  // and its backups own its rows in a newer map. Retried with a backoff
+  // and a refresh to a newer map, until failover_wait ends it (kRetry).
+  CallVerdict AwaitFailover(const std::string& address, const grpc::Status& status);
   // The error of the last kFail verdict (or a response the caller rejected).
   absl::Status error() const { return error_; }
   // Marks the call to `address` as failed with a malformed response.

@@ -496,6 +496,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(
         "heartbeat: ", request.member_id(), " left the cluster; register again"));
   }
   found->last_heartbeat = Now();
+  NoteLineage(*found, request);
   v1::HeartbeatResponse response;
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease));
   response.set_shard_map_epoch(map_.epoch());

@@ -215,11 +215,15 @@ class Coordinator {
   };
   ServerLiveness LivenessOf(const std::vector<std::string>& addresses) const;
   // The units this coordinator promoted at failovers, as (owner address,
-  // table or "" for a slot of the map's slot owners, slot): they step on
-  // the lost primary's clock on their owner and are not re-replicated yet.
-  // In memory: after a restart the owners' refusals say it.
+  // table or "" for a slot of the map's slot owners, slot), that still step
+  // on the lost primary's clock on their owner: no new backup can follow
+  // them until the owner's heartbeat says that lineage is merged. In
+  // memory: after a restart the owners' refusals say it.
   using PromotedUnit = std::tuple<std::string, std::string, uint32_t>;
   std::set<PromotedUnit> PromotedUnits() const;
+  // The newest map epoch at which shard server `address` said no lost
+  // primary's clock steps units it owns (0: none, or not a member).
+  uint64_t LineageFreeEpoch(const std::string& address) const;
 
   // UNAVAILABLE (naming how many servers are still missing) before the
   // first map is built.
@@ -360,7 +364,12 @@ class Coordinator {
                         Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FailOver(const std::string& address, absl::Time last_heartbeat, Deferred* deferred)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::set<PromotedUnit> promoted_units_ ABSL_GUARDED_BY(mu_);
+  // A shard server's heartbeat says whether lost primaries' clocks still
+  // step units it owns (HeartbeatRequest.lost_primary_clocks).
+  void NoteLineage(MemberEntry& entry, const v1::HeartbeatRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With the epoch of the map that promoted them.
+  std::map<PromotedUnit, uint64_t> promoted_units_ ABSL_GUARDED_BY(mu_);
   absl::Status MaybeBuildMap(Deferred* deferred) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the current job's KV entries are stored: "kv/<len>:<job name>/".
   std::string KvScope() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -3,6 +3,10 @@
 // writes (a shard server fences itself when its lease lapses), so its
 // backups are promoted in a new map epoch; workers refresh and retry as
 // they do after a slot move.
+#include <algorithm>
+#include <iterator>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/wire/replica_placement.h"
@@ -45,15 +49,15 @@ void Coordinator::FailOver(const std::string& address, absl::Time last_heartbeat
   const v1::ShardMap& before = map_before;
   for (int slot = 0; slot < before.slot_owner_size() && slot < next.slot_owner_size(); ++slot) {
     if (before.slot_owner(slot) != next.slot_owner(slot)) {
-      promoted_units_.emplace(next.servers(static_cast<int>(next.slot_owner(slot))), "",
-                              static_cast<uint32_t>(slot));
+      promoted_units_[{next.servers(static_cast<int>(next.slot_owner(slot))), "",
+                       static_cast<uint32_t>(slot)}] = next.epoch();
     }
   }
   for (int t = 0; t < before.tables_size() && t < next.tables_size(); ++t) {
     const v1::TableRouting& was = before.tables(t);
     const v1::TableRouting& is = next.tables(t);
     if (was.slot_owner_size() == 0 && was.column_groups_size() == 0 && was.owner() != is.owner()) {
-      promoted_units_.emplace(next.servers(static_cast<int>(is.owner())), is.table(), 0);
+      promoted_units_[{next.servers(static_cast<int>(is.owner())), is.table(), 0}] = next.epoch();
     }
   }
   const absl::Duration took = Now() - last_heartbeat;
@@ -80,7 +84,29 @@ void Coordinator::NoteShardRestart(const MemberEntry& entry, const v1::RegisterR
 
 std::set<Coordinator::PromotedUnit> Coordinator::PromotedUnits() const {
   absl::MutexLock lock(&mu_);
-  return promoted_units_;
+  std::set<PromotedUnit> out;
+  for (const auto& [unit, epoch] : promoted_units_) out.insert(unit);
+  return out;
+}
+
+uint64_t Coordinator::LineageFreeEpoch(const std::string& address) const {
+  absl::MutexLock lock(&mu_);
+  const MemberEntry* e = members_.FindSame(v1::SHARD_SERVER, address, -1);
+  return e != nullptr ? e->lineage_free_epoch : 0;
+}
+
+void Coordinator::NoteLineage(MemberEntry& entry, const v1::HeartbeatRequest& request) {
+  if (entry.record.role() != v1::SHARD_SERVER || request.shard_map_epoch() == 0 ||
+      request.lost_primary_clocks() != 0) {
+    return;
+  }
+  entry.lineage_free_epoch = std::max(entry.lineage_free_epoch, request.shard_map_epoch());
+  // Its units taken over by that map or before step on its own clock now.
+  for (auto it = promoted_units_.begin(); it != promoted_units_.end();) {
+    const bool merged = std::get<0>(it->first) == entry.record.address() &&
+                        it->second <= request.shard_map_epoch();
+    it = merged ? promoted_units_.erase(it) : std::next(it);
+  }
 }
 
 Coordinator::ServerLiveness Coordinator::LivenessOf(

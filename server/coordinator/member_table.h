@@ -24,6 +24,9 @@ struct MemberEntry {
   // The per-client key of who registered it ("": unchecked, or loaded
   // from the state before this process).
   std::string client;
+  // Shard servers: the newest map epoch at which a heartbeat said no lost
+  // primary's clock steps units it owns (0: none said so yet).
+  uint64_t lineage_free_epoch = 0;
 };
 
 // "shard", "worker" ("unknown" otherwise): how member ids and logs name a role.

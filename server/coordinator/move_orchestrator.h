@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -161,8 +162,12 @@ class MoveOrchestrator {
   // owner changed since are planned again.
   void ObserveMap(const v1::ShardMap& map);
   // An owner refused to export units for a backup (FAILED_PRECONDITION:
-  // it steps them on a lost primary's clock): they are skipped.
+  // it steps them on a lost primary's clock): they are skipped until their
+  // owner changes or its heartbeat says that lineage is merged.
   void SkipRefused(const v1::MoveRecord& record, const absl::Status& refusal);
+  // Drops the skips of owners whose heartbeat said, at a map as new as the
+  // refusal's, that no lost primary's clock steps their units.
+  void ForgetMergedSkips();
   // The map an add_backup move's hand-over installs: `current` with the
   // target as a new backup of the record's units, epoch + 1.
   static absl::StatusOr<v1::ShardMap> BackupMap(const v1::ShardMap& current,
@@ -209,9 +214,10 @@ class MoveOrchestrator {
   // New servers an automatic rebalance was tried for.
   std::vector<std::string> auto_tried_ ABSL_GUARDED_BY(mu_);
   // Re-replication: units (owner address, table, slot; as
-  // PlanReReplication's skip) that cannot get a backup yet, the epoch of
-  // the last map ObserveMap saw, and when the next plan may run.
-  std::set<std::tuple<std::string, std::string, uint32_t>> skip_ ABSL_GUARDED_BY(mu_);
+  // PlanReReplication's skip) that cannot get a backup yet, with the map
+  // epoch they were refused at; the epoch of the last map ObserveMap saw,
+  // and when the next plan may run.
+  std::map<std::tuple<std::string, std::string, uint32_t>, uint64_t> skip_ ABSL_GUARDED_BY(mu_);
   uint64_t seen_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time next_re_replication_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Epoch of the last map a "nothing to copy" note was logged for.

@@ -5,11 +5,15 @@
 // them as it runs a rebalance's moves).
 //
 // Units an owner got by promotion step on the lost primary's clock, which a
-// new backup cannot follow: their owner refuses to export them for a backup.
-// They are skipped: those this coordinator promoted by its record
-// (Coordinator::PromotedUnits), those promoted before it started by the
-// refusal (which skips the refused copy's units until their owner changes).
+// new backup cannot follow, until the owner merges that lineage into its
+// own clock (the first step every worker pushed to both): until then their
+// owner refuses to export them for a backup. They are skipped: those this
+// coordinator promoted by its record (Coordinator::PromotedUnits, cleared
+// by the owner's heartbeat), those promoted before it started by the
+// refusal (which skips the refused copy's units until their owner changes
+// or says, by a heartbeat of a newer map, that no lineage is left).
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
@@ -60,7 +64,7 @@ void MoveOrchestrator::ObserveMap(const v1::ShardMap& map) {
   next_re_replication_ = std::min(next_re_replication_, Now() + options_.retry_interval);
   // A skipped unit whose owner changed again is planned like any other.
   for (auto it = skip_.begin(); it != skip_.end();) {
-    const auto& [owner, table, slot] = *it;
+    const auto& [owner, table, slot] = it->first;
     const std::string now = table.empty() ? SlotOwner(map, slot) : TableOwner(map, table);
     it = now == owner ? std::next(it) : skip_.erase(it);
   }
@@ -70,12 +74,33 @@ void MoveOrchestrator::ObserveMap(const v1::ShardMap& map) {
 void MoveOrchestrator::SkipRefused(const v1::MoveRecord& record, const absl::Status& refusal) {
   {
     absl::MutexLock lock(&mu_);
-    for (uint32_t slot : record.slots()) skip_.emplace(record.source(), "", slot);
-    for (const std::string& table : record.tables()) skip_.emplace(record.source(), table, 0);
+    for (uint32_t slot : record.slots()) skip_[{record.source(), "", slot}] = seen_epoch_;
+    for (const std::string& table : record.tables()) {
+      skip_[{record.source(), table, 0}] = seen_epoch_;
+    }
   }
   LogWarning("re-replication: ", record.source(), " refuses to export ", record.slots_size(),
              " slot(s) and ", record.tables_size(), " table(s) for a new backup (",
-             refusal.message(), "); they are not tried again until their owner changes");
+             refusal.message(), "); they are not tried again until their owner changes or "
+             "says it steps them on its own clock");
+}
+
+void MoveOrchestrator::ForgetMergedSkips() {
+  std::set<std::string> owners;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [unit, epoch] : skip_) owners.insert(std::get<0>(unit));
+  }
+  if (owners.empty()) return;
+  // Asked outside mu_ (the coordinator's lock is not taken under it).
+  std::map<std::string, uint64_t> free_at;
+  for (const std::string& owner : owners) free_at[owner] = coordinator_->LineageFreeEpoch(owner);
+  absl::MutexLock lock(&mu_);
+  for (auto it = skip_.begin(); it != skip_.end();) {
+    const auto at = free_at.find(std::get<0>(it->first));
+    const bool merged = at != free_at.end() && at->second >= it->second;
+    it = merged ? skip_.erase(it) : std::next(it);
+  }
 }
 
 absl::StatusOr<v1::ShardMap> MoveOrchestrator::BackupMap(const v1::ShardMap& current,
@@ -119,7 +144,11 @@ void MoveOrchestrator::MaybeReReplicate() {
     }
     if (Now() < next_re_replication_) return;
     next_re_replication_ = Now() + options_.retry_interval;
-    skip = skip_;
+  }
+  ForgetMergedSkips();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [unit, epoch] : skip_) skip.insert(unit);
   }
   for (const Coordinator::PromotedUnit& u : coordinator_->PromotedUnits()) skip.insert(u);
   absl::StatusOr<ShardMap> map = ShardMap::FromProto(*proto);

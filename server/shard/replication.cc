@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/hashing.h"
+#include "common/log.h"
 #include "common/status_macros.h"
 #include "common/wire/wire_format.h"
 
@@ -110,12 +111,110 @@ void Replication::EnsureClocks(const ShardMapKeeper::View& view, const StepClock
 
 void Replication::OnMapInstalled(const ShardMapKeeper::View& view, const StepClock& own) {
   EnsureClocks(view, own);
-  UpdateLineage(last_view_, view);
+  {
+    absl::MutexLock hold(&push_mu_);
+    UpdateLineage(last_view_, view, own);
+    absl::MutexLock lock(&mu_);
+    lineage_epoch_ = view->map.epoch();
+  }
   last_view_ = view;
 }
 
+absl::Status Replication::LineageReadyFor(uint64_t epoch) const {
+  absl::MutexLock lock(&mu_);
+  if (epoch <= lineage_epoch_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "this shard server is installing shard map epoch ", epoch,
+      " (which clock steps each unit it owns is not known yet); retry shortly"));
+}
+
+Replication::LineageReport Replication::Report() const {
+  absl::MutexLock lock(&mu_);
+  LineageReport report;
+  report.epoch = lineage_epoch_;
+  report.lost_primary_clocks = lineage_ != nullptr ? static_cast<int>(lineage_->clocks.size()) : 0;
+  return report;
+}
+
+void Replication::SetLineage(std::shared_ptr<const Lineage> lineage, bool own_steps_units) {
+  const bool any = lineage != nullptr;
+  lineage_ = std::move(lineage);
+  has_lineage_.store(any, std::memory_order_release);
+  own_clock_idle_.store(any && !own_steps_units, std::memory_order_release);
+}
+
+void Replication::MergeSettledLineages(StepClock* own) {
+  if (!HasLineage() || options_.consistency.mode == ConsistencyMode::kAsync) return;
+  // Only tries: a push between its split and its clocks holds it (shared),
+  // and the next push tries again.
+  if (!push_mu_.TryLock()) return;
+  MergeSettled(own);
+  push_mu_.Unlock();
+}
+
+void Replication::MergeSettled(StepClock* own) {
+  std::shared_ptr<const Lineage> lineage;
+  {
+    absl::MutexLock lock(&mu_);
+    lineage = lineage_;
+  }
+  if (lineage == nullptr) return;
+  bool own_idle = OwnClockIdle();
+  std::vector<int> renumber(1 + lineage->clocks.size(), 0);  // old k -> new k
+  auto next = std::make_shared<Lineage>();
+  std::vector<std::string> merged;
+  for (size_t k = 0; k < lineage->clocks.size(); ++k) {
+    StepClock* clock = lineage->clocks[k];
+    const bool settled = clock->applied_step() > lineage->merge_after[k];
+    // An own clock that stepped no unit starts where the lineage is.
+    if (settled && own_idle && clock->BetweenSteps()) {
+      own->AdoptStep(clock->applied_step()).IgnoreError();
+    }
+    if (settled && clock->MergeInto(own).ok()) {
+      own_idle = false;
+      merged.push_back(lineage->origins[k]);
+      continue;
+    }
+    next->origins.push_back(lineage->origins[k]);
+    next->clocks.push_back(clock);
+    next->merge_after.push_back(lineage->merge_after[k]);
+    renumber[k + 1] = static_cast<int>(next->clocks.size());
+  }
+  if (merged.empty()) return;
+  bool any = false;
+  next->num_slots = lineage->num_slots;
+  next->table_keys = lineage->table_keys;
+  next->clock_of_slot = lineage->clock_of_slot;
+  for (std::vector<uint8_t>& clock_of : next->clock_of_slot) {
+    bool table_any = false;
+    for (uint8_t& k : clock_of) {
+      k = static_cast<uint8_t>(renumber[k]);
+      table_any = table_any || k != 0;
+    }
+    if (!table_any) clock_of.clear();
+    any = any || table_any;
+  }
+  const int64_t step = own->applied_step();
+  merged_at_step_.store(step, std::memory_order_release);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& origin : merged) {
+      auto it = clocks_.find(origin);
+      if (it == clocks_.end()) continue;
+      merged_.push_back(std::move(it->second));
+      clocks_.erase(it);
+    }
+    SetLineage(any ? std::move(next) : nullptr, /*own_steps_units=*/true);
+  }
+  for (const std::string& origin : merged) {
+    LogInfo("the units this server took over from lost primary ", origin,
+            " step on its own clock from step ", step + 1,
+            " on (every worker pushed to both since the failover): they can get a new backup");
+  }
+}
+
 void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
-                                const ShardMapKeeper::View& next) {
+                                const ShardMapKeeper::View& next, const StepClock& own) {
   if (prev == nullptr || prev->self < 0 || next->self < 0) return;
   const ShardMap& before = prev->map;
   const ShardMap& after = next->map;
@@ -129,6 +228,7 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
   if (old != nullptr) {
     lineage->origins = old->origins;
     lineage->clocks = old->clocks;
+    lineage->merge_after = old->merge_after;
   }
   bool any = false;
   bool own_steps_units = false;
@@ -169,6 +269,7 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
             }
             lineage->origins.push_back(origin);
             lineage->clocks.push_back(clock);
+            lineage->merge_after.push_back(std::max(own.newest_step(), clock->newest_step()));
             at = lineage->origins.end() - 1;
           }
           k = static_cast<uint8_t>(1 + (at - lineage->origins.begin()));
@@ -184,22 +285,10 @@ void Replication::UpdateLineage(const ShardMapKeeper::View& prev,
     }
   }
   absl::MutexLock lock(&mu_);
-  if (any) {
-    lineage_ = std::move(lineage);
-  } else {
-    lineage_.reset();
-  }
-  has_lineage_.store(any, std::memory_order_release);
-  own_clock_idle_.store(any && !own_steps_units, std::memory_order_release);
+  SetLineage(any ? std::move(lineage) : nullptr, own_steps_units);
 }
 
 bool Replication::HasLineage() const { return has_lineage_.load(std::memory_order_acquire); }
-
-StepClock* Replication::LineageClock(size_t k) const {
-  absl::MutexLock lock(&mu_);
-  return lineage_ != nullptr && k >= 1 && k <= lineage_->clocks.size() ? lineage_->clocks[k - 1]
-                                                                       : nullptr;
-}
 
 std::vector<StepClock*> Replication::LineageClocks() const {
   if (!HasLineage()) return {};
@@ -207,18 +296,21 @@ std::vector<StepClock*> Replication::LineageClocks() const {
   return lineage_ != nullptr ? lineage_->clocks : std::vector<StepClock*>{};
 }
 
-std::vector<GradientPush> Replication::SplitByLineage(GradientPush push) const {
+std::vector<Replication::ClockPart> Replication::SplitByLineage(StepClock* own,
+                                                                GradientPush push) const {
   std::shared_ptr<const Lineage> lineage;
   if (HasLineage()) {
     absl::MutexLock lock(&mu_);
     lineage = lineage_;
   }
-  std::vector<GradientPush> out;
+  std::vector<ClockPart> out;
   if (lineage == nullptr) {
-    out.push_back(std::move(push));
+    out.push_back({own, std::move(push)});
     return out;
   }
   out.resize(1 + lineage->clocks.size());
+  out[0].clock = own;
+  for (size_t k = 0; k < lineage->clocks.size(); ++k) out[k + 1].clock = lineage->clocks[k];
   for (TableGradients& tg : push) {
     const std::vector<uint8_t>* clock_of =
         static_cast<size_t>(tg.table) < lineage->clock_of_slot.size() &&
@@ -226,7 +318,7 @@ std::vector<GradientPush> Replication::SplitByLineage(GradientPush push) const {
             ? &lineage->clock_of_slot[tg.table]
             : nullptr;
     if (clock_of == nullptr) {  // the whole table on the own clock
-      out[0].push_back(std::move(tg));
+      out[0].push.push_back(std::move(tg));
       continue;
     }
     std::vector<TableGradients> parts(out.size());
@@ -243,7 +335,7 @@ std::vector<GradientPush> Replication::SplitByLineage(GradientPush push) const {
       p.grads.insert(p.grads.end(), row, row + tg.dim);
     }
     for (size_t k = 0; k < parts.size(); ++k) {
-      if (!parts[k].ids.empty()) out[k].push_back(std::move(parts[k]));
+      if (!parts[k].ids.empty()) out[k].push.push_back(std::move(parts[k]));
     }
   }
   return out;
@@ -264,28 +356,40 @@ absl::Status Replication::CheckOwnClock(absl::Span<const StoreUnit> units) const
     return absl::FailedPreconditionError(absl::StrCat(
         "slot ", slot, " of table ", store_->spec(table).name,
         " steps on the clock of lost primary ", lineage->origins[clock_of[slot] - 1],
-        " (this server took it over at a failover); a new backup of it would have to follow "
-        "that clock, which re-replication does not do yet"));
+        " (this server took it over at a failover); it can get a new backup once it steps "
+        "on this server's own clock (after every worker pushed a step here since the "
+        "failover; never in async mode)"));
   }
   return absl::OkStatus();
 }
 
 absl::Status Replication::JoinAsBackup(const std::string& primary, int64_t step) {
-  absl::MutexLock lock(&mu_);
-  std::unique_ptr<StepClock>& clock = clocks_[primary];
-  if (clock != nullptr) {
+  StepClock* existing = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<StepClock>& clock = clocks_[primary];
+    if (clock == nullptr) {
+      clock = NewClock();
+      absl::Status s = step >= 0 ? clock->AdoptStep(step) : absl::OkStatus();
+      if (!s.ok()) clocks_.erase(primary);
+      return s;
+    }
     if (lineage_ != nullptr && std::find(lineage_->clocks.begin(), lineage_->clocks.end(),
                                          clock.get()) != lineage_->clocks.end()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "this server steps units it took over from ", primary, " on its clock of ", primary,
           "; it cannot also back a new server at that address"));
     }
-    return absl::OkStatus();  // backs other units of it: takes its every push
+    existing = clock.get();  // backs other units of it: takes its every push
   }
-  clock = NewClock();
-  absl::Status s = step >= 0 ? clock->AdoptStep(step) : absl::OkStatus();
-  if (!s.ok()) clocks_.erase(primary);
-  return s;
+  // The copied rows hold every step up to `step`. This clock may not have
+  // applied the last of them yet (the primary applies a step while its
+  // forwards are on their way): until it has, a worker's retry of such a
+  // step, forwarded again by the new map, would add the new units' ids to
+  // the pending step and apply them a second time. Once it has, the retry
+  // is a push of an applied step, dropped.
+  if (step < 0) return absl::OkStatus();
+  return existing->WaitApplied(step, options_.consistency.step_timeout);
 }
 
 absl::Status Replication::ResumeAt(int64_t step) {

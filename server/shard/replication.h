@@ -11,7 +11,11 @@
 // them on its replica clock of that primary (their lineage), which holds
 // the lost primary's state: the steps it applied and the pushes of the
 // current step it had forwarded. Pushes to this server are split by
-// lineage (SplitByLineage), lookups wait for every lineage clock.
+// lineage (SplitByLineage), lookups wait for every lineage clock. Once a
+// lineage clock and the own clock are between steps at one step (every
+// worker pushed to both since the failover: sync and bounded modes), the
+// lineage is merged into the own clock (MergeSettledLineages): from then
+// on those units are like any other, and re-replication can copy them.
 #ifndef RECPS_SERVER_SHARD_REPLICATION_H_
 #define RECPS_SERVER_SHARD_REPLICATION_H_
 
@@ -83,13 +87,45 @@ class Replication {
   // ---- Lineage: the clocks of the units this server owns ----
   // Whether any owned unit steps on a clock other than this server's own.
   bool HasLineage() const;
+  // One part of a push for one clock.
+  struct ClockPart {
+    StepClock* clock;
+    GradientPush push;
+  };
   // `push` split by the clock of each id's unit: [0] this server's own
-  // clock, [k] LineageClock(k); every entry exists (empty ones too, so that
-  // each clock sees every rank arrive). One entry when HasLineage() is
-  // false (the push itself).
-  std::vector<GradientPush> SplitByLineage(GradientPush push) const;
-  // The clock of split entry k >= 1.
-  StepClock* LineageClock(size_t k) const;
+  // clock `own`, then each lineage clock; every entry exists (empty ones
+  // too, so that each clock sees every rank arrive). One entry when
+  // HasLineage() is false (the push itself). The caller holds push_mu()
+  // (shared) from the split until every part is in its clock.
+  std::vector<ClockPart> SplitByLineage(StepClock* own, GradientPush push) const
+      ABSL_SHARED_LOCKS_REQUIRED(push_mu_);
+  absl::Mutex& push_mu() const ABSL_LOCK_RETURNED(push_mu_) { return push_mu_; }
+  // OK once the lineage of shard map `epoch` is computed. The keeper
+  // publishes a map before it calls OnMapInstalled: a request routed by it
+  // in between would be split, or wait, by the map before's lineage (a
+  // promoted unit's push on the own clock, applied a second time where the
+  // lost primary had forwarded it). UNAVAILABLE before (the caller
+  // retries). Called under push_mu() by a push, so that no install comes
+  // between the check and the split.
+  absl::Status LineageReadyFor(uint64_t epoch) const;
+  // Merges each lineage clock that is between steps at the own clock's
+  // step (`own`) into it (StepClock::MergeInto); an idle own clock starts
+  // at the lineage's step. Sync and bounded modes (async lineages stay).
+  // Only tries: a push being handed to its clocks makes it a no-op, for
+  // the next push to try again. Called after each push.
+  void MergeSettledLineages(StepClock* own);
+  // The own clock's applied step at the newest merge (-1: none): the
+  // updated-ids set of that step lacks the merged units' ids.
+  int64_t merged_at_step() const { return merged_at_step_.load(std::memory_order_acquire); }
+  // For the coordinator (heartbeats): the epoch of the newest map whose
+  // lineage is computed, and how many lost primaries' clocks step units
+  // of this server under it (a promoted unit can get a new backup once
+  // its lineage is merged).
+  struct LineageReport {
+    uint64_t epoch = 0;
+    int lost_primary_clocks = 0;
+  };
+  LineageReport Report() const;
   // The lineage clocks (not the own one).
   std::vector<StepClock*> LineageClocks() const;
   // Whether this server's own clock steps none of the units it owns (each
@@ -100,7 +136,7 @@ class Replication {
   // ---- Re-replication (a new backup of units this server owns) ----
   // OK when each of `units` steps on this server's own clock; else
   // FAILED_PRECONDITION naming the first that steps on a lost primary's
-  // clock (a backup of it would have to follow that clock: not built).
+  // clock (a backup of it can be made once that lineage is merged).
   absl::Status CheckOwnClock(absl::Span<const StoreUnit> units) const;
   // Backup, before a map makes it a backup of units of `primary`: makes
   // its clock of `primary` unless one exists (then it already takes every
@@ -135,7 +171,8 @@ class Replication {
   void EnsureClocks(const ShardMapKeeper::View& view, const StepClock& own);
   // Which clock each unit this server owns in `next` steps on, from the
   // map before it. REQUIRES: mu_ not held.
-  void UpdateLineage(const ShardMapKeeper::View& prev, const ShardMapKeeper::View& next);
+  void UpdateLineage(const ShardMapKeeper::View& prev, const ShardMapKeeper::View& next,
+                     const StepClock& own);
 
   struct Lineage {
     // Per store table: num_slots clock numbers (0: this server's own
@@ -145,10 +182,25 @@ class Replication {
     uint32_t num_slots = 0;
     std::vector<std::string> origins;  // the lost primary of clocks[k - 1]
     std::vector<StepClock*> clocks;
+    // Per clock: the newest step either it or the own clock had seen when
+    // the failover's map came. A worker may still send a push of that step
+    // again, re-routed from the lost primary with a new part id, which only
+    // the replica clock tells from new (by its ids): the lineage is merged
+    // once a later step is applied, when every rank pushed past it.
+    std::vector<int64_t> merge_after;
   };
+  // MergeSettledLineages, once no push is between its split and its clocks.
+  void MergeSettled(StepClock* own) ABSL_EXCLUSIVE_LOCKS_REQUIRED(push_mu_);
+  // Installs `lineage` (null: none).
+  void SetLineage(std::shared_ptr<const Lineage> lineage, bool own_steps_units)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   LayeredStore* const store_;
   const ShardServerOptions& options_;
+  // Shared by a push from its split to its clocks; exclusive for a change
+  // of lineage (a map install, a merge), so that no part of a push goes to
+  // a clock that no longer steps its units. Taken before mu_.
+  mutable absl::Mutex push_mu_;
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::unique_ptr<ShardPeer>> peers_ ABSL_GUARDED_BY(mu_);
@@ -159,6 +211,11 @@ class Replication {
   // common case, no failover yet, takes no lock).
   std::atomic<bool> has_lineage_{false};
   std::atomic<bool> own_clock_idle_{false};
+  std::atomic<int64_t> merged_at_step_{-1};
+  uint64_t lineage_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Merged lineage clocks: out of clocks_, alive for the lookups and cuts
+  // that still name them (they forward to the own clock).
+  std::vector<std::unique_ptr<StepClock>> merged_ ABSL_GUARDED_BY(mu_);
   ShardMapKeeper::View last_view_;  // installs are serialised by the keeper
 };
 

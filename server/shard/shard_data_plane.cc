@@ -261,6 +261,12 @@ void ShardDataPlane::LookupAfterHold(const v1::LookupRequest* request, LookupOut
       return (client_gone && client_gone()) || !Fence(*CurrentMap()).ok();
     };
   }
+  // The clocks it waits for are those of the map it was routed by.
+  if (absl::Status ready = replication_->LineageReadyFor(request->header().shard_map_epoch());
+      !ready.ok()) {
+    std::move(done)(std::move(ready));
+    return;
+  }
   // True while AwaitLookup runs on this thread: a callback from it then is
   // the "ready at once" case and runs the lookup here.
   auto awaiting = std::make_shared<std::atomic<bool>>(true);
@@ -387,7 +393,8 @@ absl::Status ShardDataPlane::RunLookup(const v1::LookupRequest& request,
       request.updated_only() &&
       options_.consistency.mode == ConsistencyMode::kSync &&
       !replication_->HasLineage() &&  // the set holds the own clock's step only
-      clock_->applied_step() == request.header().step() - 1;
+      clock_->applied_step() == request.header().step() - 1 &&
+      clock_->applied_step() > replication_->merged_at_step();  // merged units too
   std::vector<std::vector<int32_t>> positions;
   std::vector<std::vector<int64_t>> updated_ids;
   if (updated_only) {

@@ -311,21 +311,28 @@ void ShardDataPlane::SetLeaseHeldUntil(absl::Time until) {
 absl::Status ShardDataPlane::PushToClocks(const v1::RequestHeader& header, GradientPush push) {
   const int rank = header.worker_rank();
   const int64_t step = header.step();
-  std::vector<GradientPush> parts = replication_->SplitByLineage(std::move(push));
   absl::Status status;
-  for (size_t k = 0; k < parts.size(); ++k) {
-    StepClock* clock = k == 0 ? clock_.get() : replication_->LineageClock(k);
-    if (clock == nullptr) continue;
-    // A server promoted to units it only backed before steps no unit on
-    // its own clock, which never took part in a step: nothing to take.
-    if (k == 0 && IsEmptyPush(parts[k]) && replication_->OwnClockIdle()) continue;
-    // A worker re-sends an empty push to every server after a failover's
-    // map (so that each lineage clock sees it arrive): a clock that has
-    // the rank's push of the step already takes nothing from it.
-    if (IsEmptyPush(parts[k]) && clock->Arrived(rank, step)) continue;
-    absl::Status s = clock->Push(rank, step, std::move(parts[k]), header.push_part());
-    if (status.ok()) status = std::move(s);
+  {
+    absl::ReaderMutexLock hold(&replication_->push_mu());
+    RETURN_IF_ERROR(replication_->LineageReadyFor(header.shard_map_epoch()));
+    std::vector<Replication::ClockPart> parts =
+        replication_->SplitByLineage(clock_.get(), std::move(push));
+    for (size_t k = 0; k < parts.size(); ++k) {
+      StepClock* clock = parts[k].clock;
+      // A server promoted to units it only backed before steps no unit on
+      // its own clock, which never took part in a step: nothing to take.
+      if (k == 0 && IsEmptyPush(parts[k].push) && replication_->OwnClockIdle()) continue;
+      // A worker re-sends an empty push to every server after a failover's
+      // map (so that each lineage clock sees it arrive): a clock that has
+      // the rank's push of the step already takes nothing from it.
+      if (IsEmptyPush(parts[k].push) && clock->Arrived(rank, step)) continue;
+      absl::Status s = clock->Push(rank, step, std::move(parts[k].push), header.push_part());
+      if (status.ok()) status = std::move(s);
+    }
   }
+  // After a failover: the units taken over join the own clock once it and
+  // their lost primary's are at one step.
+  replication_->MergeSettledLineages(clock_.get());
   return status;
 }
 

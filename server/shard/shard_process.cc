@@ -311,7 +311,12 @@ absl::Status ShardProcess::Serve() {
           LogError("the coordinator refused this shard server: ", s.message());
           if (refused) refused(s);
         },
-        [shard = shard_.get()](absl::Time held_until) { shard->SetLeaseHeldUntil(held_until); });
+        [shard = shard_.get()](absl::Time held_until) { shard->SetLeaseHeldUntil(held_until); },
+        [shard = shard_.get()](v1::HeartbeatRequest* beat) {
+          const Replication::LineageReport lineage = shard->LineageReport();
+          beat->set_shard_map_epoch(lineage.epoch);
+          beat->set_lost_primary_clocks(lineage.lost_primary_clocks);
+        });
   }
   // Level metrics (resident memory, rows) between scrapes of Stats.
   gauges_ = std::thread([this] {

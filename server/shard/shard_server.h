@@ -108,6 +108,8 @@ class ShardServer {
   void RefreshGauges() const { data_->RefreshGauges(); }
   // The coordinator lease (ShardDataPlane::SetLeaseHeldUntil).
   void SetLeaseHeldUntil(absl::Time until) { data_->SetLeaseHeldUntil(until); }
+  // What the heartbeats tell the coordinator about failover lineage.
+  Replication::LineageReport LineageReport() const { return data_->replication().Report(); }
 
   // The address SetShardMap looks for when its request names no `self`.
   void SetSelfAddress(std::string address);

@@ -239,6 +239,13 @@ ShardSnapshots::TakeSnapshot(const v1::SaveRowsRequest& request,
     }
     std::function<absl::Status(size_t)> hold = [&](size_t k) -> absl::Status {
       if (k == clocks.size()) return cut();
+      // A lineage merged into a clock held already (no merge happens while
+      // that one is held): held with it.
+      if (StepClock* into = clocks[k]->merged_into();
+          into != nullptr && std::find(clocks.begin(), clocks.begin() + k, into) !=
+                                 clocks.begin() + k) {
+        return hold(k + 1);
+      }
       return clocks[k]->RunAtCut(static_cast<int64_t>(request.step()), step_timeout_,
                                  [&] { return hold(k + 1); });
     };

@@ -395,7 +395,12 @@ void StepClock::AwaitLookup(int64_t step,
   }
   absl::Status result;
   {
-    absl::MutexLock lock(&mu_);
+    absl::ReleasableMutexLock lock(&mu_);
+    if (StepClock* to = merged_into_.load(std::memory_order_relaxed)) {
+      lock.Release();
+      to->AwaitLookup(step, std::move(done), ids, std::move(cancelled));
+      return;
+    }
     if (!apply_error_.ok()) {
       result = apply_error_;
     } else if (LookupReady(step)) {
@@ -430,7 +435,11 @@ absl::Status StepClock::RunAtCut(int64_t step, absl::Duration timeout,
   if (step < 0) {
     return absl::InvalidArgumentError(absl::StrCat("negative step ", step));
   }
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
+  if (StepClock* to = merged_into_.load(std::memory_order_relaxed)) {
+    lock.Release();
+    return to->RunAtCut(step, timeout, fn);
+  }
   auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !apply_error_.ok() ||
            (!applying_ && applied_step_ >= step - 1);
@@ -456,7 +465,11 @@ absl::Status StepClock::RunAtCut(int64_t step, absl::Duration timeout,
 
 absl::Status StepClock::WaitApplied(int64_t step, absl::Duration timeout) {
   if (step < 0) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
+  absl::ReleasableMutexLock lock(&mu_);
+  if (StepClock* to = merged_into_.load(std::memory_order_relaxed)) {
+    lock.Release();
+    return to->WaitApplied(step, timeout);
+  }
   auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !apply_error_.ok() ||
            (!applying_ && applied_step_ >= step);
@@ -550,6 +563,53 @@ absl::Status StepClock::AdoptStep(int64_t step) {
     }
   }
   for (Waiter& w : ready) std::move(w.done)(absl::OkStatus());
+  return absl::OkStatus();
+}
+
+bool StepClock::BetweenSteps() const {
+  absl::MutexLock lock(&mu_);
+  return BetweenStepsLocked();
+}
+
+bool StepClock::BetweenStepsLocked() const {
+  return pending_.empty() && !applying_ && apply_error_.ok();
+}
+
+int64_t StepClock::newest_step() const {
+  absl::MutexLock lock(&mu_);
+  return pending_.empty() ? applied_step_ : std::max(applied_step_, pending_.rbegin()->first);
+}
+
+absl::Status StepClock::MergeInto(StepClock* into) {
+  if (into == this) return absl::InvalidArgumentError("a clock cannot merge into itself");
+  std::vector<Waiter> moved;
+  {
+    absl::MutexLock into_lock(&into->mu_);
+    absl::MutexLock lock(&mu_);
+    if (merged_into_.load(std::memory_order_relaxed) != nullptr ||
+        !BetweenStepsLocked() || !into->BetweenStepsLocked() ||
+        applied_step_ != into->applied_step_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "a clock merges only into another between steps at its step (applied ",
+          applied_step_, " here, ", into->applied_step_, " there)"));
+    }
+    for (size_t r = 0; r < parts_.size() && r < into->parts_.size(); ++r) {
+      for (const auto& [step, part] : parts_[r]) {
+        if (!into->SeenPart(static_cast<int>(r), step, part)) {
+          into->RememberPart(static_cast<int>(r), step, part);
+        }
+      }
+    }
+    into->any_push_ = into->any_push_ || any_push_;
+    moved.swap(waiters_);
+    waiting_ids_ = 0;
+    merged_into_.store(into, std::memory_order_release);
+  }
+  // Parked again where the steps they wait for are applied now (a fresh
+  // step_timeout: they waited for nothing that was late).
+  for (Waiter& w : moved) {
+    into->AwaitLookup(w.step, std::move(w.done), w.ids, std::move(w.cancelled));
+  }
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #ifndef RECPS_SERVER_SHARD_STEP_CLOCK_H_
 #define RECPS_SERVER_SHARD_STEP_CLOCK_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -182,6 +183,26 @@ class StepClock {
   // or the rank's push of it is pending.
   bool Arrived(int rank, int64_t step) const;
 
+  // ---- Failover lineage (server/shard/replication.h) ----
+  // Whether the clock is between steps: none pending, none being applied
+  // or held by a cut, no apply error.
+  bool BetweenSteps() const;
+  // The newest step a push arrived for or was applied (-1: none).
+  int64_t newest_step() const;
+  // Merges this clock (a lost primary's replica clock on the server that
+  // took its units over) into `into`, this server's own clock, when both
+  // are between steps at the same applied step: `into` remembers the push
+  // identities this clock accepted (a worker's late retry of one is still
+  // dropped), this clock's waiting lookups move to `into`, and its later
+  // AwaitLookup, WaitApplied and RunAtCut go there. FAILED_PRECONDITION,
+  // nothing changed, when the two are not at one step between steps;
+  // INVALID_ARGUMENT for `into` == this.
+  // Locks `into` before this clock (a checkpoint cut holds them in that
+  // order). The caller stops pushes to this clock first.
+  absl::Status MergeInto(StepClock* into);
+  // The clock this one was merged into; null before.
+  StepClock* merged_into() const { return merged_into_.load(std::memory_order_acquire); }
+
   // Whether any push arrived or a step was applied (ResumeAt is refused).
   bool started() const;
   // Whether any push arrived since the clock started (ResumeAt keeps it
@@ -211,6 +232,7 @@ class StepClock {
     int64_t ids = 0;
     std::function<bool()> cancelled;
   };
+  bool BetweenStepsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes waiters_[i] (swapping the last one in) and returns it.
   Waiter TakeWaiter(size_t i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -263,6 +285,8 @@ class StepClock {
   void DropAppliedIds(int rank, int64_t step, GradientPush& push)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<size_t> parts_next_ ABSL_GUARDED_BY(mu_);
+  // Set (under mu_) once by MergeInto, read without a lock.
+  std::atomic<StepClock*> merged_into_{nullptr};
   std::thread timer_;
 };
 

@@ -113,6 +113,24 @@ class ReReplicationTest : public ::testing::Test {
     return promoted;
   }
 
+  // `address`'s heartbeat saying how many lost primaries' clocks step its
+  // units under map `epoch` (what a shard server reports).
+  void ReportLineage(Coordinator& c, const std::string& address, uint64_t epoch, int clocks) {
+    v1::HeartbeatRequest hb;
+    hb.set_member_id(ids_[address]);
+    hb.set_shard_map_epoch(epoch);
+    hb.set_lost_primary_clocks(clocks);
+    EXPECT_TRUE(c.Heartbeat(hb).ok()) << address;
+  }
+
+  // The owners of `slots` in the current map.
+  static std::set<std::string> OwnersOf(Coordinator& c, const std::set<uint32_t>& slots) {
+    const ShardMap map = *ShardMap::FromProto(*c.GetShardMap());
+    std::set<std::string> out;
+    for (uint32_t s : slots) out.insert(map.servers()[map.OwnerOfSlot(s)]);
+    return out;
+  }
+
   // The slots of `map` without a full set of backups.
   static std::set<uint32_t> Unbacked(const v1::ShardMap& proto) {
     const ShardMap map = *ShardMap::FromProto(proto);
@@ -196,6 +214,27 @@ TEST_F(ReReplicationTest, LostBackupsAreCopiedToLiveServersButPromotedUnitsWait)
   EXPECT_EQ(c->GetShardMap()->SerializeAsString(), base.SerializeAsString());
 }
 
+// A promoted unit waits until its owner's heartbeat says, under the map
+// that promoted it or a newer one, that it merged the lost primary's clock
+// into its own: then it is copied like any other.
+TEST_F(ReReplicationTest, PromotedUnitsAreCopiedOnceTheirOwnerSaysItsLineageIsMerged) {
+  auto c = Open({kA, kB, kC, kD});
+  const std::set<uint32_t> promoted = FailOver(*c, kD);
+  const uint64_t promoted_at = c->GetShardMap()->epoch();
+  ASSERT_TRUE(SettlesAt(*c, promoted));
+  const std::set<std::string> owners = OwnersOf(*c, promoted);
+  for (const std::string& owner : owners) {
+    ReportLineage(*c, owner, promoted_at, 1);                 // not merged yet
+    ReportLineage(*c, owner, promoted_at - 1, 0);             // an older map's word
+  }
+  absl::SleepFor(absl::Milliseconds(50));  // 10 retry intervals
+  EXPECT_EQ(Unbacked(*c->GetShardMap()), promoted);
+  EXPECT_EQ(c->PromotedUnits().size(), promoted.size());
+  for (const std::string& owner : owners) ReportLineage(*c, owner, c->GetShardMap()->epoch(), 0);
+  EXPECT_TRUE(c->PromotedUnits().empty());
+  ASSERT_TRUE(SettlesAt(*c, {}));
+}
+
 TEST_F(ReReplicationTest, NewBackupsKeepToOtherZonesThanTheOwners) {
   auto c = Open({kA, kB, kC, kD}, true, {"z1", "z1", "z2", "z2"});
   const std::set<uint32_t> promoted = FailOver(*c, kD);
@@ -249,6 +288,13 @@ TEST_F(ReReplicationTest, AnExportRefusedForABackupIsNotTriedAgain) {
   }
   EXPECT_EQ(failed, promoted);
   EXPECT_GE(done, 1);
+  // The owner merges the lineage and says so: the units are copied now.
+  {
+    absl::MutexLock lock(&shards_->mu);
+    shards_->promoted.clear();
+  }
+  ReportLineage(*c, owner, c->GetShardMap()->epoch(), 0);
+  ASSERT_TRUE(SettlesAt(*c, {}));
 }
 
 TEST_F(ReReplicationTest, AFailedCopyIsTriedAgainOnALaterRound) {

@@ -8,8 +8,11 @@
 // without the failure: nothing lost, nothing applied twice, no step redone.
 // In async mode, where runs are not bit-identical, the rows count the
 // pushes applied instead.
+#include <algorithm>
 #include <cstring>
+#include <atomic>
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -68,27 +71,28 @@ class Cluster : public testing::ShardCluster {
     }
   }
 
-  std::vector<float> ReadAll() {
+  std::vector<float> ReadAll(int steps = kSteps) {
     auto reader = NewClient(0);
-    return testing::ReadAll(*reader, kWorld, kSteps);
+    return testing::ReadAll(*reader, kWorld, steps);
   }
 };
 
-void Train(Cluster& cluster, const std::vector<testing::WorkerHooks>& hooks) {
+void Train(Cluster& cluster, const std::vector<testing::WorkerHooks>& hooks,
+           int steps = kSteps) {
   std::vector<std::unique_ptr<client::EmbeddingClient>> clients;
   for (int r = 0; r < kWorld; ++r) clients.push_back(cluster.NewClient(r));
   std::vector<std::thread> workers;
   for (int r = 0; r < kWorld; ++r) {
-    workers.emplace_back([&, r] { testing::RunWorker(*clients[r], r, kSteps, hooks[r]); });
+    workers.emplace_back([&, r] { testing::RunWorker(*clients[r], r, steps, hooks[r]); });
   }
   for (auto& w : workers) w.join();
 }
 
-std::vector<float> RowsWithoutFailure() {
+std::vector<float> RowsWithoutFailure(int steps = kSteps) {
   Cluster cluster;
   EXPECT_TRUE(cluster.ok());
-  Train(cluster, {{}, {}});
-  return cluster.ReadAll();
+  Train(cluster, {{}, {}}, steps);
+  return cluster.ReadAll(steps);
 }
 
 void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& got) {
@@ -172,8 +176,8 @@ INSTANTIATE_TEST_SUITE_P(Kills, FailoverMidStep,
                          });
 
 // ShardAdmin calls as the coordinator makes them (re-replication).
-grpc::Status AllowExport(const std::string& source, const testing::ShardCluster& cluster,
-                         const BackupCopy& copy, const std::string& move_id) {
+grpc::Status AllowExport(const std::string& source, const BackupCopy& copy,
+                         const std::string& move_id) {
   v1::AllowExportRequest grant;
   grant.set_move_id(move_id);
   for (uint32_t s : copy.slots) grant.add_slots(s);
@@ -189,7 +193,7 @@ grpc::Status AllowExport(const std::string& source, const testing::ShardCluster&
 // Re-replication of `copy` (MigrateIn as_backup on the new backup, HandOver
 // add_backup on the owner) from `map`; the new map, or the failed call's
 // status.
-absl::StatusOr<ShardMap> AddBackup(Cluster& cluster, const ShardMap& map,
+absl::StatusOr<ShardMap> AddBackup(const ShardMap& map,
                                    const BackupCopy& copy, const std::string& move_id) {
   const std::string& owner = map.servers()[copy.owner];
   const std::string& backup = map.servers()[copy.backup];
@@ -197,7 +201,7 @@ absl::StatusOr<ShardMap> AddBackup(Cluster& cluster, const ShardMap& map,
     return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                         absl::StrCat(what, ": ", s.error_message()));
   };
-  if (grpc::Status s = AllowExport(owner, cluster, copy, move_id); !s.ok()) {
+  if (grpc::Status s = AllowExport(owner, copy, move_id); !s.ok()) {
     return failed("AllowExport", s);
   }
   v1::MigrateInRequest in;
@@ -232,14 +236,58 @@ absl::StatusOr<ShardMap> AddBackup(Cluster& cluster, const ShardMap& map,
   return next;
 }
 
+// A worker that meets its owner's new process before the failover's map
+// (the restarted server has no map yet, and refuses the old incarnation
+// with DATA_LOSS) waits for that map under a replicated map, as for a
+// server that does not answer: it is a failover on its way (the
+// coordinator fails a restarted server over as soon as it registers), not
+// the loss of the job. Before, the lookup failed at once and the worker
+// failed every later call.
+TEST(Failover, AWorkerThatMeetsARestartedOwnerBeforeTheFailoverWaitsForIt) {
+  Cluster cluster;
+  ASSERT_TRUE(cluster.ok());
+  std::vector<std::unique_ptr<client::EmbeddingClient>> clients;
+  for (int r = 0; r < kWorld; ++r) clients.push_back(cluster.NewClient(r));
+  {
+    std::vector<std::thread> workers;
+    for (int r = 0; r < kWorld; ++r) {
+      workers.emplace_back([&, r] { testing::RunWorker(*clients[r], r, 2); });
+    }
+    for (auto& w : workers) w.join();
+  }
+  cluster.shard(0).Kill();
+  ASSERT_TRUE(cluster.Restart(0));  // no map yet
+  constexpr absl::Duration kFailoverAfter = absl::Milliseconds(500);
+  absl::Status looked;
+  absl::Duration took;
+  std::thread lookup([&] {
+    std::vector<int64_t> users = testing::Unique(testing::UserIds(2, 0));
+    std::vector<float> rows(users.size() * kDim);
+    const absl::Time start = absl::Now();
+    looked = clients[0]->Lookup(2, {{0, users, rows.data()}});
+    took = absl::Now() - start;
+  });
+  absl::SleepFor(kFailoverAfter);
+  absl::StatusOr<ShardMap> promoted = PromoteBackups(cluster.shard_map(), 0);
+  ASSERT_TRUE(promoted.ok()) << promoted.status();
+  for (int s : {1, 2, 0}) ASSERT_TRUE(cluster.SetMapOn(s, promoted->ToProto()).ok()) << s;
+  lookup.join();
+  EXPECT_TRUE(looked.ok()) << looked;
+  EXPECT_GE(took, kFailoverAfter) << "it waited for the map";
+}
+
 // A lost backup replaced (re-replication) carries a second failure: server
 // 1 dies (its units promoted to server 2; server 0's lose their backup)
-// and is restarted at its address with no rows, as Kubernetes does; server
-// 0's units are copied to it as their new backup between two steps, then
-// server 0 dies too and the restarted server 1 takes its units over from
-// that copy (the workers, who knew the lost process at that address, take
-// the new one for what it is). The run ends with the rows of a run
-// without any failure.
+// and is restarted at its address with no rows, as Kubernetes does. The
+// units server 2 took over step on server 1's clock there, and cannot get
+// a backup, until both workers pushed to server 2 after the failover: then
+// that lineage is merged into server 2's own clock. Every unit without a
+// backup is copied between two steps (to the restarted server 1 and to
+// server 0), then server 2, owner of its own units and of server 1's old
+// ones, dies too, and servers 0 and 1 take them over from those copies
+// (the workers, who knew the lost process at server 1's address, take the
+// new one for what it is). The run ends with the rows of a run without
+// any failure.
 TEST(ReReplication, ARestartedServerRejoinsAsABackupAndCarriesASecondFailover) {
   const std::vector<float> want = RowsWithoutFailure();
   Cluster cluster;
@@ -251,7 +299,7 @@ TEST(ReReplication, ARestartedServerRejoinsAsABackupAndCarriesASecondFailover) {
   absl::Notification copied, lost, restarted;
   // Step 2: server 1 is lost (and restarted by the test's thread: a child
   // process dies with the thread that started it). Step 4, both ranks
-  // pushed it: re-replication. Step 6, between the ranks' pushes: server 0
+  // pushed it: re-replication. Step 6, between the ranks' pushes: server 2
   // is lost.
   hooks[0].after_push = [&](int step) {
     if (step == 2) {
@@ -261,45 +309,40 @@ TEST(ReReplication, ARestartedServerRejoinsAsABackupAndCarriesASecondFailover) {
       ASSERT_TRUE(promoted.ok()) << promoted.status();
       map = *promoted;
       for (int s : {0, 2}) ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
-    }
-    if (step == 4) {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(+[](int* n) { return *n == 1; }, &at_barrier));
-    }
-    if (step == 4) {
       // Server 1's old units, now on server 2, step on server 1's clock
-      // there: their new backup would have to follow it (not built), and
-      // server 2 says so.
+      // there (no push since the failover merged it yet): a new backup
+      // could not follow them, and server 2 says so.
       BackupCopy promoted_units;
       promoted_units.owner = 2;
       promoted_units.backup = 0;
       for (uint32_t slot = 0; slot < testing::kSlots; ++slot) {
         if (cluster.shard_map().OwnerOfSlot(slot) == 1) promoted_units.slots.push_back(slot);
       }
-      const grpc::Status refused = AllowExport(map.servers()[2], cluster, promoted_units, "m0");
+      const grpc::Status refused = AllowExport(map.servers()[2], promoted_units, "m0");
       EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
       EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("lost primary"));
-      const std::vector<BackupCopy> plan = PlanReReplication(
-          map, {true, false, true}, {}, [&](int, const std::string&, uint32_t slot) {
-            return cluster.shard_map().OwnerOfSlot(slot) == 1;
-          });
-      ASSERT_EQ(plan.size(), 1u);
-      EXPECT_EQ(plan[0].owner, 0);
-      EXPECT_EQ(plan[0].backup, 2);
+    }
+    if (step == 4) {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(+[](int* n) { return *n == 1; }, &at_barrier));
+    }
+    if (step == 4) {
+      // Both workers pushed steps 3 and 4 to server 2: server 1's clock is
+      // merged into its own, and every unit without a backup can get one.
+      const std::vector<BackupCopy> plan =
+          PlanReReplication(map, {true, false, true}, {}, nullptr);
+      ASSERT_EQ(plan.size(), 2u);
       // Server 1 back at its address, owning and backing nothing: the
-      // least loaded server, it takes the first of server 0's units (the
-      // backups of one owner are spread, the least loaded first).
+      // least loaded server, it takes some of the copies.
       ASSERT_TRUE(restarted.WaitForNotificationWithTimeout(absl::Seconds(60)));
-      const std::vector<BackupCopy> rejoined = PlanReReplication(
-          map, {true, true, true}, {}, [&](int, const std::string&, uint32_t slot) {
-            return cluster.shard_map().OwnerOfSlot(slot) == 1;
-          });
+      const std::vector<BackupCopy> rejoined =
+          PlanReReplication(map, {true, true, true}, {}, nullptr);
       ASSERT_FALSE(rejoined.empty());
-      EXPECT_EQ(rejoined[0].owner, 0);
-      EXPECT_EQ(rejoined[0].backup, 1);
+      EXPECT_TRUE(std::any_of(rejoined.begin(), rejoined.end(),
+                              [](const BackupCopy& c) { return c.backup == 1; }));
       for (const BackupCopy& c : rejoined) {
         absl::StatusOr<ShardMap> next =
-            AddBackup(cluster, map, c, absl::StrCat("m-", c.owner, "-", c.backup));
+            AddBackup(map, c, absl::StrCat("m-", c.owner, "-", c.backup));
         ASSERT_TRUE(next.ok()) << next.status();
         map = *next;
         // As the coordinator does after each: the others get the map too.
@@ -309,20 +352,20 @@ TEST(ReReplication, ARestartedServerRejoinsAsABackupAndCarriesASecondFailover) {
           }
         }
       }
-      EXPECT_EQ(map.UnderReplicatedUnits(), promoted_units.slots.size());
-      // Once more: server 1 has the copy now, and refuses a second one.
-      absl::StatusOr<ShardMap> again = AddBackup(cluster, map, rejoined[0], "m2");
+      EXPECT_EQ(map.UnderReplicatedUnits(), 0);
+      // Once more: the backup has the copy now, and refuses a second one.
+      absl::StatusOr<ShardMap> again = AddBackup(map, rejoined[0], "m2");
       EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
       EXPECT_THAT(again.status().message(), ::testing::HasSubstr("has a copy on this server"));
       for (int s : {0, 1, 2}) EXPECT_EQ(cluster.EpochOn(s), map.epoch()) << s;
       copied.Notify();
     }
     if (step == 6) {
-      cluster.shard(0).Kill();
-      absl::StatusOr<ShardMap> promoted = PromoteBackups(map, 0);
-      ASSERT_TRUE(promoted.ok()) << promoted.status() << " (the re-replicated copy)";
+      cluster.shard(2).Kill();
+      absl::StatusOr<ShardMap> promoted = PromoteBackups(map, 2);
+      ASSERT_TRUE(promoted.ok()) << promoted.status() << " (the re-replicated copies)";
       map = *promoted;
-      for (int s : {1, 2}) ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
+      for (int s : {0, 1}) ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
     }
   };
   hooks[1].after_push = [&](int step) {
@@ -374,7 +417,7 @@ TEST(ReReplication, ACopyMadeWhileTheWorkersTrainCarriesASecondFailover) {
             return cluster.shard_map().OwnerOfSlot(slot) == 1;
           });
       ASSERT_EQ(plan.size(), 1u);
-      absl::StatusOr<ShardMap> next = AddBackup(cluster, lost, plan[0], "m1");
+      absl::StatusOr<ShardMap> next = AddBackup(lost, plan[0], "m1");
       ASSERT_TRUE(next.ok()) << next.status();
       {
         absl::MutexLock lock(&mu);
@@ -396,6 +439,91 @@ TEST(ReReplication, ACopyMadeWhileTheWorkersTrainCarriesASecondFailover) {
   if (killer.joinable()) killer.join();
   EXPECT_EQ(cluster.EpochOn(2), 5u) << "two failovers and a re-replication";
   ExpectSameBits(want, cluster.ReadAll());
+}
+
+// The coordinator's re-replication, done by the test: every unit without
+// a backup is copied to a live server. A unit taken over at a failover is
+// refused until its owner merged the lost primary's clock into its own
+// (the workers pushed to both since), and is tried again. False after
+// `wait`.
+bool ReReplicateAll(Cluster& cluster, ShardMap& map, absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  static int moves = 0;
+  while (map.UnderReplicatedUnits() > 0) {
+    if (absl::Now() > deadline) return false;
+    bool refused = false;
+    const std::vector<bool> alive(map.num_servers(), true);
+    for (const BackupCopy& c : PlanReReplication(map, alive, {}, nullptr)) {
+      absl::StatusOr<ShardMap> next = AddBackup(map, c, absl::StrCat("chaos-", ++moves));
+      if (!next.ok()) {
+        EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition) << next.status();
+        if (!absl::IsFailedPrecondition(next.status())) return false;
+        refused = true;
+        continue;
+      }
+      map = *next;
+      for (int s = 0; s < map.num_servers(); ++s) {
+        if (cluster.EpochOn(s) < map.epoch() && !cluster.SetMapOn(s, map.ToProto()).ok()) {
+          return false;
+        }
+      }
+    }
+    if (refused) absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// Chaos: 30 kills of random shard servers at random moments of a sync
+// run, each restarted at its address (as Kubernetes does) and failed over,
+// and every unit re-replicated before the next kill (so that no kill
+// finds a unit without a copy: a second loss before that is the
+// checkpoint restart). The run ends with the rows of a run without them.
+//
+// Not in CI yet. It found four bugs, fixed (docs/replication.md, "What the
+// chaos test found"), and still ends with one step's rows of the units of
+// one failover differing from the run without kills in about one run in
+// six when two run at once on 2 vCPUs (none in 5 runs alone). Run it with
+// --gtest_also_run_disabled_tests --gtest_filter='Chaos.*'.
+TEST(Chaos, DISABLED_ThirtyKillsAndRestartsEndWithTheRowsOfARunWithoutThem) {
+  constexpr int kKills = 30;
+  constexpr int kLongRun = 2000;  // steps; the kills pace the first ones
+  const std::vector<float> want = RowsWithoutFailure(kLongRun);
+  Cluster cluster;
+  ASSERT_TRUE(cluster.ok());
+  ShardMap map = cluster.shard_map();
+  std::atomic<bool> chaos_done{false}, trained{false};
+  std::vector<testing::WorkerHooks> hooks(kWorld);
+  for (testing::WorkerHooks& h : hooks) {
+    h.before_push = [&](int) {
+      if (!chaos_done.load()) absl::SleepFor(absl::Milliseconds(1));
+    };
+  }
+  std::thread trainer([&] {
+    Train(cluster, hooks, kLongRun);
+    trained = true;
+  });
+  std::mt19937 rng(20261208);
+  int kills = 0;
+  for (; kills < kKills && !trained.load(); ++kills) {
+    absl::SleepFor(absl::Milliseconds(rng() % 20));
+    const int victim = static_cast<int>(rng() % map.num_servers());
+    cluster.shard(victim).Kill();
+    absl::StatusOr<ShardMap> promoted = PromoteBackups(map, victim);
+    ASSERT_TRUE(promoted.ok()) << promoted.status() << " (kill " << kills << ")";
+    map = *promoted;
+    for (int s = 0; s < map.num_servers(); ++s) {
+      if (s != victim) {
+        ASSERT_TRUE(cluster.SetMapOn(s, map.ToProto()).ok()) << s;
+      }
+    }
+    ASSERT_TRUE(cluster.Restart(victim)) << "kill " << kills;
+    ASSERT_TRUE(cluster.SetMapOn(victim, map.ToProto()).ok());
+    ASSERT_TRUE(ReReplicateAll(cluster, map, absl::Seconds(60))) << "kill " << kills;
+  }
+  chaos_done = true;
+  trainer.join();
+  EXPECT_EQ(kills, kKills) << "the run ended first";
+  ExpectSameBits(want, cluster.ReadAll(kLongRun));
 }
 
 // Async mode under steady pushes, two kills: every worker pushes a

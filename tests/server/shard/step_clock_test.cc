@@ -556,3 +556,61 @@ TEST(SumInRankOrder, BorrowedFirstPushIsNotWrittenTo) {
 
 }  // namespace
 }  // namespace recps::server
+
+namespace recps::server {
+namespace {
+
+// After a failover the units taken over step on the lost primary's replica
+// clock until it and the server's own clock are between steps at one step;
+// then it is merged into the own clock (server/shard/replication.h).
+TEST(StepClock, AMergedLineageClockHandsItsLookupsRetriesAndCutsToTheClockItJoined) {
+  Applied own_applied, lineage_applied;
+  StepClock own(Sync(2), own_applied.Fn());
+  ConsistencyOptions replica = Sync(2);
+  replica.replica = true;
+  replica.forward_window = 8;
+  StepClock lineage(replica, lineage_applied.Fn());
+  for (int rank : {0, 1}) {
+    ASSERT_TRUE(own.Push(rank, 0, OnePush(0, {1}, {1.0f}), 10 + rank).ok());
+    ASSERT_TRUE(lineage.Push(rank, 0, OnePush(0, {2}, {1.0f}), 20 + rank).ok());
+  }
+  ASSERT_TRUE(lineage.Push(0, 1, OnePush(0, {2}, {1.0f}), 30).ok());
+  EXPECT_FALSE(lineage.BetweenSteps());
+  EXPECT_EQ(lineage.MergeInto(&own).code(), absl::StatusCode::kFailedPrecondition)
+      << "a rank's push of step 1 is pending there";
+  ASSERT_TRUE(lineage.Push(1, 1, OnePush(0, {2}, {1.0f}), 31).ok());
+  EXPECT_EQ(lineage.MergeInto(&own).code(), absl::StatusCode::kFailedPrecondition)
+      << "step 1 is applied there, not here";
+  Ready parked;
+  lineage.AwaitLookup(3, parked.Fn());
+  for (int rank : {0, 1}) ASSERT_TRUE(own.Push(rank, 1, OnePush(0, {1}, {1.0f}), 40 + rank).ok());
+  ASSERT_TRUE(lineage.MergeInto(&own).ok());
+  EXPECT_EQ(lineage.merged_into(), &own);
+  EXPECT_EQ(lineage.MergeInto(&own).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(lineage.waiting_lookups(), 0);
+  EXPECT_EQ(own.waiting_lookups(), 1) << "the parked lookup moved";
+  // A worker's late retry of a push the lineage clock took is dropped by
+  // the own clock too (it would be "step already applied" otherwise).
+  EXPECT_TRUE(own.Push(1, 1, OnePush(0, {2}, {1.0f}), 31).ok());
+  EXPECT_EQ(own.Push(1, 1, OnePush(0, {2}, {1.0f}), 99).code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(own_applied.pushes.size(), 2u);
+  for (int rank : {0, 1}) ASSERT_TRUE(own.Push(rank, 2, OnePush(0, {1, 2}, {1.0f, 1.0f})).ok());
+  ASSERT_TRUE(parked.done.HasBeenNotified());
+  EXPECT_TRUE(parked.status.ok());
+  // Later calls on the merged clock are the own clock's.
+  Ready later;
+  lineage.AwaitLookup(3, later.Fn());
+  EXPECT_TRUE(later.done.HasBeenNotified());
+  bool cut = false;
+  EXPECT_TRUE(lineage.RunAtCut(3, absl::Seconds(1), [&] {
+    cut = true;
+    return absl::OkStatus();
+  }).ok());
+  EXPECT_TRUE(cut);
+  EXPECT_TRUE(lineage.WaitApplied(2, absl::Seconds(1)).ok());
+  EXPECT_EQ(lineage_applied.pushes.size(), 2u) << "nothing applied on the merged clock";
+}
+
+}  // namespace
+}  // namespace recps::server

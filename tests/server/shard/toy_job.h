@@ -75,7 +75,8 @@ inline void RunWorker(EmbeddingClient& client, int rank, int steps,
     std::vector<float> user_rows(users.size() * kDim), item_rows(items.size() * kDim);
     std::vector<LookupSpec> lookups = {{0, users, user_rows.data()},
                                        {1, items, item_rows.data()}};
-    ASSERT_TRUE(client.Lookup(step, lookups).ok());
+    const absl::Status looked = client.Lookup(step, lookups);
+    ASSERT_TRUE(looked.ok()) << looked;
     // Gradient = row * 0.5 + 0.01 * (rank + 1): deterministic in the rows.
     for (float& v : user_rows) v = v * 0.5f + 0.01f * (rank + 1);
     for (float& v : item_rows) v = v * -0.25f + 0.02f;
