@@ -128,6 +128,11 @@ absl::Status Replication::LineageReadyFor(uint64_t epoch) const {
       " (which clock steps each unit it owns is not known yet); retry shortly"));
 }
 
+uint64_t Replication::lineage_epoch() const {
+  absl::MutexLock lock(&mu_);
+  return lineage_epoch_;
+}
+
 Replication::LineageReport Replication::Report() const {
   absl::MutexLock lock(&mu_);
   LineageReport report;

@@ -108,6 +108,8 @@ class Replication {
   // retries). Called under push_mu() by a push, so that no install comes
   // between the check and the split.
   absl::Status LineageReadyFor(uint64_t epoch) const;
+  // The epoch of the newest map whose lineage is computed (0: none yet).
+  uint64_t lineage_epoch() const;
   // Merges each lineage clock that is between steps at the own clock's
   // step (`own`) into it (StepClock::MergeInto); an idle own clock starts
   // at the lineage's step. Sync and bounded modes (async lineages stay).

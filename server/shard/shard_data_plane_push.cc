@@ -315,6 +315,20 @@ absl::Status ShardDataPlane::PushToClocks(const v1::RequestHeader& header, Gradi
   {
     absl::ReaderMutexLock hold(&replication_->push_mu());
     RETURN_IF_ERROR(replication_->LineageReadyFor(header.shard_map_epoch()));
+    // Checked against the map when the request came (CheckHeader), a push
+    // of an older map may meet the lineage of a newer one installed since:
+    // split by it, the part of a unit taken over in between would be empty,
+    // and mark the worker arrived on that unit's clock under its part id
+    // (its real part, sent again by the new map, then dropped as a retry).
+    // Stale, as CheckHeader would say now: the worker takes the new map.
+    if (const uint64_t now = replication_->lineage_epoch();
+        header.shard_map_epoch() < now) {
+      return StaleEpochError(
+          absl::StrCat("stale shard map: push routed with epoch ", header.shard_map_epoch(),
+                       ", this server installed epoch ", now,
+                       " while taking it; refresh the map and retry"),
+          now);
+    }
     std::vector<Replication::ClockPart> parts =
         replication_->SplitByLineage(clock_.get(), std::move(push));
     for (size_t k = 0; k < parts.size(); ++k) {
