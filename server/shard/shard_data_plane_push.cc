@@ -314,15 +314,19 @@ absl::Status ShardDataPlane::PushToClocks(const v1::RequestHeader& header, Gradi
   absl::Status status;
   {
     absl::ReaderMutexLock hold(&replication_->push_mu());
-    RETURN_IF_ERROR(replication_->LineageReadyFor(header.shard_map_epoch()));
     // Checked against the map when the request came (CheckHeader), a push
     // of an older map may meet the lineage of a newer one installed since:
     // split by it, the part of a unit taken over in between would be empty,
     // and mark the worker arrived on that unit's clock under its part id
     // (its real part, sent again by the new map, then dropped as a retry).
     // Stale, as CheckHeader would say now: the worker takes the new map.
-    if (const uint64_t now = replication_->lineage_epoch();
-        header.shard_map_epoch() < now) {
+    // A newer one is not ready yet (LineageReadyFor). One read of the
+    // epoch for both: this is every push's path.
+    const uint64_t now = replication_->lineage_epoch();
+    if (header.shard_map_epoch() > now) {
+      return replication_->LineageReadyFor(header.shard_map_epoch());
+    }
+    if (header.shard_map_epoch() < now) {
       return StaleEpochError(
           absl::StrCat("stale shard map: push routed with epoch ", header.shard_map_epoch(),
                        ", this server installed epoch ", now,
